@@ -1,0 +1,342 @@
+//! ApprovalService: list pending approvals and watch them change.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::runs::{labels_match, page_size};
+use super::{convert, status::to_status, unavailable, STREAM_BUFFER};
+use crate::engine::event::*;
+use crate::engine::{Engine, Error};
+use crate::proto::{self, approval_service_server::ApprovalService};
+use crate::store::{EventRecord, RunId, Store};
+
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
+const LOG_CHUNK: usize = 512;
+
+pub struct ApprovalApi {
+    pub engine: Engine,
+}
+
+/// The filters both RPCs take.
+struct Filter {
+    tool: String,
+    run: Option<RunId>,
+    labels: HashMap<String, String>,
+}
+
+impl Filter {
+    fn new(tool: String, run_id: &str, labels: HashMap<String, String>) -> Result<Filter, Error> {
+        let run = match run_id {
+            "" => None,
+            text => Some(
+                RunId::parse(text)
+                    .ok_or_else(|| Error::invalid("run_id", format!("'{text}' is not a run id")))?,
+            ),
+        };
+        Ok(Filter { tool, run, labels })
+    }
+
+    fn matches(
+        &self,
+        store: &Store,
+        run: &[u8],
+        tool: &str,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Result<bool, Status> {
+        if !self.tool.is_empty() && self.tool != tool {
+            return Ok(false);
+        }
+        if let Some(wanted) = self.run {
+            if wanted.as_bytes() != run {
+                return Ok(false);
+            }
+        }
+        if self.labels.is_empty() {
+            return Ok(true);
+        }
+        if let Some(labels) = labels {
+            return Ok(labels_match(&self.labels, labels));
+        }
+        let Some(id) = RunId::from_slice(run) else {
+            return Ok(false);
+        };
+        let record = store.run(id).map_err(|e| to_status(e.into()))?;
+        Ok(record.is_some_and(|r| labels_match(&self.labels, &r.labels)))
+    }
+}
+
+type WatchStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<proto::WatchApprovalsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ApprovalService for ApprovalApi {
+    async fn list_approvals(
+        &self,
+        request: Request<proto::ListApprovalsRequest>,
+    ) -> Result<Response<proto::ListApprovalsResponse>, Status> {
+        let request = request.into_inner();
+        let filter = Filter::new(request.tool, &request.run_id, request.labels)?;
+        let after = match request.page_token.split_once('/') {
+            _ if request.page_token.is_empty() => None,
+            Some((run, call)) => Some((
+                RunId::parse(run).ok_or_else(|| {
+                    Error::invalid("page_token", "not a token ListApprovals returned")
+                })?,
+                call.to_string(),
+            )),
+            None => {
+                return Err(
+                    Error::invalid("page_token", "not a token ListApprovals returned").into(),
+                )
+            }
+        };
+        let store = self.engine.store();
+        let limit = page_size(request.page_size);
+        let mut approvals = Vec::new();
+        let mut next_page_token = String::new();
+        let start = match (&after, filter.run) {
+            (Some((run, call)), _) => Some((*run, call.as_str())),
+            (None, Some(run)) => Some((run, "")),
+            (None, None) => None,
+        };
+        for record in store.approvals_after(start) {
+            let record = record.map_err(|e| to_status(e.into()))?;
+            if let Some(run) = filter.run {
+                if run.as_bytes().as_slice() != record.run_id.as_slice() {
+                    if record.run_id.as_slice() > run.as_bytes().as_slice() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            if !filter.matches(store, &record.run_id, &record.tool, Some(&record.labels))? {
+                continue;
+            }
+            if approvals.len() == limit {
+                let last: &proto::Approval = approvals.last().expect("limit > 0");
+                next_page_token = format!("{}/{}", last.run_id, last.call_id);
+                break;
+            }
+            approvals.push(convert::approval(record));
+        }
+        Ok(Response::new(proto::ListApprovalsResponse {
+            approvals,
+            next_page_token,
+        }))
+    }
+
+    type WatchApprovalsStream = WatchStream;
+
+    async fn watch_approvals(
+        &self,
+        request: Request<proto::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        let request = request.into_inner();
+        let filter = Filter::new(request.tool, &request.run_id, request.labels)?;
+        let heartbeat = match request.heartbeat_s {
+            s if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s.max(0.05)),
+            0.0 => DEFAULT_HEARTBEAT,
+            s => {
+                return Err(Error::invalid(
+                    "heartbeat_s",
+                    format!("{s} is not a number of seconds > 0"),
+                )
+                .into())
+            }
+        };
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let engine = self.engine.clone();
+        let after = request.after_position;
+        tokio::spawn(async move {
+            if let Err(status) = watch(&engine, filter, after, heartbeat, &sender).await {
+                let _ = sender.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+type Sender = mpsc::Sender<Result<proto::WatchApprovalsResponse, Status>>;
+
+/// Sends an item; false when the client has gone.
+async fn send(sender: &Sender, position: u64, item: proto::watch_approvals_response::Item) -> bool {
+    let message = proto::WatchApprovalsResponse {
+        position,
+        item: Some(item),
+    };
+    sender.send(Ok(message)).await.is_ok()
+}
+
+async fn watch(
+    engine: &Engine,
+    filter: Filter,
+    after: Option<u64>,
+    heartbeat: Duration,
+    sender: &Sender,
+) -> Result<(), Status> {
+    use proto::watch_approvals_response::Item;
+    let store = engine.store();
+    let mut durable = store.watch_durable();
+    let mut cursor = match after {
+        Some(position) => position,
+        None => {
+            // Everything pending up to a durable position, then changes after it.
+            let snapshot_position = store.durable_position();
+            let mut pending = 0;
+            for record in store.approvals_after(filter.run.map(|run| (run, ""))) {
+                let record = record.map_err(|e| to_status(e.into()))?;
+                if let Some(run) = filter.run {
+                    if run.as_bytes().as_slice() != record.run_id.as_slice() {
+                        break;
+                    }
+                }
+                if record.position > snapshot_position
+                    || !filter.matches(store, &record.run_id, &record.tool, Some(&record.labels))?
+                {
+                    continue;
+                }
+                pending += 1;
+                if !send(
+                    sender,
+                    record.position,
+                    Item::Requested(convert::approval(record)),
+                )
+                .await
+                {
+                    return Ok(());
+                }
+            }
+            let done = Item::SnapshotComplete(proto::SnapshotComplete { pending });
+            if !send(sender, snapshot_position, done).await {
+                return Ok(());
+            }
+            snapshot_position
+        }
+    };
+    loop {
+        durable.borrow_and_update();
+        let entries = store
+            .log_after(cursor, LOG_CHUNK)
+            .map_err(|e| to_status(e.into()))?;
+        let full = entries.len() == LOG_CHUNK;
+        for (position, log) in entries {
+            cursor = position;
+            if !log.event_type.starts_with("aaa.approval.") {
+                continue;
+            }
+            let Some(run) = RunId::from_slice(&log.run_id) else {
+                continue;
+            };
+            let Some(event) = store.event(run, log.seq).map_err(|e| to_status(e.into()))? else {
+                continue;
+            };
+            let Some((tool, item)) = approval_item(store, event)? else {
+                continue;
+            };
+            if !filter.matches(store, &log.run_id, &tool, None)? {
+                continue;
+            }
+            if !send(sender, position, item).await {
+                return Ok(());
+            }
+        }
+        if full {
+            continue;
+        }
+        tokio::select! {
+            changed = durable.changed() => if changed.is_err() { return Err(unavailable()) },
+            _ = tokio::time::sleep(heartbeat) => {
+                if !send(sender, cursor, Item::Heartbeat(proto::Heartbeat {})).await {
+                    return Ok(());
+                }
+            }
+            _ = engine.shutdown_token().cancelled() => return Err(unavailable()),
+            _ = sender.closed() => return Ok(()),
+        }
+    }
+}
+
+/// The watch item an approval event stands for, with its tool's name.
+fn approval_item(
+    store: &Store,
+    event: EventRecord,
+) -> Result<Option<(String, proto::watch_approvals_response::Item)>, Status> {
+    use proto::watch_approvals_response::Item;
+    let run_id = RunId::from_slice(&event.run_id)
+        .map(|r| r.to_string())
+        .unwrap_or_default();
+    let bad =
+        |e: serde_json::Error| to_status(Error::Internal(format!("approval event data: {e}")));
+    let resolution =
+        |call_id: String, tool: String, outcome: proto::ApprovalOutcome, reason: String| {
+            let item = Item::Resolved(proto::ApprovalResolution {
+                run_id: run_id.clone(),
+                call_id,
+                tool: tool.clone(),
+                outcome: outcome as i32,
+                reason,
+                seq: event.seq,
+                time: convert::timestamp(event.time_ms),
+            });
+            Some((tool, item))
+        };
+    Ok(match event.event_type.as_str() {
+        APPROVAL_REQUESTED => {
+            let data: ApprovalRequested = serde_json::from_str(&event.data_json).map_err(bad)?;
+            let labels = match RunId::from_slice(&event.run_id) {
+                Some(run) => store
+                    .run(run)
+                    .map_err(|e| to_status(e.into()))?
+                    .map(|r| r.labels)
+                    .unwrap_or_default(),
+                None => Default::default(),
+            };
+            let approval = proto::Approval {
+                run_id: run_id.clone(),
+                call_id: data.call_id,
+                tool: data.name.clone(),
+                arguments_json: canonical_json(&data.arguments),
+                arguments_sha256: data.arguments_sha256,
+                requested_at: convert::timestamp(event.time_ms),
+                expires_at: data.expires_at_ms.and_then(convert::timestamp),
+                labels: labels.into_iter().collect(),
+                seq: event.seq,
+                position: event.position,
+            };
+            Some((data.name, Item::Requested(approval)))
+        }
+        APPROVAL_GRANTED => {
+            let data: ApprovalGranted = serde_json::from_str(&event.data_json).map_err(bad)?;
+            resolution(
+                data.call_id,
+                data.name,
+                proto::ApprovalOutcome::Granted,
+                data.comment.unwrap_or_default(),
+            )
+        }
+        APPROVAL_DENIED => {
+            let data: ApprovalDenied = serde_json::from_str(&event.data_json).map_err(bad)?;
+            resolution(
+                data.call_id,
+                data.name,
+                proto::ApprovalOutcome::Denied,
+                data.reason,
+            )
+        }
+        APPROVAL_EXPIRED => {
+            let data: ApprovalExpired = serde_json::from_str(&event.data_json).map_err(bad)?;
+            resolution(
+                data.call_id,
+                data.name,
+                proto::ApprovalOutcome::Expired,
+                data.reason,
+            )
+        }
+        _ => None,
+    })
+}

@@ -1,0 +1,257 @@
+//! RunService: start, read, follow, signal and cancel runs.
+
+use std::pin::Pin;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::{client_actor, convert, status::to_status, unavailable, STREAM_BUFFER};
+use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
+use crate::engine::{Engine, Error};
+use crate::proto::{self, run_service_server::RunService};
+use crate::store::RunId;
+
+const DEFAULT_PAGE: u32 = 50;
+const MAX_PAGE: u32 = 1000;
+const READ_CHUNK: usize = 256;
+
+pub struct RunApi {
+    pub engine: Engine,
+}
+
+type EventStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<proto::StreamEventsResponse, Status>> + Send>>;
+
+pub fn page_size(requested: u32) -> usize {
+    let size = match requested {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    };
+    size as usize
+}
+
+pub fn labels_match(
+    wanted: &std::collections::HashMap<String, String>,
+    have: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    wanted.iter().all(|(k, v)| have.get(k) == Some(v))
+}
+
+fn is_terminal(event_type: &str) -> bool {
+    matches!(event_type, RUN_COMPLETED | RUN_FAILED | RUN_CANCELLED)
+}
+
+impl RunApi {
+    fn known_run(&self, text: &str) -> Result<(RunId, crate::store::RunRecord), Error> {
+        let run = convert::run_id("run_id", text)?;
+        let record = self
+            .engine
+            .store()
+            .run(run)?
+            .ok_or_else(|| Error::RunNotFound(text.to_string()))?;
+        Ok((run, record))
+    }
+}
+
+#[tonic::async_trait]
+impl RunService for RunApi {
+    async fn start_run(
+        &self,
+        request: Request<proto::StartRunRequest>,
+    ) -> Result<Response<proto::StartRunResponse>, Status> {
+        let actor = client_actor(&request);
+        let start = convert::start_run(request.into_inner())?;
+        let (run, created) = self.engine.start_run(start, actor).await?;
+        Ok(Response::new(proto::StartRunResponse {
+            run_id: run.to_string(),
+            created,
+        }))
+    }
+
+    async fn get_run(
+        &self,
+        request: Request<proto::GetRunRequest>,
+    ) -> Result<Response<proto::GetRunResponse>, Status> {
+        let (run, record) = self.known_run(&request.get_ref().run_id)?;
+        let mut out = convert::run(record);
+        out.pending_approvals = self
+            .engine
+            .store()
+            .run_approvals(run)
+            .map_err(|e| to_status(e.into()))?
+            .into_iter()
+            .map(convert::approval)
+            .collect();
+        Ok(Response::new(proto::GetRunResponse { run: Some(out) }))
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<proto::ListRunsRequest>,
+    ) -> Result<Response<proto::ListRunsResponse>, Status> {
+        let request = request.into_inner();
+        let before = match request.page_token.as_str() {
+            "" => None,
+            token => Some(
+                RunId::parse(token)
+                    .ok_or_else(|| Error::invalid("page_token", "not a token ListRuns returned"))?,
+            ),
+        };
+        let limit = page_size(request.page_size);
+        let mut runs = Vec::new();
+        let mut next_page_token = String::new();
+        for record in self.engine.store().runs_newest_first(before) {
+            let record = record.map_err(|e| to_status(e.into()))?;
+            if request.status != 0 && record.status != request.status {
+                continue;
+            }
+            if !labels_match(&request.labels, &record.labels) {
+                continue;
+            }
+            if runs.len() == limit {
+                next_page_token = runs
+                    .last()
+                    .map(|r: &proto::Run| r.run_id.clone())
+                    .unwrap_or_default();
+                break;
+            }
+            runs.push(convert::run(record));
+        }
+        Ok(Response::new(proto::ListRunsResponse {
+            runs,
+            next_page_token,
+        }))
+    }
+
+    type StreamEventsStream = EventStream;
+
+    async fn stream_events(
+        &self,
+        request: Request<proto::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let request = request.into_inner();
+        let (run, record) = self.known_run(&request.run_id)?;
+        if request.after_seq > record.last_seq {
+            return Err(Error::invalid(
+                "after_seq",
+                format!(
+                    "run '{run}' has {} events; after_seq {} is past its end",
+                    record.last_seq, request.after_seq
+                ),
+            )
+            .into());
+        }
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            if let Err(status) = follow_events(&engine, run, request, &sender).await {
+                let _ = sender.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn signal(
+        &self,
+        request: Request<proto::SignalRequest>,
+    ) -> Result<Response<proto::SignalResponse>, Status> {
+        let actor = client_actor(&request);
+        let request = request.into_inner();
+        let run = convert::run_id("run_id", &request.run_id)?;
+        if request.r#type.is_empty() {
+            return Err(Error::invalid("type", "required").into());
+        }
+        convert::name("type", &request.r#type)?;
+        if is_reserved(&request.r#type) {
+            return Err(Error::ReservedEventType(request.r#type).into());
+        }
+        let data = convert::json_object("data_json", &request.data_json)?;
+        let answer = self
+            .engine
+            .signal(run, &request.r#type, data, &request.request_id, actor)
+            .await?;
+        Ok(Response::new(proto::SignalResponse {
+            seq: answer.seq,
+            already_decided: answer.already_decided,
+            decision: answer.decision,
+        }))
+    }
+
+    async fn cancel_run(
+        &self,
+        request: Request<proto::CancelRunRequest>,
+    ) -> Result<Response<proto::CancelRunResponse>, Status> {
+        let actor = client_actor(&request);
+        let request = request.into_inner();
+        let run = convert::run_id("run_id", &request.run_id)?;
+        let reason = if request.reason.is_empty() {
+            "cancelled by a client".to_string()
+        } else {
+            request.reason
+        };
+        let seq = self.engine.cancel_run(run, &reason, actor).await?;
+        Ok(Response::new(proto::CancelRunResponse { seq }))
+    }
+}
+
+/// Sends the run's events after the cursor, the caught-up marker, then live
+/// events. Subscribes before each read, so no append is missed in between.
+async fn follow_events(
+    engine: &Engine,
+    run: RunId,
+    request: proto::StreamEventsRequest,
+    sender: &mpsc::Sender<Result<proto::StreamEventsResponse, Status>>,
+) -> Result<(), Status> {
+    use proto::stream_events_response::Item;
+    let mut head = engine.follow(run);
+    let mut cursor = request.after_seq;
+    let mut caught_up = false;
+    loop {
+        head.borrow_and_update();
+        let events = engine
+            .store()
+            .run_events(run, cursor, READ_CHUNK)
+            .map_err(|e| to_status(e.into()))?;
+        let full = events.len() == READ_CHUNK;
+        for record in events {
+            cursor = record.seq;
+            let terminal = is_terminal(&record.event_type);
+            if record.event_type.starts_with(&request.type_prefix) {
+                let item = Item::Event(convert::event(record));
+                let message = proto::StreamEventsResponse { item: Some(item) };
+                if sender.send(Ok(message)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            if terminal && request.stop_at_end {
+                return Ok(());
+            }
+        }
+        if full {
+            continue;
+        }
+        if !caught_up {
+            caught_up = true;
+            let item = Item::CaughtUp(proto::CaughtUp { last_seq: cursor });
+            let message = proto::StreamEventsResponse { item: Some(item) };
+            if sender.send(Ok(message)).await.is_err() || !request.follow {
+                return Ok(());
+            }
+        }
+        if request.stop_at_end && run_finished(engine, run)? {
+            // The terminal event was at or before the cursor.
+            return Ok(());
+        }
+        tokio::select! {
+            changed = head.changed() => if changed.is_err() { return Err(unavailable()) },
+            _ = engine.shutdown_token().cancelled() => return Err(unavailable()),
+            _ = sender.closed() => return Ok(()),
+        }
+    }
+}
+
+fn run_finished(engine: &Engine, run: RunId) -> Result<bool, Status> {
+    let record = engine.store().run(run).map_err(|e| to_status(e.into()))?;
+    Ok(record.is_some_and(|r| r.status >= proto::RunStatus::Completed as i32))
+}

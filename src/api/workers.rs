@@ -1,0 +1,125 @@
+//! WorkerService: register tools and models, poll for tasks, report results.
+
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use super::{convert, peer_name};
+use crate::engine::{Engine, Error, QueueKey, Report};
+use crate::proto::{self, worker_service_server::WorkerService};
+
+pub struct WorkerApi {
+    pub engine: Engine,
+}
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    async fn register_worker(
+        &self,
+        request: Request<proto::RegisterWorkerRequest>,
+    ) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
+        let request = request.into_inner();
+        let tools = request
+            .tools
+            .into_iter()
+            .enumerate()
+            .map(|(i, tool)| convert::tool_definition(i, tool))
+            .collect::<Result<Vec<_>, Error>>()?;
+        for (i, model) in request.models.iter().enumerate() {
+            convert::name(&format!("models[{i}]"), model)?;
+        }
+        let stored = self.engine.register_tools(tools).await?;
+        Ok(Response::new(proto::RegisterWorkerResponse {
+            tools: stored.iter().map(convert::tool_definition_out).collect(),
+        }))
+    }
+
+    async fn poll_task(
+        &self,
+        request: Request<proto::PollTaskRequest>,
+    ) -> Result<Response<proto::PollTaskResponse>, Status> {
+        let identity = worker_identity(&request, &request.get_ref().identity);
+        let request = request.into_inner();
+        let mut keys = Vec::new();
+        for (i, tool) in request.tools.into_iter().enumerate() {
+            convert::name(&format!("tools[{i}]"), &tool)?;
+            keys.push(QueueKey::Tool(tool));
+        }
+        for (i, model) in request.models.into_iter().enumerate() {
+            convert::name(&format!("models[{i}]"), &model)?;
+            keys.push(QueueKey::Model(model));
+        }
+        if keys.is_empty() {
+            return Err(Error::invalid("tools", "name at least one tool or model to serve").into());
+        }
+        if !request.wait_s.is_finite() || request.wait_s < 0.0 {
+            return Err(Error::invalid("wait_s", "must be a number of seconds >= 0").into());
+        }
+        let wait = match request.wait_s {
+            0.0 => Duration::MAX,
+            s => Duration::from_secs_f64(s.min(1e6)),
+        };
+        let task = self.engine.poll_task(&identity, &keys, wait).await?;
+        Ok(Response::new(proto::PollTaskResponse {
+            task: task.map(convert::task),
+        }))
+    }
+
+    async fn heartbeat_task(
+        &self,
+        request: Request<proto::HeartbeatTaskRequest>,
+    ) -> Result<Response<proto::HeartbeatTaskResponse>, Status> {
+        let cancel_requested = self.engine.heartbeat(&request.get_ref().token).await?;
+        Ok(Response::new(proto::HeartbeatTaskResponse {
+            cancel_requested,
+        }))
+    }
+
+    async fn complete_task(
+        &self,
+        request: Request<proto::CompleteTaskRequest>,
+    ) -> Result<Response<proto::CompleteTaskResponse>, Status> {
+        use proto::complete_task_request::Result as Outcome;
+        let identity = peer_name(&request);
+        let request = request.into_inner();
+        let report = match request.result {
+            None => {
+                return Err(
+                    Error::invalid("result", "set output_json (tool) or reply (model)").into(),
+                )
+            }
+            Some(Outcome::OutputJson(text)) => {
+                Report::ToolOutput(convert::json_value("output_json", &text)?)
+            }
+            Some(Outcome::Reply(reply)) => convert::model_reply(reply)?,
+        };
+        self.engine
+            .report(&request.token, report, &identity)
+            .await?;
+        Ok(Response::new(proto::CompleteTaskResponse {}))
+    }
+
+    async fn fail_task(
+        &self,
+        request: Request<proto::FailTaskRequest>,
+    ) -> Result<Response<proto::FailTaskResponse>, Status> {
+        let identity = peer_name(&request);
+        let request = request.into_inner();
+        let report = Report::Failure {
+            error: convert::error_detail(request.error)?,
+            retryable: !request.non_retryable,
+        };
+        self.engine
+            .report(&request.token, report, &identity)
+            .await?;
+        Ok(Response::new(proto::FailTaskResponse {}))
+    }
+}
+
+fn worker_identity<T>(request: &Request<T>, identity: &str) -> String {
+    if identity.is_empty() {
+        peer_name(request)
+    } else {
+        identity.chars().take(256).collect()
+    }
+}

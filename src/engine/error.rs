@@ -1,0 +1,57 @@
+//! Why the engine refuses a request. Mapped to gRPC statuses once, in
+//! `api::status`.
+
+/// A refusal; none of them changes a run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("run '{0}' not found")]
+    RunNotFound(String),
+    #[error("run '{run}' has no approval request or call '{call}'")]
+    CallNotFound { run: String, call: String },
+    #[error("{field}: {message}")]
+    InvalidField { field: String, message: String },
+    #[error("{field} is {size} bytes, more than the limit of {limit} bytes")]
+    PayloadTooLarge {
+        field: String,
+        size: usize,
+        limit: usize,
+    },
+    #[error("type: '{0}' is reserved for the engine; clients may append aaa.approval.granted, aaa.approval.denied and types outside the 'aaa.' prefix")]
+    ReservedEventType(String),
+    #[error("run '{0}' has finished")]
+    RunFinished(String),
+    #[error("attempt {attempt} of call '{call}' is not the current attempt")]
+    StaleAttempt { call: String, attempt: u32 },
+    #[error("arguments_sha256 {expected} does not match the requested arguments of call '{call}' (sha256 {actual})")]
+    ArgumentsMismatch {
+        call: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{field}: no worker has registered a tool named '{name}'")]
+    ToolNotRegistered { field: String, name: String },
+    #[error("token: not a task token of this server")]
+    InvalidToken,
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        Error::InvalidField {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for Error {
+    fn from(e: crate::store::StoreError) -> Self {
+        match e {
+            crate::store::StoreError::Closed => Error::ShuttingDown,
+            other => Error::Internal(other.to_string()),
+        }
+    }
+}

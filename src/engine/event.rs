@@ -1,0 +1,323 @@
+//! The event catalogue: type names and the data each engine-owned type
+//! carries. Data is JSON (serde_json with arbitrary precision, so numbers
+//! pass through exactly); the fold decodes it into these structs.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const RUN_STARTED: &str = "aaa.run.started";
+pub const RUN_COMPLETED: &str = "aaa.run.completed";
+pub const RUN_FAILED: &str = "aaa.run.failed";
+pub const RUN_CANCELLED: &str = "aaa.run.cancelled";
+pub const LLM_REQUESTED: &str = "aaa.llm.requested";
+pub const LLM_COMPLETED: &str = "aaa.llm.completed";
+pub const LLM_FAILED: &str = "aaa.llm.failed";
+pub const TOOL_REQUESTED: &str = "aaa.tool.requested";
+pub const TOOL_STARTED: &str = "aaa.tool.started";
+pub const TOOL_COMPLETED: &str = "aaa.tool.completed";
+pub const TOOL_RETRYING: &str = "aaa.tool.retrying";
+pub const TOOL_FAILED: &str = "aaa.tool.failed";
+pub const APPROVAL_REQUESTED: &str = "aaa.approval.requested";
+pub const APPROVAL_GRANTED: &str = "aaa.approval.granted";
+pub const APPROVAL_DENIED: &str = "aaa.approval.denied";
+pub const APPROVAL_EXPIRED: &str = "aaa.approval.expired";
+
+/// Is this type one that only the engine may append?
+pub fn is_reserved(event_type: &str) -> bool {
+    event_type.starts_with("aaa.")
+        && event_type != APPROVAL_GRANTED
+        && event_type != APPROVAL_DENIED
+}
+
+/// Who caused an event (the wire ActorKind numbers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    Engine,
+    Worker(String),
+    Client(String),
+}
+
+impl Actor {
+    pub fn kind(&self) -> i32 {
+        match self {
+            Actor::Engine => 1,
+            Actor::Worker(_) => 2,
+            Actor::Client(_) => 3,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Actor::Engine => "",
+            Actor::Worker(name) | Actor::Client(name) => name,
+        }
+    }
+}
+
+/// An event about to be appended: its seq, id and time are set by the driver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub event_type: String,
+    pub data: Value,
+    pub actor: Actor,
+}
+
+impl NewEvent {
+    /// An engine-owned event with typed data.
+    pub fn engine(event_type: &str, data: impl Serialize) -> Self {
+        NewEvent {
+            event_type: event_type.to_string(),
+            data: serde_json::to_value(data).expect("event data serializes"),
+            actor: Actor::Engine,
+        }
+    }
+
+    pub fn by(mut self, actor: Actor) -> Self {
+        self.actor = actor;
+        self
+    }
+}
+
+/// An error as recorded in events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorData {
+    #[serde(rename = "type")]
+    pub error_type: String,
+    pub message: String,
+}
+
+impl ErrorData {
+    pub fn new(error_type: &str, message: impl Into<String>) -> Self {
+        ErrorData {
+            error_type: error_type.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A tool as a run knows it: snapshotted into aaa.run.started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON schema of the arguments object.
+    pub parameters: Value,
+    pub requires_approval: bool,
+    pub retry: RetrySpec,
+    pub heartbeat_timeout_s: f64,
+    pub approval_timeout_s: f64,
+}
+
+/// Resolved retry policy (no zero "defaults" left in it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RetrySpec {
+    pub max_attempts: u32,
+    pub initial_backoff_s: f64,
+    pub backoff_coefficient: f64,
+    pub max_backoff_s: f64,
+}
+
+impl RetrySpec {
+    /// Delay before attempt `attempt + 1`, after attempt `attempt` failed.
+    pub fn delay_after(&self, attempt: u32) -> f64 {
+        let exponent = attempt.saturating_sub(1).min(64) as i32;
+        (self.initial_backoff_s * self.backoff_coefficient.powi(exponent)).min(self.max_backoff_s)
+    }
+}
+
+/// The model driving a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelChoice {
+    /// Served by workers under this name.
+    Worker(String),
+    /// The built-in scripted model with its steps.
+    Scripted(Vec<ScriptStep>),
+}
+
+impl ModelChoice {
+    pub fn name(&self) -> &str {
+        match self {
+            ModelChoice::Worker(name) => name,
+            ModelChoice::Scripted(_) => "scripted",
+        }
+    }
+}
+
+/// One reply of the scripted model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScriptStep {
+    Text(String),
+    ToolCalls(Vec<ProposedCall>),
+    Echo,
+}
+
+/// A tool call as a model proposes it, before the engine gives it an id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProposedCall {
+    pub name: String,
+    pub arguments: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    pub deadline_s: f64,
+    pub max_model_calls: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStarted {
+    pub task: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub system: String,
+    pub model: ModelChoice,
+    pub tools: Vec<ToolSpec>,
+    pub budget: Budget,
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmRequested {
+    pub call_id: String,
+    pub model: String,
+    pub attempt: u32,
+}
+
+/// A tool call with the id the engine gave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallData {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    pub content: String,
+    pub tool_calls: Vec<ToolCallData>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmCompleted {
+    pub call_id: String,
+    pub message: AssistantMessage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmFailed {
+    pub call_id: String,
+    pub attempt: u32,
+    pub error: ErrorData,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolRequested {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Value,
+    pub requires_approval: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequested {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Value,
+    pub arguments_sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalGranted {
+    pub call_id: String,
+    /// The tool's name, filled in by the engine.
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalDenied {
+    pub call_id: String,
+    /// The tool's name, filled in by the engine.
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalExpired {
+    pub call_id: String,
+    /// The tool's name, filled in by the engine.
+    #[serde(default)]
+    pub name: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolStarted {
+    pub call_id: String,
+    pub attempt: u32,
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCompleted {
+    pub call_id: String,
+    pub attempt: u32,
+    pub output: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolRetrying {
+    pub call_id: String,
+    pub attempt: u32,
+    pub error: ErrorData,
+    pub delay_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolFailed {
+    pub call_id: String,
+    /// 0 when no attempt ran (denied, unknown tool).
+    pub attempt: u32,
+    pub error: ErrorData,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunCompleted {
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunFailed {
+    pub error: ErrorData,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunCancelled {
+    pub reason: String,
+}
+
+/// Canonical JSON text: object keys sorted, no whitespace, numbers as given.
+pub fn canonical_json(value: &Value) -> String {
+    // serde_json's Map is a BTreeMap (no preserve_order feature), so keys
+    // serialize sorted.
+    serde_json::to_string(value).expect("JSON values serialize")
+}
+
+/// Hex SHA-256 of the canonical JSON of `value`.
+pub fn sha256_hex(value: &Value) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(canonical_json(value).as_bytes()))
+}

@@ -1,0 +1,110 @@
+//! Leases of running attempts, in memory. A lease ends when its worker
+//! reports, or expires when no heartbeat came in time; the engine then
+//! records the lost attempt. After a restart every running attempt gets a
+//! fresh lease, so a worker that survived the restart can still report.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::store::RunId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    Tool,
+    Model,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    attempt: u32,
+    kind: LeaseKind,
+    timeout: Duration,
+    expires: Instant,
+}
+
+/// An expired lease: the attempt it covered is lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    pub run: RunId,
+    pub call_id: String,
+    pub attempt: u32,
+    pub kind: LeaseKind,
+}
+
+#[derive(Default)]
+pub struct Leases {
+    leases: Mutex<HashMap<(RunId, String), Lease>>,
+}
+
+impl Leases {
+    pub fn grant(
+        &self,
+        run: RunId,
+        call_id: &str,
+        attempt: u32,
+        kind: LeaseKind,
+        timeout: Duration,
+    ) {
+        let lease = Lease {
+            attempt,
+            kind,
+            timeout,
+            expires: Instant::now() + timeout,
+        };
+        self.leases
+            .lock()
+            .expect("poisoned")
+            .insert((run, call_id.to_string()), lease);
+    }
+
+    /// Extends the lease of this attempt; false when it holds none.
+    pub fn renew(&self, run: RunId, call_id: &str, attempt: u32) -> bool {
+        let mut leases = self.leases.lock().expect("poisoned");
+        match leases.get_mut(&(run, call_id.to_string())) {
+            Some(lease) if lease.attempt == attempt => {
+                lease.expires = Instant::now() + lease.timeout;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn release(&self, run: RunId, call_id: &str) {
+        self.leases
+            .lock()
+            .expect("poisoned")
+            .remove(&(run, call_id.to_string()));
+    }
+
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.leases
+            .lock()
+            .expect("poisoned")
+            .values()
+            .map(|l| l.expires)
+            .min()
+    }
+
+    /// Removes and returns the leases expired at `now`.
+    pub fn take_expired(&self, now: Instant) -> Vec<Expired> {
+        let mut leases = self.leases.lock().expect("poisoned");
+        let expired: Vec<(RunId, String)> = leases
+            .iter()
+            .filter(|(_, lease)| lease.expires <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        expired
+            .into_iter()
+            .filter_map(|key| {
+                let lease = leases.remove(&key)?;
+                Some(Expired {
+                    run: key.0,
+                    call_id: key.1,
+                    attempt: lease.attempt,
+                    kind: lease.kind,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,1007 @@
+//! The engine: the tool loop, the approval gate, leases and timers.
+//!
+//! Each request for a run takes that run's lock, loads its state (from a
+//! bounded cache, or by folding its events), asks the pure `decide_*`
+//! functions what to append, folds the new events (which may emit engine
+//! follow-ups), commits them with their index changes in one durable batch,
+//! and only then acts: offers tasks to workers, wakes timers and followers.
+//! A run that waits (for a human, say) holds no task and no lock; at most its
+//! state sits in the cache until evicted.
+
+mod dispatch;
+pub mod error;
+pub mod event;
+mod heads;
+mod leases;
+pub mod state;
+
+use std::collections::VecDeque;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+pub use dispatch::QueueKey;
+use dispatch::{Dispatcher, TaskRef};
+pub use error::Error;
+use event::*;
+use heads::Heads;
+use leases::{LeaseKind, Leases};
+use state::{Action, DecisionOutcome, Message, RunState, ToolOutcome};
+
+use crate::config::Config;
+use crate::store::{ApprovalRecord, EventRecord, RunId, Store, WriteBatch};
+
+/// Largest event data (JSON text) the engine appends. sled keeps pages up to
+/// a quarter segment in its main file; see `Store::open`.
+pub const MAX_EVENT_BYTES: usize = 64 * 1024;
+/// Most events one input may cause (a guard against a runaway fold).
+const MAX_EVENTS_PER_BATCH: usize = 4096;
+const RUN_LOCK_STRIPES: usize = 1024;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A tool reference in StartRun, resolved against the registry.
+#[derive(Debug, Clone)]
+pub struct ToolRef {
+    pub name: String,
+    pub requires_approval: bool,
+    pub approval_timeout_s: f64,
+}
+
+/// StartRun, validated by the api.
+#[derive(Debug, Clone)]
+pub struct StartRun {
+    pub task: String,
+    pub system: String,
+    pub model: ModelChoice,
+    pub tools: Vec<ToolRef>,
+    pub budget: Budget,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub request_id: String,
+}
+
+/// Signal's answer.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SignalAnswer {
+    pub seq: u64,
+    pub already_decided: bool,
+    pub decision: String,
+}
+
+/// A task handed to a worker.
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub token: String,
+    pub run: RunId,
+    pub call_id: String,
+    pub attempt: u32,
+    pub heartbeat_timeout: Duration,
+    pub deadline_at_ms: Option<i64>,
+    pub work: Work,
+}
+
+#[derive(Debug, Clone)]
+pub enum Work {
+    Tool {
+        name: String,
+        arguments: Value,
+    },
+    Model {
+        model: String,
+        messages: Vec<Message>,
+        tools: Vec<ToolSpec>,
+    },
+}
+
+/// What a worker reports for a task.
+pub enum Report {
+    ToolOutput(Value),
+    ModelReply {
+        content: String,
+        calls: Vec<ProposedCall>,
+    },
+    Failure {
+        error: ErrorData,
+        retryable: bool,
+    },
+}
+
+/// The fencing token of an attempt: kind, run, attempt and call. A result
+/// carrying a token whose attempt is no longer current is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Token {
+    kind: LeaseKind,
+    run: RunId,
+    attempt: u32,
+    call_id: String,
+}
+
+impl Token {
+    fn encode(&self) -> String {
+        let kind = match self.kind {
+            LeaseKind::Tool => "t",
+            LeaseKind::Model => "m",
+        };
+        format!("{kind}.{}.{}.{}", self.run, self.attempt, self.call_id)
+    }
+
+    fn decode(text: &str) -> Result<Token, Error> {
+        let mut parts = text.splitn(4, '.');
+        let kind = match parts.next() {
+            Some("t") => LeaseKind::Tool,
+            Some("m") => LeaseKind::Model,
+            _ => return Err(Error::InvalidToken),
+        };
+        let run = parts
+            .next()
+            .and_then(RunId::parse)
+            .ok_or(Error::InvalidToken)?;
+        let attempt = parts
+            .next()
+            .and_then(|a| a.parse().ok())
+            .ok_or(Error::InvalidToken)?;
+        let call_id = parts
+            .next()
+            .filter(|c| !c.is_empty())
+            .ok_or(Error::InvalidToken)?;
+        Ok(Token {
+            kind,
+            run,
+            attempt,
+            call_id: call_id.to_string(),
+        })
+    }
+}
+
+/// Handle to the engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    config: Config,
+    run_locks: Box<[tokio::sync::Mutex<()>]>,
+    request_locks: Box<[tokio::sync::Mutex<()>]>,
+    cache: Mutex<lru::LruCache<RunId, RunState>>,
+    dispatcher: Dispatcher,
+    leases: Leases,
+    heads: Heads,
+    timers_changed: Notify,
+    shutdown: CancellationToken,
+}
+
+/// Which of `stripes` locks guards `key`. DefaultHasher::new() has fixed
+/// keys, so the same key maps to the same stripe on every thread.
+fn stripe(key: &impl std::hash::Hash, stripes: usize) -> usize {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % stripes as u64) as usize
+}
+
+fn locks(n: usize) -> Box<[tokio::sync::Mutex<()>]> {
+    (0..n).map(|_| tokio::sync::Mutex::new(())).collect()
+}
+
+impl Engine {
+    /// Starts the engine on an open store: recovers in-flight work and starts
+    /// the timer task. Everything stops when `shutdown` fires.
+    pub fn start(
+        store: Store,
+        config: Config,
+        shutdown: CancellationToken,
+    ) -> Result<Engine, Error> {
+        let cache_size = NonZeroUsize::new(config.run_cache_size.max(1)).expect("non-zero");
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                run_locks: locks(RUN_LOCK_STRIPES),
+                request_locks: locks(RUN_LOCK_STRIPES),
+                cache: Mutex::new(lru::LruCache::new(cache_size)),
+                dispatcher: Dispatcher::default(),
+                leases: Leases::default(),
+                heads: Heads::default(),
+                timers_changed: Notify::new(),
+                shutdown,
+            }),
+        };
+        engine.recover()?;
+        tokio::spawn(engine.clone().run_timers());
+        Ok(engine)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+
+    /// Changes whenever the run's durable head moves.
+    pub fn follow(&self, run: RunId) -> watch::Receiver<u64> {
+        self.inner.heads.subscribe(run)
+    }
+
+    /// Re-offers the work of runs that were active when the server stopped,
+    /// and gives their running attempts a fresh lease.
+    fn recover(&self) -> Result<(), Error> {
+        let now = now_ms();
+        for run in self.inner.store.active_runs()? {
+            let state = self.load(run)?;
+            for call in &state.calls {
+                if call.phase == state::Phase::Running {
+                    let timeout = self.heartbeat_timeout(call.spec.as_ref());
+                    self.inner.leases.grant(
+                        run,
+                        &call.call_id,
+                        call.attempt,
+                        LeaseKind::Tool,
+                        timeout,
+                    );
+                }
+            }
+            self.offer_all(run, state.dispatchable(now));
+            self.cache_put(state);
+        }
+        Ok(())
+    }
+
+    fn heartbeat_timeout(&self, spec: Option<&ToolSpec>) -> Duration {
+        match spec {
+            Some(spec) if spec.heartbeat_timeout_s > 0.0 => {
+                Duration::from_secs_f64(spec.heartbeat_timeout_s)
+            }
+            _ => self.inner.config.default_heartbeat_timeout,
+        }
+    }
+
+    // ---- run state: lock, cache, fold ----
+
+    async fn lock_run(&self, run: RunId) -> tokio::sync::MutexGuard<'_, ()> {
+        self.inner.run_locks[stripe(&run, RUN_LOCK_STRIPES)]
+            .lock()
+            .await
+    }
+
+    /// The run's state; the caller holds the run's lock and puts it back.
+    fn load(&self, run: RunId) -> Result<RunState, Error> {
+        if let Some(state) = self.inner.cache.lock().expect("poisoned").pop(&run) {
+            return Ok(state);
+        }
+        let events = self.inner.store.all_run_events(run)?;
+        RunState::replay(run, &events)
+    }
+
+    fn cache_put(&self, state: RunState) {
+        self.inner
+            .cache
+            .lock()
+            .expect("poisoned")
+            .put(state.id, state);
+    }
+
+    /// Reads a run's state under its lock without changing it.
+    async fn read_run<T>(&self, run: RunId, read: impl FnOnce(&RunState) -> T) -> Result<T, Error> {
+        let _guard = self.lock_run(run).await;
+        let state = self.load(run)?;
+        let answer = read(&state);
+        self.cache_put(state);
+        Ok(answer)
+    }
+
+    /// The one way a run changes: under its lock, `decide` says what to
+    /// append (and may add index writes); the events are folded and
+    /// committed, then acted on. Returns decide's answer and the seq of the
+    /// first appended event (0 when nothing was appended).
+    async fn update<T>(
+        &self,
+        run: RunId,
+        decide: impl FnOnce(&RunState, &mut WriteBatch) -> Result<(Vec<NewEvent>, T), Error>,
+    ) -> Result<(T, u64), Error> {
+        let _guard = self.lock_run(run).await;
+        let mut state = self.load(run)?;
+        let mut batch = WriteBatch::default();
+        let (events, answer) = match decide(&state, &mut batch) {
+            Ok(decided) => decided,
+            Err(e) => {
+                self.cache_put(state);
+                return Err(e);
+            }
+        };
+        let first_seq = if events.is_empty() {
+            0
+        } else {
+            state.last_seq + 1
+        };
+        if events.is_empty() && batch.is_empty() {
+            self.cache_put(state);
+            return Ok((answer, 0));
+        }
+        // On error the state may be ahead of the store: drop it, the next
+        // load folds the log again.
+        self.append(&mut state, events, batch, Vec::new()).await?;
+        self.cache_put(state);
+        Ok((answer, first_seq))
+    }
+
+    /// Folds `events` into `state`, commits them with `batch`, then acts.
+    /// `actions` are actions already produced (by `RunState::start`).
+    async fn append(
+        &self,
+        state: &mut RunState,
+        events: Vec<NewEvent>,
+        mut batch: WriteBatch,
+        actions: Vec<Action>,
+    ) -> Result<(), Error> {
+        let now = now_ms();
+        let mut queue: VecDeque<NewEvent> = events.into();
+        let mut effects = Vec::new();
+        let mut timers_changed = false;
+        self.route(
+            state,
+            actions,
+            &mut queue,
+            &mut batch,
+            &mut effects,
+            &mut timers_changed,
+        );
+        while let Some(event) = queue.pop_front() {
+            if batch.events().len() >= MAX_EVENTS_PER_BATCH {
+                return Err(Error::Internal(format!(
+                    "run {} produced more than {MAX_EVENTS_PER_BATCH} events for one input",
+                    state.id
+                )));
+            }
+            let record = self.record(state.id, state.last_seq + 1, event, now)?;
+            let actions = state.apply(&record)?;
+            batch.push_event(record);
+            self.route(
+                state,
+                actions,
+                &mut queue,
+                &mut batch,
+                &mut effects,
+                &mut timers_changed,
+            );
+        }
+        batch.put_run(&state.summary());
+        batch.set_active(state.id, state.is_active());
+        self.inner.store.commit(batch).await?;
+
+        // Durable: now act.
+        for effect in effects {
+            match effect {
+                Action::DispatchTool { call_id, tool } => self.inner.dispatcher.offer(TaskRef {
+                    run: state.id,
+                    call_id,
+                    key: QueueKey::Tool(tool),
+                }),
+                Action::DispatchModel { call_id, model } => self.inner.dispatcher.offer(TaskRef {
+                    run: state.id,
+                    call_id,
+                    key: QueueKey::Model(model),
+                }),
+                _ => {}
+            }
+        }
+        if timers_changed {
+            self.inner.timers_changed.notify_one();
+        }
+        self.inner.heads.publish(state.id, state.last_seq);
+        Ok(())
+    }
+
+    fn record(
+        &self,
+        run: RunId,
+        seq: u64,
+        event: NewEvent,
+        now: i64,
+    ) -> Result<EventRecord, Error> {
+        let data_json = canonical_json(&event.data);
+        if data_json.len() > MAX_EVENT_BYTES {
+            return Err(Error::PayloadTooLarge {
+                field: format!("data of the {} event", event.event_type),
+                size: data_json.len(),
+                limit: MAX_EVENT_BYTES,
+            });
+        }
+        Ok(EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq,
+            position: 0,
+            id: uuid::Uuid::now_v7().as_bytes().to_vec(),
+            event_type: event.event_type,
+            data_json,
+            time_ms: now,
+            actor_kind: event.actor.kind(),
+            actor_name: event.actor.name().to_string(),
+        })
+    }
+
+    /// Sorts the fold's actions: follow-up events, index writes for this
+    /// batch, and effects for after the commit.
+    fn route(
+        &self,
+        state: &RunState,
+        actions: Vec<Action>,
+        queue: &mut VecDeque<NewEvent>,
+        batch: &mut WriteBatch,
+        effects: &mut Vec<Action>,
+        timers_changed: &mut bool,
+    ) {
+        for action in actions {
+            match action {
+                Action::Emit(event) => queue.push_back(event),
+                Action::ArmTimer { due_ms, name } => {
+                    batch.put_timer(due_ms, state.id, &name);
+                    *timers_changed = true;
+                }
+                Action::CancelTimer { due_ms, name } => batch.delete_timer(due_ms, state.id, &name),
+                Action::ApprovalPending { call_id } => {
+                    if let Some(call) = state.call(&call_id) {
+                        batch.put_approval(&approval_record(state, call));
+                    }
+                }
+                Action::ApprovalResolved { call_id } => batch.delete_approval(state.id, &call_id),
+                other => effects.push(other),
+            }
+        }
+    }
+
+    fn offer_all(&self, run: RunId, actions: Vec<Action>) {
+        for action in actions {
+            let (call_id, key) = match action {
+                Action::DispatchTool { call_id, tool } => (call_id, QueueKey::Tool(tool)),
+                Action::DispatchModel { call_id, model } => (call_id, QueueKey::Model(model)),
+                _ => continue,
+            };
+            self.inner.dispatcher.offer(TaskRef { run, call_id, key });
+        }
+    }
+
+    // ---- RunService ----
+
+    /// Starts a run, or returns the one an earlier call with the same
+    /// request_id started. Returns (run, created).
+    pub async fn start_run(&self, start: StartRun, actor: Actor) -> Result<(RunId, bool), Error> {
+        const SCOPE: &[u8] = b"start";
+        let _request_guard = match start.request_id.is_empty() {
+            true => None,
+            false => Some(
+                self.inner.request_locks[stripe(&start.request_id, RUN_LOCK_STRIPES)]
+                    .lock()
+                    .await,
+            ),
+        };
+        if !start.request_id.is_empty() {
+            if let Some(bytes) = self.inner.store.request(SCOPE, &start.request_id)? {
+                let run = RunId::from_slice(&bytes)
+                    .ok_or_else(|| Error::Internal("bad idempotency record".into()))?;
+                return Ok((run, false));
+            }
+        }
+        let tools = self.resolve_tools(&start.tools)?;
+        let now = now_ms();
+        let deadline_at_ms = (start.budget.deadline_s > 0.0)
+            .then(|| now + (start.budget.deadline_s * 1000.0) as i64);
+        let started = RunStarted {
+            task: start.task,
+            system: start.system,
+            model: start.model,
+            tools,
+            budget: start.budget,
+            labels: start.labels,
+            deadline_at_ms,
+        };
+        let run = RunId::new();
+        let _guard = self.lock_run(run).await;
+        let record = self.record(
+            run,
+            1,
+            NewEvent::engine(RUN_STARTED, started).by(actor),
+            now,
+        )?;
+        let (mut state, actions) = RunState::start(run, &record)?;
+        let mut batch = WriteBatch::default();
+        batch.push_event(record);
+        if !start.request_id.is_empty() {
+            batch.put_request(SCOPE, &start.request_id, run.as_bytes().to_vec());
+        }
+        self.append(&mut state, Vec::new(), batch, actions).await?;
+        self.cache_put(state);
+        Ok((run, true))
+    }
+
+    fn resolve_tools(&self, refs: &[ToolRef]) -> Result<Vec<ToolSpec>, Error> {
+        let mut specs: Vec<ToolSpec> = Vec::with_capacity(refs.len());
+        for (i, tool) in refs.iter().enumerate() {
+            let field = format!("tools[{i}].name");
+            if specs.iter().any(|s| s.name == tool.name) {
+                return Err(Error::invalid(
+                    &field,
+                    format!("tool '{}' is listed twice", tool.name),
+                ));
+            }
+            let bytes =
+                self.inner
+                    .store
+                    .tool(&tool.name)?
+                    .ok_or_else(|| Error::ToolNotRegistered {
+                        field,
+                        name: tool.name.clone(),
+                    })?;
+            let mut spec: ToolSpec = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Internal(format!("stored tool {}: {e}", tool.name)))?;
+            spec.requires_approval |= tool.requires_approval;
+            if tool.approval_timeout_s > 0.0 {
+                spec.approval_timeout_s = tool.approval_timeout_s;
+            }
+            specs.push(spec);
+        }
+        Ok(specs)
+    }
+
+    /// Signal: an approval decision or an application event.
+    pub async fn signal(
+        &self,
+        run: RunId,
+        event_type: &str,
+        data: Value,
+        request_id: &str,
+        actor: Actor,
+    ) -> Result<SignalAnswer, Error> {
+        let scope = [b"signal".as_slice(), run.as_bytes()].concat();
+        let decision = event_type == APPROVAL_GRANTED || event_type == APPROVAL_DENIED;
+        let (answer, _) = self
+            .update(run, |state, batch| {
+                if !request_id.is_empty() {
+                    if let Some(bytes) = self.inner.store.request(&scope, request_id)? {
+                        let answer: SignalAnswer = serde_json::from_slice(&bytes)
+                            .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")))?;
+                        return Ok((Vec::new(), answer));
+                    }
+                }
+                let seq = state.last_seq + 1;
+                let (events, answer) = if decision {
+                    match state.decide_approval(event_type, &data, actor)? {
+                        DecisionOutcome::AlreadyDecided(d) => (
+                            Vec::new(),
+                            SignalAnswer {
+                                seq: 0,
+                                already_decided: true,
+                                decision: d.event_type().to_string(),
+                            },
+                        ),
+                        DecisionOutcome::Append(events) => (
+                            events,
+                            SignalAnswer {
+                                seq,
+                                already_decided: false,
+                                decision: event_type.to_string(),
+                            },
+                        ),
+                    }
+                } else {
+                    if state.is_finished() {
+                        return Err(Error::RunFinished(run.to_string()));
+                    }
+                    let event = NewEvent {
+                        event_type: event_type.to_string(),
+                        data,
+                        actor,
+                    };
+                    (
+                        vec![event],
+                        SignalAnswer {
+                            seq,
+                            ..Default::default()
+                        },
+                    )
+                };
+                if !events.is_empty() && !request_id.is_empty() {
+                    let bytes = serde_json::to_vec(&answer).expect("serializes");
+                    batch.put_request(&scope, request_id, bytes);
+                }
+                Ok((events, answer))
+            })
+            .await?;
+        Ok(answer)
+    }
+
+    /// CancelRun; returns the seq of aaa.run.cancelled (0 if already cancelled).
+    pub async fn cancel_run(&self, run: RunId, reason: &str, actor: Actor) -> Result<u64, Error> {
+        let (last, _) = self
+            .update(run, |state, _| {
+                let events = state.decide_cancel(reason, actor)?;
+                let last = state.last_seq + events.len() as u64;
+                let last = if events.is_empty() { 0 } else { last };
+                Ok((events, last))
+            })
+            .await?;
+        Ok(last)
+    }
+
+    // ---- WorkerService ----
+
+    /// Stores tool definitions. A gate once declared stays.
+    pub async fn register_tools(&self, tools: Vec<ToolSpec>) -> Result<Vec<ToolSpec>, Error> {
+        let mut stored = Vec::with_capacity(tools.len());
+        let mut batch = WriteBatch::default();
+        for mut tool in tools {
+            if let Some(bytes) = self.inner.store.tool(&tool.name)? {
+                if let Ok(previous) = serde_json::from_slice::<ToolSpec>(&bytes) {
+                    tool.requires_approval |= previous.requires_approval;
+                }
+            }
+            batch.put_tool(&tool.name, serde_json::to_vec(&tool).expect("serializes"));
+            stored.push(tool);
+        }
+        self.inner.store.commit(batch).await?;
+        Ok(stored)
+    }
+
+    /// Long poll for a task of the named tools and models.
+    pub async fn poll_task(
+        &self,
+        identity: &str,
+        keys: &[QueueKey],
+        wait: Duration,
+    ) -> Result<Option<Task>, Error> {
+        let wait = wait.min(self.inner.config.poll_wait_cap);
+        let until = Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let Some(task) = self
+                .inner
+                .dispatcher
+                .take(keys, left, &self.inner.shutdown)
+                .await
+            else {
+                return Ok(None);
+            };
+            if let Some(task) = self.claim(task, identity).await? {
+                return Ok(Some(task));
+            }
+        }
+    }
+
+    /// Turns a queued call into an attempt, if the run still wants it.
+    async fn claim(&self, task: TaskRef, identity: &str) -> Result<Option<Task>, Error> {
+        let now = now_ms();
+        match task.key {
+            QueueKey::Tool(_) => {
+                let result = self
+                    .update(task.run, |state, _| {
+                        let Some(event) = state.decide_tool_start(&task.call_id, identity, now)
+                        else {
+                            return Ok((Vec::new(), None));
+                        };
+                        let call = state.call(&task.call_id).expect("decided on it");
+                        let work = Work::Tool {
+                            name: call.name.clone(),
+                            arguments: call.arguments.clone(),
+                        };
+                        let timeout = self.heartbeat_timeout(call.spec.as_ref());
+                        let attempt = call.attempt + 1;
+                        Ok((
+                            vec![event],
+                            Some((work, timeout, attempt, state.spec.deadline_at_ms)),
+                        ))
+                    })
+                    .await;
+                let ((work, timeout, attempt, deadline), _) = match result {
+                    Ok((Some(claimed), seq)) => (claimed, seq),
+                    Ok((None, _)) | Err(Error::RunNotFound(_)) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                self.inner
+                    .leases
+                    .grant(task.run, &task.call_id, attempt, LeaseKind::Tool, timeout);
+                self.inner.timers_changed.notify_one();
+                Ok(Some(self.task(
+                    task.run,
+                    task.call_id,
+                    attempt,
+                    LeaseKind::Tool,
+                    timeout,
+                    deadline,
+                    work,
+                )))
+            }
+            QueueKey::Model(model) => {
+                let claimed = self
+                    .read_run(task.run, |state| {
+                        let pending = state.model_call.as_ref()?;
+                        if state.is_finished() || pending.call_id != task.call_id {
+                            return None;
+                        }
+                        let work = Work::Model {
+                            model,
+                            messages: state.messages().to_vec(),
+                            tools: state.spec.tools.clone(),
+                        };
+                        Some((work, pending.attempt, state.spec.deadline_at_ms))
+                    })
+                    .await;
+                let (work, attempt, deadline) = match claimed {
+                    Ok(Some(claimed)) => claimed,
+                    Ok(None) | Err(Error::RunNotFound(_)) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let timeout = self.inner.config.default_heartbeat_timeout;
+                self.inner.leases.grant(
+                    task.run,
+                    &task.call_id,
+                    attempt,
+                    LeaseKind::Model,
+                    timeout,
+                );
+                self.inner.timers_changed.notify_one();
+                Ok(Some(self.task(
+                    task.run,
+                    task.call_id,
+                    attempt,
+                    LeaseKind::Model,
+                    timeout,
+                    deadline,
+                    work,
+                )))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn task(
+        &self,
+        run: RunId,
+        call_id: String,
+        attempt: u32,
+        kind: LeaseKind,
+        heartbeat_timeout: Duration,
+        deadline_at_ms: Option<i64>,
+        work: Work,
+    ) -> Task {
+        let token = Token {
+            kind,
+            run,
+            attempt,
+            call_id: call_id.clone(),
+        }
+        .encode();
+        Task {
+            token,
+            run,
+            call_id,
+            attempt,
+            heartbeat_timeout,
+            deadline_at_ms,
+            work,
+        }
+    }
+
+    /// Renews the attempt's lease; answers whether the run wants it stopped.
+    pub async fn heartbeat(&self, token: &str) -> Result<bool, Error> {
+        let token = Token::decode(token)?;
+        let current = self
+            .read_run(token.run, |state| {
+                if state.is_finished() {
+                    return Ok(false);
+                }
+                match token.kind {
+                    LeaseKind::Tool => state
+                        .check_tool_attempt(&token.call_id, token.attempt)
+                        .map(|_| true),
+                    LeaseKind::Model => state
+                        .check_model_attempt(&token.call_id, token.attempt)
+                        .map(|_| true),
+                }
+            })
+            .await??;
+        if !current {
+            return Ok(true);
+        }
+        if !self
+            .inner
+            .leases
+            .renew(token.run, &token.call_id, token.attempt)
+        {
+            // The attempt is current but holds no lease (it expired this
+            // very moment and its loss is being recorded): it is over.
+            return Err(Error::StaleAttempt {
+                call: token.call_id,
+                attempt: token.attempt,
+            });
+        }
+        Ok(false)
+    }
+
+    /// CompleteTask / FailTask.
+    pub async fn report(&self, token: &str, report: Report, identity: &str) -> Result<(), Error> {
+        let token = Token::decode(token)?;
+        let actor = Actor::Worker(identity.to_string());
+        self.update(token.run, |state, _| {
+            let event = match (token.kind, report) {
+                (LeaseKind::Tool, Report::ToolOutput(output)) => state.decide_tool_outcome(
+                    &token.call_id,
+                    token.attempt,
+                    ToolOutcome::Output(output),
+                    actor,
+                )?,
+                (LeaseKind::Tool, Report::Failure { error, retryable }) => state
+                    .decide_tool_outcome(
+                        &token.call_id,
+                        token.attempt,
+                        ToolOutcome::Failure { error, retryable },
+                        actor,
+                    )?,
+                (LeaseKind::Model, Report::ModelReply { content, calls }) => state
+                    .decide_model_reply(&token.call_id, token.attempt, content, calls, actor)?,
+                (LeaseKind::Model, Report::Failure { error, retryable }) => state
+                    .decide_model_failure(&token.call_id, token.attempt, error, retryable, actor)?,
+                (LeaseKind::Tool, Report::ModelReply { .. }) => {
+                    return Err(Error::invalid(
+                        "reply",
+                        "this task is a tool call: send output_json",
+                    ))
+                }
+                (LeaseKind::Model, Report::ToolOutput(_)) => {
+                    return Err(Error::invalid(
+                        "output_json",
+                        "this task is a model call: send reply",
+                    ))
+                }
+            };
+            Ok((vec![event], ()))
+        })
+        .await?;
+        self.inner.leases.release(token.run, &token.call_id);
+        Ok(())
+    }
+
+    // ---- timers and leases ----
+
+    async fn run_timers(self) {
+        loop {
+            let now = Instant::now();
+            let next_lease = self.inner.leases.next_expiry();
+            let next_durable = match self.inner.store.first_timer() {
+                Ok(timer) => timer,
+                Err(e) => {
+                    tracing::error!("reading timers failed: {e}");
+                    None
+                }
+            };
+            let durable_wait = next_durable
+                .as_ref()
+                .map(|t| Duration::from_millis((t.due_ms - now_ms()).max(0) as u64));
+            let lease_wait = next_lease.map(|at| at.saturating_duration_since(now));
+            let wait = [durable_wait, lease_wait]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(Duration::from_secs(3600));
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = self.inner.timers_changed.notified() => continue,
+                    _ = self.inner.shutdown.cancelled() => return,
+                }
+            }
+            if self.inner.shutdown.is_cancelled() {
+                return;
+            }
+            for expired in self.inner.leases.take_expired(Instant::now()) {
+                self.lease_lost(expired).await;
+            }
+            if let Some(timer) = next_durable.filter(|t| t.due_ms <= now_ms()) {
+                if let Err(e) = self.fire_timer(timer.run, &timer.name, timer.due_ms).await {
+                    tracing::error!(run = %timer.run, timer = %timer.name, "timer failed: {e}");
+                    if matches!(e, Error::ShuttingDown) {
+                        return;
+                    }
+                    // Do not spin on a timer that cannot fire.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    async fn fire_timer(&self, run: RunId, name: &str, due_ms: i64) -> Result<(), Error> {
+        let now = now_ms();
+        let result = self
+            .update(run, |state, batch| {
+                batch.delete_timer(due_ms, run, name);
+                Ok((state.decide_timer(name, now), state.dispatchable(now)))
+            })
+            .await;
+        match result {
+            Ok((dispatchable, _)) => {
+                self.offer_all(run, dispatchable);
+                Ok(())
+            }
+            Err(Error::RunNotFound(_)) => {
+                // A timer of a run that does not exist: drop it.
+                let mut batch = WriteBatch::default();
+                batch.delete_timer(due_ms, run, name);
+                self.inner.store.commit(batch).await?;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn lease_lost(&self, lost: leases::Expired) {
+        let error = ErrorData::new(
+            "AttemptLost",
+            format!(
+                "attempt {} sent no heartbeat or result within its heartbeat timeout",
+                lost.attempt
+            ),
+        );
+        let result = self
+            .update(lost.run, |state, _| {
+                let event = match lost.kind {
+                    LeaseKind::Tool => state.decide_tool_outcome(
+                        &lost.call_id,
+                        lost.attempt,
+                        ToolOutcome::Failure {
+                            error,
+                            retryable: true,
+                        },
+                        Actor::Engine,
+                    ),
+                    LeaseKind::Model => state.decide_model_failure(
+                        &lost.call_id,
+                        lost.attempt,
+                        error,
+                        true,
+                        Actor::Engine,
+                    ),
+                };
+                match event {
+                    Ok(event) => Ok((vec![event], ())),
+                    // Already reported, or the run ended: nothing was lost.
+                    Err(Error::StaleAttempt { .. } | Error::RunFinished(_)) => Ok((Vec::new(), ())),
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(run = %lost.run, call = %lost.call_id, "recording a lost attempt failed: {e}");
+        }
+    }
+}
+
+/// The index entry of a pending approval.
+fn approval_record(state: &RunState, call: &state::Call) -> ApprovalRecord {
+    let timeout_due = call.approval_timer_ms;
+    let expires_ms = match (timeout_due, state.spec.deadline_at_ms) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(0),
+    };
+    ApprovalRecord {
+        run_id: state.id.as_bytes().to_vec(),
+        call_id: call.call_id.clone(),
+        tool: call.name.clone(),
+        arguments_json: canonical_json(&call.arguments),
+        arguments_sha256: sha256_hex(&call.arguments),
+        requested_ms: call.requested_ms,
+        expires_ms,
+        labels: state.spec.labels.clone(),
+        seq: call.approval_seq,
+        position: 0,
+    }
+}

@@ -1,0 +1,1004 @@
+//! A run's state and the pure fold over its events.
+//!
+//! `RunState::apply` takes one event and returns the actions it implies:
+//! follow-up events the engine appends in the same batch, index changes
+//! committed with them, and effects the driver performs once the batch is
+//! durable. The `decide_*` functions turn an input (a signal, a worker's
+//! result, a fired timer) into the events that record it, or refuse it.
+//! Nothing here does I/O or reads a clock: times come from the events.
+
+use serde_json::{json, Value};
+
+use super::error::Error;
+use super::event::*;
+use crate::store::{EventRecord, RunId, RunRecord};
+
+/// Attempts a model call gets before the run fails.
+pub const MODEL_MAX_ATTEMPTS: u32 = 3;
+/// Timer names (the durable timer key carries them).
+pub const DEADLINE_TIMER: &str = "deadline";
+const APPROVAL_TIMER: &str = "approval/";
+const RETRY_TIMER: &str = "retry/";
+
+/// What the driver does because of an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Append this engine event right after, in the same batch.
+    Emit(NewEvent),
+    /// Offer the tool call to workers.
+    DispatchTool { call_id: String, tool: String },
+    /// Offer the model call to workers.
+    DispatchModel { call_id: String, model: String },
+    /// Durable timer, armed in the same batch.
+    ArmTimer { due_ms: i64, name: String },
+    /// Durable timer removed in the same batch.
+    CancelTimer { due_ms: i64, name: String },
+    /// The call now waits for a decision: index it.
+    ApprovalPending { call_id: String },
+    /// The call's approval request is resolved: unindex it.
+    ApprovalResolved { call_id: String },
+    /// The run reached its terminal event.
+    Finished,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    Running,
+    Completed(Value),
+    Failed(ErrorData),
+    Cancelled(String),
+}
+
+/// One message of the conversation handed to models.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    System(String),
+    User(String),
+    Assistant(AssistantMessage),
+    Tool {
+        call_id: String,
+        name: String,
+        content: String,
+        error: Option<ErrorData>,
+    },
+}
+
+impl Message {
+    fn content(&self) -> &str {
+        match self {
+            Message::System(text) | Message::User(text) => text,
+            Message::Assistant(message) => &message.content,
+            Message::Tool { content, .. } => content,
+        }
+    }
+}
+
+/// Where a tool call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waits for an approval decision.
+    AwaitingApproval,
+    /// May be dispatched (ungated, or granted).
+    Ready,
+    /// An attempt failed; the next may start at `until_ms`.
+    Backoff { until_ms: i64 },
+    /// Attempt `Call::attempt` is running on a worker.
+    Running,
+    /// Completed or failed for good.
+    Done,
+}
+
+/// The decision made on a gated call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Granted,
+    Denied,
+    Expired,
+}
+
+impl Decision {
+    pub fn event_type(self) -> &'static str {
+        match self {
+            Decision::Granted => APPROVAL_GRANTED,
+            Decision::Denied => APPROVAL_DENIED,
+            Decision::Expired => APPROVAL_EXPIRED,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: Value,
+    /// None when the run does not know the tool.
+    pub spec: Option<ToolSpec>,
+    pub phase: Phase,
+    /// Number of the latest attempt started; 0 before the first.
+    pub attempt: u32,
+    pub decision: Option<Decision>,
+    /// Due time of the approval timeout timer, when armed.
+    pub approval_timer_ms: Option<i64>,
+    pub requested_ms: i64,
+    pub approval_seq: u64,
+}
+
+/// The model call the run waits for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingModelCall {
+    pub call_id: String,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunState {
+    pub id: RunId,
+    pub last_seq: u64,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    pub spec: RunStarted,
+    pub status: Status,
+    pub messages: Vec<Message>,
+    pub model_calls: u32,
+    pub model_call: Option<PendingModelCall>,
+    pub calls: Vec<Call>,
+}
+
+/// The outcome of an approval decision sent by a client.
+#[derive(Debug)]
+pub enum DecisionOutcome {
+    /// Append these events.
+    Append(Vec<NewEvent>),
+    /// The call was already decided; nothing changes.
+    AlreadyDecided(Decision),
+}
+
+/// A worker's report on a tool attempt.
+pub enum ToolOutcome {
+    Output(Value),
+    Failure { error: ErrorData, retryable: bool },
+}
+
+fn decode<T: serde::de::DeserializeOwned>(event: &EventRecord) -> Result<T, Error> {
+    serde_json::from_str(&event.data_json).map_err(|e| {
+        Error::Internal(format!(
+            "event {} of a run has undecodable {} data: {e}",
+            event.seq, event.event_type
+        ))
+    })
+}
+
+impl RunState {
+    /// The state right after `aaa.run.started`, and the actions it implies.
+    pub fn start(id: RunId, first: &EventRecord) -> Result<(RunState, Vec<Action>), Error> {
+        if first.event_type != RUN_STARTED || first.seq != 1 {
+            return Err(Error::Internal(format!(
+                "run {id} does not begin with {RUN_STARTED}"
+            )));
+        }
+        let spec: RunStarted = decode(first)?;
+        let mut messages = Vec::new();
+        if !spec.system.is_empty() {
+            messages.push(Message::System(spec.system.clone()));
+        }
+        messages.push(Message::User(spec.task.clone()));
+        let state = RunState {
+            id,
+            last_seq: 1,
+            created_ms: first.time_ms,
+            updated_ms: first.time_ms,
+            spec,
+            status: Status::Running,
+            messages,
+            model_calls: 0,
+            model_call: None,
+            calls: Vec::new(),
+        };
+        let mut actions = Vec::new();
+        if let Some(due_ms) = state.spec.deadline_at_ms {
+            actions.push(Action::ArmTimer {
+                due_ms,
+                name: DEADLINE_TIMER.to_string(),
+            });
+        }
+        state.next_turn(&mut actions);
+        Ok((state, actions))
+    }
+
+    /// Rebuilds a run's state from its whole log.
+    pub fn replay(id: RunId, events: &[EventRecord]) -> Result<RunState, Error> {
+        let (first, rest) = events
+            .split_first()
+            .ok_or_else(|| Error::RunNotFound(id.to_string()))?;
+        let (mut state, _) = RunState::start(id, first)?;
+        for event in rest {
+            state.apply(event)?;
+        }
+        Ok(state)
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.status != Status::Running
+    }
+
+    pub fn call(&self, call_id: &str) -> Option<&Call> {
+        self.calls.iter().find(|c| c.call_id == call_id)
+    }
+
+    fn call_mut(&mut self, call_id: &str) -> Result<&mut Call, Error> {
+        let run = self.id;
+        self.calls
+            .iter_mut()
+            .find(|c| c.call_id == call_id)
+            .ok_or_else(|| Error::Internal(format!("run {run} has no call {call_id}")))
+    }
+
+    /// Does the run have work that must be recovered after a restart
+    /// (something to dispatch, or an attempt in flight)?
+    pub fn is_active(&self) -> bool {
+        !self.is_finished()
+            && (self.worker_model_pending()
+                || self.calls.iter().any(|c| {
+                    matches!(
+                        c.phase,
+                        Phase::Ready | Phase::Backoff { .. } | Phase::Running
+                    )
+                }))
+    }
+
+    fn worker_model_pending(&self) -> bool {
+        self.model_call.is_some() && matches!(self.spec.model, ModelChoice::Worker(_))
+    }
+
+    /// The wire RunStatus number.
+    pub fn status_code(&self) -> i32 {
+        match &self.status {
+            Status::Running if !self.is_active() && self.awaits_approval() => 2,
+            Status::Running => 1,
+            Status::Completed(_) => 3,
+            Status::Failed(_) => 4,
+            Status::Cancelled(_) => 5,
+        }
+    }
+
+    fn awaits_approval(&self) -> bool {
+        self.calls
+            .iter()
+            .any(|c| c.phase == Phase::AwaitingApproval)
+    }
+
+    /// The summary stored with every append.
+    pub fn summary(&self) -> RunRecord {
+        let (result_json, error) = match &self.status {
+            Status::Completed(value) => (canonical_json(value), None),
+            Status::Failed(error) => (String::new(), Some(error.clone())),
+            Status::Cancelled(reason) => (
+                String::new(),
+                Some(ErrorData::new("Cancelled", reason.clone())),
+            ),
+            Status::Running => (String::new(), None),
+        };
+        let error = error.unwrap_or(ErrorData::new("", ""));
+        RunRecord {
+            run_id: self.id.as_bytes().to_vec(),
+            status: self.status_code(),
+            task: self.spec.task.clone(),
+            model: self.spec.model.name().to_string(),
+            tools: self.spec.tools.iter().map(|t| t.name.clone()).collect(),
+            labels: self.spec.labels.clone(),
+            created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
+            deadline_ms: self.spec.deadline_at_ms.unwrap_or(0),
+            last_seq: self.last_seq,
+            result_json,
+            error_type: error.error_type,
+            error_message: error.message,
+        }
+    }
+
+    /// The conversation, as handed to models.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Applies one event (seq must follow `last_seq`).
+    pub fn apply(&mut self, event: &EventRecord) -> Result<Vec<Action>, Error> {
+        if event.seq != self.last_seq + 1 {
+            return Err(Error::Internal(format!(
+                "run {} got event seq {} after {}",
+                self.id, event.seq, self.last_seq
+            )));
+        }
+        self.last_seq = event.seq;
+        self.updated_ms = event.time_ms;
+        let now = event.time_ms;
+        let mut actions = Vec::new();
+        match event.event_type.as_str() {
+            LLM_REQUESTED => {
+                let e: LlmRequested = decode(event)?;
+                if e.attempt == 1 {
+                    self.model_calls += 1;
+                }
+                self.model_call = Some(PendingModelCall {
+                    call_id: e.call_id.clone(),
+                    attempt: e.attempt,
+                });
+                match &self.spec.model {
+                    ModelChoice::Worker(model) => actions.push(Action::DispatchModel {
+                        call_id: e.call_id,
+                        model: model.clone(),
+                    }),
+                    ModelChoice::Scripted(steps) => {
+                        let reply = match steps.get(self.model_calls as usize - 1) {
+                            Some(step) => self.scripted_reply(e.call_id, step.clone()),
+                            None => NewEvent::engine(
+                                RUN_FAILED,
+                                RunFailed {
+                                    error: ErrorData::new(
+                                        "ScriptExhausted",
+                                        format!(
+                                            "the scripted model has {} steps and was called again",
+                                            steps.len()
+                                        ),
+                                    ),
+                                },
+                            ),
+                        };
+                        actions.push(Action::Emit(reply));
+                    }
+                }
+            }
+            LLM_COMPLETED => {
+                let e: LlmCompleted = decode(event)?;
+                self.model_call = None;
+                if e.message.tool_calls.is_empty() {
+                    actions.push(Action::Emit(NewEvent::engine(
+                        RUN_COMPLETED,
+                        RunCompleted {
+                            value: json!({ "text": e.message.content }),
+                        },
+                    )));
+                }
+                for call in &e.message.tool_calls {
+                    let requires_approval = self
+                        .tool_spec(&call.name)
+                        .is_some_and(|spec| spec.requires_approval);
+                    actions.push(Action::Emit(NewEvent::engine(
+                        TOOL_REQUESTED,
+                        ToolRequested {
+                            call_id: call.call_id.clone(),
+                            name: call.name.clone(),
+                            arguments: call.arguments.clone(),
+                            requires_approval,
+                        },
+                    )));
+                }
+                self.messages.push(Message::Assistant(e.message));
+            }
+            LLM_FAILED => {
+                let e: LlmFailed = decode(event)?;
+                self.model_call = None;
+                actions.push(Action::Emit(NewEvent::engine(
+                    RUN_FAILED,
+                    RunFailed {
+                        error: ErrorData::new(
+                            "ModelFailed",
+                            format!("{}: {}", e.error.error_type, e.error.message),
+                        ),
+                    },
+                )));
+            }
+            TOOL_REQUESTED => {
+                let e: ToolRequested = decode(event)?;
+                let spec = self.tool_spec(&e.name).cloned();
+                let mut call = Call {
+                    call_id: e.call_id.clone(),
+                    name: e.name.clone(),
+                    arguments: e.arguments.clone(),
+                    spec: spec.clone(),
+                    phase: Phase::Ready,
+                    attempt: 0,
+                    decision: None,
+                    approval_timer_ms: None,
+                    requested_ms: now,
+                    approval_seq: 0,
+                };
+                match spec {
+                    None => {
+                        call.phase = Phase::Done;
+                        actions.push(Action::Emit(NewEvent::engine(
+                            TOOL_FAILED,
+                            ToolFailed {
+                                call_id: e.call_id,
+                                attempt: 0,
+                                error: ErrorData::new(
+                                    "UnknownTool",
+                                    format!("this run has no tool named '{}'", e.name),
+                                ),
+                            },
+                        )));
+                    }
+                    Some(spec) if e.requires_approval || spec.requires_approval => {
+                        call.phase = Phase::AwaitingApproval;
+                        let timeout_due = (spec.approval_timeout_s > 0.0)
+                            .then(|| now + (spec.approval_timeout_s * 1000.0) as i64);
+                        let expires_at_ms = match (timeout_due, self.spec.deadline_at_ms) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        actions.push(Action::Emit(NewEvent::engine(
+                            APPROVAL_REQUESTED,
+                            ApprovalRequested {
+                                call_id: e.call_id,
+                                name: e.name,
+                                arguments_sha256: sha256_hex(&e.arguments),
+                                arguments: e.arguments,
+                                expires_at_ms,
+                            },
+                        )));
+                    }
+                    Some(_) => actions.push(Action::DispatchTool {
+                        call_id: e.call_id,
+                        tool: e.name,
+                    }),
+                }
+                self.calls.push(call);
+            }
+            APPROVAL_REQUESTED => {
+                let e: ApprovalRequested = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                call.approval_seq = event.seq;
+                let timeout = call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s);
+                if timeout > 0.0 {
+                    let due_ms = now + (timeout * 1000.0) as i64;
+                    call.approval_timer_ms = Some(due_ms);
+                    actions.push(Action::ArmTimer {
+                        due_ms,
+                        name: format!("{APPROVAL_TIMER}{}", e.call_id),
+                    });
+                }
+                actions.push(Action::ApprovalPending { call_id: e.call_id });
+            }
+            APPROVAL_GRANTED | APPROVAL_DENIED | APPROVAL_EXPIRED => {
+                let (call_id, decision, reason) = match event.event_type.as_str() {
+                    APPROVAL_GRANTED => {
+                        let e: ApprovalGranted = decode(event)?;
+                        (e.call_id, Decision::Granted, String::new())
+                    }
+                    APPROVAL_DENIED => {
+                        let e: ApprovalDenied = decode(event)?;
+                        (e.call_id, Decision::Denied, e.reason)
+                    }
+                    _ => {
+                        let e: ApprovalExpired = decode(event)?;
+                        (e.call_id, Decision::Expired, e.reason)
+                    }
+                };
+                let call = self.call_mut(&call_id)?;
+                call.decision = Some(decision);
+                if let Some(due_ms) = call.approval_timer_ms.take() {
+                    actions.push(Action::CancelTimer {
+                        due_ms,
+                        name: format!("{APPROVAL_TIMER}{call_id}"),
+                    });
+                }
+                actions.push(Action::ApprovalResolved {
+                    call_id: call_id.clone(),
+                });
+                match decision {
+                    Decision::Granted => {
+                        call.phase = Phase::Ready;
+                        actions.push(Action::DispatchTool {
+                            call_id,
+                            tool: call.name.clone(),
+                        });
+                    }
+                    Decision::Denied => {
+                        let message = if reason.is_empty() {
+                            "denied by a human".to_string()
+                        } else {
+                            reason
+                        };
+                        actions.push(Action::Emit(NewEvent::engine(
+                            TOOL_FAILED,
+                            ToolFailed {
+                                call_id,
+                                attempt: 0,
+                                error: ErrorData::new("ApprovalDenied", message),
+                            },
+                        )));
+                    }
+                    // The run ends right after (deadline or cancel).
+                    Decision::Expired => call.phase = Phase::Done,
+                }
+            }
+            TOOL_STARTED => {
+                let e: ToolStarted = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                call.phase = Phase::Running;
+                call.attempt = e.attempt;
+            }
+            TOOL_RETRYING => {
+                let e: ToolRetrying = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                let until_ms = now + (e.delay_s * 1000.0) as i64;
+                call.phase = Phase::Backoff { until_ms };
+                actions.push(Action::ArmTimer {
+                    due_ms: until_ms,
+                    name: format!("{RETRY_TIMER}{}", e.call_id),
+                });
+            }
+            TOOL_COMPLETED => {
+                let e: ToolCompleted = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                call.phase = Phase::Done;
+                let message = Message::Tool {
+                    call_id: e.call_id,
+                    name: call.name.clone(),
+                    content: output_text(&e.output),
+                    error: None,
+                };
+                self.messages.push(message);
+                self.next_turn(&mut actions);
+            }
+            TOOL_FAILED => {
+                let e: ToolFailed = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                call.phase = Phase::Done;
+                let message = Message::Tool {
+                    call_id: e.call_id,
+                    name: call.name.clone(),
+                    content: format!("{}: {}", e.error.error_type, e.error.message),
+                    error: Some(e.error),
+                };
+                self.messages.push(message);
+                self.next_turn(&mut actions);
+            }
+            RUN_COMPLETED | RUN_FAILED | RUN_CANCELLED => {
+                self.status = match event.event_type.as_str() {
+                    RUN_COMPLETED => Status::Completed(decode::<RunCompleted>(event)?.value),
+                    RUN_FAILED => Status::Failed(decode::<RunFailed>(event)?.error),
+                    _ => Status::Cancelled(decode::<RunCancelled>(event)?.reason),
+                };
+                self.model_call = None;
+                if let Some(due_ms) = self.spec.deadline_at_ms {
+                    actions.push(Action::CancelTimer {
+                        due_ms,
+                        name: DEADLINE_TIMER.to_string(),
+                    });
+                }
+                for call in &mut self.calls {
+                    if let Some(due_ms) = call.approval_timer_ms.take() {
+                        actions.push(Action::CancelTimer {
+                            due_ms,
+                            name: format!("{APPROVAL_TIMER}{}", call.call_id),
+                        });
+                    }
+                    if let Phase::Backoff { until_ms } = call.phase {
+                        actions.push(Action::CancelTimer {
+                            due_ms: until_ms,
+                            name: format!("{RETRY_TIMER}{}", call.call_id),
+                        });
+                    }
+                    if call.phase == Phase::AwaitingApproval {
+                        actions.push(Action::ApprovalResolved {
+                            call_id: call.call_id.clone(),
+                        });
+                    }
+                    if call.phase != Phase::Done {
+                        call.phase = Phase::Done;
+                    }
+                }
+                actions.push(Action::Finished);
+            }
+            // Application events are recorded, not interpreted.
+            _ => {}
+        }
+        Ok(actions)
+    }
+
+    fn tool_spec(&self, name: &str) -> Option<&ToolSpec> {
+        self.spec.tools.iter().find(|t| t.name == name)
+    }
+
+    /// After a tool result: when every call of the turn is done, ask the
+    /// model again (or fail the run when its budget is spent).
+    fn next_turn(&self, actions: &mut Vec<Action>) {
+        if self.is_finished()
+            || self.model_call.is_some()
+            || self.calls.iter().any(|c| c.phase != Phase::Done)
+        {
+            return;
+        }
+        let event = if self.model_calls >= self.spec.budget.max_model_calls {
+            NewEvent::engine(
+                RUN_FAILED,
+                RunFailed {
+                    error: ErrorData::new(
+                        "BudgetExceeded",
+                        format!(
+                            "the run called its model {} times, its budget's max_model_calls",
+                            self.model_calls
+                        ),
+                    ),
+                },
+            )
+        } else {
+            NewEvent::engine(
+                LLM_REQUESTED,
+                LlmRequested {
+                    call_id: format!("llm-{}", self.model_calls + 1),
+                    model: self.spec.model.name().to_string(),
+                    attempt: 1,
+                },
+            )
+        };
+        actions.push(Action::Emit(event));
+    }
+
+    fn scripted_reply(&self, call_id: String, step: ScriptStep) -> NewEvent {
+        let message = match step {
+            ScriptStep::Text(content) => AssistantMessage {
+                content,
+                tool_calls: Vec::new(),
+            },
+            ScriptStep::Echo => AssistantMessage {
+                content: self
+                    .messages
+                    .last()
+                    .map(|m| m.content().to_string())
+                    .unwrap_or_default(),
+                tool_calls: Vec::new(),
+            },
+            ScriptStep::ToolCalls(calls) => AssistantMessage {
+                content: String::new(),
+                tool_calls: self.name_calls(calls),
+            },
+        };
+        NewEvent::engine(LLM_COMPLETED, LlmCompleted { call_id, message })
+    }
+
+    /// Gives proposed tool calls their run-unique ids.
+    pub fn name_calls(&self, calls: Vec<ProposedCall>) -> Vec<ToolCallData> {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, call)| ToolCallData {
+                call_id: format!("call-{}", self.calls.len() + i + 1),
+                name: call.name,
+                arguments: call.arguments,
+            })
+            .collect()
+    }
+
+    fn ensure_running(&self) -> Result<(), Error> {
+        if self.is_finished() {
+            return Err(Error::RunFinished(self.id.to_string()));
+        }
+        Ok(())
+    }
+
+    /// An approval decision from a client.
+    pub fn decide_approval(
+        &self,
+        event_type: &str,
+        data: &Value,
+        actor: Actor,
+    ) -> Result<DecisionOutcome, Error> {
+        let call_id = data
+            .get("call_id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "data_json.call_id",
+                    "a decision needs the call_id it decides",
+                )
+            })?;
+        let call = self
+            .call(call_id)
+            .filter(|c| c.approval_seq > 0)
+            .ok_or_else(|| Error::CallNotFound {
+                run: self.id.to_string(),
+                call: call_id.to_string(),
+            })?;
+        if let Some(decision) = call.decision {
+            return Ok(DecisionOutcome::AlreadyDecided(decision));
+        }
+        let event = if event_type == APPROVAL_GRANTED {
+            let mut granted: ApprovalGranted = serde_json::from_value(data.clone())
+                .map_err(|e| Error::invalid("data_json", format!("not a valid grant: {e}")))?;
+            granted.name = call.name.clone();
+            if let Some(expected) = &granted.arguments_sha256 {
+                let actual = sha256_hex(&call.arguments);
+                if !expected.eq_ignore_ascii_case(&actual) {
+                    return Err(Error::ArgumentsMismatch {
+                        call: call_id.to_string(),
+                        expected: expected.clone(),
+                        actual,
+                    });
+                }
+            }
+            NewEvent::engine(APPROVAL_GRANTED, granted)
+        } else {
+            let mut denied: ApprovalDenied = serde_json::from_value(data.clone())
+                .map_err(|e| Error::invalid("data_json", format!("not a valid denial: {e}")))?;
+            denied.name = call.name.clone();
+            NewEvent::engine(APPROVAL_DENIED, denied)
+        };
+        Ok(DecisionOutcome::Append(vec![event.by(actor)]))
+    }
+
+    /// Expires pending approvals, for a run about to end.
+    fn expire_approvals(&self, reason: &str) -> Vec<NewEvent> {
+        self.calls
+            .iter()
+            .filter(|c| c.phase == Phase::AwaitingApproval)
+            .map(|c| {
+                NewEvent::engine(
+                    APPROVAL_EXPIRED,
+                    ApprovalExpired {
+                        call_id: c.call_id.clone(),
+                        name: c.name.clone(),
+                        reason: reason.to_string(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// CancelRun. Cancelling a cancelled run changes nothing.
+    pub fn decide_cancel(&self, reason: &str, actor: Actor) -> Result<Vec<NewEvent>, Error> {
+        if let Status::Cancelled(_) = self.status {
+            return Ok(Vec::new());
+        }
+        self.ensure_running()?;
+        let mut events = self.expire_approvals("run_cancelled");
+        events.push(
+            NewEvent::engine(
+                RUN_CANCELLED,
+                RunCancelled {
+                    reason: reason.to_string(),
+                },
+            )
+            .by(actor),
+        );
+        Ok(events)
+    }
+
+    /// A durable timer fired.
+    pub fn decide_timer(&self, name: &str, now_ms: i64) -> Vec<NewEvent> {
+        if self.is_finished() {
+            return Vec::new();
+        }
+        if name == DEADLINE_TIMER {
+            let mut events = self.expire_approvals("deadline");
+            events.push(NewEvent::engine(
+                RUN_FAILED,
+                RunFailed {
+                    error: ErrorData::new(
+                        "DeadlineExceeded",
+                        format!(
+                            "the run's deadline of {} s passed",
+                            self.spec.budget.deadline_s
+                        ),
+                    ),
+                },
+            ));
+            return events;
+        }
+        if let Some(call_id) = name.strip_prefix(APPROVAL_TIMER) {
+            if let Some(call) = self.call(call_id) {
+                if call.phase == Phase::AwaitingApproval && call.decision.is_none() {
+                    return vec![NewEvent::engine(
+                        APPROVAL_DENIED,
+                        ApprovalDenied {
+                            call_id: call_id.to_string(),
+                            name: call.name.clone(),
+                            reason: "timeout".to_string(),
+                        },
+                    )];
+                }
+            }
+        }
+        // Retry timers need no event: a call in backoff becomes dispatchable
+        // by itself once `until_ms` passes (see `dispatchable`).
+        let _ = now_ms;
+        Vec::new()
+    }
+
+    /// Calls a worker may take now, and the pending model call.
+    pub fn dispatchable(&self, now_ms: i64) -> Vec<Action> {
+        if self.is_finished() {
+            return Vec::new();
+        }
+        let mut out: Vec<Action> = self
+            .calls
+            .iter()
+            .filter(|c| match c.phase {
+                Phase::Ready => true,
+                Phase::Backoff { until_ms } => until_ms <= now_ms,
+                _ => false,
+            })
+            .map(|c| Action::DispatchTool {
+                call_id: c.call_id.clone(),
+                tool: c.name.clone(),
+            })
+            .collect();
+        if let (Some(call), ModelChoice::Worker(model)) = (&self.model_call, &self.spec.model) {
+            out.push(Action::DispatchModel {
+                call_id: call.call_id.clone(),
+                model: model.clone(),
+            });
+        }
+        out
+    }
+
+    /// A worker asks to start the call: the next attempt, if it may run now.
+    pub fn decide_tool_start(&self, call_id: &str, worker: &str, now_ms: i64) -> Option<NewEvent> {
+        let call = self.call(call_id)?;
+        let ready = match call.phase {
+            Phase::Ready => true,
+            Phase::Backoff { until_ms } => until_ms <= now_ms,
+            _ => false,
+        };
+        if self.is_finished() || !ready {
+            return None;
+        }
+        // The gate, checked once more where it matters: a gated call runs only
+        // with a grant in the log.
+        let gated =
+            call.approval_seq > 0 || call.spec.as_ref().is_some_and(|s| s.requires_approval);
+        if gated && call.decision != Some(Decision::Granted) {
+            return None;
+        }
+        Some(
+            NewEvent::engine(
+                TOOL_STARTED,
+                ToolStarted {
+                    call_id: call_id.to_string(),
+                    attempt: call.attempt + 1,
+                    worker: worker.to_string(),
+                },
+            )
+            .by(Actor::Worker(worker.to_string())),
+        )
+    }
+
+    /// Checks that `attempt` is the running attempt of `call_id`.
+    pub fn check_tool_attempt(&self, call_id: &str, attempt: u32) -> Result<&Call, Error> {
+        self.ensure_running()?;
+        let call = self.call(call_id).ok_or_else(|| Error::CallNotFound {
+            run: self.id.to_string(),
+            call: call_id.to_string(),
+        })?;
+        if call.phase != Phase::Running || call.attempt != attempt {
+            return Err(Error::StaleAttempt {
+                call: call_id.to_string(),
+                attempt,
+            });
+        }
+        Ok(call)
+    }
+
+    /// A worker's result for a tool attempt, or a lost lease.
+    pub fn decide_tool_outcome(
+        &self,
+        call_id: &str,
+        attempt: u32,
+        outcome: ToolOutcome,
+        actor: Actor,
+    ) -> Result<NewEvent, Error> {
+        let call = self.check_tool_attempt(call_id, attempt)?;
+        let event = match outcome {
+            ToolOutcome::Output(output) => NewEvent::engine(
+                TOOL_COMPLETED,
+                ToolCompleted {
+                    call_id: call_id.to_string(),
+                    attempt,
+                    output,
+                },
+            ),
+            ToolOutcome::Failure { error, retryable } => {
+                let retry = call.spec.as_ref().map(|s| &s.retry);
+                match retry {
+                    Some(retry) if retryable && attempt < retry.max_attempts => NewEvent::engine(
+                        TOOL_RETRYING,
+                        ToolRetrying {
+                            call_id: call_id.to_string(),
+                            attempt,
+                            error,
+                            delay_s: retry.delay_after(attempt),
+                        },
+                    ),
+                    _ => NewEvent::engine(
+                        TOOL_FAILED,
+                        ToolFailed {
+                            call_id: call_id.to_string(),
+                            attempt,
+                            error,
+                        },
+                    ),
+                }
+            }
+        };
+        Ok(event.by(actor))
+    }
+
+    /// Checks that `call_id`/`attempt` is the model call the run waits for.
+    pub fn check_model_attempt(&self, call_id: &str, attempt: u32) -> Result<(), Error> {
+        self.ensure_running()?;
+        match &self.model_call {
+            Some(pending) if pending.call_id == call_id && pending.attempt == attempt => Ok(()),
+            _ => Err(Error::StaleAttempt {
+                call: call_id.to_string(),
+                attempt,
+            }),
+        }
+    }
+
+    /// A model's reply.
+    pub fn decide_model_reply(
+        &self,
+        call_id: &str,
+        attempt: u32,
+        content: String,
+        calls: Vec<ProposedCall>,
+        actor: Actor,
+    ) -> Result<NewEvent, Error> {
+        self.check_model_attempt(call_id, attempt)?;
+        let message = AssistantMessage {
+            content,
+            tool_calls: self.name_calls(calls),
+        };
+        Ok(NewEvent::engine(
+            LLM_COMPLETED,
+            LlmCompleted {
+                call_id: call_id.to_string(),
+                message,
+            },
+        )
+        .by(actor))
+    }
+
+    /// A model attempt failed (reported, or its lease was lost).
+    pub fn decide_model_failure(
+        &self,
+        call_id: &str,
+        attempt: u32,
+        error: ErrorData,
+        retryable: bool,
+        actor: Actor,
+    ) -> Result<NewEvent, Error> {
+        self.check_model_attempt(call_id, attempt)?;
+        let event = if retryable && attempt < MODEL_MAX_ATTEMPTS {
+            NewEvent::engine(
+                LLM_REQUESTED,
+                LlmRequested {
+                    call_id: call_id.to_string(),
+                    model: self.spec.model.name().to_string(),
+                    attempt: attempt + 1,
+                },
+            )
+        } else {
+            NewEvent::engine(
+                LLM_FAILED,
+                LlmFailed {
+                    call_id: call_id.to_string(),
+                    attempt,
+                    error,
+                },
+            )
+        };
+        Ok(event.by(actor))
+    }
+}
+
+/// How a tool's output reads as a message: a JSON string unquoted, anything
+/// else as JSON text.
+pub fn output_text(output: &Value) -> String {
+    match output {
+        Value::String(text) => text.clone(),
+        other => canonical_json(other),
+    }
+}

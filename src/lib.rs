@@ -1,0 +1,27 @@
+//! aaa: a durable run server for AI agents with a server-enforced approval gate.
+//!
+//! ```text
+//! api (tonic services: wire types <-> domain, one error mapping)
+//!   -> engine (per-run pure fold + driver: tool loop, approval gate,
+//!              leases, durable timers, task dispatch)
+//!     -> store (sled, one tree, group commit with fsync)
+//! ```
+//!
+//! The durability contract: an RPC that appended events answers only after
+//! the committer has written them, flushed sled and fsynced its data file.
+//! Readers (StreamEvents, WatchApprovals) never see an event before that.
+//! A run's state is a fold over its events, so after a crash the log is the
+//! whole truth: indexes (pending approvals, timers, active runs) are written
+//! in the same atomic batch as the events that imply them.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod config;
+pub mod engine;
+pub mod proto;
+pub mod server;
+pub mod store;
+
+pub use config::Config;
+pub use server::{serve, ServeError};

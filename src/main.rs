@@ -1,0 +1,123 @@
+//! The `aaa` command: parses flags and runs the server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "aaa",
+    version,
+    about = "Durable agent runs with a server-enforced approval gate"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    ///
+    /// Example: aaa serve --listen 127.0.0.1:50051 --data-dir ./aaa-data
+    Serve {
+        /// Address to listen on (port 0 picks a free port).
+        #[arg(long, env = "AAA_LISTEN", default_value = "127.0.0.1:50051")]
+        listen: SocketAddr,
+        /// Directory of the database; created if missing.
+        #[arg(long, env = "AAA_DATA_DIR", default_value = "./aaa-data")]
+        data_dir: PathBuf,
+        /// Longest PollTask wait, in seconds.
+        #[arg(long, env = "AAA_POLL_WAIT_CAP_S", default_value_t = 30.0)]
+        poll_wait_cap_s: f64,
+        /// Lease of task attempts whose tool sets no heartbeat timeout, in seconds.
+        #[arg(long, env = "AAA_HEARTBEAT_TIMEOUT_S", default_value_t = 30.0)]
+        heartbeat_timeout_s: f64,
+        /// How long a graceful stop waits for in-flight calls, in seconds.
+        #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
+        shutdown_grace_s: f64,
+    },
+}
+
+/// Exit code for bad configuration (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    if value.is_finite() && value > 0.0 && value < 1e9 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(format!(
+            "--{flag}: {value} is not a positive number of seconds"
+        ))
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AAA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let Command::Serve {
+        listen,
+        data_dir,
+        poll_wait_cap_s,
+        heartbeat_timeout_s,
+        shutdown_grace_s,
+    } = Cli::parse().command;
+    let mut config = aaa::Config::new(data_dir.clone());
+    let durations = (|| {
+        config.poll_wait_cap = seconds("poll-wait-cap-s", poll_wait_cap_s)?;
+        config.default_heartbeat_timeout = seconds("heartbeat-timeout-s", heartbeat_timeout_s)?;
+        config.shutdown_grace = seconds("shutdown-grace-s", shutdown_grace_s)?;
+        Ok::<_, String>(())
+    })();
+    if let Err(message) = durations {
+        eprintln!("aaa: {message}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("aaa: cannot listen on {listen}: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let address = listener.local_addr().map_or(listen, |a| a);
+    println!(
+        "aaa serving on {address} with data in {}",
+        data_dir.display()
+    );
+    match aaa::serve(listener, config, stop_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aaa: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on the first Ctrl-C or SIGTERM; a second one exits at once.
+async fn stop_signal() {
+    wait_for_signal().await;
+    tokio::spawn(async {
+        wait_for_signal().await;
+        eprintln!("aaa: second signal, exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("can install a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

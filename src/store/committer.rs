@@ -1,0 +1,148 @@
+//! Group commit: one task applies every append and is the only caller of
+//! sled's flush, so flushes never run concurrently (STACK.md, trap 1). Each
+//! round takes every batch that is waiting, applies them as one sled batch,
+//! flushes, fsyncs the data file (sled's flush alone is not an fsync,
+//! trap 2), and only then answers the writers and moves the durable position.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prost::Message;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::records::{LogRecord, STAMPED_POSITION_TAG};
+use super::{keys, Op, Result, RunId, StoreError, WriteBatch};
+
+/// Most batches folded into one round.
+const MAX_ROUND: usize = 4096;
+
+pub(super) struct Request {
+    pub batch: WriteBatch,
+    pub reply: oneshot::Sender<Result<Vec<u64>>>,
+}
+
+pub(super) struct Committer {
+    pub tree: sled::Db,
+    pub data_file: Arc<File>,
+    pub next_position: u64,
+    pub durable: watch::Sender<u64>,
+    pub durable_position: Arc<AtomicU64>,
+}
+
+pub(super) async fn run(
+    mut committer: Committer,
+    mut requests: mpsc::Receiver<Request>,
+    closing: CancellationToken,
+) {
+    let mut round = Vec::new();
+    loop {
+        let first = tokio::select! {
+            request = requests.recv() => request,
+            _ = closing.cancelled() => None,
+        };
+        let Some(first) = first else { break };
+        round.push(first);
+        while round.len() < MAX_ROUND {
+            match requests.try_recv() {
+                Ok(request) => round.push(request),
+                Err(_) => break,
+            }
+        }
+        if !committer.commit_round(&mut round).await {
+            break;
+        }
+    }
+    // Closing: answer what is still queued, then refuse the rest.
+    requests.close();
+    while let Ok(request) = requests.try_recv() {
+        round.push(request);
+    }
+    if !round.is_empty() {
+        committer.commit_round(&mut round).await;
+    }
+    if let Err(e) = committer.tree.flush() {
+        tracing::error!("final flush failed: {e}");
+    }
+}
+
+impl Committer {
+    /// Commits and answers every request of the round. Returns false when the
+    /// store failed: later appends must not be acknowledged.
+    async fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
+        let first_position = self.next_position;
+        let mut sled_batch = sled::Batch::default();
+        let mut answers = Vec::with_capacity(round.len());
+        for request in round.iter_mut() {
+            let positions = self.stage(&mut request.batch, &mut sled_batch);
+            answers.push(positions);
+        }
+        let last_position = self.next_position - 1;
+        let tree = self.tree.clone();
+        let file = self.data_file.clone();
+        let written = tokio::task::spawn_blocking(move || -> Result<()> {
+            tree.apply_batch(sled_batch)?;
+            tree.flush()?;
+            file.sync_data()?;
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Io(std::io::Error::other(e))));
+        let ok = written.is_ok();
+        match written {
+            Ok(()) => {
+                if last_position >= first_position {
+                    self.durable_position
+                        .store(last_position, Ordering::Release);
+                    self.durable.send_replace(last_position);
+                }
+                for (request, positions) in round.drain(..).zip(answers) {
+                    let _ = request.reply.send(Ok(positions));
+                }
+            }
+            Err(e) => {
+                tracing::error!("commit failed, the store stops taking writes: {e}");
+                for request in round.drain(..) {
+                    let _ = request.reply.send(Err(StoreError::Closed));
+                }
+            }
+        }
+        ok
+    }
+
+    /// Assigns positions to the batch's events and adds its writes to the
+    /// round's sled batch.
+    fn stage(&mut self, batch: &mut WriteBatch, out: &mut sled::Batch) -> Vec<u64> {
+        let mut positions = Vec::with_capacity(batch.events.len());
+        for event in &mut batch.events {
+            event.position = self.next_position;
+            self.next_position += 1;
+            positions.push(event.position);
+            let run = RunId::from_slice(&event.run_id).expect("event with a bad run id");
+            out.insert(keys::event(run, event.seq), event.encode_to_vec());
+            let log = LogRecord {
+                run_id: event.run_id.clone(),
+                seq: event.seq,
+                event_type: event.event_type.clone(),
+            };
+            out.insert(keys::log(event.position), log.encode_to_vec());
+        }
+        for op in batch.ops.drain(..) {
+            match op {
+                Op::Put(key, value) => out.insert(key, value),
+                Op::PutStamped(key, mut value, seq) => {
+                    let position = batch
+                        .events
+                        .iter()
+                        .find(|e| e.seq == seq)
+                        .map_or(0, |e| e.position);
+                    prost::encoding::uint64::encode(STAMPED_POSITION_TAG, &position, &mut value);
+                    out.insert(key, value)
+                }
+                Op::Delete(key) => out.remove(key),
+            }
+        }
+        positions
+    }
+}

@@ -1,0 +1,94 @@
+//! Key layout of the one sled tree. Every key starts with a family byte, then
+//! big-endian fields, so byte order is the order we scan in.
+
+use super::RunId;
+
+pub const EVENT: u8 = b'E';
+pub const LOG: u8 = b'L';
+pub const RUN: u8 = b'R';
+pub const APPROVAL: u8 = b'A';
+pub const ACTIVE: u8 = b'W';
+pub const TIMER: u8 = b'T';
+pub const TOOL: u8 = b'K';
+pub const REQUEST: u8 = b'I';
+
+/// `E ‖ run ‖ seq`: one event.
+pub fn event(run: RunId, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25);
+    k.push(EVENT);
+    k.extend_from_slice(run.as_bytes());
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// `L ‖ position`: the global log.
+pub fn log(position: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(LOG);
+    k.extend_from_slice(&position.to_be_bytes());
+    k
+}
+
+/// `<family> ‖ run`: run summaries, active runs, and the prefix of a run's events or approvals.
+pub fn run_scoped(family: u8, run: RunId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(family);
+    k.extend_from_slice(run.as_bytes());
+    k
+}
+
+/// `A ‖ run ‖ call_id`: a pending approval.
+pub fn approval(run: RunId, call_id: &str) -> Vec<u8> {
+    let mut k = run_scoped(APPROVAL, run);
+    k.extend_from_slice(call_id.as_bytes());
+    k
+}
+
+/// `T ‖ due_ms ‖ run ‖ name`: a durable timer.
+pub fn timer(due_ms: i64, run: RunId, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25 + name.len());
+    k.push(TIMER);
+    k.extend_from_slice(&(due_ms.max(0) as u64).to_be_bytes());
+    k.extend_from_slice(run.as_bytes());
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// Splits a timer key into (due_ms, run, name).
+pub fn parse_timer(key: &[u8]) -> Option<(i64, RunId, String)> {
+    if key.len() < 25 || key[0] != TIMER {
+        return None;
+    }
+    let due = u64::from_be_bytes(key[1..9].try_into().ok()?) as i64;
+    let run = RunId::from_slice(&key[9..25])?;
+    let name = String::from_utf8(key[25..].to_vec()).ok()?;
+    Some((due, run, name))
+}
+
+/// `K ‖ name`: a registered tool.
+pub fn tool(name: &str) -> Vec<u8> {
+    let mut k = vec![TOOL];
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// `I ‖ scope ‖ request_id`: an idempotency record.
+pub fn request(scope: &[u8], request_id: &str) -> Vec<u8> {
+    let mut k = vec![REQUEST];
+    k.extend_from_slice(&(scope.len() as u16).to_be_bytes());
+    k.extend_from_slice(scope);
+    k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
+/// The smallest key greater than every key starting with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![u8::MAX; prefix.len() + 1]
+}

@@ -1,0 +1,434 @@
+//! The store: the only module that touches sled. It owns the key layout, the
+//! records, and the group commit that makes an append durable before anyone
+//! is told about it.
+//!
+//! Everything lives in one sled tree (see [`keys`]) so that an event and the
+//! index entries it implies are written by one atomic `apply_batch`.
+//! Appends go through one committer task (see [`committer`]): it gathers the
+//! batches waiting, applies them, flushes sled once and fsyncs its file, then
+//! answers all of them. Readers never see past the durable position.
+
+mod committer;
+mod keys;
+mod records;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prost::Message;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+pub use records::{ApprovalRecord, EventRecord, LogRecord, RunRecord};
+
+/// A run's id: a time-ordered UUID (v7), so key order is start order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(uuid::Uuid);
+
+impl RunId {
+    /// A new id, later than every id minted before it by this process.
+    pub fn new() -> Self {
+        RunId(uuid::Uuid::now_v7())
+    }
+
+    /// Parses the hyphenated text form clients see.
+    pub fn parse(text: &str) -> Option<Self> {
+        uuid::Uuid::try_parse(text).ok().map(RunId)
+    }
+
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        uuid::Uuid::from_slice(bytes).ok().map(RunId)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Store failures. Any of them means the disk or the database is in trouble.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("corrupt record under key {0:?}: {1}")]
+    Corrupt(Vec<u8>, String),
+    #[error("the store is closed")]
+    Closed,
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// One atomic append: events of one run plus the index changes they imply.
+/// Positions are assigned by the committer, in commit order.
+#[derive(Default)]
+pub struct WriteBatch {
+    events: Vec<EventRecord>,
+    ops: Vec<Op>,
+}
+
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    /// Put, with the position of the batch's event `seq` appended as field
+    /// [`records::STAMPED_POSITION_TAG`].
+    PutStamped(Vec<u8>, Vec<u8>, u64),
+    Delete(Vec<u8>),
+}
+
+impl WriteBatch {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.ops.is_empty()
+    }
+
+    /// Adds an event; its `position` is filled in at commit.
+    pub fn push_event(&mut self, event: EventRecord) {
+        self.events.push(event);
+    }
+
+    pub fn events(&self) -> &[EventRecord] {
+        &self.events
+    }
+
+    pub fn put_run(&mut self, run: &RunRecord) {
+        let id = RunId::from_slice(&run.run_id).expect("run record with a bad id");
+        self.ops.push(Op::Put(
+            keys::run_scoped(keys::RUN, id),
+            run.encode_to_vec(),
+        ));
+    }
+
+    /// Records a pending approval, stamped with the position of its event.
+    pub fn put_approval(&mut self, approval: &ApprovalRecord) {
+        let id = RunId::from_slice(&approval.run_id).expect("approval with a bad run id");
+        self.ops.push(Op::PutStamped(
+            keys::approval(id, &approval.call_id),
+            approval.encode_to_vec(),
+            approval.seq,
+        ));
+    }
+
+    pub fn delete_approval(&mut self, run: RunId, call_id: &str) {
+        self.ops.push(Op::Delete(keys::approval(run, call_id)));
+    }
+
+    /// Marks a run as having work to recover at startup (dispatchable or
+    /// in-flight calls), or clears the mark.
+    pub fn set_active(&mut self, run: RunId, active: bool) {
+        let key = keys::run_scoped(keys::ACTIVE, run);
+        self.ops.push(if active {
+            Op::Put(key, Vec::new())
+        } else {
+            Op::Delete(key)
+        });
+    }
+
+    pub fn put_timer(&mut self, due_ms: i64, run: RunId, name: &str) {
+        self.ops
+            .push(Op::Put(keys::timer(due_ms, run, name), Vec::new()));
+    }
+
+    pub fn delete_timer(&mut self, due_ms: i64, run: RunId, name: &str) {
+        self.ops.push(Op::Delete(keys::timer(due_ms, run, name)));
+    }
+
+    pub fn put_tool(&mut self, name: &str, definition: Vec<u8>) {
+        self.ops.push(Op::Put(keys::tool(name), definition));
+    }
+
+    /// Remembers the answer to an idempotent request.
+    pub fn put_request(&mut self, scope: &[u8], request_id: &str, answer: Vec<u8>) {
+        self.ops
+            .push(Op::Put(keys::request(scope, request_id), answer));
+    }
+}
+
+/// A due durable timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    pub due_ms: i64,
+    pub run: RunId,
+    pub name: String,
+}
+
+/// Handle to the store. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tree: sled::Db,
+    commits: mpsc::Sender<committer::Request>,
+    durable: watch::Receiver<u64>,
+    /// Mirrors `durable` for readers that do not need to wait.
+    durable_position: Arc<AtomicU64>,
+    committer: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    closing: CancellationToken,
+}
+
+impl Store {
+    /// Opens (or creates) the database in `dir` and starts its committer.
+    pub fn open(dir: &Path) -> Result<Store> {
+        std::fs::create_dir_all(dir)?;
+        let tree = sled::Config::new()
+            .path(dir)
+            // We flush ourselves, once per group commit; sled's background
+            // flusher would only add concurrent flushes (STACK.md, trap 1).
+            .flush_every_ms(None)
+            // Pages bigger than a quarter segment go to blob files that sled
+            // never fsyncs. 8 MiB segments keep every page we write (events
+            // are capped at 64 KiB, leaves split at 17 entries) in the main
+            // file, which the committer does fsync.
+            .segment_size(8 * 1024 * 1024)
+            .open()?;
+        let last_position = match tree.scan_prefix([keys::LOG]).next_back() {
+            Some(entry) => {
+                let (key, _) = entry?;
+                u64::from_be_bytes(key[1..9].try_into().expect("log key"))
+            }
+            None => 0,
+        };
+        let data_file = std::fs::File::open(dir.join("db"))?;
+        let (durable_tx, durable) = watch::channel(last_position);
+        let durable_position = Arc::new(AtomicU64::new(last_position));
+        let (commits, requests) = mpsc::channel(4096);
+        let closing = CancellationToken::new();
+        let task = tokio::spawn(committer::run(
+            committer::Committer {
+                tree: tree.clone(),
+                data_file: Arc::new(data_file),
+                next_position: last_position + 1,
+                durable: durable_tx,
+                durable_position: durable_position.clone(),
+            },
+            requests,
+            closing.clone(),
+        ));
+        Ok(Store {
+            inner: Arc::new(Inner {
+                tree,
+                commits,
+                durable,
+                durable_position,
+                committer: std::sync::Mutex::new(Some(task)),
+                closing,
+            }),
+        })
+    }
+
+    /// Appends the batch; returns once it is on disk, with the positions of
+    /// its events.
+    pub async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .commits
+            .send(committer::Request { batch, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Lets the committer finish what it has, then stops it. Appends after
+    /// this fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        self.inner.closing.cancel();
+        let task = self.inner.committer.lock().expect("poisoned").take();
+        if let Some(task) = task {
+            if let Err(e) = task.await {
+                tracing::error!("store committer failed: {e}");
+            }
+        }
+    }
+
+    /// The last position known to be on disk.
+    pub fn durable_position(&self) -> u64 {
+        self.inner.durable_position.load(Ordering::Acquire)
+    }
+
+    /// Changes whenever the durable position moves.
+    pub fn watch_durable(&self) -> watch::Receiver<u64> {
+        self.inner.durable.clone()
+    }
+
+    /// Events of `run` with seq > `after_seq`, at most `limit`, stopping at
+    /// the first one not yet durable.
+    pub fn run_events(&self, run: RunId, after_seq: u64, limit: usize) -> Result<Vec<EventRecord>> {
+        let durable = self.durable_position();
+        let start = keys::event(run, after_seq.saturating_add(1));
+        let end = keys::prefix_end(&keys::run_scoped(keys::EVENT, run));
+        let mut out = Vec::new();
+        for entry in self.inner.tree.range(start..end) {
+            let (key, value) = entry?;
+            let event = decode::<EventRecord>(&key, &value)?;
+            if event.position > durable || out.len() >= limit {
+                break;
+            }
+            out.push(event);
+        }
+        Ok(out)
+    }
+
+    /// Every event of `run`, durable or not (the engine folds its own writes).
+    pub fn all_run_events(&self, run: RunId) -> Result<Vec<EventRecord>> {
+        self.inner
+            .tree
+            .scan_prefix(keys::run_scoped(keys::EVENT, run))
+            .map(|entry| {
+                let (key, value) = entry?;
+                decode(&key, &value)
+            })
+            .collect()
+    }
+
+    pub fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
+        let key = keys::event(run, seq);
+        self.get(&key)
+    }
+
+    /// Entries of the global log after `after`, durable ones only, at most `limit`.
+    pub fn log_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, LogRecord)>> {
+        let durable = self.durable_position();
+        let mut out = Vec::new();
+        if after >= durable {
+            return Ok(out);
+        }
+        for entry in self
+            .inner
+            .tree
+            .range(keys::log(after + 1)..=keys::log(durable))
+        {
+            let (key, value) = entry?;
+            let position = u64::from_be_bytes(key[1..9].try_into().expect("log key"));
+            out.push((position, decode(&key, &value)?));
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn run(&self, run: RunId) -> Result<Option<RunRecord>> {
+        self.get(&keys::run_scoped(keys::RUN, run))
+    }
+
+    /// Run summaries, newest first, starting below `before` when given.
+    pub fn runs_newest_first(
+        &self,
+        before: Option<RunId>,
+    ) -> impl Iterator<Item = Result<RunRecord>> + '_ {
+        let start = vec![keys::RUN];
+        let end = match before {
+            Some(run) => keys::run_scoped(keys::RUN, run),
+            None => vec![keys::RUN + 1],
+        };
+        self.inner.tree.range(start..end).rev().map(|entry| {
+            let (key, value) = entry?;
+            decode(&key, &value)
+        })
+    }
+
+    /// Pending approvals in (run, call) order, starting after the given pair.
+    pub fn approvals_after(
+        &self,
+        after: Option<(RunId, &str)>,
+    ) -> impl Iterator<Item = Result<ApprovalRecord>> + '_ {
+        let start = match after {
+            Some((run, call)) => {
+                let mut k = keys::approval(run, call);
+                k.push(0);
+                k
+            }
+            None => vec![keys::APPROVAL],
+        };
+        self.inner
+            .tree
+            .range(start..vec![keys::APPROVAL + 1])
+            .map(|entry| {
+                let (key, value) = entry?;
+                decode(&key, &value)
+            })
+    }
+
+    /// Pending approvals of one run.
+    pub fn run_approvals(&self, run: RunId) -> Result<Vec<ApprovalRecord>> {
+        self.inner
+            .tree
+            .scan_prefix(keys::run_scoped(keys::APPROVAL, run))
+            .map(|entry| {
+                let (key, value) = entry?;
+                decode(&key, &value)
+            })
+            .collect()
+    }
+
+    /// Runs marked active (see [`WriteBatch::set_active`]).
+    pub fn active_runs(&self) -> Result<Vec<RunId>> {
+        self.inner
+            .tree
+            .scan_prefix([keys::ACTIVE])
+            .keys()
+            .map(|key| {
+                let key = key?;
+                RunId::from_slice(&key[1..])
+                    .ok_or_else(|| StoreError::Corrupt(key.to_vec(), "bad run id".into()))
+            })
+            .collect()
+    }
+
+    /// The earliest durable timer, if any.
+    pub fn first_timer(&self) -> Result<Option<Timer>> {
+        match self.inner.tree.scan_prefix([keys::TIMER]).keys().next() {
+            None => Ok(None),
+            Some(key) => {
+                let key = key?;
+                let (due_ms, run, name) = keys::parse_timer(&key)
+                    .ok_or_else(|| StoreError::Corrupt(key.to_vec(), "bad timer key".into()))?;
+                Ok(Some(Timer { due_ms, run, name }))
+            }
+        }
+    }
+
+    pub fn tool(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.inner.tree.get(keys::tool(name))?.map(|v| v.to_vec()))
+    }
+
+    pub fn request(&self, scope: &[u8], request_id: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .inner
+            .tree
+            .get(keys::request(scope, request_id))?
+            .map(|v| v.to_vec()))
+    }
+
+    fn get<T: Message + Default>(&self, key: &[u8]) -> Result<Option<T>> {
+        match self.inner.tree.get(key)? {
+            Some(value) => decode(key, &value).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+fn decode<T: Message + Default>(key: &[u8], value: &[u8]) -> Result<T> {
+    T::decode(value).map_err(|e| StoreError::Corrupt(key.to_vec(), e.to_string()))
+}
