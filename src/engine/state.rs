@@ -1002,3 +1002,234 @@ pub fn output_text(output: &Value) -> String {
         other => canonical_json(other),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire_money(gated: bool) -> ToolSpec {
+        ToolSpec {
+            name: "wire_money".into(),
+            description: String::new(),
+            parameters: json!({}),
+            requires_approval: gated,
+            retry: RetrySpec {
+                max_attempts: 2,
+                initial_backoff_s: 1.0,
+                backoff_coefficient: 2.0,
+                max_backoff_s: 60.0,
+            },
+            heartbeat_timeout_s: 0.0,
+            approval_timeout_s: 0.0,
+        }
+    }
+
+    fn record(seq: u64, event: &NewEvent) -> EventRecord {
+        EventRecord {
+            run_id: vec![1; 16],
+            seq,
+            position: seq,
+            id: vec![],
+            event_type: event.event_type.clone(),
+            data_json: canonical_json(&event.data),
+            time_ms: 1_000,
+            actor_kind: event.actor.kind(),
+            actor_name: event.actor.name().to_string(),
+        }
+    }
+
+    /// Folds `events` like the driver does (follow-ups included) and returns
+    /// the non-emit actions.
+    fn fold(state: &mut RunState, events: Vec<NewEvent>, log: &mut Vec<String>) -> Vec<Action> {
+        let mut queue: std::collections::VecDeque<NewEvent> = events.into();
+        let mut effects = Vec::new();
+        while let Some(event) = queue.pop_front() {
+            log.push(event.event_type.clone());
+            for action in state.apply(&record(state.last_seq + 1, &event)).unwrap() {
+                match action {
+                    Action::Emit(next) => queue.push_back(next),
+                    other => effects.push(other),
+                }
+            }
+        }
+        effects
+    }
+
+    /// A run of the scripted reference scenario, folded up to its approval request.
+    fn started(gated: bool) -> (RunState, Vec<String>, Vec<Action>) {
+        let steps = vec![
+            ScriptStep::ToolCalls(vec![ProposedCall {
+                name: "wire_money".into(),
+                arguments: serde_json::from_str(r#"{"amount":250,"to":"ACME"}"#).unwrap(),
+            }]),
+            ScriptStep::Echo,
+        ];
+        let start = NewEvent::engine(
+            RUN_STARTED,
+            RunStarted {
+                task: "Pay ACME $250".into(),
+                system: String::new(),
+                model: ModelChoice::Scripted(steps),
+                tools: vec![wire_money(gated)],
+                budget: Budget {
+                    deadline_s: 0.0,
+                    max_model_calls: 5,
+                },
+                labels: Default::default(),
+                deadline_at_ms: None,
+            },
+        );
+        let id = RunId::from_slice(&[1; 16]).unwrap();
+        let (mut state, actions) = RunState::start(id, &record(1, &start)).unwrap();
+        let mut log = vec![RUN_STARTED.to_string()];
+        let follow_ups = actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Emit(e) => Some(e),
+                _ => None,
+            })
+            .collect();
+        let effects = fold(&mut state, follow_ups, &mut log);
+        (state, log, effects)
+    }
+
+    #[test]
+    fn a_gated_call_waits_for_a_grant_and_then_runs_with_its_arguments() {
+        let (mut state, mut log, effects) = started(true);
+        assert_eq!(
+            log,
+            [
+                RUN_STARTED,
+                LLM_REQUESTED,
+                LLM_COMPLETED,
+                TOOL_REQUESTED,
+                APPROVAL_REQUESTED
+            ]
+        );
+        assert_eq!(
+            effects,
+            [Action::ApprovalPending {
+                call_id: "call-1".into()
+            }]
+        );
+        assert_eq!(state.status_code(), 2, "waiting for approval");
+        assert!(
+            state.decide_tool_start("call-1", "w", 0).is_none(),
+            "no attempt before the grant"
+        );
+
+        let grant = json!({"call_id": "call-1"});
+        let DecisionOutcome::Append(events) = state
+            .decide_approval(APPROVAL_GRANTED, &grant, Actor::Client("c".into()))
+            .unwrap()
+        else {
+            panic!("first decision must append")
+        };
+        let effects = fold(&mut state, events, &mut log);
+        assert!(effects.contains(&Action::DispatchTool {
+            call_id: "call-1".into(),
+            tool: "wire_money".into()
+        }));
+        assert!(matches!(
+            state.decide_approval(APPROVAL_DENIED, &grant, Actor::Client("c".into())),
+            Ok(DecisionOutcome::AlreadyDecided(Decision::Granted))
+        ));
+
+        let start = state
+            .decide_tool_start("call-1", "w", 0)
+            .expect("granted call starts");
+        fold(&mut state, vec![start], &mut log);
+        let done = state
+            .decide_tool_outcome(
+                "call-1",
+                1,
+                ToolOutcome::Output(json!("sent $250 to ACME")),
+                Actor::Engine,
+            )
+            .unwrap();
+        fold(&mut state, vec![done], &mut log);
+        assert_eq!(
+            &log[5..],
+            [
+                APPROVAL_GRANTED,
+                TOOL_STARTED,
+                TOOL_COMPLETED,
+                LLM_REQUESTED,
+                LLM_COMPLETED,
+                RUN_COMPLETED
+            ]
+        );
+        assert_eq!(
+            state.status,
+            Status::Completed(json!({"text": "sent $250 to ACME"}))
+        );
+    }
+
+    #[test]
+    fn a_denial_becomes_an_approval_denied_tool_failure_the_model_reads() {
+        let (mut state, mut log, _) = started(true);
+        let deny = json!({"call_id": "call-1", "reason": "not this vendor"});
+        let DecisionOutcome::Append(events) = state
+            .decide_approval(APPROVAL_DENIED, &deny, Actor::Engine)
+            .unwrap()
+        else {
+            panic!("first decision must append")
+        };
+        fold(&mut state, events, &mut log);
+        assert_eq!(&log[5..7], [APPROVAL_DENIED, TOOL_FAILED]);
+        let tool_message = state
+            .messages()
+            .iter()
+            .find(|m| matches!(m, Message::Tool { .. }))
+            .unwrap();
+        let Message::Tool { error, .. } = tool_message else {
+            unreachable!()
+        };
+        assert_eq!(
+            error.as_ref().unwrap(),
+            &ErrorData::new("ApprovalDenied", "not this vendor")
+        );
+        // Echo step: the model's reply is the failure text.
+        assert_eq!(
+            state.status,
+            Status::Completed(json!({"text": "ApprovalDenied: not this vendor"}))
+        );
+    }
+
+    #[test]
+    fn results_of_superseded_attempts_are_refused_and_retries_follow_the_policy() {
+        let (mut state, mut log, effects) = started(false);
+        assert!(effects
+            .iter()
+            .any(|a| matches!(a, Action::DispatchTool { .. })));
+        let start = state.decide_tool_start("call-1", "w", 0).unwrap();
+        fold(&mut state, vec![start], &mut log);
+        let lost = ToolOutcome::Failure {
+            error: ErrorData::new("AttemptLost", "no heartbeat"),
+            retryable: true,
+        };
+        let retry = state
+            .decide_tool_outcome("call-1", 1, lost, Actor::Engine)
+            .unwrap();
+        assert_eq!(retry.event_type, TOOL_RETRYING);
+        fold(&mut state, vec![retry], &mut log);
+        assert!(
+            state.decide_tool_start("call-1", "w", 1_000).is_none(),
+            "backoff not over"
+        );
+        let second = state.decide_tool_start("call-1", "w", 2_000).unwrap();
+        fold(&mut state, vec![second], &mut log);
+        assert!(matches!(
+            state.decide_tool_outcome("call-1", 1, ToolOutcome::Output(json!(1)), Actor::Engine),
+            Err(Error::StaleAttempt { attempt: 1, .. })
+        ));
+        let last = ToolOutcome::Failure {
+            error: ErrorData::new("Boom", "again"),
+            retryable: true,
+        };
+        let failed = state
+            .decide_tool_outcome("call-1", 2, last, Actor::Engine)
+            .unwrap();
+        assert_eq!(failed.event_type, TOOL_FAILED, "max_attempts 2 reached");
+    }
+}
