@@ -127,6 +127,39 @@ impl Drop for PendingTake<'_> {
     }
 }
 
+/// A task taken from a queue while the engine decides whether to start it.
+/// If the caller goes away before `done`, the task goes back to its queue.
+pub struct Taken<'a> {
+    dispatcher: &'a Dispatcher,
+    task: Option<TaskRef>,
+}
+
+impl<'a> Taken<'a> {
+    pub fn new(dispatcher: &'a Dispatcher, task: TaskRef) -> Self {
+        Taken {
+            dispatcher,
+            task: Some(task),
+        }
+    }
+
+    pub fn task(&self) -> &TaskRef {
+        self.task.as_ref().expect("not done yet")
+    }
+
+    /// The engine has decided: the task is started, or stale.
+    pub fn done(mut self) {
+        self.task = None;
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.dispatcher.offer(task);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -170,8 +170,8 @@ pub struct Engine {
 struct Inner {
     store: Store,
     config: Config,
-    run_locks: Box<[tokio::sync::Mutex<()>]>,
-    request_locks: Box<[tokio::sync::Mutex<()>]>,
+    run_locks: Box<[Arc<tokio::sync::Mutex<()>>]>,
+    request_locks: Box<[Arc<tokio::sync::Mutex<()>>]>,
     cache: Mutex<lru::LruCache<RunId, RunState>>,
     dispatcher: Dispatcher,
     leases: Leases,
@@ -189,8 +189,10 @@ fn stripe(key: &impl std::hash::Hash, stripes: usize) -> usize {
     (hasher.finish() % stripes as u64) as usize
 }
 
-fn locks(n: usize) -> Box<[tokio::sync::Mutex<()>]> {
-    (0..n).map(|_| tokio::sync::Mutex::new(())).collect()
+fn locks(n: usize) -> Box<[Arc<tokio::sync::Mutex<()>>]> {
+    (0..n)
+        .map(|_| Arc::new(tokio::sync::Mutex::new(())))
+        .collect()
 }
 
 impl Engine {
@@ -269,9 +271,10 @@ impl Engine {
 
     // ---- run state: lock, cache, fold ----
 
-    async fn lock_run(&self, run: RunId) -> tokio::sync::MutexGuard<'_, ()> {
+    async fn lock_run(&self, run: RunId) -> tokio::sync::OwnedMutexGuard<()> {
         self.inner.run_locks[stripe(&run, RUN_LOCK_STRIPES)]
-            .lock()
+            .clone()
+            .lock_owned()
             .await
     }
 
@@ -310,8 +313,8 @@ impl Engine {
         run: RunId,
         decide: impl FnOnce(&RunState, &mut WriteBatch) -> Result<(Vec<NewEvent>, T), Error>,
     ) -> Result<(T, u64), Error> {
-        let _guard = self.lock_run(run).await;
-        let mut state = self.load(run)?;
+        let guard = self.lock_run(run).await;
+        let state = self.load(run)?;
         let mut batch = WriteBatch::default();
         let (events, answer) = match decide(&state, &mut batch) {
             Ok(decided) => decided,
@@ -329,11 +332,33 @@ impl Engine {
             self.cache_put(state);
             return Ok((answer, 0));
         }
-        // On error the state may be ahead of the store: drop it, the next
-        // load folds the log again.
-        self.append(&mut state, events, batch, Vec::new()).await?;
-        self.cache_put(state);
+        self.commit_detached(guard, state, events, batch, Vec::new())
+            .await?;
         Ok((answer, first_seq))
+    }
+
+    /// Appends and acts in a task of its own, holding the run's lock, so that
+    /// a caller that goes away mid-commit (a cancelled RPC) cannot leave a
+    /// durable event whose effects (a dispatch, a timer) never happened.
+    async fn commit_detached(
+        &self,
+        guard: tokio::sync::OwnedMutexGuard<()>,
+        mut state: RunState,
+        events: Vec<NewEvent>,
+        batch: WriteBatch,
+        actions: Vec<Action>,
+    ) -> Result<(), Error> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            // On error the state may be ahead of the store: drop it, the
+            // next load folds the log again.
+            engine.append(&mut state, events, batch, actions).await?;
+            engine.cache_put(state);
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("commit task failed: {e}")))?
     }
 
     /// Folds `events` into `state`, commits them with `batch`, then acts.
@@ -507,21 +532,21 @@ impl Engine {
             deadline_at_ms,
         };
         let run = RunId::new();
-        let _guard = self.lock_run(run).await;
+        let guard = self.lock_run(run).await;
         let record = self.record(
             run,
             1,
             NewEvent::engine(RUN_STARTED, started).by(actor),
             now,
         )?;
-        let (mut state, actions) = RunState::start(run, &record)?;
+        let (state, actions) = RunState::start(run, &record)?;
         let mut batch = WriteBatch::default();
         batch.push_event(record);
         if !start.request_id.is_empty() {
             batch.put_request(SCOPE, &start.request_id, run.as_bytes().to_vec());
         }
-        self.append(&mut state, Vec::new(), batch, actions).await?;
-        self.cache_put(state);
+        self.commit_detached(guard, state, Vec::new(), batch, actions)
+            .await?;
         Ok((run, true))
     }
 
@@ -672,7 +697,11 @@ impl Engine {
             else {
                 return Ok(None);
             };
-            if let Some(task) = self.claim(task, identity).await? {
+            let taken = dispatch::Taken::new(&self.inner.dispatcher, task);
+            // On error the task goes back to its queue (`Taken` drops).
+            let claimed = self.claim(taken.task().clone(), identity).await?;
+            taken.done();
+            if let Some(task) = claimed {
                 return Ok(Some(task));
             }
         }
@@ -696,6 +725,15 @@ impl Engine {
                         };
                         let timeout = self.heartbeat_timeout(call.spec.as_ref());
                         let attempt = call.attempt + 1;
+                        // Leased before the commit: if this poll goes away
+                        // mid-commit, the attempt still expires and is retried.
+                        self.inner.leases.grant(
+                            task.run,
+                            &task.call_id,
+                            attempt,
+                            LeaseKind::Tool,
+                            timeout,
+                        );
                         Ok((
                             vec![event],
                             Some((work, timeout, attempt, state.spec.deadline_at_ms)),
@@ -707,9 +745,6 @@ impl Engine {
                     Ok((None, _)) | Err(Error::RunNotFound(_)) => return Ok(None),
                     Err(e) => return Err(e),
                 };
-                self.inner
-                    .leases
-                    .grant(task.run, &task.call_id, attempt, LeaseKind::Tool, timeout);
                 self.inner.timers_changed.notify_one();
                 Ok(Some(self.task(
                     task.run,
