@@ -15,9 +15,11 @@ pub enum LeaseKind {
     Model,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Lease {
     attempt: u32,
+    /// Identity of the worker holding the attempt.
+    worker: String,
     kind: LeaseKind,
     timeout: Duration,
     expires: Instant,
@@ -43,11 +45,13 @@ impl Leases {
         run: RunId,
         call_id: &str,
         attempt: u32,
+        worker: &str,
         kind: LeaseKind,
         timeout: Duration,
     ) {
         let lease = Lease {
             attempt,
+            worker: worker.to_string(),
             kind,
             timeout,
             expires: Instant::now() + timeout,
@@ -68,6 +72,15 @@ impl Leases {
             }
             _ => false,
         }
+    }
+
+    /// The worker holding the call's lease.
+    pub fn holder(&self, run: RunId, call_id: &str) -> Option<String> {
+        self.leases
+            .lock()
+            .expect("poisoned")
+            .get(&(run, call_id.to_string()))
+            .map(|lease| lease.worker.clone())
     }
 
     pub fn release(&self, run: RunId, call_id: &str) {

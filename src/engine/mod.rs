@@ -249,6 +249,7 @@ impl Engine {
                         run,
                         &call.call_id,
                         call.attempt,
+                        &call.worker,
                         LeaseKind::Tool,
                         timeout,
                     );
@@ -731,6 +732,7 @@ impl Engine {
                             task.run,
                             &task.call_id,
                             attempt,
+                            identity,
                             LeaseKind::Tool,
                             timeout,
                         );
@@ -781,6 +783,7 @@ impl Engine {
                     task.run,
                     &task.call_id,
                     attempt,
+                    identity,
                     LeaseKind::Model,
                     timeout,
                 );
@@ -863,10 +866,17 @@ impl Engine {
         Ok(false)
     }
 
-    /// CompleteTask / FailTask.
-    pub async fn report(&self, token: &str, report: Report, identity: &str) -> Result<(), Error> {
+    /// CompleteTask / FailTask. The event names the worker holding the
+    /// attempt's lease, or `fallback_identity` when no lease is known.
+    pub async fn report(
+        &self,
+        token: &str,
+        report: Report,
+        fallback_identity: &str,
+    ) -> Result<(), Error> {
         let token = Token::decode(token)?;
-        let actor = Actor::Worker(identity.to_string());
+        let holder = self.inner.leases.holder(token.run, &token.call_id);
+        let actor = Actor::Worker(holder.unwrap_or_else(|| fallback_identity.to_string()));
         self.update(token.run, |state, _| {
             let event = match (token.kind, report) {
                 (LeaseKind::Tool, Report::ToolOutput(output)) => state.decide_tool_outcome(

@@ -116,6 +116,8 @@ pub struct Call {
     pub phase: Phase,
     /// Number of the latest attempt started; 0 before the first.
     pub attempt: u32,
+    /// Identity of the worker that started the latest attempt.
+    pub worker: String,
     pub decision: Option<Decision>,
     /// Due time of the approval timeout timer, when armed.
     pub approval_timer_ms: Option<i64>,
@@ -398,6 +400,7 @@ impl RunState {
                     spec: spec.clone(),
                     phase: Phase::Ready,
                     attempt: 0,
+                    worker: String::new(),
                     decision: None,
                     approval_timer_ms: None,
                     requested_ms: now,
@@ -517,6 +520,7 @@ impl RunState {
                 let call = self.call_mut(&e.call_id)?;
                 call.phase = Phase::Running;
                 call.attempt = e.attempt;
+                call.worker = e.worker;
             }
             TOOL_RETRYING => {
                 let e: ToolRetrying = decode(event)?;

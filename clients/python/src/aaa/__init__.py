@@ -1,0 +1,116 @@
+"""Python SDK of aaa: durable agent runs with a server-enforced human approval gate.
+
+Connect, serve tools and models with a worker, start runs, follow their
+events, and answer approvals::
+
+    import aaa
+    from aaa import tool, tool_call, text
+
+    client = await aaa.connect()                 # env AAA_SERVER or 127.0.0.1:50051
+    async with client.worker(tools=[wire_money], models={"seed": model}):
+        run = await client.start_run("Pay ACME $250", model="seed", tools=[wire_money])
+        request = await run.wait_for("aaa.approval.requested")
+        await run.approve(request.data["call_id"])
+        outcome = await run.result()
+
+See the README of clients/python for the whole API.
+"""
+
+from .client import DEFAULT_ADDRESS, Approvals, Client, Run, connect
+from .errors import (
+    AaaError,
+    AlreadyExists,
+    ArgumentsMismatch,
+    CallNotFound,
+    FailedPrecondition,
+    InternalError,
+    InvalidArgument,
+    InvalidField,
+    InvalidToken,
+    NotFound,
+    PayloadTooLarge,
+    ReservedEventType,
+    RunFinished,
+    RunNotFound,
+    ShuttingDown,
+    StaleAttempt,
+    SupersededAttempt,
+    ToolNotRegistered,
+    Unavailable,
+)
+from .models import Message, ModelRequest, Reply, ToolCall, ToolSpec, echo, text, tool_call
+from .tools import Tool, tool
+from .types import (
+    TERMINAL_EVENT_TYPES,
+    Actor,
+    Approval,
+    ApprovalOutcome,
+    ApprovalResolution,
+    Budget,
+    ErrorDetail,
+    Event,
+    Outcome,
+    RunInfo,
+    RunStatus,
+    SignalResult,
+    SnapshotComplete,
+    ToolRef,
+)
+from .worker import NonRetryable, TaskInfo, Worker, current_task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "TERMINAL_EVENT_TYPES",
+    "AaaError",
+    "Actor",
+    "AlreadyExists",
+    "Approval",
+    "ApprovalOutcome",
+    "ApprovalResolution",
+    "Approvals",
+    "ArgumentsMismatch",
+    "Budget",
+    "CallNotFound",
+    "Client",
+    "ErrorDetail",
+    "Event",
+    "FailedPrecondition",
+    "InternalError",
+    "InvalidArgument",
+    "InvalidField",
+    "InvalidToken",
+    "Message",
+    "ModelRequest",
+    "NonRetryable",
+    "NotFound",
+    "Outcome",
+    "PayloadTooLarge",
+    "Reply",
+    "ReservedEventType",
+    "Run",
+    "RunFinished",
+    "RunInfo",
+    "RunNotFound",
+    "RunStatus",
+    "ShuttingDown",
+    "SignalResult",
+    "SnapshotComplete",
+    "StaleAttempt",
+    "SupersededAttempt",
+    "TaskInfo",
+    "Tool",
+    "ToolCall",
+    "ToolNotRegistered",
+    "ToolRef",
+    "ToolSpec",
+    "Unavailable",
+    "Worker",
+    "connect",
+    "current_task",
+    "echo",
+    "text",
+    "tool",
+    "tool_call",
+]

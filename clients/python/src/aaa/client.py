@@ -1,0 +1,505 @@
+"""The asyncio client: start runs, follow their events, answer approvals.
+
+::
+
+    client = await aaa.connect("127.0.0.1:50051")
+    run = await client.start_run("Pay ACME $250", model="seed", tools=[wire_money])
+    async for event in run.events():
+        ...
+    outcome = await run.result()
+
+Transient failures (UNAVAILABLE: a dropped connection, a restarting server)
+are retried for up to ``retry_s`` seconds. StartRun and Signal get a fresh
+``request_id`` when the caller gives none, so a retried call never starts a
+second run or appends a second event. Event and approval streams resume from
+their cursor after a dropped connection, with no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar, Union
+
+import grpc
+import grpc.aio
+
+from ._proto.aaa.v1 import approval_pb2, approval_pb2_grpc, run_pb2, run_pb2_grpc, worker_pb2_grpc
+from .errors import AaaError, Unavailable, from_rpc_error
+from .models import Reply
+from .tools import Tool
+from .types import (
+    TERMINAL_EVENT_TYPES,
+    Approval,
+    ApprovalResolution,
+    Budget,
+    Event,
+    Outcome,
+    RunInfo,
+    RunStatus,
+    SignalResult,
+    SnapshotComplete,
+    ToolRef,
+    dumps,
+)
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+#: The address used when none is given and AAA_SERVER is not set.
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+
+T = TypeVar("T")
+ToolLike = Union[Tool, ToolRef, str]
+ModelLike = Union[str, Sequence[Reply]]
+
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", 30000),
+    ("grpc.keepalive_timeout_ms", 10000),
+]
+
+
+class _Backoff:
+    """Exponential backoff within a time budget, for retrying UNAVAILABLE."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.budget_s = budget_s
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over: full budget, short delay."""
+        self.delay = 0.05
+        self.deadline = None if self.budget_s is None else asyncio.get_running_loop().time() + self.budget_s
+
+    async def wait(self) -> bool:
+        """Sleep before the next try; False when the budget is spent."""
+        loop = asyncio.get_running_loop()
+        if self.deadline is not None and loop.time() + self.delay > self.deadline:
+            return False
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 1.0)
+        return True
+
+
+def _transient(err: grpc.RpcError) -> bool:
+    """True for errors worth retrying: the server was unreachable or went away."""
+    return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def connect(address: str | None = None, *, timeout: float = 10.0, retry_s: float = 30.0) -> Client:
+    """Connect to an aaa server and wait until it answers.
+
+    Args:
+        address: "host:port"; defaults to env AAA_SERVER, then 127.0.0.1:50051.
+        timeout: seconds to wait for the connection before raising ``Unavailable``.
+        retry_s: how long calls keep retrying while the server is unavailable.
+    """
+    client = Client(address, retry_s=retry_s)
+    try:
+        await asyncio.wait_for(client._channel.channel_ready(), timeout)
+    except asyncio.TimeoutError:
+        await client.close()
+        raise Unavailable(
+            f"no aaa server answered at {client.address} within {timeout:g}s",
+            code=grpc.StatusCode.UNAVAILABLE,
+        ) from None
+    return client
+
+
+class Client:
+    """A connection to an aaa server. Create it with ``await aaa.connect(...)``; close it with
+    ``await client.close()`` or ``async with client:``.
+
+    Attributes:
+        address: the server address.
+        approvals: list and watch pending approvals (``Approvals``).
+        stubs: the generated gRPC stubs (``stubs.run``, ``stubs.approval``,
+            ``stubs.worker``) for anything the SDK does not wrap.
+    """
+
+    def __init__(self, address: str | None = None, *, retry_s: float = 30.0) -> None:
+        self.address = address or os.environ.get("AAA_SERVER") or DEFAULT_ADDRESS
+        self.retry_s = retry_s
+        self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        self.stubs = SimpleNamespace(
+            run=run_pb2_grpc.RunServiceStub(self._channel),
+            approval=approval_pb2_grpc.ApprovalServiceStub(self._channel),
+            worker=worker_pb2_grpc.WorkerServiceStub(self._channel),
+        )
+        self.approvals = Approvals(self)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection; calls still in flight are cancelled."""
+        await self._channel.close(grace=None)
+
+    async def _call(
+        self, method: Callable[..., Awaitable[T]], request: Any, *, timeout: float | None = None, retry: bool = True
+    ) -> T:
+        """Make a unary call, retrying UNAVAILABLE, and raise typed errors."""
+        backoff = _Backoff(self.retry_s if retry else 0.0)
+        while True:
+            try:
+                return await method(request, timeout=timeout)
+            except grpc.aio.AioRpcError as err:
+                if _transient(err) and await backoff.wait():
+                    continue
+                raise from_rpc_error(err) from err
+
+    async def start_run(
+        self,
+        task: str,
+        *,
+        model: ModelLike,
+        tools: Iterable[ToolLike] = (),
+        budget: Budget | None = None,
+        labels: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+        system: str = "",
+    ) -> Run:
+        """Start a run and return its handle.
+
+        Args:
+            task: the conversation's first user message.
+            model: the name of a worker-served model, or a list of steps for
+                the built-in scripted model (``text(...)``, ``tool_call(...)``, ``echo()``).
+            tools: the tools the run may call: ``@tool`` functions (their gate
+                is applied to this run too), ``ToolRef``s or names. They must
+                have been registered by a worker first.
+            budget: deadline and model-call limit.
+            labels: labels for filtering runs and approvals.
+            request_id: idempotency key; a retry with the same key returns the
+                first run. Generated when omitted.
+            system: optional system instructions.
+        """
+        spec = run_pb2.ModelSpec()
+        if isinstance(model, str):
+            spec.worker = model
+        else:
+            spec.scripted.steps.extend(step.to_step() for step in model)
+        request = run_pb2.StartRunRequest(
+            task=task,
+            model=spec,
+            tools=[_tool_ref(t).to_proto() for t in tools],
+            labels=dict(labels or {}),
+            request_id=request_id or str(uuid.uuid4()),
+            system=system,
+        )
+        if budget is not None:
+            request.budget.CopyFrom(budget.to_proto())
+        response = await self._call(self.stubs.run.StartRun, request)
+        return Run(self, response.run_id, created=response.created)
+
+    def run(self, run_id: str) -> Run:
+        """The handle of an existing run (no call is made)."""
+        return Run(self, run_id)
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        """Return a run's summary, with its pending approvals."""
+        response = await self._call(self.stubs.run.GetRun, run_pb2.GetRunRequest(run_id=run_id))
+        return RunInfo.from_proto(response.run)
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        labels: Mapping[str, str] | None = None,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
+        """List runs, newest first, optionally filtered by status and labels (all pages, up to ``limit``)."""
+        request = run_pb2.ListRunsRequest(labels=dict(labels or {}), page_size=min(limit or 1000, 1000))
+        if status is not None:
+            request.status = RunStatus(status).to_proto()
+        runs: list[RunInfo] = []
+        while True:
+            response = await self._call(self.stubs.run.ListRuns, request)
+            runs.extend(RunInfo.from_proto(r) for r in response.runs)
+            if not response.next_page_token or (limit is not None and len(runs) >= limit):
+                return runs[:limit] if limit is not None else runs
+            request.page_token = response.next_page_token
+
+    def worker(
+        self,
+        *,
+        tools: Iterable[Tool] = (),
+        models: Mapping[str, Callable[..., Any]] | None = None,
+        identity: str | None = None,
+        concurrency: int = 10,
+        poll_wait_s: float = 0.0,
+        stop_grace_s: float | None = 30.0,
+    ) -> Worker:
+        """Create a worker serving these tools and models; start it with ``async with worker:``.
+
+        See ``aaa.Worker`` for the arguments.
+        """
+        from .worker import Worker
+
+        return Worker(
+            self,
+            tools=tools,
+            models=models,
+            identity=identity,
+            concurrency=concurrency,
+            poll_wait_s=poll_wait_s,
+            stop_grace_s=stop_grace_s,
+        )
+
+
+def _tool_ref(item: ToolLike) -> ToolRef:
+    """Normalize a tools= item to a ToolRef."""
+    if isinstance(item, ToolRef):
+        return item
+    if isinstance(item, Tool):
+        return ToolRef(item.name, requires_approval=item.requires_approval)
+    if isinstance(item, str):
+        return ToolRef(item)
+    raise TypeError(f"tools= takes @tool functions, ToolRef or names, not {item!r}")
+
+
+class Run:
+    """The handle of one run: follow its events, signal it, wait for its outcome.
+
+    Attributes:
+        id: the run's id.
+        created: False when StartRun's request_id matched an earlier run.
+    """
+
+    def __init__(self, client: Client, run_id: str, *, created: bool = True) -> None:
+        self.client = client
+        self.id = run_id
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r})"
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (same as ``id``)."""
+        return self.id
+
+    async def get(self) -> RunInfo:
+        """Return the run's summary, with its pending approvals."""
+        return await self.client.get_run(self.id)
+
+    async def events(
+        self,
+        after_seq: int = 0,
+        *,
+        follow: bool = True,
+        type_prefix: str = "",
+        stop_at_end: bool = True,
+    ) -> AsyncGenerator[Event, None]:
+        """Iterate over the run's events with seq greater than ``after_seq``.
+
+        Args:
+            after_seq: exclusive cursor; pass the seq of the last event you
+                handled to resume.
+            follow: after the stored history, wait for live events.
+            type_prefix: only events whose type starts with this.
+            stop_at_end: end after the run's terminal event.
+
+        A dropped connection is resumed from the last event received, so no
+        event is skipped or repeated. Close the iterator (break out of the
+        loop) when done; ``contextlib.aclosing`` closes it at once.
+        """
+        cursor = after_seq
+        backoff = _Backoff(self.client.retry_s)
+        while True:
+            request = run_pb2.StreamEventsRequest(
+                run_id=self.id, after_seq=cursor, follow=follow, type_prefix=type_prefix, stop_at_end=stop_at_end
+            )
+            call = self.client.stubs.run.StreamEvents(request)
+            try:
+                async for item in call:
+                    backoff.reset()
+                    if item.HasField("caught_up"):
+                        cursor = max(cursor, item.caught_up.last_seq)
+                        continue
+                    if item.event.seq <= cursor:
+                        continue  # already delivered before a reconnect
+                    cursor = item.event.seq
+                    event = Event.from_proto(item.event)
+                    yield event
+                    if stop_at_end and event.type in TERMINAL_EVENT_TYPES:
+                        return
+                return
+            except grpc.aio.AioRpcError as err:
+                if _transient(err) and await backoff.wait():
+                    continue
+                raise from_rpc_error(err) from err
+            finally:
+                call.cancel()
+
+    async def wait_for(self, event_type: str, *, after_seq: int = 0) -> Event:
+        """Return the first event of this type after ``after_seq``, waiting for it if needed.
+
+        Raises ``AaaError`` if the run ends without such an event.
+        """
+        stream = self.events(after_seq, type_prefix=event_type)
+        try:
+            async for event in stream:
+                if event.type == event_type:
+                    return event
+        finally:
+            await stream.aclose()
+        raise AaaError(f"run {self.id} ended without a {event_type} event", reason="NO_SUCH_EVENT")
+
+    async def result(self, *, timeout: float | None = None) -> Outcome:
+        """Wait for the run to end and return its ``Outcome`` (status, value, error).
+
+        A failed or cancelled run is an outcome, not an exception.
+        """
+        return await asyncio.wait_for(self._result(), timeout)
+
+    async def _result(self) -> Outcome:
+        stream = self.events(type_prefix="aaa.run.")
+        try:
+            async for event in stream:
+                if event.type in TERMINAL_EVENT_TYPES:
+                    return Outcome.from_event(event)
+        finally:
+            await stream.aclose()
+        raise AaaError(f"the event stream of run {self.id} ended before its terminal event", reason="STREAM_ENDED")
+
+    async def signal(
+        self, type: str, data: Mapping[str, Any] | None = None, *, request_id: str | None = None
+    ) -> SignalResult:
+        """Append a client event: "aaa.approval.granted", "aaa.approval.denied", or a type outside "aaa.".
+
+        Args:
+            type: the event type.
+            data: the event's data, a JSON object.
+            request_id: idempotency key; generated when omitted.
+        """
+        request = run_pb2.SignalRequest(
+            run_id=self.id, type=type, data_json=dumps(dict(data or {})), request_id=request_id or str(uuid.uuid4())
+        )
+        response = await self.client._call(self.client.stubs.run.Signal, request)
+        return SignalResult(response.seq, response.already_decided, response.decision)
+
+    async def approve(
+        self,
+        call_id: str,
+        *,
+        arguments_sha256: str | None = None,
+        comment: str | None = None,
+        request_id: str | None = None,
+    ) -> SignalResult:
+        """Grant one call. With ``arguments_sha256`` (from the ``Approval``), only those exact arguments."""
+        data: dict[str, Any] = {"call_id": call_id}
+        if arguments_sha256:
+            data["arguments_sha256"] = arguments_sha256
+        if comment:
+            data["comment"] = comment
+        return await self.signal("aaa.approval.granted", data, request_id=request_id)
+
+    async def deny(self, call_id: str, reason: str | None = None, *, request_id: str | None = None) -> SignalResult:
+        """Deny one call; the model reads a tool failure of type ApprovalDenied with ``reason``."""
+        data: dict[str, Any] = {"call_id": call_id}
+        if reason:
+            data["reason"] = reason
+        return await self.signal("aaa.approval.denied", data, request_id=request_id)
+
+    async def cancel(self, reason: str = "") -> int:
+        """Cancel the run; returns the seq of aaa.run.cancelled (0 if it was already cancelled)."""
+        request = run_pb2.CancelRunRequest(run_id=self.id, reason=reason)
+        response = await self.client._call(self.client.stubs.run.CancelRun, request)
+        return response.seq
+
+
+ApprovalItem = Union[Approval, ApprovalResolution, SnapshotComplete]
+
+
+class Approvals:
+    """Pending approvals across runs: ``client.approvals.list()`` and ``client.approvals.watch()``."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def list(
+        self,
+        *,
+        tool: str = "",
+        run_id: str = "",
+        labels: Mapping[str, str] | None = None,
+        limit: int | None = None,
+    ) -> list[Approval]:
+        """List pending approval requests, oldest run first (all pages, up to ``limit``)."""
+        request = approval_pb2.ListApprovalsRequest(
+            tool=tool, run_id=run_id, labels=dict(labels or {}), page_size=min(limit or 1000, 1000)
+        )
+        found: list[Approval] = []
+        while True:
+            response = await self.client._call(self.client.stubs.approval.ListApprovals, request)
+            found.extend(Approval.from_proto(a) for a in response.approvals)
+            if not response.next_page_token or (limit is not None and len(found) >= limit):
+                return found[:limit] if limit is not None else found
+            request.page_token = response.next_page_token
+
+    async def watch(
+        self,
+        *,
+        tool: str = "",
+        run_id: str = "",
+        labels: Mapping[str, str] | None = None,
+        after_position: int | None = None,
+        heartbeat_s: float = 0.0,
+    ) -> AsyncGenerator[ApprovalItem, None]:
+        """Iterate over pending approvals, then over changes, forever.
+
+        Yields each pending ``Approval`` (the snapshot), one ``SnapshotComplete``,
+        then each new ``Approval`` and each ``ApprovalResolution`` as it
+        happens. With ``after_position`` (the ``position`` of the last item you
+        handled) the snapshot is skipped and only later changes come.
+        A dropped connection is resumed from the last position seen; a
+        snapshot cut short is restarted without repeating what was yielded.
+        """
+        position = after_position
+        snapshot_seen: set[tuple[str, str]] = set()
+        backoff = _Backoff(self.client.retry_s)
+        while True:
+            request = approval_pb2.WatchApprovalsRequest(
+                tool=tool, run_id=run_id, labels=dict(labels or {}), heartbeat_s=heartbeat_s
+            )
+            if position is not None:
+                request.after_position = position
+            call = self.client.stubs.approval.WatchApprovals(request)
+            try:
+                async for item in call:
+                    backoff.reset()
+                    kind = item.WhichOneof("item")
+                    in_snapshot = position is None
+                    if kind == "snapshot_complete":
+                        position = item.position
+                        yield SnapshotComplete(item.snapshot_complete.pending, item.position)
+                    elif kind == "requested":
+                        key = (item.requested.run_id, item.requested.call_id)
+                        if in_snapshot:
+                            if key in snapshot_seen:
+                                continue
+                            snapshot_seen.add(key)
+                        else:
+                            position = item.position
+                        yield Approval.from_proto(item.requested)
+                    elif kind == "resolved":
+                        position = item.position
+                        yield ApprovalResolution.from_proto(item.resolved, item.position)
+                    elif kind == "heartbeat" and not in_snapshot:
+                        position = item.position
+                return
+            except grpc.aio.AioRpcError as err:
+                if _transient(err) and await backoff.wait():
+                    continue
+                raise from_rpc_error(err) from err
+            finally:
+                call.cancel()

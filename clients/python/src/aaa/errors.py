@@ -1,0 +1,178 @@
+"""Typed exceptions for the errors the aaa server returns.
+
+Every server error is a ``google.rpc.Status`` sent in the
+``grpc-status-details-bin`` trailer, carrying one ``google.rpc.ErrorInfo`` with
+domain ``aaa.v1`` and a reason from the ``ErrorReason`` enum of types.proto
+(``RUN_NOT_FOUND``, ``STALE_ATTEMPT``, ...). The SDK turns each failed RPC into
+the exception class of that reason; without a reason, into the class of the
+gRPC status code. Branch on the classes::
+
+    try:
+        await client.get_run(run_id)
+    except aaa.RunNotFound:
+        ...
+
+A failed *run* is not an exception: it is data (see ``Outcome``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+#: The ErrorInfo domain of errors raised by aaa servers.
+DOMAIN = "aaa.v1"
+
+_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class AaaError(Exception):
+    """Base class of every error the SDK raises for a failed RPC.
+
+    Attributes:
+        message: the server's message.
+        code: the gRPC status code (``grpc.StatusCode``).
+        reason: ``ErrorInfo.reason``, for example ``"RUN_NOT_FOUND"``; empty
+            when the server sent none (a connection failure, say).
+        metadata: ``ErrorInfo.metadata``, for example ``{"field": "task"}``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode = grpc.StatusCode.UNKNOWN,
+        reason: str = "",
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+
+    def __str__(self) -> str:
+        return f"{self.reason or self.code.name}: {self.message}"
+
+
+class NotFound(AaaError):
+    """NOT_FOUND: the run or call does not exist."""
+
+
+class RunNotFound(NotFound):
+    """The run id is unknown (reason RUN_NOT_FOUND)."""
+
+
+class CallNotFound(NotFound):
+    """The run has no such call, or no approval request for it (reason CALL_NOT_FOUND)."""
+
+
+class InvalidArgument(AaaError):
+    """INVALID_ARGUMENT: the request is malformed."""
+
+    @property
+    def field(self) -> str:
+        """The request field the server complained about, if it named one."""
+        return self.metadata.get("field", "")
+
+
+class InvalidField(InvalidArgument):
+    """A field is missing or malformed (reason INVALID_FIELD); see ``field``."""
+
+
+class PayloadTooLarge(InvalidArgument):
+    """A payload is larger than the server's limit (reason PAYLOAD_TOO_LARGE)."""
+
+
+class ReservedEventType(InvalidArgument):
+    """Signal with an event type only the engine may append (reason RESERVED_EVENT_TYPE)."""
+
+
+class ToolNotRegistered(InvalidArgument):
+    """StartRun names a tool no worker has registered (reason TOOL_NOT_REGISTERED)."""
+
+
+class InvalidToken(InvalidArgument):
+    """A task token this server did not mint (reason INVALID_TOKEN)."""
+
+
+class FailedPrecondition(AaaError):
+    """FAILED_PRECONDITION: the run or attempt is in the wrong state."""
+
+
+class RunFinished(FailedPrecondition):
+    """The run has finished (reason RUN_FINISHED)."""
+
+
+class StaleAttempt(FailedPrecondition):
+    """The task token names an attempt that is no longer current (reason STALE_ATTEMPT)."""
+
+
+#: Another name for ``StaleAttempt``: the attempt was superseded.
+SupersededAttempt = StaleAttempt
+
+
+class ArgumentsMismatch(FailedPrecondition):
+    """A grant's arguments_sha256 does not match the requested arguments (reason ARGUMENTS_MISMATCH)."""
+
+
+class AlreadyExists(AaaError):
+    """ALREADY_EXISTS: an id clash."""
+
+
+class Unavailable(AaaError):
+    """UNAVAILABLE: the server cannot be reached or is not serving."""
+
+
+class ShuttingDown(Unavailable):
+    """The server is shutting down (reason SHUTTING_DOWN)."""
+
+
+class InternalError(AaaError):
+    """INTERNAL: the server failed; its log has the details."""
+
+
+_BY_REASON: dict[str, type[AaaError]] = {
+    "RUN_NOT_FOUND": RunNotFound,
+    "CALL_NOT_FOUND": CallNotFound,
+    "INVALID_FIELD": InvalidField,
+    "PAYLOAD_TOO_LARGE": PayloadTooLarge,
+    "RESERVED_EVENT_TYPE": ReservedEventType,
+    "RUN_FINISHED": RunFinished,
+    "STALE_ATTEMPT": StaleAttempt,
+    "ARGUMENTS_MISMATCH": ArgumentsMismatch,
+    "TOOL_NOT_REGISTERED": ToolNotRegistered,
+    "INVALID_TOKEN": InvalidToken,
+    "SHUTTING_DOWN": ShuttingDown,
+    "INTERNAL_ERROR": InternalError,
+}
+
+_BY_CODE: dict[grpc.StatusCode, type[AaaError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.INTERNAL: InternalError,
+}
+
+
+def from_rpc_error(err: grpc.RpcError) -> AaaError:
+    """Convert a failed gRPC call (``grpc.aio.AioRpcError``) into its typed exception."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    message = (err.details() if hasattr(err, "details") else None) or ""
+    reason, metadata = "", {}
+    trailers: Any = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailers or ():
+        if key != _DETAILS_KEY:
+            continue
+        status = status_pb2.Status.FromString(value)
+        message = status.message or message
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info) and info.domain == DOMAIN:
+                reason, metadata = info.reason, dict(info.metadata)
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, AaaError)
+    return cls(message, code=code, reason=reason, metadata=metadata)

@@ -1,0 +1,382 @@
+"""Plain Python views of the aaa.v1 wire messages.
+
+The SDK hands out these dataclasses instead of protobuf messages. Every
+``*_json`` field of the wire is parsed with Python's ``json`` module, so
+numbers keep their exact type and value: 250 stays the int 250 and integers
+beyond 2**53 keep every digit. The raw JSON text is kept beside the parsed
+value where it matters (``Event.data_json``, ``Approval.arguments_json``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Mapping
+
+from ._proto.aaa.v1 import approval_pb2, run_pb2, types_pb2
+
+#: Event types that end a run.
+TERMINAL_EVENT_TYPES = frozenset({"aaa.run.completed", "aaa.run.failed", "aaa.run.cancelled"})
+
+
+def dumps(value: Any) -> str:
+    """Encode a value as compact JSON text (ints stay exact; NaN and infinities are refused)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def loads(text: str, empty: Any = None) -> Any:
+    """Decode JSON text; return ``empty`` for an empty string."""
+    return json.loads(text) if text else empty
+
+
+def _time(msg: Any, name: str) -> datetime | None:
+    """Return a Timestamp field as an aware UTC datetime, or None when unset."""
+    if not msg.HasField(name):
+        return None
+    return getattr(msg, name).ToDatetime(tzinfo=timezone.utc)
+
+
+def _enum_name(wrapper: Any, value: int, prefix: str) -> str:
+    """The lowercase name of a proto enum value without its prefix ("unknown" for numbers this SDK predates)."""
+    try:
+        return wrapper.Name(value).removeprefix(prefix).lower()
+    except ValueError:
+        return "unknown"
+
+
+class RunStatus(str, Enum):
+    """Where a run is in its lifecycle. Members compare equal to their lowercase value."""
+
+    RUNNING = "running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for completed, failed and cancelled."""
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    def to_proto(self) -> Any:
+        """The matching ``aaa.v1.RunStatus`` number."""
+        return run_pb2.RunStatus.Value("RUN_STATUS_" + self.name)
+
+    @classmethod
+    def from_proto(cls, value: int) -> RunStatus | None:
+        """Convert an ``aaa.v1.RunStatus`` number (None for UNSPECIFIED)."""
+        try:
+            return cls(_enum_name(run_pb2.RunStatus, value, "RUN_STATUS_"))
+        except ValueError:
+            return None
+
+
+class ApprovalOutcome(str, Enum):
+    """How an approval request ended. Members compare equal to their lowercase value."""
+
+    GRANTED = "granted"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    #: A value this SDK does not know (from a newer server).
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ErrorDetail:
+    """An error recorded in events: a short ``type`` (e.g. "ApprovalDenied") and a ``message``."""
+
+    type: str
+    message: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: types_pb2.ErrorDetail) -> ErrorDetail:
+        """Convert an ``aaa.v1.ErrorDetail``."""
+        return cls(msg.type, msg.message)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> ErrorDetail | None:
+        """Convert the ``error`` object of an event's data (None stays None)."""
+        if not data:
+            return None
+        return cls(str(data.get("type", "")), str(data.get("message", "")))
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who caused an event: ``kind`` is "engine", "worker" or "client"; ``name`` identifies it."""
+
+    kind: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of a run's log.
+
+    Attributes:
+        run_id: the run.
+        seq: position in the run's log, dense from 1.
+        position: position in the server's global log.
+        id: the event's unique id.
+        type: for example "aaa.approval.requested".
+        data: the event's data, parsed from ``data_json`` (a dict).
+        data_json: the data exactly as the server sent it.
+        time: when it was appended (UTC).
+        actor: who caused it.
+    """
+
+    run_id: str
+    seq: int
+    position: int
+    id: str
+    type: str
+    data: dict[str, Any]
+    data_json: str
+    time: datetime | None
+    actor: Actor
+
+    @classmethod
+    def from_proto(cls, msg: types_pb2.Event) -> Event:
+        """Convert an ``aaa.v1.Event``."""
+        kind = _enum_name(types_pb2.ActorKind, msg.actor.kind, "ACTOR_KIND_")
+        return cls(
+            run_id=msg.run_id,
+            seq=msg.seq,
+            position=msg.position,
+            id=msg.id,
+            type=msg.type,
+            data=loads(msg.data_json, {}),
+            data_json=msg.data_json,
+            time=_time(msg, "time"),
+            actor=Actor(kind, msg.actor.name),
+        )
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A tool call waiting for a human decision.
+
+    Attributes:
+        run_id: the run that waits.
+        call_id: the call to approve or deny.
+        tool: the tool's name.
+        arguments: the exact arguments the tool gets if granted (parsed).
+        arguments_json: the same, as the canonical JSON text the server holds.
+        arguments_sha256: hex SHA-256 of ``arguments_json``; pass it to
+            ``Run.approve`` to approve exactly these arguments.
+        requested_at: when the request was made.
+        expires_at: when it expires, if it does.
+        labels: the run's labels.
+        seq: seq of the aaa.approval.requested event.
+        position: global position of that event.
+    """
+
+    run_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    arguments_json: str
+    arguments_sha256: str
+    requested_at: datetime | None
+    expires_at: datetime | None
+    labels: dict[str, str]
+    seq: int
+    position: int
+
+    @classmethod
+    def from_proto(cls, msg: approval_pb2.Approval) -> Approval:
+        """Convert an ``aaa.v1.Approval``."""
+        return cls(
+            run_id=msg.run_id,
+            call_id=msg.call_id,
+            tool=msg.tool,
+            arguments=loads(msg.arguments_json, {}),
+            arguments_json=msg.arguments_json,
+            arguments_sha256=msg.arguments_sha256,
+            requested_at=_time(msg, "requested_at"),
+            expires_at=_time(msg, "expires_at"),
+            labels=dict(msg.labels),
+            seq=msg.seq,
+            position=msg.position,
+        )
+
+
+@dataclass(frozen=True)
+class ApprovalResolution:
+    """An approval request that was granted, denied or expired (from ``approvals.watch``).
+
+    ``reason`` is the denial's or expiry's reason, or a grant's comment;
+    ``position`` is the global position of the resolving event.
+    """
+
+    run_id: str
+    call_id: str
+    tool: str
+    outcome: ApprovalOutcome
+    reason: str
+    seq: int
+    time: datetime | None
+    position: int
+
+    @classmethod
+    def from_proto(cls, msg: approval_pb2.ApprovalResolution, position: int) -> ApprovalResolution:
+        """Convert an ``aaa.v1.ApprovalResolution``."""
+        name = _enum_name(approval_pb2.ApprovalOutcome, msg.outcome, "APPROVAL_OUTCOME_")
+        return cls(
+            run_id=msg.run_id,
+            call_id=msg.call_id,
+            tool=msg.tool,
+            outcome=ApprovalOutcome(name) if name in ApprovalOutcome._value2member_map_ else ApprovalOutcome.UNKNOWN,
+            reason=msg.reason,
+            seq=msg.seq,
+            time=_time(msg, "time"),
+            position=position,
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotComplete:
+    """From ``approvals.watch``: the snapshot of ``pending`` requests is complete; changes follow."""
+
+    pending: int
+    position: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run's summary, as returned by ``get_run`` and ``list_runs``.
+
+    ``result`` is the parsed value of aaa.run.completed (e.g. ``{"text": ...}``)
+    for a completed run; ``error`` says why a failed or cancelled run ended;
+    ``pending_approvals`` is filled by ``get_run`` only.
+    """
+
+    run_id: str
+    status: RunStatus | None
+    task: str
+    model: str
+    tools: list[str]
+    labels: dict[str, str]
+    created_at: datetime | None
+    updated_at: datetime | None
+    deadline_at: datetime | None
+    last_seq: int
+    result: Any
+    error: ErrorDetail | None
+    pending_approvals: list[Approval] = field(default_factory=list)
+
+    @classmethod
+    def from_proto(cls, msg: run_pb2.Run) -> RunInfo:
+        """Convert an ``aaa.v1.Run``."""
+        return cls(
+            run_id=msg.run_id,
+            status=RunStatus.from_proto(msg.status),
+            task=msg.task,
+            model=msg.model,
+            tools=list(msg.tools),
+            labels=dict(msg.labels),
+            created_at=_time(msg, "created_at"),
+            updated_at=_time(msg, "updated_at"),
+            deadline_at=_time(msg, "deadline_at"),
+            last_seq=msg.last_seq,
+            result=loads(msg.result_json),
+            error=ErrorDetail.from_proto(msg.error) if msg.HasField("error") else None,
+            pending_approvals=[Approval.from_proto(a) for a in msg.pending_approvals],
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, from its terminal event.
+
+    Attributes:
+        run_id: the run.
+        status: COMPLETED, FAILED or CANCELLED.
+        value: for a completed run, the parsed ``value`` of aaa.run.completed
+            (``{"text": ...}`` for a model's final text); otherwise None.
+        error: for a failed run, the run's error (e.g. type "DeadlineExceeded");
+            for a cancelled one, type "Cancelled" with the reason; otherwise None.
+        event: the terminal event itself.
+    """
+
+    run_id: str
+    status: RunStatus
+    value: Any
+    error: ErrorDetail | None
+    event: Event
+
+    @property
+    def ok(self) -> bool:
+        """True when the run completed."""
+        return self.status is RunStatus.COMPLETED
+
+    @classmethod
+    def from_event(cls, event: Event) -> Outcome:
+        """Build the outcome from a terminal event (aaa.run.completed/failed/cancelled)."""
+        if event.type == "aaa.run.completed":
+            return cls(event.run_id, RunStatus.COMPLETED, event.data.get("value"), None, event)
+        if event.type == "aaa.run.failed":
+            error = ErrorDetail.from_json(event.data.get("error")) or ErrorDetail("Unknown")
+            return cls(event.run_id, RunStatus.FAILED, None, error, event)
+        if event.type == "aaa.run.cancelled":
+            error = ErrorDetail("Cancelled", str(event.data.get("reason", "")))
+            return cls(event.run_id, RunStatus.CANCELLED, None, error, event)
+        raise ValueError(f"not a terminal event: {event.type}")
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """Signal's answer.
+
+    Attributes:
+        seq: seq of the appended event; 0 when nothing was appended.
+        already_decided: for approval decisions, True when an earlier decision
+            (or expiry) stands and this one changed nothing.
+        decision: for approval decisions, the event type of the decision that
+            stands ("aaa.approval.granted", "aaa.approval.denied" or "aaa.approval.expired").
+    """
+
+    seq: int
+    already_decided: bool
+    decision: str
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits of one run: a deadline in seconds (0: none) and a cap on model calls (0: server default)."""
+
+    deadline_s: float = 0.0
+    max_model_calls: int = 0
+
+    def to_proto(self) -> run_pb2.Budget:
+        """Convert to ``aaa.v1.Budget``."""
+        return run_pb2.Budget(deadline_s=self.deadline_s, max_model_calls=self.max_model_calls)
+
+
+@dataclass(frozen=True)
+class ToolRef:
+    """A tool a run may call, by registered name, optionally gated for this run only.
+
+    A run can add a gate (``requires_approval=True``), never remove one.
+    ``approval_timeout_s`` > 0 turns an unanswered request into a denial.
+    """
+
+    name: str
+    requires_approval: bool = False
+    approval_timeout_s: float = 0.0
+
+    def to_proto(self) -> run_pb2.ToolRef:
+        """Convert to ``aaa.v1.ToolRef``."""
+        return run_pb2.ToolRef(
+            name=self.name,
+            requires_approval=self.requires_approval,
+            approval_timeout_s=self.approval_timeout_s,
+        )

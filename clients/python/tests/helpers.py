@@ -1,0 +1,83 @@
+"""Helpers shared by the tests: strict JSON comparison, event collection and a droppable TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import aaa
+
+WAIT_S = 20.0
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as JSON, types included: 250 and 250.0 differ (plain == says they are equal)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+async def collect(run: aaa.Run, **kwargs: Any) -> list[aaa.Event]:
+    """All events of run.events(**kwargs), waiting at most WAIT_S."""
+
+    async def gather() -> list[aaa.Event]:
+        return [e async for e in run.events(**kwargs)]
+
+    return await asyncio.wait_for(gather(), WAIT_S)
+
+
+async def next_item(iterator: AsyncIterator[Any], timeout: float = WAIT_S) -> Any:
+    """The iterator's next item, waiting at most ``timeout``."""
+    return await asyncio.wait_for(iterator.__anext__(), timeout)
+
+
+def of_type(events: list[aaa.Event], event_type: str) -> list[aaa.Event]:
+    """The events of one type."""
+    return [e for e in events if e.type == event_type]
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 whose connections can be cut, to simulate a dropped network."""
+
+    def __init__(self, target: str) -> None:
+        self.target_host, port = target.rsplit(":", 1)
+        self.target_port = int(port)
+        self.transports: list[asyncio.Transport] = []
+        self.server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> Proxy:
+        """Listen on a free port."""
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.address = "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
+        self.transports += [writer.transport, up_writer.transport]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def drop(self) -> int:
+        """Abort every open connection; return how many were cut."""
+        cut = [t for t in self.transports if not t.is_closing()]
+        for transport in cut:
+            transport.abort()
+        self.transports.clear()
+        return len(cut)
+
+    async def close(self) -> None:
+        """Stop listening and cut everything."""
+        self.drop()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()

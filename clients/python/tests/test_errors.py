@@ -1,0 +1,82 @@
+"""Server errors surface as typed exceptions carrying the ErrorInfo reason."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+import aaa
+from aaa import echo, text, tool, tool_call
+from aaa.pb import worker_pb2
+
+from helpers import WAIT_S
+
+
+async def test_unknown_run(client):
+    with pytest.raises(aaa.RunNotFound) as err:
+        await client.get_run("no-such-run")
+    assert isinstance(err.value, aaa.NotFound) and isinstance(err.value, aaa.AaaError)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND and err.value.reason == "RUN_NOT_FOUND"
+    with pytest.raises(aaa.RunNotFound):
+        await client.run("no-such-run").signal("app.ping", {})
+    with pytest.raises(aaa.RunNotFound):
+        await client.run("no-such-run").result(timeout=WAIT_S)
+
+
+async def test_bad_start_requests(client, uid):
+    with pytest.raises(aaa.ToolNotRegistered) as err:
+        await client.start_run("go", model=[text("hi")], tools=[f"never_registered_{uid}"])
+    assert isinstance(err.value, aaa.InvalidArgument) and err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(aaa.InvalidField) as err:
+        await client.start_run("", model=[text("hi")])
+    assert err.value.field == "task"
+
+
+async def test_signal_rules(client, uid):
+    @tool(name=f"gate_{uid}", requires_approval=True)
+    def gate(x: int) -> int:
+        """Gated."""
+        return x
+
+    async with client.worker(tools=[gate]):
+        run = await client.start_run("go", model=[tool_call(gate, x=1), echo()], tools=[gate])
+        request = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
+        call_id = request.data["call_id"]
+        for reserved in ("aaa.tool.completed", "aaa.run.completed", "aaa.approval.requested"):
+            with pytest.raises(aaa.ReservedEventType) as err:
+                await run.signal(reserved, {"call_id": call_id, "output": 1})
+            assert isinstance(err.value, aaa.InvalidArgument)
+        with pytest.raises(aaa.CallNotFound):
+            await run.approve("no-such-call")
+        with pytest.raises(aaa.ArgumentsMismatch):
+            await run.approve(call_id, arguments_sha256="0" * 64)
+        assert (await run.get()).status == aaa.RunStatus.WAITING_FOR_APPROVAL
+        note = await run.signal("app.note", {"n": 1}, request_id=f"note-{uid}")
+        retried = await run.signal("app.note", {"n": 1}, request_id=f"note-{uid}")
+        assert note.seq > 0 and retried.seq == note.seq
+        await run.approve(call_id)
+        outcome = await run.result(timeout=WAIT_S)
+    assert outcome.value == {"text": "1"}
+    with pytest.raises(aaa.RunFinished) as err:
+        await run.signal("app.ping", {})
+    assert isinstance(err.value, aaa.FailedPrecondition) and err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_idempotent_start(client, uid):
+    first = await client.start_run("once", model=[text("ok")], request_id=f"start-{uid}")
+    again = await client.start_run("once", model=[text("ok")], request_id=f"start-{uid}")
+    assert first.created and not again.created and again.id == first.id
+    assert (await first.result(timeout=WAIT_S)).value == {"text": "ok"}
+
+
+async def test_bad_tokens(client):
+    with pytest.raises(aaa.InvalidToken) as err:
+        await client._call(client.stubs.worker.HeartbeatTask, worker_pb2.HeartbeatTaskRequest(token="forged"))
+    assert err.value.reason == "INVALID_TOKEN"
+
+
+async def test_unreachable_server():
+    with pytest.raises(aaa.Unavailable):
+        await aaa.connect("127.0.0.1:1", timeout=0.5)
