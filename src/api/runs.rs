@@ -239,8 +239,10 @@ async fn follow_events(
                 return Ok(());
             }
         }
-        if request.stop_at_end && run_finished(engine, run)? {
-            // The terminal event was at or before the cursor.
+        if request.stop_at_end && finished_at_or_before(engine, run, cursor)? {
+            // The terminal event was at or before the cursor (or filtered
+            // out by type_prefix). If the run finished after our read, its
+            // events are not sent yet: wait for the head to move.
             return Ok(());
         }
         tokio::select! {
@@ -251,7 +253,9 @@ async fn follow_events(
     }
 }
 
-fn run_finished(engine: &Engine, run: RunId) -> Result<bool, Status> {
+/// Has the run finished, with its terminal event at or before `cursor`?
+fn finished_at_or_before(engine: &Engine, run: RunId, cursor: u64) -> Result<bool, Status> {
     let record = engine.store().run(run).map_err(|e| to_status(e.into()))?;
-    Ok(record.is_some_and(|r| r.status >= proto::RunStatus::Completed as i32))
+    Ok(record
+        .is_some_and(|r| r.status >= proto::RunStatus::Completed as i32 && r.last_seq <= cursor))
 }

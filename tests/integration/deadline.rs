@@ -1,0 +1,137 @@
+//! Deadlines apply (DESIGN.md §2.5), also when they pass while the server is down.
+
+use std::time::{Duration, SystemTime};
+
+use aaa::proto::watch_approvals_response::Item;
+use aaa::proto::{
+    ApprovalOutcome, Budget, Event, ListApprovalsRequest, RunStatus, WatchApprovalsRequest,
+};
+
+use crate::support::*;
+
+fn with_deadline(deadline_s: f64) -> aaa::proto::StartRunRequest {
+    aaa::proto::StartRunRequest {
+        budget: Some(Budget {
+            deadline_s,
+            ..Default::default()
+        }),
+        ..scripted_reference_run()
+    }
+}
+
+/// The log of a run whose deadline passed while it waited for `call_id`.
+#[track_caller]
+fn assert_deadline_failure(events: &[Event], call_id: &str) {
+    assert_eq!(
+        types(events),
+        [
+            "aaa.run.started",
+            "aaa.llm.requested",
+            "aaa.llm.completed",
+            "aaa.tool.requested",
+            "aaa.approval.requested",
+            "aaa.approval.expired",
+            "aaa.run.failed",
+        ]
+    );
+    let expired = data(find(events, "aaa.approval.expired"));
+    assert_eq!(expired["call_id"], call_id);
+    assert_eq!(expired["reason"], "deadline");
+    let failed = data(find(events, "aaa.run.failed"));
+    assert_eq!(failed["error"]["type"], "DeadlineExceeded", "{failed}");
+}
+
+async fn assert_failed_run(server: &impl Server, run_id: &str, call_id: &str) {
+    let mut runs = server.runs().await;
+    let run = get_run(&mut runs, run_id).await;
+    assert_eq!(run.status, RunStatus::Failed as i32);
+    assert_eq!(run.error.expect("Run.error").r#type, "DeadlineExceeded");
+    assert!(run.pending_approvals.is_empty());
+    let request = ListApprovalsRequest {
+        run_id: run_id.into(),
+        ..Default::default()
+    };
+    assert!(list_approvals(&mut server.approvals().await, request)
+        .await
+        .is_empty());
+
+    // A grant after the expiry changes nothing and says so.
+    let late = grant(&mut runs, run_id, call_id).await;
+    assert!(late.already_decided, "{late:?}");
+    assert_eq!(late.decision, "aaa.approval.expired");
+    assert_eq!(get_run(&mut runs, run_id).await.last_seq, run.last_seq);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadline_expires_the_approval_and_fails_the_run() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, with_deadline(1.0)).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    let request = WatchApprovalsRequest {
+        run_id: run_id.clone(),
+        ..Default::default()
+    };
+    let mut watch = watch_approvals(&mut server.approvals().await, request).await;
+    let snapshot = read_snapshot(&mut watch).await;
+    assert_eq!(snapshot.len(), 1);
+    assert!(
+        snapshot[0].expires_at.is_some(),
+        "the approval should say when it expires"
+    );
+
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_deadline_failure(&events, &call_id);
+    let resolved = next_watch_change(&mut watch).await;
+    let Some(Item::Resolved(resolution)) = resolved.item else {
+        panic!("expected the expiry, got {:?}", resolved.item);
+    };
+    assert_eq!(resolution.call_id, call_id);
+    assert_eq!(resolution.outcome, ApprovalOutcome::Expired as i32);
+    drop(watch);
+
+    assert_failed_run(&server, &run_id, &call_id).await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadline_that_passed_while_down_fires_at_startup() {
+    let mut server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, with_deadline(2.0)).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let deadline_at = get_run(&mut runs, &run_id)
+        .await
+        .deadline_at
+        .expect("Run.deadline_at");
+    let deadline_at = SystemTime::try_from(deadline_at).expect("deadline_at");
+
+    server.stop().await;
+    // The point of this test: wall time passes while the server is down.
+    let left = deadline_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    assert!(
+        left > Duration::ZERO,
+        "the deadline passed before the server was down; raise deadline_s"
+    );
+    tokio::time::sleep(left + Duration::from_millis(300)).await;
+    let restarted_at = SystemTime::now();
+    server.resume().await;
+
+    let mut runs = server.runs().await;
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_deadline_failure(&events, &call_id);
+    let expired = find(&events, "aaa.approval.expired");
+    let expired_at = SystemTime::try_from(expired.time.expect("Event.time")).expect("time");
+    assert!(
+        expired_at >= restarted_at,
+        "the expiry must have been appended after the restart"
+    );
+
+    assert_failed_run(&server, &run_id, &call_id).await;
+    server.shutdown().await;
+}

@@ -1,0 +1,15 @@
+//! Integration tests of the aaa server over gRPC: one binary, one harness
+//! (`support`), one module per theme.
+
+mod support;
+
+mod concurrency;
+mod deadline;
+mod errors;
+mod gate;
+mod health;
+mod leases;
+mod restart;
+mod scenario;
+mod stream;
+mod watch;

@@ -1,0 +1,72 @@
+//! Waiting is durable (DESIGN.md §2.4, §2.7): a pending approval survives a
+//! graceful restart and a kill -9, and granting it afterwards completes the run.
+
+use aaa::proto::{ListApprovalsRequest, RunStatus, WatchApprovalsRequest};
+
+use crate::support::*;
+
+/// Before the restart: a run waiting for its approval. Returns (run_id, call_id).
+async fn start_waiting_run(server: &impl Server) -> (String, String) {
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    (run_id, call_id)
+}
+
+/// After the restart: the approval is still pending, granting it completes the run.
+async fn finish_waiting_run(server: &impl Server, run_id: &str, call_id: &str) {
+    let mut runs = server.runs().await;
+    let mut approvals = server.approvals().await;
+
+    let listed = list_approvals(&mut approvals, ListApprovalsRequest::default()).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (listed[0].run_id.as_str(), listed[0].call_id.as_str()),
+        (run_id, call_id)
+    );
+    assert_eq!(listed[0].arguments_json, REFERENCE_ARGS);
+    let mut watch = watch_approvals(&mut approvals, WatchApprovalsRequest::default()).await;
+    let snapshot = read_snapshot(&mut watch).await;
+    drop(watch);
+    assert_eq!(snapshot.len(), 1, "{snapshot:?}");
+    assert_eq!(
+        (snapshot[0].run_id.as_str(), snapshot[0].call_id.as_str()),
+        (run_id, call_id)
+    );
+    assert_eq!(
+        get_run(&mut runs, run_id).await.status,
+        RunStatus::WaitingForApproval as i32
+    );
+
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let worker = Worker::spawn(server, "payments-2", &["wire_money"], &[]).await;
+    let decision = grant(&mut runs, run_id, call_id).await;
+    assert!(!decision.already_decided);
+    let events = wait_for_end(&mut runs, run_id).await;
+    assert_eq!(types(&events), REFERENCE_TYPES);
+    assert_dense(&events, 1);
+    assert_eq!(completed_text(&events), REFERENCE_TEXT);
+    assert_eq!(worker.stop().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_approval_survives_a_graceful_restart() {
+    let mut server = TestServer::start().await;
+    let (run_id, call_id) = start_waiting_run(&server).await;
+    server.restart().await;
+    finish_waiting_run(&server, &run_id, &call_id).await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_approval_survives_kill_9() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = ChildServer::start(dir.path()).await;
+    let (run_id, call_id) = start_waiting_run(&server).await;
+    server.kill9();
+
+    let server = ChildServer::start(dir.path()).await;
+    finish_waiting_run(&server, &run_id, &call_id).await;
+    drop(server);
+}

@@ -1,0 +1,831 @@
+//! The shared harness: servers (in-process and child process), clients,
+//! the reference scenario's requests, event-stream helpers and worker loops.
+//!
+//! Every wait is bounded by [`WAIT`] and waits on something the server says
+//! (an event, a PollTask answer), never on a sleep.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aaa::proto::approval_service_client::ApprovalServiceClient;
+use aaa::proto::run_service_client::RunServiceClient;
+use aaa::proto::worker_service_client::WorkerServiceClient;
+use aaa::proto::{
+    complete_task_request, model_spec, scripted_step, stream_events_response, task,
+    watch_approvals_response, Approval, CompleteTaskRequest, Event, GetRunRequest,
+    ListApprovalsRequest, ModelReply, ModelSpec, ModelTask, ModelToolCall, PollTaskRequest,
+    RegisterWorkerRequest, Role, Run, ScriptedModel, ScriptedStep, ScriptedToolCall,
+    ScriptedToolCalls, SignalRequest, SignalResponse, StartRunRequest, StreamEventsRequest, Task,
+    ToolDefinition, ToolRef, WatchApprovalsRequest, WatchApprovalsResponse,
+};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_types::{ErrorInfo, StatusExt};
+
+pub type RunClient = RunServiceClient<Channel>;
+pub type ApprovalClient = ApprovalServiceClient<Channel>;
+pub type WorkerClient = WorkerServiceClient<Channel>;
+
+/// The longest any test waits for something the server should do.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The reference tool call's arguments, canonical JSON text.
+pub const REFERENCE_ARGS: &str = r#"{"amount":250,"to":"ACME"}"#;
+/// What the test tool worker answers: a JSON string.
+pub const REFERENCE_OUTPUT: &str = r#""sent $250 to ACME""#;
+/// The text the reference run completes with.
+pub const REFERENCE_TEXT: &str = "sent $250 to ACME";
+/// The reference scenario's event types, granted, in order (DESIGN.md §1).
+pub const REFERENCE_TYPES: [&str; 11] = [
+    "aaa.run.started",
+    "aaa.llm.requested",
+    "aaa.llm.completed",
+    "aaa.tool.requested",
+    "aaa.approval.requested",
+    "aaa.approval.granted",
+    "aaa.tool.started",
+    "aaa.tool.completed",
+    "aaa.llm.requested",
+    "aaa.llm.completed",
+    "aaa.run.completed",
+];
+
+// ---------------------------------------------------------------- servers
+
+/// Anything tests can connect to. Each call opens a fresh channel, so two
+/// clients are two connections.
+pub trait Server {
+    fn addr(&self) -> SocketAddr;
+
+    async fn channel(&self) -> Channel {
+        let addr = self.addr();
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {addr}: {e}"))
+    }
+    async fn runs(&self) -> RunClient {
+        RunServiceClient::new(self.channel().await)
+    }
+    async fn approvals(&self) -> ApprovalClient {
+        ApprovalServiceClient::new(self.channel().await)
+    }
+    async fn workers(&self) -> WorkerClient {
+        WorkerServiceClient::new(self.channel().await)
+    }
+}
+
+/// `aaa::serve` in this process, on an ephemeral port and a temp data dir.
+pub struct TestServer {
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+    running: Option<Serving>,
+}
+
+/// A running `serve` task and the trigger of its shutdown future.
+type Serving = (oneshot::Sender<()>, JoinHandle<Result<(), aaa::ServeError>>);
+
+impl Server for TestServer {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        let mut server = TestServer {
+            dir: tempfile::tempdir().expect("temp dir"),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            running: None,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// Graceful stop: triggers the shutdown future and waits for `serve` to
+    /// return (store flushed and closed).
+    pub async fn stop(&mut self) {
+        let (shutdown, task) = self.running.take().expect("server is not running");
+        let _ = shutdown.send(());
+        let result = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("serve did not return after the shutdown signal")
+            .expect("serve task panicked");
+        if let Err(e) = result {
+            panic!("serve returned an error: {e:?}");
+        }
+    }
+
+    /// Serves again on the same data dir, on a new ephemeral port.
+    pub async fn resume(&mut self) {
+        assert!(self.running.is_none(), "server is already running");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        self.addr = listener.local_addr().expect("local addr");
+        let mut config = aaa::Config::new(self.dir.path());
+        config.poll_wait_cap = Duration::from_secs(5);
+        config.shutdown_grace = Duration::from_secs(5);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(aaa::serve(listener, config, async move {
+            let _ = rx.await;
+        }));
+        self.running = Some((tx, task));
+    }
+
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.resume().await;
+    }
+
+    pub async fn shutdown(mut self) {
+        self.stop().await;
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some((shutdown, task)) = self.running.take() {
+            let _ = shutdown.send(());
+            task.abort();
+        }
+    }
+}
+
+/// The `aaa` binary as a child process, so it can be killed with SIGKILL.
+/// Data lives in `dir/data`, the server's stderr in `dir/server.log`.
+pub struct ChildServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server for ChildServer {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl ChildServer {
+    pub async fn start(dir: &Path) -> Self {
+        let log_path = dir.join("server.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("server log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aaa"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn aaa serve");
+        // Read stdout on a thread: report the address, then keep draining.
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = oneshot::channel::<SocketAddr>();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("serving on ").nth(1) {
+                    let token = rest.split_whitespace().next().unwrap_or_default();
+                    if let (Some(tx), Ok(addr)) = (tx.take(), token.parse()) {
+                        let _ = tx.send(addr);
+                    }
+                }
+            }
+        });
+        let addr = match tokio::time::timeout(WAIT, rx).await {
+            Ok(Ok(addr)) => addr,
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "aaa serve printed no `serving on ADDR` line; its log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+        };
+        ChildServer { child, addr }
+    }
+
+    /// SIGKILL, then reap the process.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("wait for killed server");
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ------------------------------------------------------- requests and tools
+
+/// The reference tool: gated, served by a worker.
+pub fn wire_money() -> ToolDefinition {
+    ToolDefinition {
+        name: "wire_money".into(),
+        description: "Wire money to a payee".into(),
+        parameters_json: r#"{"type":"object","properties":{"amount":{"type":"integer"},"to":{"type":"string"}},"required":["amount","to"]}"#.into(),
+        requires_approval: true,
+        ..Default::default()
+    }
+}
+
+/// Registers tools and models under the identity "registrar".
+pub async fn register(workers: &mut WorkerClient, tools: Vec<ToolDefinition>, models: &[&str]) {
+    workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "registrar".into(),
+            tools,
+            models: models.iter().map(|m| m.to_string()).collect(),
+        })
+        .await
+        .expect("RegisterWorker");
+}
+
+pub fn tool_calls_step(name: &str, arguments_json: &str) -> ScriptedStep {
+    ScriptedStep {
+        reply: Some(scripted_step::Reply::ToolCalls(ScriptedToolCalls {
+            calls: vec![ScriptedToolCall {
+                name: name.into(),
+                arguments_json: arguments_json.into(),
+            }],
+        })),
+    }
+}
+
+pub fn echo_step() -> ScriptedStep {
+    ScriptedStep {
+        reply: Some(scripted_step::Reply::Echo(())),
+    }
+}
+
+/// A run of `tool` driven by the scripted model: call it with `arguments_json`,
+/// then echo its result.
+pub fn scripted_run(tool: &str, arguments_json: &str) -> StartRunRequest {
+    StartRunRequest {
+        task: "Pay ACME $250".into(),
+        model: Some(ModelSpec {
+            kind: Some(model_spec::Kind::Scripted(ScriptedModel {
+                steps: vec![tool_calls_step(tool, arguments_json), echo_step()],
+            })),
+        }),
+        tools: vec![ToolRef {
+            name: tool.into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The reference run with the scripted model.
+pub fn scripted_reference_run() -> StartRunRequest {
+    scripted_run("wire_money", REFERENCE_ARGS)
+}
+
+/// The reference run with the worker-served "seed" model.
+pub fn seed_reference_run() -> StartRunRequest {
+    StartRunRequest {
+        model: Some(ModelSpec {
+            kind: Some(model_spec::Kind::Worker("seed".into())),
+        }),
+        ..scripted_reference_run()
+    }
+}
+
+/// The seed model: a user message last -> call wire_money; otherwise reply
+/// with the last message's content.
+pub fn seed_reply(task: &ModelTask) -> ModelReply {
+    let last = task.messages.last().expect("a model task without messages");
+    if last.role == Role::User as i32 {
+        ModelReply {
+            content: String::new(),
+            tool_calls: vec![ModelToolCall {
+                name: "wire_money".into(),
+                arguments_json: REFERENCE_ARGS.into(),
+            }],
+        }
+    } else {
+        ModelReply {
+            content: last.content.clone(),
+            tool_calls: vec![],
+        }
+    }
+}
+
+pub async fn start_run(runs: &mut RunClient, request: StartRunRequest) -> String {
+    runs.start_run(request)
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id
+}
+
+pub async fn get_run(runs: &mut RunClient, run_id: &str) -> Run {
+    runs.get_run(GetRunRequest {
+        run_id: run_id.into(),
+    })
+    .await
+    .expect("GetRun")
+    .into_inner()
+    .run
+    .expect("GetRunResponse.run")
+}
+
+// ------------------------------------------------------------------ events
+
+pub fn types(events: &[Event]) -> Vec<&str> {
+    events.iter().map(|e| e.r#type.as_str()).collect()
+}
+
+pub fn data(event: &Event) -> serde_json::Value {
+    serde_json::from_str(&event.data_json).unwrap_or_else(|e| {
+        panic!(
+            "{} data_json is not JSON ({e}): {}",
+            event.r#type, event.data_json
+        )
+    })
+}
+
+pub fn count(events: &[Event], ty: &str) -> usize {
+    events.iter().filter(|e| e.r#type == ty).count()
+}
+
+/// The first event of type `ty`.
+#[track_caller]
+pub fn find<'a>(events: &'a [Event], ty: &str) -> &'a Event {
+    events
+        .iter()
+        .find(|e| e.r#type == ty)
+        .unwrap_or_else(|| panic!("no {ty} event in {:?}", types(events)))
+}
+
+pub fn call_id(event: &Event) -> String {
+    data(event)["call_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{} has no call_id: {}", event.r#type, event.data_json))
+        .to_string()
+}
+
+#[track_caller]
+pub fn assert_dense(events: &[Event], first_seq: u64) {
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (first_seq..first_seq + events.len() as u64).collect();
+    assert_eq!(
+        seqs,
+        expected,
+        "seqs are not consecutive from {first_seq}: {:?}",
+        types(events)
+    );
+}
+
+pub fn is_terminal(ty: &str) -> bool {
+    matches!(
+        ty,
+        "aaa.run.completed" | "aaa.run.failed" | "aaa.run.cancelled"
+    )
+}
+
+/// Reads StreamEvents until `until` matches an event (returned last), the
+/// stream ends or, when not following, the caught_up marker arrives.
+async fn read_events(
+    runs: &mut RunClient,
+    request: StreamEventsRequest,
+    until: impl Fn(&Event) -> bool,
+) -> Vec<Event> {
+    let follow = request.follow;
+    let run_id = request.run_id.clone();
+    let mut seen = Vec::new();
+    let read = async {
+        let mut stream = runs.stream_events(request).await?.into_inner();
+        while let Some(item) = stream.message().await? {
+            match item.item {
+                Some(stream_events_response::Item::Event(event)) => {
+                    let done = until(&event);
+                    seen.push(event);
+                    if done {
+                        break;
+                    }
+                }
+                Some(stream_events_response::Item::CaughtUp(_)) if !follow => break,
+                _ => {}
+            }
+        }
+        Ok::<(), Status>(())
+    };
+    match tokio::time::timeout(WAIT, read).await {
+        Ok(Ok(())) => seen,
+        Ok(Err(status)) => panic!(
+            "StreamEvents({run_id}) failed: {status:?}; saw {:?}",
+            types(&seen)
+        ),
+        Err(_) => panic!("StreamEvents({run_id}) timed out; saw {:?}", types(&seen)),
+    }
+}
+
+/// The run's stored events (no follow).
+pub async fn history(runs: &mut RunClient, run_id: &str) -> Vec<Event> {
+    let request = StreamEventsRequest {
+        run_id: run_id.into(),
+        ..Default::default()
+    };
+    read_events(runs, request, |_| false).await
+}
+
+/// Follows the run from its first event until an event of type `ty`; returns
+/// every event up to and including it.
+pub async fn wait_for_event(runs: &mut RunClient, run_id: &str, ty: &str) -> Vec<Event> {
+    let request = StreamEventsRequest {
+        run_id: run_id.into(),
+        follow: true,
+        ..Default::default()
+    };
+    let events = read_events(runs, request, |e| e.r#type == ty).await;
+    assert_eq!(
+        events.last().map(|e| e.r#type.as_str()),
+        Some(ty),
+        "stream ended before {ty}: {:?}",
+        types(&events)
+    );
+    events
+}
+
+/// Waits for the run's approval request; returns its call_id.
+pub async fn wait_for_approval(runs: &mut RunClient, run_id: &str) -> String {
+    let events = wait_for_event(runs, run_id, "aaa.approval.requested").await;
+    call_id(events.last().unwrap())
+}
+
+/// Follows the run with stop_at_end until the server ends the stream; returns
+/// the whole log, which must end with a terminal event.
+pub async fn wait_for_end(runs: &mut RunClient, run_id: &str) -> Vec<Event> {
+    let request = StreamEventsRequest {
+        run_id: run_id.into(),
+        follow: true,
+        stop_at_end: true,
+        ..Default::default()
+    };
+    let events = read_events(runs, request, |_| false).await;
+    let last = events.last().map(|e| e.r#type.as_str()).unwrap_or_default();
+    assert!(
+        is_terminal(last),
+        "StreamEvents(stop_at_end) ended before the terminal event: {:?}",
+        types(&events)
+    );
+    events
+}
+
+/// The `text` of the log's aaa.run.completed.
+#[track_caller]
+pub fn completed_text(events: &[Event]) -> String {
+    let value = data(find(events, "aaa.run.completed"));
+    value["value"]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("aaa.run.completed has no value.text: {value}"))
+        .to_string()
+}
+
+// ----------------------------------------------------------------- signals
+
+pub async fn signal(
+    runs: &mut RunClient,
+    run_id: &str,
+    ty: &str,
+    data: serde_json::Value,
+) -> Result<SignalResponse, Status> {
+    runs.signal(SignalRequest {
+        run_id: run_id.into(),
+        r#type: ty.into(),
+        data_json: data.to_string(),
+        request_id: String::new(),
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+pub async fn grant(runs: &mut RunClient, run_id: &str, call_id: &str) -> SignalResponse {
+    signal(
+        runs,
+        run_id,
+        "aaa.approval.granted",
+        serde_json::json!({ "call_id": call_id }),
+    )
+    .await
+    .expect("grant")
+}
+
+pub async fn deny(
+    runs: &mut RunClient,
+    run_id: &str,
+    call_id: &str,
+    reason: &str,
+) -> SignalResponse {
+    let data = serde_json::json!({ "call_id": call_id, "reason": reason });
+    signal(runs, run_id, "aaa.approval.denied", data)
+        .await
+        .expect("deny")
+}
+
+/// Asserts the status code and the ErrorInfo (domain "aaa.v1", `reason`).
+#[track_caller]
+pub fn assert_error(status: &Status, code: Code, reason: &str) -> ErrorInfo {
+    assert_eq!(status.code(), code, "wrong code: {status:?}");
+    let info = status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
+    assert_eq!(info.domain, "aaa.v1", "wrong ErrorInfo domain: {status:?}");
+    assert_eq!(info.reason, reason, "wrong ErrorInfo reason: {status:?}");
+    info
+}
+
+/// Unwraps the error of a call that must fail.
+#[track_caller]
+pub fn expect_err<T: std::fmt::Debug>(result: Result<T, Status>) -> Status {
+    match result {
+        Ok(value) => panic!("expected an error, got {value:?}"),
+        Err(status) => status,
+    }
+}
+
+// --------------------------------------------------------------- approvals
+
+pub type ApprovalWatch = tonic::Streaming<WatchApprovalsResponse>;
+
+pub async fn watch_approvals(
+    approvals: &mut ApprovalClient,
+    request: WatchApprovalsRequest,
+) -> ApprovalWatch {
+    approvals
+        .watch_approvals(request)
+        .await
+        .expect("WatchApprovals")
+        .into_inner()
+}
+
+/// The watch's next item, heartbeats included.
+pub async fn next_watch_item(watch: &mut ApprovalWatch) -> watch_approvals_response::Item {
+    tokio::time::timeout(WAIT, watch.message())
+        .await
+        .expect("WatchApprovals sent nothing")
+        .expect("WatchApprovals failed")
+        .expect("WatchApprovals ended")
+        .item
+        .expect("WatchApprovalsResponse without item")
+}
+
+/// The watch's next item that is not a heartbeat, with its position.
+pub async fn next_watch_change(watch: &mut ApprovalWatch) -> WatchApprovalsResponse {
+    loop {
+        let response = tokio::time::timeout(WAIT, watch.message())
+            .await
+            .expect("WatchApprovals sent nothing but heartbeats")
+            .expect("WatchApprovals failed")
+            .expect("WatchApprovals ended");
+        if !matches!(
+            response.item,
+            Some(watch_approvals_response::Item::Heartbeat(_))
+        ) {
+            return response;
+        }
+    }
+}
+
+/// Reads the snapshot up to snapshot_complete, whose count must match.
+pub async fn read_snapshot(watch: &mut ApprovalWatch) -> Vec<Approval> {
+    let mut pending = Vec::new();
+    loop {
+        match next_watch_change(watch).await.item {
+            Some(watch_approvals_response::Item::Requested(approval)) => pending.push(approval),
+            Some(watch_approvals_response::Item::SnapshotComplete(done)) => {
+                assert_eq!(
+                    done.pending as usize,
+                    pending.len(),
+                    "snapshot_complete.pending"
+                );
+                return pending;
+            }
+            other => panic!("unexpected item in the snapshot: {other:?}"),
+        }
+    }
+}
+
+pub async fn list_approvals(
+    approvals: &mut ApprovalClient,
+    request: ListApprovalsRequest,
+) -> Vec<Approval> {
+    approvals
+        .list_approvals(request)
+        .await
+        .expect("ListApprovals")
+        .into_inner()
+        .approvals
+}
+
+// ----------------------------------------------------------------- workers
+
+/// One PollTask; `None` when the wait ended with nothing to do.
+pub async fn poll(
+    workers: &mut WorkerClient,
+    identity: &str,
+    tools: &[&str],
+    models: &[&str],
+    wait_s: f64,
+) -> Option<Task> {
+    let request = PollTaskRequest {
+        identity: identity.into(),
+        tools: tools.iter().map(|t| t.to_string()).collect(),
+        models: models.iter().map(|m| m.to_string()).collect(),
+        wait_s,
+    };
+    tokio::time::timeout(WAIT, workers.poll_task(request))
+        .await
+        .expect("PollTask did not answer")
+        .expect("PollTask")
+        .into_inner()
+        .task
+}
+
+/// Polls until a task comes (bounded by [`WAIT`]).
+pub async fn poll_until_task(
+    workers: &mut WorkerClient,
+    identity: &str,
+    tools: &[&str],
+    models: &[&str],
+) -> Task {
+    let give_up = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < give_up {
+        if let Some(task) = poll(workers, identity, tools, models, 1.0).await {
+            return task;
+        }
+    }
+    panic!("no task for {tools:?} {models:?} within {WAIT:?}");
+}
+
+pub fn tool_task(task: &Task) -> &aaa::proto::ToolTask {
+    match &task.kind {
+        Some(task::Kind::Tool(tool)) => tool,
+        other => panic!("expected a tool task, got {other:?}"),
+    }
+}
+
+pub fn model_task(task: &Task) -> &ModelTask {
+    match &task.kind {
+        Some(task::Kind::Model(model)) => model,
+        other => panic!("expected a model task, got {other:?}"),
+    }
+}
+
+pub async fn complete_tool(
+    workers: &mut WorkerClient,
+    token: &str,
+    output_json: &str,
+) -> Result<(), Status> {
+    workers
+        .complete_task(CompleteTaskRequest {
+            token: token.into(),
+            result: Some(complete_task_request::Result::OutputJson(
+                output_json.into(),
+            )),
+        })
+        .await
+        .map(|_| ())
+}
+
+pub async fn complete_model(
+    workers: &mut WorkerClient,
+    token: &str,
+    reply: ModelReply,
+) -> Result<(), Status> {
+    workers
+        .complete_task(CompleteTaskRequest {
+            token: token.into(),
+            result: Some(complete_task_request::Result::Reply(reply)),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// A worker loop in a task: tool tasks are completed with
+/// [`REFERENCE_OUTPUT`], model tasks with [`seed_reply`]. It records every
+/// task it got. Aborted on drop; `stop` also checks it saw no error.
+pub struct Worker {
+    handle: Option<JoinHandle<()>>,
+    tasks: Arc<Mutex<Vec<Task>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    pub async fn spawn(
+        server: &impl Server,
+        identity: &str,
+        tools: &[&str],
+        models: &[&str],
+    ) -> Self {
+        let mut workers = server.workers().await;
+        let identity = identity.to_string();
+        let tools: Vec<String> = tools.iter().map(|t| t.to_string()).collect();
+        let models: Vec<String> = models.iter().map(|m| m.to_string()).collect();
+        let tasks = Arc::new(Mutex::new(Vec::new()));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let (tasks_seen, errors_seen) = (tasks.clone(), errors.clone());
+        let handle = tokio::spawn(async move {
+            loop {
+                let request = PollTaskRequest {
+                    identity: identity.clone(),
+                    tools: tools.clone(),
+                    models: models.clone(),
+                    wait_s: 1.0,
+                };
+                let task = match workers.poll_task(request).await {
+                    Ok(response) => response.into_inner().task,
+                    Err(status) => {
+                        errors_seen
+                            .lock()
+                            .unwrap()
+                            .push(format!("PollTask: {status:?}"));
+                        return;
+                    }
+                };
+                let Some(task) = task else { continue };
+                tasks_seen.lock().unwrap().push(task.clone());
+                let result = match &task.kind {
+                    Some(task::Kind::Tool(_)) => {
+                        complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT).await
+                    }
+                    Some(task::Kind::Model(model)) => {
+                        complete_model(&mut workers, &task.token, seed_reply(model)).await
+                    }
+                    None => Err(Status::internal("task without kind")),
+                };
+                if let Err(status) = result {
+                    errors_seen
+                        .lock()
+                        .unwrap()
+                        .push(format!("CompleteTask: {status:?}"));
+                }
+            }
+        });
+        Worker {
+            handle: Some(handle),
+            tasks,
+            errors,
+        }
+    }
+
+    /// The tasks handed out so far.
+    pub fn tasks(&self) -> Vec<Task> {
+        self.tasks.lock().unwrap().clone()
+    }
+
+    /// Tool tasks handed out so far for `run_id`.
+    pub fn tool_tasks_of(&self, run_id: &str) -> Vec<Task> {
+        self.tasks()
+            .into_iter()
+            .filter(|t| t.run_id == run_id && matches!(t.kind, Some(task::Kind::Tool(_))))
+            .collect()
+    }
+
+    /// Model tasks handed out so far for `run_id`.
+    pub fn model_tasks_of(&self, run_id: &str) -> Vec<ModelTask> {
+        self.tasks()
+            .into_iter()
+            .filter(|t| t.run_id == run_id)
+            .filter_map(|t| match t.kind {
+                Some(task::Kind::Model(model)) => Some(model),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Stops the loop; panics if any of its calls failed. Returns its tasks.
+    pub async fn stop(mut self) -> Vec<Task> {
+        if let Some(handle) = self.handle.take() {
+            handle.abort();
+            let _ = handle.await;
+        }
+        let errors = self.errors.lock().unwrap().clone();
+        assert!(errors.is_empty(), "worker loop errors: {errors:?}");
+        self.tasks()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(handle) = &self.handle {
+            handle.abort();
+        }
+    }
+}
