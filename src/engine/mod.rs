@@ -407,21 +407,7 @@ impl Engine {
         self.inner.store.commit(batch).await?;
 
         // Durable: now act.
-        for effect in effects {
-            match effect {
-                Action::DispatchTool { call_id, tool } => self.inner.dispatcher.offer(TaskRef {
-                    run: state.id,
-                    call_id,
-                    key: QueueKey::Tool(tool),
-                }),
-                Action::DispatchModel { call_id, model } => self.inner.dispatcher.offer(TaskRef {
-                    run: state.id,
-                    call_id,
-                    key: QueueKey::Model(model),
-                }),
-                _ => {}
-            }
-        }
+        self.offer_all(state.id, effects);
         if timers_changed {
             self.inner.timers_changed.notify_one();
         }
