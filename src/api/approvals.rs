@@ -149,6 +149,14 @@ impl ApprovalService for ApprovalApi {
                 .into())
             }
         };
+        let head = self.engine.store().durable_position();
+        if let Some(after) = request.after_position.filter(|after| *after > head) {
+            return Err(Error::invalid(
+                "after_position",
+                format!("{after} is past the end of the log (position {head}); was it from another server?"),
+            )
+            .into());
+        }
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let engine = self.engine.clone();
         let after = request.after_position;

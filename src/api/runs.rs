@@ -225,6 +225,13 @@ async fn follow_events(
                 }
             }
             if terminal && request.stop_at_end {
+                // The history ends here: mark it, then end.
+                if !caught_up {
+                    let item = Item::CaughtUp(proto::CaughtUp { last_seq: cursor });
+                    let _ = sender
+                        .send(Ok(proto::StreamEventsResponse { item: Some(item) }))
+                        .await;
+                }
                 return Ok(());
             }
         }

@@ -24,6 +24,10 @@ pub struct TaskRef {
     pub run: RunId,
     pub call_id: String,
     pub key: QueueKey,
+    /// A poll claimed this call and went away before it could answer: if
+    /// the attempt was started, it was never delivered and may be handed
+    /// out again as it is.
+    pub undelivered: bool,
 }
 
 #[derive(Default)]
@@ -154,7 +158,8 @@ impl<'a> Taken<'a> {
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
+        if let Some(mut task) = self.task.take() {
+            task.undelivered = true;
             self.dispatcher.offer(task);
         }
     }
@@ -169,6 +174,7 @@ mod tests {
             run: RunId::from_slice(&[n; 16]).unwrap(),
             call_id: format!("call-{n}"),
             key: QueueKey::Tool("t".into()),
+            undelivered: false,
         }
     }
 

@@ -480,7 +480,12 @@ impl Engine {
                 Action::DispatchModel { call_id, model } => (call_id, QueueKey::Model(model)),
                 _ => continue,
             };
-            self.inner.dispatcher.offer(TaskRef { run, call_id, key });
+            self.inner.dispatcher.offer(TaskRef {
+                run,
+                call_id,
+                key,
+                undelivered: false,
+            });
         }
     }
 
@@ -701,19 +706,29 @@ impl Engine {
             QueueKey::Tool(_) => {
                 let result = self
                     .update(task.run, |state, _| {
-                        let Some(event) = state.decide_tool_start(&task.call_id, identity, now)
-                        else {
+                        let Some(call) = state.call(&task.call_id) else {
                             return Ok((Vec::new(), None));
                         };
-                        let call = state.call(&task.call_id).expect("decided on it");
+                        let (events, attempt) =
+                            match state.decide_tool_start(&task.call_id, identity, now) {
+                                Some(event) => (vec![event], call.attempt + 1),
+                                // Started for a poll that went away before
+                                // it could answer: hand out the same attempt.
+                                None if task.undelivered
+                                    && !state.is_finished()
+                                    && call.phase == state::Phase::Running =>
+                                {
+                                    (Vec::new(), call.attempt)
+                                }
+                                None => return Ok((Vec::new(), None)),
+                            };
                         let work = Work::Tool {
                             name: call.name.clone(),
                             arguments: call.arguments.clone(),
                         };
                         let timeout = self.heartbeat_timeout(call.spec.as_ref());
-                        let attempt = call.attempt + 1;
                         // Leased before the commit: if this poll goes away
-                        // mid-commit, the attempt still expires and is retried.
+                        // mid-commit, the lease still runs out.
                         self.inner.leases.grant(
                             task.run,
                             &task.call_id,
@@ -722,8 +737,9 @@ impl Engine {
                             LeaseKind::Tool,
                             timeout,
                         );
+                        self.inner.timers_changed.notify_one();
                         Ok((
-                            vec![event],
+                            events,
                             Some((work, timeout, attempt, state.spec.deadline_at_ms)),
                         ))
                     })
@@ -733,7 +749,6 @@ impl Engine {
                     Ok((None, _)) | Err(Error::RunNotFound(_)) => return Ok(None),
                     Err(e) => return Err(e),
                 };
-                self.inner.timers_changed.notify_one();
                 Ok(Some(self.task(
                     task.run,
                     task.call_id,

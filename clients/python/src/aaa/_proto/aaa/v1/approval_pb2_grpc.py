@@ -63,7 +63,9 @@ class ApprovalServiceServicer:
     def WatchApprovals(self, request, context):
         """Streams a snapshot of pending requests, a snapshot_complete marker, then
         each new request and each resolution as it becomes durable, with
-        heartbeats while idle. Resumable from a global position.
+        heartbeats while idle. Resumable from a global position. Items are keyed
+        by run_id + call_id: a resolution may name a request the stream did not
+        show (resolved while the snapshot was read); ignore it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,817 @@
+// Package aaa is the Go SDK of aaa, a gRPC server that runs AI-agent runs as
+// durable event streams and never runs a tool marked RequiresApproval until a
+// human grants that exact call.
+//
+// A Client starts runs, follows their events, answers approvals and lists or
+// watches the approval inbox. A Worker serves tools and models to the
+// server's runs. Both are thin layers over the generated stubs in package
+// aaav1, which stay available through Client.RunService and friends.
+//
+// Tool arguments, tool outputs and event data travel as JSON text, so numbers
+// round-trip exactly; decode them with DecodeJSON (or Event.Decode,
+// ToolTask.Decode), which keeps integers of any size exact.
+package aaa
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"iter"
+	"os"
+	"time"
+
+	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// DefaultAddress is the server address used when Dial gets none and env
+// AAA_SERVER is not set.
+const DefaultAddress = "127.0.0.1:50051"
+
+// DefaultRetryTimeout is how long calls keep retrying while the server is
+// unavailable, unless WithRetryTimeout says otherwise.
+const DefaultRetryTimeout = 30 * time.Second
+
+// Client is a connection to an aaa server. It is safe for concurrent use.
+//
+// Calls retry while the server is unavailable (a dropped connection, a
+// restarting server) for up to the retry timeout. StartRun and Signal get a
+// fresh request id when the caller gives none, so a retried call never starts
+// a second run or appends a second event. Event and approval streams resume
+// from their cursor after a dropped connection, with no gap and no duplicate.
+type Client struct {
+	conn         *grpc.ClientConn // nil when the caller owns the connection
+	runs         aaav1.RunServiceClient
+	approvals    aaav1.ApprovalServiceClient
+	workers      aaav1.WorkerServiceClient
+	retryTimeout time.Duration
+}
+
+// Option configures a Client.
+type Option func(*clientOptions)
+
+type clientOptions struct {
+	retryTimeout time.Duration
+	dialOptions  []grpc.DialOption
+}
+
+// WithRetryTimeout sets how long calls keep retrying while the server is
+// unavailable (gRPC code UNAVAILABLE); 0 disables retries.
+func WithRetryTimeout(d time.Duration) Option {
+	return func(o *clientOptions) { o.retryTimeout = d }
+}
+
+// WithDialOptions adds gRPC dial options (credentials, interceptors...) to
+// those Dial uses: plaintext, and reconnects backing off to at most 2 s.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *clientOptions) { o.dialOptions = append(o.dialOptions, opts...) }
+}
+
+// Dial returns a client of the server at address ("host:port"). An empty
+// address means env AAA_SERVER, then DefaultAddress. The connection is made
+// lazily; Close releases it.
+func Dial(address string, opts ...Option) (*Client, error) {
+	if address == "" {
+		address = os.Getenv("AAA_SERVER")
+	}
+	if address == "" {
+		address = DefaultAddress
+	}
+	o := clientOptions{retryTimeout: DefaultRetryTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	dial := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	conn, err := grpc.NewClient(address, append(dial, o.dialOptions...)...)
+	if err != nil {
+		return nil, err
+	}
+	c := newClient(conn, o)
+	c.conn = conn
+	return c, nil
+}
+
+// NewClient returns a client that makes its calls on conn, which the caller
+// keeps owning (Close does not close it). Only WithRetryTimeout applies.
+func NewClient(conn grpc.ClientConnInterface, opts ...Option) *Client {
+	o := clientOptions{retryTimeout: DefaultRetryTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return newClient(conn, o)
+}
+
+func newClient(conn grpc.ClientConnInterface, o clientOptions) *Client {
+	return &Client{
+		runs:         aaav1.NewRunServiceClient(conn),
+		approvals:    aaav1.NewApprovalServiceClient(conn),
+		workers:      aaav1.NewWorkerServiceClient(conn),
+		retryTimeout: o.retryTimeout,
+	}
+}
+
+// Close closes the connection made by Dial; calls in flight fail.
+func (c *Client) Close() error {
+	if c.conn == nil {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// RunService returns the generated RunService stub, for what the SDK does not wrap.
+func (c *Client) RunService() aaav1.RunServiceClient { return c.runs }
+
+// ApprovalService returns the generated ApprovalService stub.
+func (c *Client) ApprovalService() aaav1.ApprovalServiceClient { return c.approvals }
+
+// WorkerService returns the generated WorkerService stub.
+func (c *Client) WorkerService() aaav1.WorkerServiceClient { return c.workers }
+
+// StartRunRequest describes a run to start.
+type StartRunRequest struct {
+	// Task is the conversation's first user message. Required.
+	Task string
+	// System is optional instructions, given to models as the first message.
+	System string
+	// Model drives the run: WorkerModel(name) or ScriptedModel(steps...). Required.
+	Model Model
+	// Tools are the tools the run may call; they must have been registered by a worker.
+	Tools []ToolRef
+	// Budget limits the run.
+	Budget Budget
+	// Labels are for filtering runs and approvals.
+	Labels map[string]string
+	// RequestID is an idempotency key: a retry with the same id returns the
+	// run the first call started. Generated when empty.
+	RequestID string
+}
+
+// Model says which model drives a run. Make one with WorkerModel or ScriptedModel.
+type Model struct {
+	// Worker is the name of a model served by workers.
+	Worker string
+	// Script holds the steps of the built-in scripted model, used when Worker is empty.
+	Script []Step
+}
+
+// WorkerModel is the model of that name served by workers.
+func WorkerModel(name string) Model { return Model{Worker: name} }
+
+// ScriptedModel is the server's built-in scripted model: the n-th model call
+// returns the n-th step, so tests and demos need no LLM.
+func ScriptedModel(steps ...Step) Model { return Model{Script: steps} }
+
+// Step is one reply of the scripted model: Echo, else ToolCalls if any, else Text.
+type Step struct {
+	// Text is a literal reply; a reply without tool calls completes the run with {"text": Text}.
+	Text string
+	// ToolCalls are tool calls to make.
+	ToolCalls []ToolCallRequest
+	// Echo replies with the content of the conversation's last message.
+	Echo bool
+}
+
+// TextStep is a scripted reply with this text.
+func TextStep(text string) Step { return Step{Text: text} }
+
+// EchoStep is a scripted reply that repeats the conversation's last message.
+func EchoStep() Step { return Step{Echo: true} }
+
+// CallStep is a scripted reply making these tool calls.
+func CallStep(calls ...ToolCallRequest) Step { return Step{ToolCalls: calls} }
+
+// ToolCallRequest is a tool call a model asks for (in a Reply or a scripted Step).
+type ToolCallRequest struct {
+	// Name is the tool's name.
+	Name string
+	// Arguments is the arguments object, encoded with EncodeJSON: a map, a
+	// struct, or json.RawMessage text used as it is.
+	Arguments any
+}
+
+// ToolRef names a tool a run may call.
+type ToolRef struct {
+	// Name is the name a worker registered the tool under.
+	Name string
+	// RequiresApproval gates the tool's calls in this run even if its worker does not.
+	RequiresApproval bool
+	// ApprovalTimeout, when positive, overrides the tool's approval timeout in this run.
+	ApprovalTimeout time.Duration
+}
+
+// Budget limits a run.
+type Budget struct {
+	// Deadline fails the run with DeadlineExceeded this long after it starts; 0 means none.
+	Deadline time.Duration
+	// MaxModelCalls fails the run with BudgetExceeded past this many model calls; 0 means 50.
+	MaxModelCalls uint32
+}
+
+// StartedRun is StartRun's answer.
+type StartedRun struct {
+	// RunID is the run's id.
+	RunID string
+	// Created is false when RequestID matched an earlier StartRun.
+	Created bool
+}
+
+// StartRun starts a run.
+func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (StartedRun, error) {
+	pb := &aaav1.StartRunRequest{
+		Task:      req.Task,
+		System:    req.System,
+		Labels:    req.Labels,
+		RequestId: req.RequestID,
+	}
+	if pb.RequestId == "" {
+		pb.RequestId = newID()
+	}
+	model, err := req.Model.toProto()
+	if err != nil {
+		return StartedRun{}, err
+	}
+	pb.Model = model
+	for _, t := range req.Tools {
+		pb.Tools = append(pb.Tools, &aaav1.ToolRef{
+			Name:             t.Name,
+			RequiresApproval: t.RequiresApproval,
+			ApprovalTimeoutS: t.ApprovalTimeout.Seconds(),
+		})
+	}
+	if req.Budget != (Budget{}) {
+		pb.Budget = &aaav1.Budget{DeadlineS: req.Budget.Deadline.Seconds(), MaxModelCalls: req.Budget.MaxModelCalls}
+	}
+	var resp *aaav1.StartRunResponse
+	err = c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.runs.StartRun(ctx, pb)
+		return err
+	})
+	if err != nil {
+		return StartedRun{}, err
+	}
+	return StartedRun{RunID: resp.GetRunId(), Created: resp.GetCreated()}, nil
+}
+
+func (m Model) toProto() (*aaav1.ModelSpec, error) {
+	if m.Worker != "" {
+		return &aaav1.ModelSpec{Kind: &aaav1.ModelSpec_Worker{Worker: m.Worker}}, nil
+	}
+	if m.Script == nil {
+		return nil, nil // the server answers INVALID_FIELD
+	}
+	scripted := &aaav1.ScriptedModel{}
+	for _, s := range m.Script {
+		step := &aaav1.ScriptedStep{}
+		switch {
+		case s.Echo:
+			step.Reply = &aaav1.ScriptedStep_Echo{Echo: &emptypb.Empty{}}
+		case len(s.ToolCalls) > 0:
+			calls := &aaav1.ScriptedToolCalls{}
+			for _, call := range s.ToolCalls {
+				args, err := encodeObject(call.Arguments)
+				if err != nil {
+					return nil, err
+				}
+				calls.Calls = append(calls.Calls, &aaav1.ScriptedToolCall{Name: call.Name, ArgumentsJson: args})
+			}
+			step.Reply = &aaav1.ScriptedStep_ToolCalls{ToolCalls: calls}
+		default:
+			step.Reply = &aaav1.ScriptedStep_Text{Text: s.Text}
+		}
+		scripted.Steps = append(scripted.Steps, step)
+	}
+	return &aaav1.ModelSpec{Kind: &aaav1.ModelSpec_Scripted{Scripted: scripted}}, nil
+}
+
+// GetRun returns a run's summary, with its pending approvals.
+func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
+	var resp *aaav1.GetRunResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.runs.GetRun(ctx, &aaav1.GetRunRequest{RunId: runID})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	run := runFromProto(resp.GetRun())
+	return &run, nil
+}
+
+// RunFilter selects runs for ListRuns.
+type RunFilter struct {
+	// Status keeps runs in this status; zero for any.
+	Status RunStatus
+	// Labels keeps runs carrying all of these labels.
+	Labels map[string]string
+	// PageSize is how many runs each call fetches; 0 means the server's default (50).
+	PageSize uint32
+}
+
+// ListRuns iterates over the runs that match the filter, newest first,
+// fetching pages as the loop goes. It stops after yielding an error.
+func (c *Client) ListRuns(ctx context.Context, filter RunFilter) iter.Seq2[Run, error] {
+	return func(yield func(Run, error) bool) {
+		req := &aaav1.ListRunsRequest{Status: filter.Status, Labels: filter.Labels, PageSize: filter.PageSize}
+		for {
+			var resp *aaav1.ListRunsResponse
+			err := c.retry(ctx, func(ctx context.Context) (err error) {
+				resp, err = c.runs.ListRuns(ctx, req)
+				return err
+			})
+			if err != nil {
+				yield(Run{}, err)
+				return
+			}
+			for _, r := range resp.GetRuns() {
+				if !yield(runFromProto(r), nil) {
+					return
+				}
+			}
+			if resp.GetNextPageToken() == "" {
+				return
+			}
+			req.PageToken = resp.GetNextPageToken()
+		}
+	}
+}
+
+// EventsOptions says which events Events yields.
+type EventsOptions struct {
+	// AfterSeq is an exclusive cursor: only events with a greater seq. Pass the
+	// seq of the last event handled to resume.
+	AfterSeq uint64
+	// Follow keeps yielding live events after the stored history.
+	Follow bool
+	// TypePrefix keeps only events whose type starts with it.
+	TypePrefix string
+	// StopAtEnd ends the iteration after the run's terminal event.
+	StopAtEnd bool
+}
+
+// Events iterates over a run's events with seq greater than opts.AfterSeq:
+// the stored history, then (with Follow) live events as they become durable.
+// A dropped connection is resumed from the last event yielded, so no event is
+// skipped or repeated. Breaking out of the loop ends the stream. It stops
+// after yielding an error.
+func (c *Client) Events(ctx context.Context, runID string, opts EventsOptions) iter.Seq2[Event, error] {
+	return func(yield func(Event, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		cursor := opts.AfterSeq
+		wait := c.newBackoff()
+		for {
+			stream, err := c.runs.StreamEvents(ctx, &aaav1.StreamEventsRequest{
+				RunId:      runID,
+				AfterSeq:   cursor,
+				Follow:     opts.Follow,
+				TypePrefix: opts.TypePrefix,
+				StopAtEnd:  opts.StopAtEnd,
+			})
+			for err == nil {
+				var item *aaav1.StreamEventsResponse
+				if item, err = stream.Recv(); err != nil {
+					break
+				}
+				wait.reset()
+				if up := item.GetCaughtUp(); up != nil {
+					cursor = max(cursor, up.GetLastSeq())
+					continue
+				}
+				pb := item.GetEvent()
+				if pb == nil || pb.GetSeq() <= cursor {
+					continue // sent before a reconnect
+				}
+				cursor = pb.GetSeq()
+				event := eventFromProto(pb)
+				if !yield(event, nil) || (opts.StopAtEnd && event.Terminal()) {
+					return
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if transient(err) && wait.sleep(ctx) {
+				continue
+			}
+			yield(Event{}, giveUp(ctx, err))
+			return
+		}
+	}
+}
+
+// Result waits for the run to end and returns how it ended. A failed or
+// cancelled run is an Outcome, not an error.
+func (c *Client) Result(ctx context.Context, runID string) (*Outcome, error) {
+	for event, err := range c.Events(ctx, runID, EventsOptions{Follow: true, StopAtEnd: true, TypePrefix: "aaa.run."}) {
+		if err != nil {
+			return nil, err
+		}
+		if !event.Terminal() {
+			continue
+		}
+		outcome := &Outcome{RunID: runID, Event: event}
+		var data struct {
+			Value  json.RawMessage `json:"value"`
+			Error  *ErrorDetail    `json:"error"`
+			Reason string          `json:"reason"`
+		}
+		if err := event.Decode(&data); err != nil {
+			return nil, err
+		}
+		switch event.Type {
+		case EventRunCompleted:
+			outcome.Status = StatusCompleted
+			outcome.Value = data.Value
+			var value struct {
+				Text string `json:"text"`
+			}
+			if len(data.Value) > 0 {
+				_ = DecodeJSON(data.Value, &value) // a value without text has Text ""
+			}
+			outcome.Text = value.Text
+		case EventRunFailed:
+			outcome.Status = StatusFailed
+			outcome.Error = data.Error
+		default:
+			outcome.Status = StatusCancelled
+			outcome.Reason = data.Reason
+		}
+		return outcome, nil
+	}
+	return nil, ErrNoOutcome
+}
+
+// SignalResult is Signal's answer.
+type SignalResult struct {
+	// Seq is the seq of the appended event; 0 when nothing was appended.
+	Seq uint64
+	// AlreadyDecided is true, for an approval decision, when the call had
+	// already been decided (or had expired) and this decision changed nothing.
+	AlreadyDecided bool
+	// Decision is, for an approval decision, the event type of the decision
+	// that stands: aaa.approval.granted, aaa.approval.denied or aaa.approval.expired.
+	Decision string
+}
+
+// SignalOption adds to a Signal, Approve or Deny call.
+type SignalOption func(*signalOptions)
+
+type signalOptions struct {
+	requestID       string
+	comment         string
+	argumentsSHA256 string
+}
+
+// WithRequestID sets the idempotency key of a Signal, Approve or Deny: a
+// retry with the same id returns the first answer and appends nothing. A
+// fresh one is generated when it is not given.
+func WithRequestID(id string) SignalOption {
+	return func(o *signalOptions) { o.requestID = id }
+}
+
+// WithComment adds a comment to a grant (Approve only).
+func WithComment(comment string) SignalOption {
+	return func(o *signalOptions) { o.comment = comment }
+}
+
+// WithArgumentsSHA256 makes a grant valid only for the arguments with this
+// hex SHA-256 (Approval.ArgumentsSHA256); otherwise the server refuses it with
+// ErrArgumentsMismatch (Approve only).
+func WithArgumentsSHA256(sha256 string) SignalOption {
+	return func(o *signalOptions) { o.argumentsSHA256 = sha256 }
+}
+
+// Signal appends a client event to a run: "aaa.approval.granted",
+// "aaa.approval.denied", or a type outside the "aaa." prefix. data is the
+// event's data, a JSON object (a map, a struct or json.RawMessage; nil means {}).
+func (c *Client) Signal(ctx context.Context, runID, eventType string, data any, opts ...SignalOption) (SignalResult, error) {
+	var o signalOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	dataJSON, err := encodeObject(data)
+	if err != nil {
+		return SignalResult{}, err
+	}
+	req := &aaav1.SignalRequest{RunId: runID, Type: eventType, DataJson: dataJSON, RequestId: o.requestID}
+	if req.RequestId == "" {
+		req.RequestId = newID()
+	}
+	var resp *aaav1.SignalResponse
+	err = c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.runs.Signal(ctx, req)
+		return err
+	})
+	if err != nil {
+		return SignalResult{}, err
+	}
+	return SignalResult{Seq: resp.GetSeq(), AlreadyDecided: resp.GetAlreadyDecided(), Decision: resp.GetDecision()}, nil
+}
+
+// Approve grants one call of a run: the tool runs with exactly the arguments
+// of its request. The first decision on a call wins; a later one answers with
+// AlreadyDecided set.
+func (c *Client) Approve(ctx context.Context, runID, callID string, opts ...SignalOption) (SignalResult, error) {
+	var o signalOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	data := map[string]string{"call_id": callID}
+	if o.argumentsSHA256 != "" {
+		data["arguments_sha256"] = o.argumentsSHA256
+	}
+	if o.comment != "" {
+		data["comment"] = o.comment
+	}
+	return c.Signal(ctx, runID, EventApprovalGranted, data, opts...)
+}
+
+// Deny refuses one call of a run: the tool fails with ApprovalDenied and the
+// reason as message, and the model reads that as the tool's result.
+func (c *Client) Deny(ctx context.Context, runID, callID, reason string, opts ...SignalOption) (SignalResult, error) {
+	data := map[string]string{"call_id": callID}
+	if reason != "" {
+		data["reason"] = reason
+	}
+	return c.Signal(ctx, runID, EventApprovalDenied, data, opts...)
+}
+
+// Cancel cancels a run: pending approvals expire, workers are told through
+// their heartbeats, and the run ends with aaa.run.cancelled. It returns the
+// seq of that event, 0 when the run was already cancelled.
+func (c *Client) Cancel(ctx context.Context, runID, reason string) (uint64, error) {
+	var resp *aaav1.CancelRunResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.runs.CancelRun(ctx, &aaav1.CancelRunRequest{RunId: runID, Reason: reason})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return resp.GetSeq(), nil
+}
+
+// ApprovalFilter selects approval requests for ListApprovals and WatchApprovals.
+type ApprovalFilter struct {
+	// Tool keeps requests for this tool.
+	Tool string
+	// RunID keeps requests of this run.
+	RunID string
+	// Labels keeps requests of runs carrying all of these labels.
+	Labels map[string]string
+	// PageSize is how many requests each ListApprovals call fetches; 0 means 50.
+	PageSize uint32
+}
+
+// ListApprovals iterates over the pending approval requests that match the
+// filter, oldest run first, fetching pages as the loop goes. It stops after
+// yielding an error.
+func (c *Client) ListApprovals(ctx context.Context, filter ApprovalFilter) iter.Seq2[Approval, error] {
+	return func(yield func(Approval, error) bool) {
+		req := &aaav1.ListApprovalsRequest{Tool: filter.Tool, RunId: filter.RunID, Labels: filter.Labels, PageSize: filter.PageSize}
+		for {
+			var resp *aaav1.ListApprovalsResponse
+			err := c.retry(ctx, func(ctx context.Context) (err error) {
+				resp, err = c.approvals.ListApprovals(ctx, req)
+				return err
+			})
+			if err != nil {
+				yield(Approval{}, err)
+				return
+			}
+			for _, a := range resp.GetApprovals() {
+				if !yield(approvalFromProto(a), nil) {
+					return
+				}
+			}
+			if resp.GetNextPageToken() == "" {
+				return
+			}
+			req.PageToken = resp.GetNextPageToken()
+		}
+	}
+}
+
+// WatchOptions says what WatchApprovals yields.
+type WatchOptions struct {
+	// ApprovalFilter selects the requests (PageSize is not used).
+	ApprovalFilter
+	// AfterPosition resumes a watch: no snapshot, only the changes after this
+	// global position (the Position of the last update handled). Nil starts
+	// with a snapshot of what is pending.
+	AfterPosition *uint64
+	// Heartbeat is how often the server shows it is alive while nothing
+	// happens; 0 means 15 s. Heartbeats are not yielded.
+	Heartbeat time.Duration
+}
+
+// UpdateKind says what an ApprovalUpdate reports.
+type UpdateKind int
+
+// The kinds of ApprovalUpdate.
+const (
+	// Requested: Approval is pending (from the snapshot, or new).
+	Requested UpdateKind = iota + 1
+	// Resolved: Resolution says how a request ended.
+	Resolved
+	// SnapshotComplete: every request pending at the start has been yielded;
+	// Pending says how many. What follows are changes.
+	SnapshotComplete
+)
+
+// String returns the kind's name.
+func (k UpdateKind) String() string {
+	switch k {
+	case Requested:
+		return "Requested"
+	case Resolved:
+		return "Resolved"
+	case SnapshotComplete:
+		return "SnapshotComplete"
+	}
+	return "UpdateKind(?)"
+}
+
+// ApprovalUpdate is one item of WatchApprovals.
+type ApprovalUpdate struct {
+	// Kind says which of the fields below is set.
+	Kind UpdateKind
+	// Position is the global position to resume after (WatchOptions.AfterPosition).
+	// It is 0 for requests of the snapshot, which are resumed by starting over.
+	Position uint64
+	// Approval is the pending request (Requested).
+	Approval *Approval
+	// Resolution says how a request was resolved (Resolved).
+	Resolution *ApprovalResolution
+	// Pending is the number of requests in the snapshot (SnapshotComplete).
+	Pending uint32
+}
+
+// WatchApprovals iterates over pending approval requests, then over changes,
+// until ctx ends or the loop breaks: each pending request (the snapshot), one
+// SnapshotComplete, then each new request and each resolution as it becomes
+// durable. A dropped connection is resumed from the last position seen; a
+// snapshot cut short is started over without repeating what was yielded.
+// It stops after yielding an error.
+func (c *Client) WatchApprovals(ctx context.Context, opts WatchOptions) iter.Seq2[ApprovalUpdate, error] {
+	return func(yield func(ApprovalUpdate, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var position *uint64
+		if opts.AfterPosition != nil {
+			p := *opts.AfterPosition
+			position = &p
+		}
+		type key struct{ run, call string }
+		seen := map[key]bool{} // requests of the snapshot already yielded
+		wait := c.newBackoff()
+		for {
+			stream, err := c.approvals.WatchApprovals(ctx, &aaav1.WatchApprovalsRequest{
+				Tool:          opts.Tool,
+				RunId:         opts.RunID,
+				Labels:        opts.Labels,
+				AfterPosition: position,
+				HeartbeatS:    opts.Heartbeat.Seconds(),
+			})
+			for err == nil {
+				var item *aaav1.WatchApprovalsResponse
+				if item, err = stream.Recv(); err != nil {
+					break
+				}
+				wait.reset()
+				inSnapshot := position == nil
+				p := item.GetPosition()
+				var update ApprovalUpdate
+				switch x := item.GetItem().(type) {
+				case *aaav1.WatchApprovalsResponse_SnapshotComplete:
+					position = &p
+					update = ApprovalUpdate{Kind: SnapshotComplete, Position: p, Pending: x.SnapshotComplete.GetPending()}
+				case *aaav1.WatchApprovalsResponse_Requested:
+					a := approvalFromProto(x.Requested)
+					update = ApprovalUpdate{Kind: Requested, Approval: &a}
+					if inSnapshot {
+						k := key{a.RunID, a.CallID}
+						if seen[k] {
+							continue
+						}
+						seen[k] = true
+					} else {
+						position = &p
+						update.Position = p
+					}
+				case *aaav1.WatchApprovalsResponse_Resolved:
+					r := resolutionFromProto(x.Resolved)
+					update = ApprovalUpdate{Kind: Resolved, Resolution: &r}
+					if !inSnapshot {
+						position = &p
+						update.Position = p
+					}
+				default: // heartbeat
+					if !inSnapshot {
+						position = &p
+					}
+					continue
+				}
+				if !yield(update, nil) {
+					return
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if transient(err) && wait.sleep(ctx) {
+				continue
+			}
+			yield(ApprovalUpdate{}, giveUp(ctx, err))
+			return
+		}
+	}
+}
+
+// retry calls call until it succeeds, fails for good, or the server stays
+// unavailable for longer than the retry timeout; errors come back as *Error.
+func (c *Client) retry(ctx context.Context, call func(context.Context) error) error {
+	wait := c.newBackoff()
+	for {
+		err := call(ctx)
+		if err == nil {
+			return nil
+		}
+		if !transient(err) || !wait.sleep(ctx) {
+			return giveUp(ctx, err)
+		}
+	}
+}
+
+// giveUp returns the error to report after err: ctx's own error (as an
+// *Error) when ctx ended while waiting to retry, else err as an *Error.
+func giveUp(ctx context.Context, err error) error {
+	if ctx.Err() != nil && transient(err) {
+		return FromGRPC(status.FromContextError(ctx.Err()).Err())
+	}
+	return FromGRPC(err)
+}
+
+// transient reports whether err is worth retrying: the server was unreachable
+// or is going away (a restart).
+func transient(err error) bool {
+	return status.Code(err) == codes.Unavailable
+}
+
+// retryBackoff is an exponential backoff within a time budget.
+type retryBackoff struct {
+	budget   time.Duration
+	delay    time.Duration
+	deadline time.Time
+}
+
+func (c *Client) newBackoff() *retryBackoff { return newBackoff(c.retryTimeout) }
+
+func newBackoff(budget time.Duration) *retryBackoff {
+	b := &retryBackoff{budget: budget}
+	b.reset()
+	return b
+}
+
+// reset starts over: the full budget and a short delay.
+func (b *retryBackoff) reset() {
+	b.delay = 50 * time.Millisecond
+	b.deadline = time.Now().Add(b.budget)
+}
+
+// sleep waits before the next try; false when the budget is spent or ctx ends.
+func (b *retryBackoff) sleep(ctx context.Context) bool {
+	if time.Now().Add(b.delay).After(b.deadline) {
+		return false
+	}
+	t := time.NewTimer(b.delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	b.delay = min(2*b.delay, time.Second)
+	return true
+}
+
+// newID returns a random id for request_id fields.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,142 @@
+package aaa_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	aaa "aaa.dev/clients/go"
+	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestTypedErrors(t *testing.T) {
+	e := setup(t)
+	var ran atomic.Int32
+	e.serve(t, aaa.WorkerOptions{Tools: []aaa.Tool{wireMoney(&ran)}})
+	waiting := e.start(t, payACME(nil))
+	request := decode(t, e.waitFor(t, waiting, aaa.EventApprovalRequested))
+	callID := request["call_id"].(string)
+	finished := e.start(t, aaa.StartRunRequest{Task: "hi", Model: aaa.ScriptedModel(aaa.TextStep("hello"))})
+	e.result(t, finished)
+
+	_, err := e.client.GetRun(e.ctx, "no-such-run")
+	notFound := wantReason(t, err, aaa.ErrRunNotFound)
+	if notFound.Code != codes.NotFound || status.Code(err) != codes.NotFound || notFound.Message == "" {
+		t.Fatalf("GetRun of an unknown run: %#v", notFound)
+	}
+	if !strings.HasPrefix(err.Error(), "aaa: RUN_NOT_FOUND (NotFound): ") {
+		t.Fatalf("message: %s", err)
+	}
+
+	cases := []struct {
+		name   string
+		call   func() error
+		reason aaa.Reason
+		code   codes.Code
+		field  string
+	}{
+		{"unregistered tool", func() error {
+			_, err := e.client.StartRun(e.ctx, aaa.StartRunRequest{Task: "x", Model: aaa.WorkerModel("m"), Tools: []aaa.ToolRef{{Name: "nope"}}})
+			return err
+		}, aaa.ErrToolNotRegistered, codes.InvalidArgument, "tools[0].name"},
+		{"missing task", func() error {
+			_, err := e.client.StartRun(e.ctx, aaa.StartRunRequest{Model: aaa.WorkerModel("m")})
+			return err
+		}, aaa.ErrInvalidField, codes.InvalidArgument, "task"},
+		{"engine-owned type", func() error {
+			_, err := e.client.Signal(e.ctx, waiting, aaa.EventToolCompleted, map[string]string{"call_id": callID})
+			return err
+		}, aaa.ErrReservedEventType, codes.InvalidArgument, "type"},
+		{"data not an object", func() error {
+			_, err := e.client.Signal(e.ctx, waiting, "acme.note", json.RawMessage(`[1]`))
+			return err
+		}, aaa.ErrInvalidField, codes.InvalidArgument, "data_json"},
+		{"data too large", func() error {
+			_, err := e.client.Signal(e.ctx, waiting, "acme.note", map[string]string{"blob": strings.Repeat("x", 70_000)})
+			return err
+		}, aaa.ErrPayloadTooLarge, codes.InvalidArgument, "data_json"},
+		{"unknown call", func() error {
+			_, err := e.client.Approve(e.ctx, waiting, "call-99")
+			return err
+		}, aaa.ErrCallNotFound, codes.NotFound, ""},
+		{"other arguments", func() error {
+			_, err := e.client.Approve(e.ctx, waiting, callID, aaa.WithArgumentsSHA256(strings.Repeat("0", 64)))
+			return err
+		}, aaa.ErrArgumentsMismatch, codes.FailedPrecondition, ""},
+		{"finished run", func() error {
+			_, err := e.client.Signal(e.ctx, finished, "acme.note", nil)
+			return err
+		}, aaa.ErrRunFinished, codes.FailedPrecondition, ""},
+		{"forged token", func() error {
+			_, err := e.client.WorkerService().HeartbeatTask(e.ctx, &aaav1.HeartbeatTaskRequest{Token: "forged"})
+			return aaa.FromGRPC(err)
+		}, aaa.ErrInvalidToken, codes.InvalidArgument, "token"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call()
+			got := wantReason(t, err, c.reason)
+			if got.Code != c.code || got.Field() != c.field {
+				t.Fatalf("code %s field %q, want %s %q (%v)", got.Code, got.Field(), c.code, c.field, err)
+			}
+			if c.reason == aaa.ErrPayloadTooLarge && got.Metadata["limit"] == "" {
+				t.Fatalf("no limit in %v", got.Metadata)
+			}
+			for _, other := range []aaa.Reason{aaa.ErrRunNotFound, aaa.ErrStaleAttempt, aaa.ErrShuttingDown} {
+				if other != c.reason && errors.Is(err, other) {
+					t.Fatalf("%v also matches %s", err, other)
+				}
+			}
+		})
+	}
+	if ran.Load() != 0 {
+		t.Fatal("a refused grant let the tool run")
+	}
+
+	// None of the refusals changed the waiting run.
+	run, err := e.client.GetRun(e.ctx, waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Status != aaa.StatusWaitingForApproval {
+		t.Fatalf("status %s", run.Status)
+	}
+
+	// A call cut short by its context matches the context's errors.
+	ctx, cancel := context.WithCancel(e.ctx)
+	cancel()
+	if _, err := e.client.GetRun(ctx, waiting); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	for _, err := range e.client.Events(ctx, waiting, aaa.EventsOptions{Follow: true}) {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled stream: %v", err)
+		}
+	}
+}
+
+func TestErrorsWithoutServer(t *testing.T) {
+	if aaa.FromGRPC(nil) != nil {
+		t.Fatal("FromGRPC(nil) is not nil")
+	}
+	plain := errors.New("plain")
+	if aaa.FromGRPC(plain) != plain {
+		t.Fatal("FromGRPC changed an error without a status")
+	}
+	err := aaa.FromGRPC(status.Error(codes.Unavailable, "down"))
+	var e *aaa.Error
+	if !errors.As(err, &e) || e.Code != codes.Unavailable || e.Reason != "" || errors.Is(err, aaa.ErrShuttingDown) {
+		t.Fatalf("transport error: %#v", err)
+	}
+	if err.Error() != "aaa: Unavailable: down" {
+		t.Fatalf("message: %s", err)
+	}
+	if aaa.ErrRunNotFound.Error() != "aaa: RUN_NOT_FOUND" {
+		t.Fatalf("reason message: %s", aaa.ErrRunNotFound)
+	}
+}

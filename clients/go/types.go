@@ -1,0 +1,291 @@
+package aaa
+
+import (
+	"encoding/json"
+	"time"
+
+	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// RunStatus is where a run is in its lifecycle.
+type RunStatus = aaav1.RunStatus
+
+// The run statuses.
+const (
+	StatusRunning            = aaav1.RunStatus_RUN_STATUS_RUNNING
+	StatusWaitingForApproval = aaav1.RunStatus_RUN_STATUS_WAITING_FOR_APPROVAL
+	StatusCompleted          = aaav1.RunStatus_RUN_STATUS_COMPLETED
+	StatusFailed             = aaav1.RunStatus_RUN_STATUS_FAILED
+	StatusCancelled          = aaav1.RunStatus_RUN_STATUS_CANCELLED
+)
+
+// Role says who spoke a message.
+type Role = aaav1.Role
+
+// The roles of a conversation's messages.
+const (
+	RoleSystem    = aaav1.Role_ROLE_SYSTEM
+	RoleUser      = aaav1.Role_ROLE_USER
+	RoleAssistant = aaav1.Role_ROLE_ASSISTANT
+	RoleTool      = aaav1.Role_ROLE_TOOL
+)
+
+// ActorKind says what kind of actor caused an event.
+type ActorKind = aaav1.ActorKind
+
+// The kinds of actor.
+const (
+	ActorEngine = aaav1.ActorKind_ACTOR_KIND_ENGINE
+	ActorWorker = aaav1.ActorKind_ACTOR_KIND_WORKER
+	ActorClient = aaav1.ActorKind_ACTOR_KIND_CLIENT
+)
+
+// ApprovalOutcome says how an approval request ended.
+type ApprovalOutcome = aaav1.ApprovalOutcome
+
+// The ways an approval request ends.
+const (
+	OutcomeGranted = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_GRANTED
+	OutcomeDenied  = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_DENIED
+	OutcomeExpired = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_EXPIRED
+)
+
+// Event types the engine appends to a run's log, and the decisions a client
+// may append with Signal. See the catalogue at the top of types.proto for
+// each type's data.
+const (
+	EventRunStarted        = "aaa.run.started"
+	EventLLMRequested      = "aaa.llm.requested"
+	EventLLMCompleted      = "aaa.llm.completed"
+	EventLLMFailed         = "aaa.llm.failed"
+	EventToolRequested     = "aaa.tool.requested"
+	EventApprovalRequested = "aaa.approval.requested"
+	EventApprovalGranted   = "aaa.approval.granted"
+	EventApprovalDenied    = "aaa.approval.denied"
+	EventApprovalExpired   = "aaa.approval.expired"
+	EventToolStarted       = "aaa.tool.started"
+	EventToolCompleted     = "aaa.tool.completed"
+	EventToolRetrying      = "aaa.tool.retrying"
+	EventToolFailed        = "aaa.tool.failed"
+	EventRunCompleted      = "aaa.run.completed"
+	EventRunFailed         = "aaa.run.failed"
+	EventRunCancelled      = "aaa.run.cancelled"
+)
+
+// ErrorDetail is an error as recorded in events and reported by workers.
+type ErrorDetail struct {
+	// Type is short and machine-readable, e.g. "ApprovalDenied", "DeadlineExceeded", "AttemptLost".
+	Type string `json:"type"`
+	// Message is for humans.
+	Message string `json:"message"`
+}
+
+// String formats the error as "Type: message".
+func (e ErrorDetail) String() string { return e.Type + ": " + e.Message }
+
+// Actor is who caused an event.
+type Actor struct {
+	// Kind is engine, worker or client.
+	Kind ActorKind
+	// Name is the worker's identity or the client's name; empty for the engine.
+	Name string
+}
+
+// Event is one event of a run's append-only log.
+type Event struct {
+	// RunID is the run the event belongs to.
+	RunID string
+	// Seq is the event's position in its run: dense, from 1.
+	Seq uint64
+	// Position is the event's position in the server's global log.
+	Position uint64
+	// ID is the event's unique id.
+	ID string
+	// Type is the event type, e.g. "aaa.tool.requested".
+	Type string
+	// Data is the event's data: a JSON object, exactly as the server sent it.
+	Data json.RawMessage
+	// Time is when the event was appended (server clock).
+	Time time.Time
+	// Actor is who caused the event.
+	Actor Actor
+}
+
+// Decode decodes the event's data into v with DecodeJSON (numbers stay exact).
+func (e Event) Decode(v any) error { return DecodeJSON(e.Data, v) }
+
+// Terminal reports whether the event ends its run (aaa.run.completed,
+// aaa.run.failed or aaa.run.cancelled).
+func (e Event) Terminal() bool {
+	return e.Type == EventRunCompleted || e.Type == EventRunFailed || e.Type == EventRunCancelled
+}
+
+// Run is a run's summary.
+type Run struct {
+	// ID is the run's id.
+	ID string
+	// Status is where the run is in its lifecycle.
+	Status RunStatus
+	// Task is the task the run was started with.
+	Task string
+	// Model is "scripted" or the name of the worker-served model.
+	Model string
+	// Tools are the names of the tools the run may call.
+	Tools []string
+	// Labels are the labels given at StartRun.
+	Labels map[string]string
+	// CreatedAt is when the run started.
+	CreatedAt time.Time
+	// UpdatedAt is when its last event was appended.
+	UpdatedAt time.Time
+	// DeadlineAt is when the run's deadline passes; zero if it has none.
+	DeadlineAt time.Time
+	// LastSeq is the seq of the run's last event.
+	LastSeq uint64
+	// Result is, for a completed run, the value of aaa.run.completed, e.g. {"text":"..."}.
+	Result json.RawMessage
+	// Error is, for a failed or cancelled run, why.
+	Error *ErrorDetail
+	// PendingApprovals are the approvals the run waits for (GetRun only).
+	PendingApprovals []Approval
+}
+
+// Approval is a pending approval request: a tool call waiting for a human decision.
+type Approval struct {
+	// RunID is the run that waits.
+	RunID string
+	// CallID is the call to approve or deny.
+	CallID string
+	// Tool is the tool's name.
+	Tool string
+	// Arguments are the exact arguments the tool gets if granted (canonical JSON).
+	Arguments json.RawMessage
+	// ArgumentsSHA256 is the hex SHA-256 of Arguments; pass it to Approve with
+	// WithArgumentsSHA256 to grant exactly these arguments.
+	ArgumentsSHA256 string
+	// RequestedAt is when the request was made.
+	RequestedAt time.Time
+	// ExpiresAt is when the request expires; zero if it does not.
+	ExpiresAt time.Time
+	// Labels are the run's labels.
+	Labels map[string]string
+	// Seq is the seq of the aaa.approval.requested event.
+	Seq uint64
+	// Position is the global position of the aaa.approval.requested event.
+	Position uint64
+}
+
+// ApprovalResolution says how an approval request was resolved.
+type ApprovalResolution struct {
+	// RunID is the run.
+	RunID string
+	// CallID is the call.
+	CallID string
+	// Tool is the tool's name.
+	Tool string
+	// Outcome is granted, denied or expired.
+	Outcome ApprovalOutcome
+	// Reason is the denial's or expiry's reason, or a grant's comment.
+	Reason string
+	// Seq is the seq of the resolving event.
+	Seq uint64
+	// Time is when the request was resolved.
+	Time time.Time
+}
+
+// Outcome is how a run ended, as returned by Client.Result. A failed or
+// cancelled run is an outcome, not an error.
+type Outcome struct {
+	// RunID is the run.
+	RunID string
+	// Status is StatusCompleted, StatusFailed or StatusCancelled.
+	Status RunStatus
+	// Value is, for a completed run, the value of aaa.run.completed, e.g. {"text":"..."}.
+	Value json.RawMessage
+	// Text is Value's "text" field.
+	Text string
+	// Error is, for a failed run, why it failed.
+	Error *ErrorDetail
+	// Reason is, for a cancelled run, the reason given to Cancel.
+	Reason string
+	// Event is the terminal event.
+	Event Event
+}
+
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+func eventFromProto(e *aaav1.Event) Event {
+	return Event{
+		RunID:    e.GetRunId(),
+		Seq:      e.GetSeq(),
+		Position: e.GetPosition(),
+		ID:       e.GetId(),
+		Type:     e.GetType(),
+		Data:     json.RawMessage(e.GetDataJson()),
+		Time:     timeOf(e.GetTime()),
+		Actor:    Actor{Kind: e.GetActor().GetKind(), Name: e.GetActor().GetName()},
+	}
+}
+
+func errorFromProto(e *aaav1.ErrorDetail) *ErrorDetail {
+	if e == nil {
+		return nil
+	}
+	return &ErrorDetail{Type: e.GetType(), Message: e.GetMessage()}
+}
+
+func runFromProto(r *aaav1.Run) Run {
+	run := Run{
+		ID:         r.GetRunId(),
+		Status:     r.GetStatus(),
+		Task:       r.GetTask(),
+		Model:      r.GetModel(),
+		Tools:      r.GetTools(),
+		Labels:     r.GetLabels(),
+		CreatedAt:  timeOf(r.GetCreatedAt()),
+		UpdatedAt:  timeOf(r.GetUpdatedAt()),
+		DeadlineAt: timeOf(r.GetDeadlineAt()),
+		LastSeq:    r.GetLastSeq(),
+		Error:      errorFromProto(r.GetError()),
+	}
+	if r.GetResultJson() != "" {
+		run.Result = json.RawMessage(r.GetResultJson())
+	}
+	for _, a := range r.GetPendingApprovals() {
+		run.PendingApprovals = append(run.PendingApprovals, approvalFromProto(a))
+	}
+	return run
+}
+
+func approvalFromProto(a *aaav1.Approval) Approval {
+	return Approval{
+		RunID:           a.GetRunId(),
+		CallID:          a.GetCallId(),
+		Tool:            a.GetTool(),
+		Arguments:       json.RawMessage(a.GetArgumentsJson()),
+		ArgumentsSHA256: a.GetArgumentsSha256(),
+		RequestedAt:     timeOf(a.GetRequestedAt()),
+		ExpiresAt:       timeOf(a.GetExpiresAt()),
+		Labels:          a.GetLabels(),
+		Seq:             a.GetSeq(),
+		Position:        a.GetPosition(),
+	}
+}
+
+func resolutionFromProto(r *aaav1.ApprovalResolution) ApprovalResolution {
+	return ApprovalResolution{
+		RunID:   r.GetRunId(),
+		CallID:  r.GetCallId(),
+		Tool:    r.GetTool(),
+		Outcome: r.GetOutcome(),
+		Reason:  r.GetReason(),
+		Seq:     r.GetSeq(),
+		Time:    timeOf(r.GetTime()),
+	}
+}

@@ -1,0 +1,592 @@
+/**
+ * The client: start runs, follow their events, answer approvals.
+ *
+ * ```ts
+ * const client = await connect("127.0.0.1:50051");
+ * const run = await client.startRun("Pay ACME $250", { model: "seed", tools: [wireMoney] });
+ * for await (const event of run.events()) console.log(event.seq, event.type, event.data);
+ * const outcome = await run.result();
+ * client.close();
+ * ```
+ *
+ * Unary calls return promises; streams are async iterators. Calls that fail
+ * with UNAVAILABLE (a dropped connection, a restarting server) are retried
+ * for up to `retryMs`. StartRun and Signal send a fresh `request_id` when the
+ * caller gives none, so a retried call never starts a second run or appends a
+ * second event. Event and approval streams resume from their cursor after a
+ * dropped connection, with no gap and no duplicate.
+ *
+ * @module
+ */
+
+import { randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import { createClient, type CallOptions, type Client as ServiceClient } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { ApprovalService } from "./gen/aaa/v1/approval_pb.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
+import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
+import { AaaError, Cancelled, Code, Timeout, Unavailable, toAaaError } from "./errors.js";
+import { stringify, type JsonObject } from "./json.js";
+import {
+  Echo,
+  Reply,
+  TERMINAL_EVENT_TYPES,
+  approvalFromProto,
+  eventFromProto,
+  outcomeFromEvent,
+  resolutionFromProto,
+  runInfoFromProto,
+  runStatusToProto,
+  type Approval,
+  type ApprovalWatchItem,
+  type Event,
+  type EventType,
+  type Outcome,
+  type RunInfo,
+  type RunStatus,
+  type ScriptedStep,
+  type SignalResult,
+  type TypedEvent,
+} from "./types.js";
+import { Worker, type WorkerOptions } from "./worker.js";
+
+/** The address used when none is given and env AAA_SERVER is not set. */
+export const DEFAULT_ADDRESS = "127.0.0.1:50051";
+
+/** Options of {@link connect}. */
+export interface ConnectOptions {
+  /** How long `connect` waits for the server to answer before throwing `Unavailable`; default 10 000 ms. */
+  timeoutMs?: number;
+  /** How long calls keep retrying while the server is unavailable; default 30 000 ms. */
+  retryMs?: number;
+}
+
+/** Options every call of the SDK takes. */
+export interface CallControl {
+  /** Abort the call (it rejects with `Cancelled`). */
+  signal?: AbortSignal;
+  /** Give up after this many milliseconds (it rejects with `Timeout`). */
+  timeoutMs?: number;
+}
+
+/** A tool a run may call: its name, and optionally a gate or approval timeout for this run only. */
+export interface ToolRef {
+  /** Name of a tool registered by a worker. */
+  readonly name: string;
+  /** Gate this tool's calls in this run even if its worker does not (a run can add a gate, never remove one). */
+  readonly requiresApproval?: boolean;
+  /** When > 0, overrides the tool's approval timeout for this run (seconds; unanswered means denied with reason "timeout"). */
+  readonly approvalTimeoutS?: number;
+}
+
+/** Limits of one run. */
+export interface Budget {
+  /** The run fails with DeadlineExceeded this many seconds after it starts; 0 or unset: no deadline. */
+  deadlineS?: number;
+  /** The run fails with BudgetExceeded past this many model calls; 0 or unset: the server's default (50). */
+  maxModelCalls?: number;
+}
+
+/** Options of {@link Client.startRun}. */
+export interface StartRunOptions {
+  /** A worker-served model's name, or the steps of the built-in scripted model (`[toolCall(...), echo()]`). */
+  model: string | readonly ScriptedStep[];
+  /** The tools the run may call: `tool(...)` objects (their gate applies to this run too), {@link ToolRef}s or names. */
+  tools?: readonly (ToolRef | string)[];
+  /** Deadline and model-call limit. */
+  budget?: Budget;
+  /** Labels for filtering runs and approvals. */
+  labels?: Record<string, string>;
+  /** Idempotency key: a retry with the same key returns the first run. Generated when omitted. */
+  requestId?: string;
+  /** System instructions, given to models as the first message. */
+  system?: string;
+}
+
+/** Options of {@link Run.events}. */
+export interface EventsOptions {
+  /** Exclusive cursor: only events with a greater seq. Pass the seq of the last event you handled to resume. */
+  afterSeq?: number;
+  /** After the stored history, wait for live events (default true). */
+  follow?: boolean;
+  /** Only events whose type starts with this. */
+  typePrefix?: string;
+  /** End after the run's terminal event (default true). */
+  stopAtEnd?: boolean;
+  /** Abort the stream: the iterator then throws `Cancelled`. Breaking out of the loop needs no signal. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link Approvals.watch}. */
+export interface WatchOptions {
+  /** Only requests for this tool. */
+  tool?: string;
+  /** Only requests of this run. */
+  runId?: string;
+  /** Only requests of runs carrying all of these labels. */
+  labels?: Record<string, string>;
+  /** Resume: skip the snapshot and yield the changes after this position (an item's `position`). */
+  afterPosition?: number;
+  /** Seconds between the server's heartbeats while idle (0: 15 s); they keep the resume position fresh and are not yielded. */
+  heartbeatS?: number;
+  /** Abort the stream: the iterator then throws `Cancelled`. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Connects to an aaa server and waits until it answers.
+ *
+ * @param address "host:port" (or an http:// URL); defaults to env AAA_SERVER, then 127.0.0.1:50051.
+ * @throws Unavailable when no server answers within `timeoutMs`.
+ */
+export async function connect(address?: string, options: ConnectOptions = {}): Promise<Client> {
+  const client = new Client(address, options);
+  const timeoutMs = options.timeoutMs ?? 10_000;
+  const deadline = Date.now() + timeoutMs;
+  let delay = 50;
+  for (;;) {
+    const left = deadline - Date.now();
+    const timer = new AbortController();
+    const state = await Promise.race([
+      client.sessions.connect(),
+      sleep(Math.max(left, 0), "timeout" as const, { signal: timer.signal }),
+    ]);
+    timer.abort();
+    if (state === "open" || state === "idle") return client;
+    if (state === "timeout" || Date.now() + delay > deadline) {
+      client.close();
+      throw new Unavailable(`no aaa server answered at ${client.address} within ${timeoutMs} ms`, {
+        code: Code.Unavailable,
+        cause: client.sessions.error(),
+      });
+    }
+    await sleep(delay);
+    delay = Math.min(delay * 2, 1000);
+  }
+}
+
+/** Exponential backoff within a time budget, for retrying UNAVAILABLE. */
+class Backoff {
+  private delay = 50;
+  private deadline = 0;
+
+  constructor(private readonly budgetMs: number) {
+    this.reset();
+  }
+
+  /** Start over: full budget, short delay. */
+  reset(): void {
+    this.delay = 50;
+    this.deadline = Date.now() + this.budgetMs;
+  }
+
+  /** Sleeps before the next try; false when the budget is spent. Throws `Cancelled` if `signal` aborts. */
+  async wait(signal?: AbortSignal): Promise<boolean> {
+    if (Date.now() + this.delay > this.deadline) return false;
+    try {
+      await sleep(this.delay, undefined, { signal });
+    } catch {
+      throw cancelledBy(signal);
+    }
+    this.delay = Math.min(this.delay * 2, 1000);
+    return true;
+  }
+}
+
+function cancelledBy(signal: AbortSignal | undefined): AaaError {
+  const reason: unknown = signal?.reason;
+  if (reason instanceof AaaError) return reason;
+  return new Cancelled(reason instanceof Error ? reason.message : "the call was aborted", { code: Code.Canceled, cause: reason });
+}
+
+/** Signals combined: aborted when any of them is. */
+function anySignal(...signals: (AbortSignal | undefined)[]): AbortSignal {
+  return AbortSignal.any(signals.filter((s): s is AbortSignal => s !== undefined));
+}
+
+/** The error of an SDK call that was given `timeoutMs` and ran out. */
+function timeoutError(what: string, ms: number): Timeout {
+  return new Timeout(`${what} did not finish within ${ms} ms`, { code: Code.DeadlineExceeded });
+}
+
+/**
+ * A connection to an aaa server. Create it with {@link connect}; close it with
+ * {@link Client.close}.
+ */
+export class Client {
+  /** The server address ("host:port" or URL). */
+  readonly address: string;
+  /** How long calls retry while the server is unavailable (ms). */
+  readonly retryMs: number;
+  /** List and watch pending approvals. */
+  readonly approvals: Approvals;
+  /**
+   * The generated service clients (@connectrpc/connect), for anything the SDK
+   * does not wrap. They throw `ConnectError`; {@link toAaaError} converts.
+   */
+  readonly services: {
+    readonly run: ServiceClient<typeof RunService>;
+    readonly approval: ServiceClient<typeof ApprovalService>;
+    readonly worker: ServiceClient<typeof WorkerService>;
+  };
+  /** The HTTP/2 connection manager (exposed for `connect` and tests). */
+  readonly sessions: Http2SessionManager;
+  private readonly closing = new AbortController();
+
+  /** Creates a client without waiting for the server; prefer {@link connect}. */
+  constructor(address?: string, options: ConnectOptions = {}) {
+    this.address = address || process.env.AAA_SERVER || DEFAULT_ADDRESS;
+    this.retryMs = options.retryMs ?? 30_000;
+    const baseUrl = /^https?:\/\//.test(this.address) ? this.address : `http://${this.address}`;
+    this.sessions = new Http2SessionManager(baseUrl, { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 });
+    const transport = createGrpcTransport({ baseUrl, sessionManager: this.sessions });
+    this.services = {
+      run: createClient(RunService, transport),
+      approval: createClient(ApprovalService, transport),
+      worker: createClient(WorkerService, transport),
+    };
+    this.approvals = new Approvals(this);
+  }
+
+  /** Aborted when the client is closed; every call of the SDK listens to it. */
+  get closeSignal(): AbortSignal {
+    return this.closing.signal;
+  }
+
+  /** Closes the connection; calls and streams still in flight reject with `Cancelled`. Stop workers first. */
+  close(): void {
+    if (!this.closing.signal.aborted) {
+      this.closing.abort(new Cancelled("the client was closed", { code: Code.Canceled }));
+    }
+    this.sessions.abort();
+  }
+
+  /**
+   * Makes a unary call of a generated service client, retrying UNAVAILABLE
+   * for up to `retryMs`, and throws typed errors. `retry: false` makes one try.
+   */
+  async call<T>(
+    method: (options: CallOptions) => Promise<T>,
+    control: CallControl & { retry?: boolean } = {},
+  ): Promise<T> {
+    const backoff = new Backoff(control.retry === false ? 0 : this.retryMs);
+    const signal = anySignal(this.closing.signal, control.signal);
+    const deadline = control.timeoutMs === undefined ? undefined : Date.now() + control.timeoutMs;
+    for (;;) {
+      const timeoutMs = deadline === undefined ? undefined : Math.max(1, deadline - Date.now());
+      try {
+        return await method({ signal, timeoutMs });
+      } catch (err) {
+        if (signal.aborted) throw cancelledBy(signal);
+        const error = toAaaError(err);
+        if (error instanceof Unavailable && !(deadline !== undefined && Date.now() >= deadline)) {
+          if (await backoff.wait(signal)) continue;
+        }
+        throw error;
+      }
+    }
+  }
+
+  /** Starts a run and returns its handle. */
+  async startRun(task: string, options: StartRunOptions & CallControl): Promise<Run> {
+    const request: MessageInitShape<typeof StartRunRequestSchema> = {
+      task,
+      model: modelSpec(options.model),
+      tools: (options.tools ?? []).map((t) =>
+        typeof t === "string"
+          ? { name: t }
+          : { name: t.name, requiresApproval: t.requiresApproval ?? false, approvalTimeoutS: t.approvalTimeoutS ?? 0 },
+      ),
+      labels: { ...options.labels },
+      requestId: options.requestId || randomUUID(),
+      system: options.system ?? "",
+    };
+    if (options.budget !== undefined) {
+      request.budget = { deadlineS: options.budget.deadlineS ?? 0, maxModelCalls: options.budget.maxModelCalls ?? 0 };
+    }
+    const response = await this.call((o) => this.services.run.startRun(request, o), options);
+    return new Run(this, response.runId, response.created);
+  }
+
+  /** The handle of an existing run (no call is made). */
+  run(runId: string): Run {
+    return new Run(this, runId, false);
+  }
+
+  /** A run's summary, with its pending approvals. @throws RunNotFound */
+  async getRun(runId: string, control: CallControl = {}): Promise<RunInfo> {
+    const response = await this.call((o) => this.services.run.getRun({ runId }, o), control);
+    if (response.run === undefined) throw new AaaError(`GetRun answered no run for ${runId}`);
+    return runInfoFromProto(response.run);
+  }
+
+  /** Lists runs, newest first, filtered by status and labels: all pages (of `pageSize`, default up to 1000), up to `limit`. */
+  async listRuns(
+    options: { status?: RunStatus; labels?: Record<string, string>; limit?: number; pageSize?: number } & CallControl = {},
+  ): Promise<RunInfo[]> {
+    const { status, labels, limit } = options;
+    const runs: RunInfo[] = [];
+    let pageToken = "";
+    for (;;) {
+      const request = {
+        status: status === undefined ? undefined : runStatusToProto(status),
+        labels: { ...labels },
+        pageSize: options.pageSize ?? Math.min(limit ?? 1000, 1000),
+        pageToken,
+      };
+      const response = await this.call((o) => this.services.run.listRuns(request, o), options);
+      runs.push(...response.runs.map(runInfoFromProto));
+      pageToken = response.nextPageToken;
+      if (pageToken === "" || (limit !== undefined && runs.length >= limit)) return runs.slice(0, limit);
+    }
+  }
+
+  /** Creates a worker serving these tools and models; start it with `await worker.start()`. See {@link WorkerOptions}. */
+  worker(options: WorkerOptions): Worker {
+    return new Worker(this, options);
+  }
+}
+
+function modelSpec(model: string | readonly ScriptedStep[]): MessageInitShape<typeof ModelSpecSchema> {
+  if (typeof model === "string") return { kind: { case: "worker", value: model } };
+  const steps = model.map((step): MessageInitShape<typeof ScriptedStepSchema> => {
+    if (step instanceof Echo) return { reply: { case: "echo" as const, value: {} } };
+    if (!(step instanceof Reply)) throw new TypeError("scripted steps are text(...), toolCall(...) or echo()");
+    if (step.toolCalls.length === 0) return { reply: { case: "text" as const, value: step.content } };
+    if (step.content !== "") throw new TypeError("a scripted step has either text or tool calls, not both");
+    const calls = step.toolCalls.map((c) => ({ name: c.name, argumentsJson: stringify(c.arguments) }));
+    return { reply: { case: "toolCalls" as const, value: { calls } } };
+  });
+  return { kind: { case: "scripted", value: { steps } } };
+}
+
+/** The handle of one run: follow its events, signal it, wait for its outcome. */
+export class Run {
+  /** Creates a handle; use {@link Client.startRun} or {@link Client.run}. */
+  constructor(
+    /** The client it uses. */
+    readonly client: Client,
+    /** The run's id. */
+    readonly id: string,
+    /** False when StartRun's requestId matched an earlier run (or the handle came from `client.run`). */
+    readonly created: boolean,
+  ) {}
+
+  /** The run's summary, with its pending approvals. */
+  get(control: CallControl = {}): Promise<RunInfo> {
+    return this.client.getRun(this.id, control);
+  }
+
+  /**
+   * Iterates over the run's events with seq greater than `afterSeq`: the
+   * history, then (with `follow`, the default) live events, ending after the
+   * terminal event (with `stopAtEnd`, the default). A dropped connection is
+   * resumed from the last event received: no event is skipped or repeated.
+   * Break out of the loop when done; the stream is then closed.
+   */
+  async *events(options: EventsOptions = {}): AsyncGenerator<Event, void, undefined> {
+    const { follow = true, typePrefix = "", stopAtEnd = true } = options;
+    let cursor = BigInt(options.afterSeq ?? 0);
+    const backoff = new Backoff(this.client.retryMs);
+    for (;;) {
+      const stream = new AbortController();
+      const signal = anySignal(stream.signal, this.client.closeSignal, options.signal);
+      const request = { runId: this.id, afterSeq: cursor, follow, typePrefix, stopAtEnd };
+      try {
+        for await (const response of this.client.services.run.streamEvents(request, { signal })) {
+          backoff.reset();
+          const item = response.item;
+          if (item.case === "caughtUp") {
+            if (item.value.lastSeq > cursor) cursor = item.value.lastSeq;
+          } else if (item.case === "event" && item.value.seq > cursor) {
+            cursor = item.value.seq;
+            const event = eventFromProto(item.value);
+            yield event;
+            if (stopAtEnd && TERMINAL_EVENT_TYPES.has(event.type)) return;
+          }
+        }
+        return;
+      } catch (err) {
+        if (signal.aborted) throw cancelledBy(signal);
+        const error = toAaaError(err);
+        if (error instanceof Unavailable && (await backoff.wait(signal))) continue;
+        throw error;
+      } finally {
+        stream.abort();
+      }
+    }
+  }
+
+  /**
+   * The first event of this type with seq greater than `afterSeq`, waiting for it if needed.
+   * @throws AaaError (reason "STREAM_ENDED") if the run ends without one; `Timeout` after `timeoutMs`.
+   */
+  waitFor<K extends EventType>(type: K, options?: { afterSeq?: number } & CallControl): Promise<TypedEvent<K>>;
+  /** The first event of this (application) type, waiting for it if needed. */
+  waitFor(type: string, options?: { afterSeq?: number } & CallControl): Promise<Event>;
+  async waitFor(type: string, options: { afterSeq?: number } & CallControl = {}): Promise<Event> {
+    return this.withTimeout(`waiting for ${type}`, options, async (signal) => {
+      for await (const event of this.events({ afterSeq: options.afterSeq, typePrefix: type, signal })) {
+        if (event.type === type) return event;
+      }
+      throw new AaaError(`run ${this.id} ended without a ${type} event`, { reason: "STREAM_ENDED" });
+    });
+  }
+
+  /**
+   * Waits for the run to end and returns its {@link Outcome}. A failed or
+   * cancelled run is an outcome, not an exception.
+   */
+  async result(control: CallControl = {}): Promise<Outcome> {
+    return this.withTimeout("waiting for the run's end", control, async (signal) => {
+      for await (const event of this.events({ typePrefix: "aaa.run.", signal })) {
+        if (TERMINAL_EVENT_TYPES.has(event.type)) return outcomeFromEvent(event);
+      }
+      throw new AaaError(`the event stream of run ${this.id} ended before its terminal event`, { reason: "STREAM_ENDED" });
+    });
+  }
+
+  private async withTimeout<T>(what: string, control: CallControl, body: (signal?: AbortSignal) => Promise<T>): Promise<T> {
+    if (control.timeoutMs === undefined) return body(control.signal);
+    const timer = AbortSignal.timeout(control.timeoutMs);
+    try {
+      return await body(anySignal(control.signal, timer));
+    } catch (err) {
+      if (timer.aborted && !control.signal?.aborted) throw timeoutError(what, control.timeoutMs);
+      throw err;
+    }
+  }
+
+  /**
+   * Appends a client event: "aaa.approval.granted", "aaa.approval.denied", or
+   * an application type outside "aaa.". `data` is a JSON object (bigints
+   * allowed). A fresh `requestId` makes retries safe.
+   */
+  async signal(
+    type: string,
+    data: Record<string, unknown> = {},
+    options: { requestId?: string } & CallControl = {},
+  ): Promise<SignalResult> {
+    const request = { runId: this.id, type, dataJson: stringify(data), requestId: options.requestId || randomUUID() };
+    const response = await this.client.call((o) => this.client.services.run.signal(request, o), options);
+    return { seq: Number(response.seq), alreadyDecided: response.alreadyDecided, decision: response.decision };
+  }
+
+  /**
+   * Grants one call. With `argumentsSha256` (from the {@link Approval} or the
+   * request event) only those exact arguments; a mismatch throws `ArgumentsMismatch`.
+   * Granting twice is harmless: the answer says `alreadyDecided`.
+   */
+  approve(
+    callId: string,
+    options: { argumentsSha256?: string; comment?: string; requestId?: string } & CallControl = {},
+  ): Promise<SignalResult> {
+    const data: JsonObject = { call_id: callId };
+    if (options.argumentsSha256) data.arguments_sha256 = options.argumentsSha256;
+    if (options.comment) data.comment = options.comment;
+    return this.signal("aaa.approval.granted", data, options);
+  }
+
+  /** Denies one call: the model reads a tool failure of type ApprovalDenied with `reason` as message. */
+  deny(callId: string, reason?: string, options: { requestId?: string } & CallControl = {}): Promise<SignalResult> {
+    const data: JsonObject = { call_id: callId };
+    if (reason) data.reason = reason;
+    return this.signal("aaa.approval.denied", data, options);
+  }
+
+  /** Cancels the run; returns the seq of aaa.run.cancelled (0 if it was already cancelled). */
+  async cancel(reason = "", control: CallControl = {}): Promise<number> {
+    const response = await this.client.call((o) => this.client.services.run.cancelRun({ runId: this.id, reason }, o), control);
+    return Number(response.seq);
+  }
+}
+
+/** Pending approvals across runs: `client.approvals.list()` and `client.approvals.watch()`. */
+export class Approvals {
+  /** Created by the client. */
+  constructor(private readonly client: Client) {}
+
+  /** Lists pending approval requests, oldest run first: all pages (of `pageSize`, default up to 1000), up to `limit`. */
+  async list(
+    options: { tool?: string; runId?: string; labels?: Record<string, string>; limit?: number; pageSize?: number } & CallControl = {},
+  ): Promise<Approval[]> {
+    const { tool = "", runId = "", labels, limit } = options;
+    const found: Approval[] = [];
+    let pageToken = "";
+    for (;;) {
+      const pageSize = options.pageSize ?? Math.min(limit ?? 1000, 1000);
+      const request = { tool, runId, labels: { ...labels }, pageSize, pageToken };
+      const response = await this.client.call((o) => this.client.services.approval.listApprovals(request, o), options);
+      found.push(...response.approvals.map(approvalFromProto));
+      pageToken = response.nextPageToken;
+      if (pageToken === "" || (limit !== undefined && found.length >= limit)) return found.slice(0, limit);
+    }
+  }
+
+  /**
+   * Iterates over pending approvals, then over changes, until you break out
+   * (or abort `signal`): each pending request (`kind: "requested"`,
+   * `snapshot: true`), one `snapshot_complete`, then each new request and
+   * each resolution (`kind: "resolved"`) as it becomes durable. With
+   * `afterPosition` (an item's `position`) the snapshot is skipped and only
+   * later changes come. A dropped connection is resumed from the last
+   * position seen. A snapshot cut short is restarted without repeating what
+   * was already yielded; a request yielded before the cut that is no longer
+   * pending in the new snapshot is then reported `resolved` with outcome
+   * "unspecified" (it was decided or expired meanwhile).
+   */
+  async *watch(options: WatchOptions = {}): AsyncGenerator<ApprovalWatchItem, void, undefined> {
+    const { tool = "", runId = "", labels, heartbeatS = 0 } = options;
+    let position = options.afterPosition === undefined ? undefined : BigInt(options.afterPosition);
+    const yielded = new Map<string, Approval>(); // snapshot items already given, in case the snapshot restarts
+    const backoff = new Backoff(this.client.retryMs);
+    for (;;) {
+      const stream = new AbortController();
+      const signal = anySignal(stream.signal, this.client.closeSignal, options.signal);
+      const request = { tool, runId, labels: { ...labels }, afterPosition: position, heartbeatS };
+      const inThisSnapshot = new Set<string>();
+      try {
+        for await (const response of this.client.services.approval.watchApprovals(request, { signal })) {
+          backoff.reset();
+          const at = Number(response.position);
+          const item = response.item;
+          if (position === undefined && item.case === "requested") {
+            const key = `${item.value.runId}\u0000${item.value.callId}`;
+            inThisSnapshot.add(key);
+            if (yielded.has(key)) continue;
+            const approval = approvalFromProto(item.value);
+            yielded.set(key, approval);
+            yield { kind: "requested", approval, snapshot: true, position: at };
+          } else if (item.case === "snapshotComplete") {
+            position = response.position;
+            for (const [key, gone] of yielded) {
+              if (inThisSnapshot.has(key)) continue;
+              const resolution = { runId: gone.runId, callId: gone.callId, tool: gone.tool, outcome: "unspecified" as const, reason: "", seq: 0 };
+              yield { kind: "resolved", resolution, position: at };
+            }
+            yielded.clear();
+            yield { kind: "snapshot_complete", pending: item.value.pending, position: at };
+          } else if (item.case === "requested") {
+            position = response.position;
+            yield { kind: "requested", approval: approvalFromProto(item.value), snapshot: false, position: at };
+          } else if (item.case === "resolved") {
+            position = response.position;
+            yield { kind: "resolved", resolution: resolutionFromProto(item.value), position: at };
+          } else if (item.case === "heartbeat" && position !== undefined) {
+            position = response.position;
+          }
+        }
+        return;
+      } catch (err) {
+        if (signal.aborted) throw cancelledBy(signal);
+        const error = toAaaError(err);
+        if (error instanceof Unavailable && (await backoff.wait(signal))) continue;
+        throw error;
+      } finally {
+        stream.abort();
+      }
+    }
+  }
+}

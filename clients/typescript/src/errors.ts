@@ -1,0 +1,248 @@
+/**
+ * Typed errors for the failures the aaa server reports.
+ *
+ * Every server error is a `google.rpc.Status` in the `grpc-status-details-bin`
+ * trailer carrying one `google.rpc.ErrorInfo` with domain `aaa.v1` and a
+ * reason from the `ErrorReason` enum of types.proto (`RUN_NOT_FOUND`,
+ * `STALE_ATTEMPT`, ...). The SDK turns each failed call into the error class
+ * of that reason, or without a reason into the class of the gRPC status code:
+ *
+ * ```ts
+ * try {
+ *   await client.getRun(runId);
+ * } catch (err) {
+ *   if (err instanceof RunNotFound) ...
+ * }
+ * ```
+ *
+ * A failed *run* is not an error: it is data (see `Outcome`).
+ *
+ * @module
+ */
+
+import { Code, ConnectError } from "@connectrpc/connect";
+import { BinaryReader } from "@bufbuild/protobuf/wire";
+
+export { Code };
+
+/** The ErrorInfo domain of errors raised by aaa servers. */
+export const DOMAIN = "aaa.v1";
+
+const ERROR_INFO_TYPE = "google.rpc.ErrorInfo";
+
+/** Options of an {@link AaaError}. */
+export interface AaaErrorOptions {
+  /** The gRPC status code; `Code.Unknown` when not given. */
+  code?: Code;
+  /** `ErrorInfo.reason`, for example `"RUN_NOT_FOUND"`. */
+  reason?: string;
+  /** `ErrorInfo.metadata`, for example `{ field: "task" }`. */
+  metadata?: Record<string, string>;
+  /** The underlying error (usually a `ConnectError`). */
+  cause?: unknown;
+}
+
+/** Base class of every error the SDK throws for a failed call. */
+export class AaaError extends Error {
+  /** The gRPC status code (`Code` of @connectrpc/connect, numbered as in gRPC). */
+  readonly code: Code;
+  /** `ErrorInfo.reason`, for example `"RUN_NOT_FOUND"`; empty when the server sent none (a connection failure, say). */
+  readonly reason: string;
+  /** `ErrorInfo.metadata`, for example `{ field: "task" }`. */
+  readonly metadata: Record<string, string>;
+
+  /** Creates an error; the SDK does this for you from failed calls. */
+  constructor(message: string, options: AaaErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = new.target.name;
+    this.code = options.code ?? Code.Unknown;
+    this.reason = options.reason ?? "";
+    this.metadata = { ...options.metadata };
+  }
+
+  /** The request field the server complained about, if it named one (`metadata.field`). */
+  get field(): string {
+    return this.metadata.field ?? "";
+  }
+
+  /** `REASON: message` (or the status code's name when there is no reason). */
+  override toString(): string {
+    return `${this.name}: ${this.reason || Code[this.code]}: ${this.message}`;
+  }
+}
+
+/** NOT_FOUND: the run or call does not exist. */
+export class NotFound extends AaaError {}
+/** The run id is unknown (reason RUN_NOT_FOUND). */
+export class RunNotFound extends NotFound {}
+/** The run has no such call, or no approval request for it (reason CALL_NOT_FOUND). */
+export class CallNotFound extends NotFound {}
+
+/** INVALID_ARGUMENT: the request is malformed; `field` names the field when the server did. */
+export class InvalidArgument extends AaaError {}
+/** A field is missing or malformed (reason INVALID_FIELD); see `field`. */
+export class InvalidField extends InvalidArgument {}
+/** A payload is larger than the server's limit (reason PAYLOAD_TOO_LARGE); `metadata.limit` says how large. */
+export class PayloadTooLarge extends InvalidArgument {}
+/** Signal with an event type only the engine may append (reason RESERVED_EVENT_TYPE). */
+export class ReservedEventType extends InvalidArgument {}
+/** StartRun names a tool no worker has registered (reason TOOL_NOT_REGISTERED). */
+export class ToolNotRegistered extends InvalidArgument {}
+/** A task token this server did not mint (reason INVALID_TOKEN). */
+export class InvalidToken extends InvalidArgument {}
+
+/** FAILED_PRECONDITION: the run or attempt is in the wrong state. */
+export class FailedPrecondition extends AaaError {}
+/** The run has finished (reason RUN_FINISHED). */
+export class RunFinished extends FailedPrecondition {}
+/** The task token names an attempt that is no longer current (reason STALE_ATTEMPT). */
+export class StaleAttempt extends FailedPrecondition {}
+/** A grant's arguments_sha256 does not match the requested arguments (reason ARGUMENTS_MISMATCH). */
+export class ArgumentsMismatch extends FailedPrecondition {}
+
+/** ALREADY_EXISTS: an id clash. */
+export class AlreadyExists extends AaaError {}
+
+/** UNAVAILABLE: the server cannot be reached or is not serving. */
+export class Unavailable extends AaaError {}
+/** The server is shutting down (reason SHUTTING_DOWN). */
+export class ShuttingDown extends Unavailable {}
+
+/** INTERNAL: the server failed; its log has the details (reason INTERNAL_ERROR). */
+export class InternalError extends AaaError {}
+
+/** CANCELED: the call was aborted on this side (an `AbortSignal`, a closed client, a timeout of the SDK). */
+export class Cancelled extends AaaError {}
+
+/** DEADLINE_EXCEEDED: a call's own timeout (`timeoutMs`) passed. */
+export class Timeout extends AaaError {}
+
+type ErrorClass = new (message: string, options?: AaaErrorOptions) => AaaError;
+
+const BY_REASON: Record<string, ErrorClass> = {
+  RUN_NOT_FOUND: RunNotFound,
+  CALL_NOT_FOUND: CallNotFound,
+  INVALID_FIELD: InvalidField,
+  PAYLOAD_TOO_LARGE: PayloadTooLarge,
+  RESERVED_EVENT_TYPE: ReservedEventType,
+  RUN_FINISHED: RunFinished,
+  STALE_ATTEMPT: StaleAttempt,
+  ARGUMENTS_MISMATCH: ArgumentsMismatch,
+  TOOL_NOT_REGISTERED: ToolNotRegistered,
+  INVALID_TOKEN: InvalidToken,
+  SHUTTING_DOWN: ShuttingDown,
+  INTERNAL_ERROR: InternalError,
+};
+
+const BY_CODE: Partial<Record<Code, ErrorClass>> = {
+  [Code.NotFound]: NotFound,
+  [Code.InvalidArgument]: InvalidArgument,
+  [Code.FailedPrecondition]: FailedPrecondition,
+  [Code.AlreadyExists]: AlreadyExists,
+  [Code.Unavailable]: Unavailable,
+  [Code.Internal]: InternalError,
+  [Code.Canceled]: Cancelled,
+  [Code.DeadlineExceeded]: Timeout,
+};
+
+/** The `reason` and `metadata` of a `google.rpc.ErrorInfo`. */
+export interface ErrorInfo {
+  /** The reason, for example `"RUN_NOT_FOUND"`. */
+  reason: string;
+  /** The domain; `"aaa.v1"` for aaa's errors. */
+  domain: string;
+  /** Extra facts, for example `{ field: "task" }`. */
+  metadata: Record<string, string>;
+}
+
+/**
+ * Decodes a `google.rpc.ErrorInfo` from its protobuf bytes:
+ * `string reason = 1; string domain = 2; map<string, string> metadata = 3;`.
+ * (A hand-written decoder: the message is not part of aaa's proto files.)
+ */
+export function decodeErrorInfo(bytes: Uint8Array): ErrorInfo {
+  const info: ErrorInfo = { reason: "", domain: "", metadata: {} };
+  const reader = new BinaryReader(bytes);
+  while (reader.pos < reader.len) {
+    const [field, wireType] = reader.tag();
+    if (field === 1 && wireType === 2) info.reason = reader.string();
+    else if (field === 2 && wireType === 2) info.domain = reader.string();
+    else if (field === 3 && wireType === 2) {
+      const entry = new BinaryReader(reader.bytes());
+      let key = "";
+      let value = "";
+      while (entry.pos < entry.len) {
+        const [f, w] = entry.tag();
+        if (f === 1 && w === 2) key = entry.string();
+        else if (f === 2 && w === 2) value = entry.string();
+        else entry.skip(w);
+      }
+      info.metadata[key] = value;
+    } else reader.skip(wireType);
+  }
+  return info;
+}
+
+/** Node error codes of a lost or refused connection: the call never got a server's answer. */
+const CONNECTION_ERRORS = new Set([
+  "ECONNRESET",
+  "ECONNREFUSED",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN",
+  "ERR_HTTP2_GOAWAY_SESSION",
+  "ERR_HTTP2_INVALID_SESSION",
+  "ERR_HTTP2_SESSION_ERROR",
+  "ERR_HTTP2_STREAM_CANCEL",
+  "ERR_HTTP2_STREAM_ERROR",
+  "ERR_STREAM_PREMATURE_CLOSE",
+]);
+
+/** True when the error, or one of its causes, is a Node connection failure. */
+function lostConnection(err: unknown): boolean {
+  for (let e = err, depth = 0; e instanceof Error && depth < 10; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && CONNECTION_ERRORS.has(code)) return true;
+  }
+  return false;
+}
+
+/**
+ * Converts anything a call threw into an {@link AaaError} subclass: the class
+ * of the server's ErrorInfo reason, else of the gRPC status code. A lost or
+ * refused connection is `Unavailable` (code UNAVAILABLE, as in gRPC), whatever
+ * code the transport gave it, so that it is retried. AaaErrors are returned as
+ * they are.
+ */
+export function toAaaError(err: unknown): AaaError {
+  if (err instanceof AaaError) return err;
+  const ce = ConnectError.from(err);
+  let info: ErrorInfo | undefined;
+  for (const detail of ce.details) {
+    if ("type" in detail && detail.type === ERROR_INFO_TYPE) {
+      try {
+        const decoded = decodeErrorInfo(detail.value);
+        if (decoded.domain === DOMAIN) info = decoded;
+      } catch {
+        // a malformed detail is ignored; the status code still classifies the error
+      }
+    }
+  }
+  if (info === undefined && ce.code !== Code.Canceled && lostConnection(ce)) {
+    return new Unavailable(`connection lost: ${ce.rawMessage}`, { code: Code.Unavailable, cause: err });
+  }
+  const cls = (info && BY_REASON[info.reason]) ?? BY_CODE[ce.code] ?? AaaError;
+  return new cls(ce.rawMessage, { code: ce.code, reason: info?.reason, metadata: info?.metadata, cause: err });
+}
+
+/** A tool failure that must not be retried, whatever the tool's retry policy says. Throw it from a tool handler. */
+export class NonRetryable extends Error {
+  /** Creates the error; `message` is what the model reads. */
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}

@@ -1,0 +1,106 @@
+/**
+ * TypeScript SDK of aaa: start agent runs, follow their durable event
+ * streams, answer approvals, and serve tools and models as a worker.
+ *
+ * ```ts
+ * import { connect, tool, text, toolCall } from "@aaa/sdk";
+ * ```
+ *
+ * The generated wire types and service descriptors (protoc-gen-es) are under
+ * the `pb` namespace: `pb.run.StartRunRequestSchema`, `pb.worker.WorkerService`...
+ *
+ * @module
+ */
+
+export {
+  Approvals,
+  Client,
+  DEFAULT_ADDRESS,
+  Run,
+  connect,
+  type Budget,
+  type CallControl,
+  type ConnectOptions,
+  type EventsOptions,
+  type StartRunOptions,
+  type ToolRef,
+  type WatchOptions,
+} from "./client.js";
+export {
+  Tool,
+  Worker,
+  asReply,
+  type AnyTool,
+  tool,
+  type Logger,
+  type ModelHandler,
+  type ReplyLike,
+  type TaskContext,
+  type ToolHandler,
+  type ToolOptions,
+  type WorkerOptions,
+} from "./worker.js";
+export {
+  Echo,
+  Reply,
+  TERMINAL_EVENT_TYPES,
+  echo,
+  isEvent,
+  text,
+  toolCall,
+  type Actor,
+  type Approval,
+  type ApprovalOutcome,
+  type ApprovalResolution,
+  type ApprovalWatchItem,
+  type ErrorDetail,
+  type Event,
+  type EventDataMap,
+  type EventType,
+  type Message,
+  type ModelRequest,
+  type Outcome,
+  type RecordedToolCall,
+  type ReplyToolCall,
+  type Role,
+  type RunInfo,
+  type RunStatus,
+  type ScriptedStep,
+  type SignalResult,
+  type ToolCall,
+  type ToolInfo,
+  type TypedEvent,
+} from "./types.js";
+export {
+  AaaError,
+  AlreadyExists,
+  ArgumentsMismatch,
+  CallNotFound,
+  Cancelled,
+  Code,
+  DOMAIN,
+  FailedPrecondition,
+  InternalError,
+  InvalidArgument,
+  InvalidField,
+  InvalidToken,
+  NonRetryable,
+  NotFound,
+  PayloadTooLarge,
+  ReservedEventType,
+  RunFinished,
+  RunNotFound,
+  ShuttingDown,
+  StaleAttempt,
+  Timeout,
+  ToolNotRegistered,
+  Unavailable,
+  decodeErrorInfo,
+  toAaaError,
+  type AaaErrorOptions,
+  type ErrorInfo,
+} from "./errors.js";
+export { parse, parseObject, stringify, type JsonObject, type JsonValue } from "./json.js";
+
+/** The generated wire messages and service descriptors, one namespace per proto file. */
+export * as pb from "./pb.js";

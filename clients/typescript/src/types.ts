@@ -1,0 +1,530 @@
+/**
+ * The SDK's plain data types (events, runs, approvals, model messages and
+ * replies) and their conversion from the generated wire messages.
+ *
+ * JSON text fields of the wire (`data_json`, `arguments_json`, ...) are kept
+ * as text and also parsed exactly (see json.ts). `seq` and `position` are
+ * `uint64` on the wire and `number`s here: they count events, so they stay far
+ * below 2^53.
+ *
+ * @module
+ */
+
+import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { parse, parseObject, stringify, type JsonObject, type JsonValue } from "./json.js";
+import * as approvalPb from "./gen/aaa/v1/approval_pb.js";
+import * as runPb from "./gen/aaa/v1/run_pb.js";
+import * as typesPb from "./gen/aaa/v1/types_pb.js";
+import * as workerPb from "./gen/aaa/v1/worker_pb.js";
+
+/** An error as recorded in events and reported by workers, e.g. `{type: "ApprovalDenied", message: "over the limit"}`. */
+export interface ErrorDetail {
+  /** A short machine-readable type: "ApprovalDenied", "DeadlineExceeded", "AttemptLost", a tool's error class name... */
+  type: string;
+  /** A human-readable message. */
+  message: string;
+}
+
+/** Who caused an event: the engine, a worker (`name` is its identity) or a client. */
+export interface Actor {
+  /** The kind of actor. */
+  kind: "engine" | "worker" | "client" | "unspecified";
+  /** Worker identity or caller name; empty for the engine. */
+  name: string;
+}
+
+/** One event of a run's append-only log. `D` is the type of its data (see {@link EventDataMap}). */
+export interface Event<D = JsonObject> {
+  /** The run this event belongs to. */
+  runId: string;
+  /** Position in the run's log: dense, from 1. Pass it as `afterSeq` to resume after this event. */
+  seq: number;
+  /** Position in the server's global log, in commit order. */
+  position: number;
+  /** Unique id of the event. */
+  id: string;
+  /** Event type, for example "aaa.tool.requested". */
+  type: string;
+  /** The event's data, parsed exactly (big integers are bigints). */
+  data: D;
+  /** The event's data as the server sent it (JSON text). */
+  dataJson: string;
+  /** When the event was appended (server clock). */
+  time: Date;
+  /** Who caused it. */
+  actor: Actor;
+}
+
+/** A tool call as recorded in `aaa.llm.completed`. */
+export interface RecordedToolCall {
+  /** The call's id. */
+  call_id: string;
+  /** The tool's name. */
+  name: string;
+  /** The arguments object. */
+  arguments: JsonObject;
+}
+
+/**
+ * The data of each event type of the catalogue at the top of types.proto.
+ * Keys are as on the wire (snake_case): this is the run's JSON data.
+ */
+export interface EventDataMap {
+  /** The run started: its task, model, tools (definitions as snapshotted), budget and labels. */
+  "aaa.run.started": {
+    task: string;
+    system?: string;
+    model: JsonObject;
+    tools: JsonObject[];
+    budget: JsonObject;
+    labels: Record<string, string>;
+    deadline_at_ms?: number;
+  };
+  /** A model call was requested (attempt > 1: a retry). */
+  "aaa.llm.requested": { call_id: string; model: string; attempt: number };
+  /** The model replied. */
+  "aaa.llm.completed": { call_id: string; message: { content: string; tool_calls: RecordedToolCall[] } };
+  /** A model call failed. */
+  "aaa.llm.failed": { call_id: string; attempt: number; error: ErrorDetail };
+  /** The model asked for a tool call. */
+  "aaa.tool.requested": { call_id: string; name: string; arguments: JsonObject; requires_approval: boolean };
+  /** A gated call waits for a decision. */
+  "aaa.approval.requested": {
+    call_id: string;
+    name: string;
+    arguments: JsonObject;
+    arguments_sha256: string;
+    expires_at_ms?: number;
+  };
+  /** A human granted the call. */
+  "aaa.approval.granted": { call_id: string; name?: string; arguments_sha256?: string; comment?: string };
+  /** A human denied the call (or its approval timed out: reason "timeout"). */
+  "aaa.approval.denied": { call_id: string; name?: string; reason?: string };
+  /** The request expired: reason "deadline" or "run_cancelled". */
+  "aaa.approval.expired": { call_id: string; name: string; reason: string };
+  /** An attempt was handed to a worker. */
+  "aaa.tool.started": { call_id: string; attempt: number; worker: string };
+  /** The tool's output. */
+  "aaa.tool.completed": { call_id: string; attempt: number; output: JsonValue };
+  /** An attempt failed and will be retried after `delay_s`. */
+  "aaa.tool.retrying": { call_id: string; attempt: number; error: ErrorDetail; delay_s: number };
+  /** The call failed for good (attempt 0: no attempt ran, e.g. ApprovalDenied). */
+  "aaa.tool.failed": { call_id: string; attempt: number; error: ErrorDetail };
+  /** The run completed with a value, `{text}`. */
+  "aaa.run.completed": { value: { text: string } & JsonObject };
+  /** The run failed: DeadlineExceeded, BudgetExceeded, ModelFailed, ScriptExhausted. */
+  "aaa.run.failed": { error: ErrorDetail };
+  /** The run was cancelled. */
+  "aaa.run.cancelled": { reason: string };
+}
+
+/** An event type of the catalogue. */
+export type EventType = keyof EventDataMap;
+
+/** An event of a catalogue type, with its data typed. */
+export type TypedEvent<K extends EventType> = Event<EventDataMap[K]> & { type: K };
+
+/** The event types that end a run. */
+export const TERMINAL_EVENT_TYPES: ReadonlySet<string> = new Set([
+  "aaa.run.completed",
+  "aaa.run.failed",
+  "aaa.run.cancelled",
+]);
+
+/** Narrows an event to a catalogue type: `if (isEvent(e, "aaa.tool.completed")) e.data.output`. */
+export function isEvent<K extends EventType>(event: Event, type: K): event is Event & TypedEvent<K> {
+  return event.type === type;
+}
+
+/** Where a run is in its lifecycle. */
+export type RunStatus = "running" | "waiting_for_approval" | "completed" | "failed" | "cancelled" | "unspecified";
+
+const RUN_STATUS: Record<runPb.RunStatus, RunStatus> = {
+  [runPb.RunStatus.UNSPECIFIED]: "unspecified",
+  [runPb.RunStatus.RUNNING]: "running",
+  [runPb.RunStatus.WAITING_FOR_APPROVAL]: "waiting_for_approval",
+  [runPb.RunStatus.COMPLETED]: "completed",
+  [runPb.RunStatus.FAILED]: "failed",
+  [runPb.RunStatus.CANCELLED]: "cancelled",
+};
+
+/** The wire enum value of a {@link RunStatus}. */
+export function runStatusToProto(status: RunStatus): runPb.RunStatus {
+  const entry = Object.entries(RUN_STATUS).find(([, name]) => name === status);
+  if (entry === undefined) throw new TypeError(`unknown run status ${JSON.stringify(status)}`);
+  return Number(entry[0]) as runPb.RunStatus;
+}
+
+/** A run's summary (GetRun, ListRuns). */
+export interface RunInfo {
+  /** The run's id. */
+  runId: string;
+  /** Where it is in its lifecycle. */
+  status: RunStatus;
+  /** Its task (first user message). */
+  task: string;
+  /** "scripted", or the worker-served model's name. */
+  model: string;
+  /** Names of the tools it may call. */
+  tools: string[];
+  /** Its labels. */
+  labels: Record<string, string>;
+  /** When it started. */
+  createdAt?: Date;
+  /** When its last event was appended. */
+  updatedAt?: Date;
+  /** When its deadline passes, if it has one. */
+  deadlineAt?: Date;
+  /** seq of its last event. */
+  lastSeq: number;
+  /** For a completed run: the value of aaa.run.completed, e.g. `{text: "..."}`. */
+  result?: JsonValue;
+  /** For a failed or cancelled run: why. */
+  error?: ErrorDetail;
+  /** Approvals it waits for (filled by `getRun` only). */
+  pendingApprovals: Approval[];
+}
+
+/** A pending approval request: a tool call waiting for a human decision. */
+export interface Approval {
+  /** The run that waits. */
+  runId: string;
+  /** The call to approve or deny. */
+  callId: string;
+  /** The tool's name. */
+  tool: string;
+  /** The exact arguments the tool gets if granted. */
+  arguments: JsonObject;
+  /** The same as canonical JSON text (sorted keys, no spaces). */
+  argumentsJson: string;
+  /** Hex SHA-256 of `argumentsJson`; pass it to `approve` to grant exactly these arguments. */
+  argumentsSha256: string;
+  /** When it was requested. */
+  requestedAt?: Date;
+  /** When it expires, if it does. */
+  expiresAt?: Date;
+  /** The run's labels. */
+  labels: Record<string, string>;
+  /** seq of the aaa.approval.requested event. */
+  seq: number;
+  /** Global position of that event. */
+  position: number;
+}
+
+/** How an approval request ended. */
+export type ApprovalOutcome = "granted" | "denied" | "expired" | "unspecified";
+
+/** A request that was granted, denied or expired. */
+export interface ApprovalResolution {
+  /** The run. */
+  runId: string;
+  /** The call. */
+  callId: string;
+  /** The tool's name. */
+  tool: string;
+  /** What happened. */
+  outcome: ApprovalOutcome;
+  /** The denial's or expiry's reason; a grant's comment. */
+  reason: string;
+  /** seq of the resolving event. */
+  seq: number;
+  /** When it was resolved. */
+  time?: Date;
+}
+
+/**
+ * One item of `client.approvals.watch()`: each pending request of the
+ * snapshot (`snapshot: true`), one `snapshot_complete`, then each new request
+ * and each resolution. `position` is the resume cursor.
+ */
+export type ApprovalWatchItem =
+  | { kind: "requested"; approval: Approval; snapshot: boolean; position: number }
+  | { kind: "resolved"; resolution: ApprovalResolution; position: number }
+  | { kind: "snapshot_complete"; pending: number; position: number };
+
+/** Signal's answer. */
+export interface SignalResult {
+  /** seq of the appended event; 0 when nothing was appended. */
+  seq: number;
+  /** For decisions: true when the call had already been decided (or had expired) and this changed nothing. */
+  alreadyDecided: boolean;
+  /** For decisions: the decision that stands ("aaa.approval.granted", "aaa.approval.denied" or "aaa.approval.expired"). */
+  decision: string;
+}
+
+/** How a run ended: its terminal event, read. A failed run is an outcome, not an exception. */
+export interface Outcome {
+  /** "completed", "failed" or "cancelled". */
+  status: "completed" | "failed" | "cancelled";
+  /** True when the run completed. */
+  ok: boolean;
+  /** For a completed run: the value, `{text}`. */
+  value?: JsonObject;
+  /** For a completed run: `value.text`; "" otherwise. */
+  text: string;
+  /** For a failed run its error; for a cancelled one `{type: "Cancelled", message: reason}`. */
+  error?: ErrorDetail;
+  /** The terminal event itself. */
+  event: Event;
+}
+
+/** The role of a message in a model's conversation. */
+export type Role = "system" | "user" | "assistant" | "tool" | "unspecified";
+
+/** A tool call made by a model, as a model handler sees it. */
+export interface ToolCall {
+  /** The call's id (minted by the engine). */
+  callId: string;
+  /** The tool's name. */
+  name: string;
+  /** The arguments, parsed exactly. */
+  arguments: JsonObject;
+  /** The arguments as canonical JSON text. */
+  argumentsJson: string;
+}
+
+/** One message of a run's conversation, as handed to a model handler. */
+export interface Message {
+  /** Who spoke. */
+  role: Role;
+  /** The text; for a tool message the tool's output (a string output unquoted, anything else as JSON text) or "Type: message" on failure. */
+  content: string;
+  /** For assistant messages: the tool calls the model asked for. */
+  toolCalls: ToolCall[];
+  /** For tool messages: the call this answers. */
+  callId: string;
+  /** For tool messages: the tool's name. */
+  name: string;
+  /** For tool messages: set when the call failed (ApprovalDenied included). */
+  error?: ErrorDetail;
+}
+
+/** A tool as offered to a model. */
+export interface ToolInfo {
+  /** The tool's name. */
+  name: string;
+  /** What it does. */
+  description: string;
+  /** JSON schema of its arguments. */
+  parameters: JsonObject;
+  /** Whether its calls wait for approval. */
+  requiresApproval: boolean;
+}
+
+/** What a model handler gets: the conversation so far and the tools it may call. */
+export interface ModelRequest {
+  /** The model's name. */
+  model: string;
+  /** The conversation, first message first. */
+  messages: Message[];
+  /** The tools the model may call. */
+  tools: ToolInfo[];
+}
+
+/** A tool call in a reply: which tool, with which arguments. */
+export interface ReplyToolCall {
+  /** The tool's name. */
+  name: string;
+  /** The arguments object (bigints allowed; written with exact JSON). */
+  arguments: Record<string, unknown>;
+}
+
+/**
+ * A model's reply: text, tool calls, or both. Build it with {@link text} and
+ * {@link toolCall}; combine with `.and()`: `text("paying").and(toolCall("wire_money", {...}))`.
+ */
+export class Reply {
+  /** Creates a reply; prefer {@link text} and {@link toolCall}. */
+  constructor(
+    /** The reply's text. A reply without tool calls ends the run with `{text: content}`. */
+    readonly content: string = "",
+    /** The tool calls to make. */
+    readonly toolCalls: readonly ReplyToolCall[] = [],
+  ) {}
+
+  /** This reply followed by others: texts joined, tool calls concatenated. */
+  and(...others: Reply[]): Reply {
+    const all = [this, ...others];
+    return new Reply(
+      all.map((r) => r.content).filter((c) => c !== "").join(""),
+      all.flatMap((r) => r.toolCalls),
+    );
+  }
+}
+
+/** A scripted-model step that replies with the content of the conversation's last message. */
+export class Echo {
+  /** Discriminates echo steps. */
+  readonly echo = true;
+}
+
+/** A reply with text only: the run completes with `{text: content}`. */
+export function text(content: string): Reply {
+  return new Reply(content);
+}
+
+/** A reply that calls one tool (by name or as a `tool(...)` object) with these arguments. */
+export function toolCall(tool: string | { readonly name: string }, args: Record<string, unknown> = {}): Reply {
+  return new Reply("", [{ name: typeof tool === "string" ? tool : tool.name, arguments: args }]);
+}
+
+/** A scripted-model step: reply with the conversation's last message (a tool's output, say). */
+export function echo(): Echo {
+  return new Echo();
+}
+
+/** A step of the built-in scripted model: a `text(...)`, a `toolCall(...)` (or several, combined with `.and()`), or `echo()`. */
+export type ScriptedStep = Reply | Echo;
+
+// ---- conversions from wire messages ----
+
+/** The Date of an optional Timestamp. */
+export function optionalDate(ts: Timestamp | undefined): Date | undefined {
+  return ts === undefined ? undefined : timestampDate(ts);
+}
+
+function errorDetail(e: typesPb.ErrorDetail | undefined): ErrorDetail | undefined {
+  return e === undefined ? undefined : { type: e.type, message: e.message };
+}
+
+const ACTOR_KIND: Record<typesPb.ActorKind, Actor["kind"]> = {
+  [typesPb.ActorKind.UNSPECIFIED]: "unspecified",
+  [typesPb.ActorKind.ENGINE]: "engine",
+  [typesPb.ActorKind.WORKER]: "worker",
+  [typesPb.ActorKind.CLIENT]: "client",
+};
+
+/** Converts a wire Event. */
+export function eventFromProto(e: typesPb.Event): Event {
+  return {
+    runId: e.runId,
+    seq: Number(e.seq),
+    position: Number(e.position),
+    id: e.id,
+    type: e.type,
+    data: e.dataJson === "" ? {} : parseObject(e.dataJson),
+    dataJson: e.dataJson,
+    time: optionalDate(e.time) ?? new Date(0),
+    actor: { kind: ACTOR_KIND[e.actor?.kind ?? typesPb.ActorKind.UNSPECIFIED] ?? "unspecified", name: e.actor?.name ?? "" },
+  };
+}
+
+/** Converts a wire Approval. */
+export function approvalFromProto(a: approvalPb.Approval): Approval {
+  return {
+    runId: a.runId,
+    callId: a.callId,
+    tool: a.tool,
+    arguments: a.argumentsJson === "" ? {} : parseObject(a.argumentsJson),
+    argumentsJson: a.argumentsJson,
+    argumentsSha256: a.argumentsSha256,
+    requestedAt: optionalDate(a.requestedAt),
+    expiresAt: optionalDate(a.expiresAt),
+    labels: { ...a.labels },
+    seq: Number(a.seq),
+    position: Number(a.position),
+  };
+}
+
+const OUTCOME: Record<approvalPb.ApprovalOutcome, ApprovalOutcome> = {
+  [approvalPb.ApprovalOutcome.UNSPECIFIED]: "unspecified",
+  [approvalPb.ApprovalOutcome.GRANTED]: "granted",
+  [approvalPb.ApprovalOutcome.DENIED]: "denied",
+  [approvalPb.ApprovalOutcome.EXPIRED]: "expired",
+};
+
+/** Converts a wire ApprovalResolution. */
+export function resolutionFromProto(r: approvalPb.ApprovalResolution): ApprovalResolution {
+  return {
+    runId: r.runId,
+    callId: r.callId,
+    tool: r.tool,
+    outcome: OUTCOME[r.outcome] ?? "unspecified",
+    reason: r.reason,
+    seq: Number(r.seq),
+    time: optionalDate(r.time),
+  };
+}
+
+/** Converts a wire Run. */
+export function runInfoFromProto(r: runPb.Run): RunInfo {
+  return {
+    runId: r.runId,
+    status: RUN_STATUS[r.status] ?? "unspecified",
+    task: r.task,
+    model: r.model,
+    tools: [...r.tools],
+    labels: { ...r.labels },
+    createdAt: optionalDate(r.createdAt),
+    updatedAt: optionalDate(r.updatedAt),
+    deadlineAt: optionalDate(r.deadlineAt),
+    lastSeq: Number(r.lastSeq),
+    result: r.resultJson === "" ? undefined : parse(r.resultJson),
+    error: errorDetail(r.error),
+    pendingApprovals: r.pendingApprovals.map(approvalFromProto),
+  };
+}
+
+/** Reads a run's terminal event as an {@link Outcome}. */
+export function outcomeFromEvent(event: Event): Outcome {
+  switch (event.type) {
+    case "aaa.run.completed": {
+      const value = (event.data.value ?? {}) as JsonObject;
+      return { status: "completed", ok: true, value, text: typeof value.text === "string" ? value.text : "", event };
+    }
+    case "aaa.run.failed":
+      return { status: "failed", ok: false, text: "", error: event.data.error as unknown as ErrorDetail, event };
+    case "aaa.run.cancelled":
+      return {
+        status: "cancelled",
+        ok: false,
+        text: "",
+        error: { type: "Cancelled", message: String(event.data.reason ?? "") },
+        event,
+      };
+    default:
+      throw new TypeError(`${event.type} is not a terminal event`);
+  }
+}
+
+const ROLE: Record<typesPb.Role, Role> = {
+  [typesPb.Role.UNSPECIFIED]: "unspecified",
+  [typesPb.Role.SYSTEM]: "system",
+  [typesPb.Role.USER]: "user",
+  [typesPb.Role.ASSISTANT]: "assistant",
+  [typesPb.Role.TOOL]: "tool",
+};
+
+/** Converts a wire ModelTask into what a model handler gets. */
+export function modelRequestFromProto(task: workerPb.ModelTask): ModelRequest {
+  return {
+    model: task.model,
+    messages: task.messages.map((m) => ({
+      role: ROLE[m.role] ?? "unspecified",
+      content: m.content,
+      toolCalls: m.toolCalls.map((c) => ({
+        callId: c.callId,
+        name: c.name,
+        arguments: c.argumentsJson === "" ? {} : parseObject(c.argumentsJson),
+        argumentsJson: c.argumentsJson,
+      })),
+      callId: m.callId,
+      name: m.name,
+      error: errorDetail(m.error),
+    })),
+    tools: task.tools.map((t) => ({
+      name: t.name,
+      description: t.description,
+      parameters: t.parametersJson === "" ? {} : parseObject(t.parametersJson),
+      requiresApproval: t.requiresApproval,
+    })),
+  };
+}
+
+/** Converts a reply to the wire ModelReply. */
+export function replyToProto(reply: Reply): { content: string; toolCalls: { name: string; argumentsJson: string }[] } {
+  return {
+    content: reply.content,
+    toolCalls: reply.toolCalls.map((c) => ({ name: c.name, argumentsJson: stringify(c.arguments) })),
+  };
+}

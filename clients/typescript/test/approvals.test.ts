@@ -1,0 +1,247 @@
+/** Approvals: granted from another client while a third watches, denied, cancelled, expired; duplicates harmless. */
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { connect, text, tool, toolCall, type Client, type ModelHandler, type Tool } from "../src/index.js";
+import { WAIT_MS, collect, next, ofType, setUp, uid, type Server } from "./helpers.js";
+
+let server: Server;
+let client: Client;
+let tearDown: () => Promise<void>;
+before(async () => {
+  ({ server, client, stop: tearDown } = await setUp());
+});
+after(() => tearDown());
+
+/** A gated wire tool, a model that calls it once, and a log of the tool's real runs. */
+function paymentSetup(id: string): { wire: Tool<{ amount: number; to: string }>; model: ModelHandler; ran: [number, string][] } {
+  const ran: [number, string][] = [];
+  const wire = tool({
+    name: `wire_${id}`,
+    description: "Send money.",
+    parameters: { type: "object", properties: { amount: { type: "integer" }, to: { type: "string" } } },
+    requiresApproval: true,
+    handler: ({ amount, to }: { amount: number; to: string }) => {
+      ran.push([amount, to]);
+      return `sent $${amount} to ${to}`;
+    },
+  });
+  const model: ModelHandler = (request) => {
+    const last = request.messages[request.messages.length - 1];
+    if (last.role === "user") return toolCall(wire, { amount: 250, to: "ACME" });
+    if (last.error) return text(`refused: ${last.error.type}: ${last.error.message}`);
+    return text(last.content);
+  };
+  return { wire, model, ran };
+}
+
+test("a second client approves while a third watches", async () => {
+  const id = uid();
+  const { wire, model, ran } = paymentSetup(id);
+  const labels = { test: id };
+  const approver = await connect(server.address);
+  const watcher = await connect(server.address);
+  const watch = watcher.approvals.watch({ labels });
+  const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+  try {
+    const snapshot = await next(watch);
+    assert.equal(snapshot.kind, "snapshot_complete");
+    assert.equal(snapshot.kind === "snapshot_complete" && snapshot.pending, 0);
+
+    await worker.start();
+    const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire], labels });
+
+    const requested = await next(watch);
+    assert.ok(requested.kind === "requested");
+    const approval = requested.approval;
+    assert.equal(requested.snapshot, false);
+    assert.deepEqual([approval.runId, approval.tool, approval.labels], [run.id, wire.name, labels]);
+    assert.deepEqual(approval.arguments, { amount: 250, to: "ACME" });
+    assert.equal(approval.argumentsJson, '{"amount":250,"to":"ACME"}');
+
+    const listed = await approver.approvals.list({ labels });
+    assert.deepEqual(listed.map((a) => [a.runId, a.callId]), [[run.id, approval.callId]]);
+    const info = await approver.getRun(run.id);
+    assert.equal(info.status, "waiting_for_approval");
+    assert.deepEqual(info.pendingApprovals.map((a) => a.callId), [approval.callId]);
+    assert.deepEqual(ran, []);
+
+    const granted = await approver
+      .run(run.id)
+      .approve(approval.callId, { argumentsSha256: approval.argumentsSha256, comment: "ok by test" });
+    assert.deepEqual([granted.alreadyDecided, granted.decision], [false, "aaa.approval.granted"]);
+    assert.ok(granted.seq > approval.seq);
+
+    const resolved = await next(watch);
+    assert.ok(resolved.kind === "resolved");
+    assert.deepEqual(
+      [resolved.resolution.runId, resolved.resolution.callId, resolved.resolution.outcome, resolved.resolution.reason],
+      [run.id, approval.callId, "granted", "ok by test"],
+    );
+
+    const outcome = await run.result({ timeoutMs: WAIT_MS });
+    assert.ok(outcome.ok);
+    assert.equal(outcome.text, "sent $250 to ACME");
+    assert.deepEqual(outcome.value, { text: "sent $250 to ACME" });
+    await worker.stop();
+
+    // Duplicates are harmless, also once the run has finished.
+    const again = await approver.run(run.id).approve(approval.callId);
+    assert.deepEqual([again.alreadyDecided, again.decision, again.seq], [true, "aaa.approval.granted", 0]);
+    const lateDeny = await approver.run(run.id).deny(approval.callId, "too late");
+    assert.deepEqual([lateDeny.alreadyDecided, lateDeny.decision], [true, "aaa.approval.granted"]);
+    assert.deepEqual(ran, [[250, "ACME"]]);
+    assert.deepEqual(await approver.approvals.list({ labels }), []);
+    assert.equal((await approver.getRun(run.id)).status, "completed");
+
+    // Resuming the watch from the snapshot's position replays the changes since.
+    const resumed = watcher.approvals.watch({ labels, afterPosition: snapshot.position });
+    try {
+      const first = await next(resumed);
+      const second = await next(resumed);
+      assert.ok(first.kind === "requested" && first.approval.callId === approval.callId && !first.snapshot);
+      assert.ok(second.kind === "resolved" && second.position === resolved.position);
+    } finally {
+      await resumed.return();
+    }
+  } finally {
+    await worker.stop();
+    await watch.return();
+    approver.close();
+    watcher.close();
+  }
+});
+
+test("a watch started while a request waits lists it in its snapshot", async () => {
+  const id = uid();
+  const { wire, model } = paymentSetup(id);
+  const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+  await worker.start();
+  try {
+    const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire], labels: { test: id } });
+    const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+    const watch = client.approvals.watch({ labels: { test: id } });
+    try {
+      const first = await next(watch);
+      assert.ok(first.kind === "requested" && first.snapshot);
+      assert.deepEqual([first.approval.runId, first.approval.callId], [run.id, request.data.call_id]);
+      assert.equal(first.approval.seq, request.seq);
+      const complete = await next(watch);
+      assert.ok(complete.kind === "snapshot_complete" && complete.pending === 1);
+      await run.deny(request.data.call_id, "no");
+      const resolved = await next(watch);
+      assert.ok(resolved.kind === "resolved" && resolved.resolution.outcome === "denied");
+      assert.equal(resolved.resolution.reason, "no");
+    } finally {
+      await watch.return();
+    }
+    await run.result({ timeoutMs: WAIT_MS });
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("a denied call never runs and the model reads why", async () => {
+  const id = uid();
+  const { wire, model, ran } = paymentSetup(id);
+  const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+  await worker.start();
+  try {
+    const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire] });
+    const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+    const denied = await run.deny(request.data.call_id, "over the limit");
+    assert.deepEqual([denied.alreadyDecided, denied.decision], [false, "aaa.approval.denied"]);
+    const outcome = await run.result({ timeoutMs: WAIT_MS });
+    assert.equal(outcome.text, "refused: ApprovalDenied: over the limit");
+    assert.deepEqual(ran, []);
+    const events = await collect(run);
+    assert.deepEqual(ofType(events, "aaa.tool.started"), []);
+    const failed = ofType(events, "aaa.tool.failed");
+    assert.deepEqual(failed.map((e) => e.data.error), [{ type: "ApprovalDenied", message: "over the limit" }]);
+    assert.equal(failed[0].data.call_id, request.data.call_id);
+    // A grant after the denial changes nothing.
+    const late = await run.approve(request.data.call_id);
+    assert.deepEqual([late.alreadyDecided, late.decision], [true, "aaa.approval.denied"]);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("cancelling a run expires its pending approval", async () => {
+  const id = uid();
+  const { wire, model, ran } = paymentSetup(id);
+  const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+  await worker.start();
+  try {
+    const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire], labels: { test: id } });
+    const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+    assert.ok((await run.cancel("changed my mind")) > 0);
+    const outcome = await run.result({ timeoutMs: WAIT_MS });
+    assert.equal(outcome.status, "cancelled");
+    assert.deepEqual(outcome.error, { type: "Cancelled", message: "changed my mind" });
+    const expired = ofType(await collect(run), "aaa.approval.expired");
+    assert.deepEqual(expired.map((e) => e.data.call_id), [request.data.call_id]);
+    assert.deepEqual(await client.approvals.list({ labels: { test: id } }), []);
+    const late = await run.approve(request.data.call_id);
+    assert.deepEqual([late.alreadyDecided, late.decision], [true, "aaa.approval.expired"]);
+    assert.deepEqual(ran, []);
+    const runs = await client.listRuns({ labels: { test: id } });
+    assert.deepEqual(runs.map((r) => [r.runId, r.status]), [[run.id, "cancelled"]]);
+    assert.deepEqual(await client.listRuns({ labels: { test: id }, status: "completed" }), []);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("a run's deadline expires its pending approval", async () => {
+  const id = uid();
+  const { wire, model, ran } = paymentSetup(id);
+  const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+  await worker.start();
+  try {
+    const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire], budget: { deadlineS: 1 } });
+    const outcome = await run.result({ timeoutMs: WAIT_MS });
+    assert.equal(outcome.status, "failed");
+    assert.equal(outcome.error?.type, "DeadlineExceeded");
+    const expired = ofType(await collect(run), "aaa.approval.expired");
+    assert.deepEqual(expired.map((e) => e.data.reason), ["deadline"]);
+    assert.deepEqual(ran, []);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("an approval timeout becomes a denial", async () => {
+  const id = uid();
+  const { wire, model, ran } = paymentSetup(id);
+  const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+  await worker.start();
+  try {
+    const run = await client.startRun("Pay ACME $250", {
+      model: `m-${id}`,
+      tools: [{ name: wire.name, approvalTimeoutS: 0.5 }],
+    });
+    const outcome = await run.result({ timeoutMs: WAIT_MS });
+    assert.equal(outcome.text, "refused: ApprovalDenied: timeout");
+    assert.deepEqual(ran, []);
+  } finally {
+    await worker.stop();
+  }
+});
+
+test("listRuns pages through every run, newest first", async () => {
+  const id = uid();
+  const ids: string[] = [];
+  for (let i = 0; i < 5; i++) {
+    const run = await client.startRun(`run ${i}`, { model: [text(`done ${i}`)], labels: { test: id } });
+    await run.result({ timeoutMs: WAIT_MS });
+    ids.push(run.id);
+  }
+  const all = await client.listRuns({ labels: { test: id } });
+  assert.deepEqual(all.map((r) => r.runId), [...ids].reverse());
+  assert.deepEqual(all.map((r) => r.result), [4, 3, 2, 1, 0].map((i) => ({ text: `done ${i}` })));
+  const paged = await client.listRuns({ labels: { test: id }, pageSize: 2 });
+  assert.deepEqual(paged.map((r) => r.runId), [...ids].reverse());
+  const limited = await client.listRuns({ labels: { test: id }, limit: 3, pageSize: 2 });
+  assert.deepEqual(limited.map((r) => r.runId), [...ids].reverse().slice(0, 3));
+});

@@ -1,0 +1,123 @@
+/** Server errors surface as typed error classes carrying the ErrorInfo reason. */
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import {
+  AaaError,
+  ArgumentsMismatch,
+  CallNotFound,
+  Code,
+  FailedPrecondition,
+  InvalidArgument,
+  InvalidField,
+  NotFound,
+  ReservedEventType,
+  RunFinished,
+  RunNotFound,
+  ToolNotRegistered,
+  Unavailable,
+  connect,
+  decodeErrorInfo,
+  echo,
+  text,
+  tool,
+  toolCall,
+  type Client,
+} from "../src/index.js";
+import { WAIT_MS, setUp, uid } from "./helpers.js";
+
+let client: Client;
+let tearDown: () => Promise<void>;
+before(async () => {
+  ({ client, stop: tearDown } = await setUp());
+});
+after(() => tearDown());
+
+/** The error a promise rejects with (fails if it resolves). */
+async function failure(promise: Promise<unknown>): Promise<AaaError> {
+  return promise.then(
+    () => assert.fail("the call succeeded"),
+    (err: unknown) => {
+      assert.ok(err instanceof AaaError, `not an AaaError: ${err}`);
+      return err;
+    },
+  );
+}
+
+test("an unknown run is RunNotFound", async () => {
+  const err = await failure(client.getRun("no-such-run"));
+  assert.ok(err instanceof RunNotFound && err instanceof NotFound);
+  assert.deepEqual([err.code, err.reason, err.name], [Code.NotFound, "RUN_NOT_FOUND", "RunNotFound"]);
+  assert.match(String(err), /^RunNotFound: RUN_NOT_FOUND: /);
+  assert.ok(await failure(client.run("no-such-run").signal("app.ping")) instanceof RunNotFound);
+  assert.ok(await failure(client.run("no-such-run").result({ timeoutMs: WAIT_MS })) instanceof RunNotFound);
+  assert.ok(await failure(client.run("no-such-run").cancel()) instanceof RunNotFound);
+});
+
+test("bad StartRun requests are ToolNotRegistered and InvalidField with the field", async () => {
+  const unknown = await failure(client.startRun("go", { model: [text("hi")], tools: [`never_registered_${uid()}`] }));
+  assert.ok(unknown instanceof ToolNotRegistered && unknown instanceof InvalidArgument);
+  assert.equal(unknown.code, Code.InvalidArgument);
+  const empty = await failure(client.startRun("", { model: [text("hi")] }));
+  assert.ok(empty instanceof InvalidField);
+  assert.equal(empty.field, "task");
+  assert.equal(empty.metadata.field, "task");
+});
+
+test("signal rules: reserved types, unknown calls, mismatched hashes, finished runs", async () => {
+  const id = uid();
+  const gate = tool({ name: `gate_${id}`, requiresApproval: true, handler: ({ x }: { x: number }) => x });
+  const worker = client.worker({ tools: [gate] });
+  await worker.start();
+  let run;
+  try {
+    run = await client.startRun("go", { model: [toolCall(gate, { x: 1 }), echo()], tools: [gate] });
+    const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+    const callId = request.data.call_id;
+    for (const reserved of ["aaa.tool.completed", "aaa.run.completed", "aaa.approval.requested"]) {
+      const err = await failure(run.signal(reserved, { call_id: callId, output: 1 }));
+      assert.ok(err instanceof ReservedEventType && err instanceof InvalidArgument, reserved);
+    }
+    assert.ok((await failure(run.approve("no-such-call"))) instanceof CallNotFound);
+    const mismatch = await failure(run.approve(callId, { argumentsSha256: "0".repeat(64) }));
+    assert.ok(mismatch instanceof ArgumentsMismatch && mismatch instanceof FailedPrecondition);
+    assert.equal((await run.get()).status, "waiting_for_approval");
+    const note = await run.signal("app.note", { n: 1 }, { requestId: `note-${id}` });
+    const retried = await run.signal("app.note", { n: 1 }, { requestId: `note-${id}` });
+    assert.ok(note.seq > 0);
+    assert.equal(retried.seq, note.seq);
+    await run.approve(callId);
+    assert.equal((await run.result({ timeoutMs: WAIT_MS })).text, "1");
+  } finally {
+    await worker.stop();
+  }
+  const finished = await failure(run.signal("app.ping"));
+  assert.ok(finished instanceof RunFinished && finished instanceof FailedPrecondition);
+  assert.equal(finished.code, Code.FailedPrecondition);
+});
+
+test("a StartRun retried with its requestId returns the first run", async () => {
+  const id = uid();
+  const first = await client.startRun("once", { model: [text("ok")], requestId: `start-${id}` });
+  const again = await client.startRun("once", { model: [text("ok")], requestId: `start-${id}` });
+  assert.ok(first.created && !again.created);
+  assert.equal(again.id, first.id);
+  assert.equal((await first.result({ timeoutMs: WAIT_MS })).text, "ok");
+});
+
+test("no server is Unavailable", async () => {
+  const err = await failure(connect("127.0.0.1:1", { timeoutMs: 300 }));
+  assert.ok(err instanceof Unavailable);
+  assert.equal(err.code, Code.Unavailable);
+});
+
+test("ErrorInfo is decoded from its protobuf bytes", () => {
+  // reason=1 "RUN_NOT_FOUND", domain=2 "aaa.v1", metadata=3 {"field": "run_id"}, and an unknown varint field 9.
+  const bytes = Buffer.concat([
+    Buffer.from([0x0a, 13]), Buffer.from("RUN_NOT_FOUND"),
+    Buffer.from([0x12, 6]), Buffer.from("aaa.v1"),
+    Buffer.from([0x1a, 15, 0x0a, 5]), Buffer.from("field"), Buffer.from([0x12, 6]), Buffer.from("run_id"),
+    Buffer.from([0x48, 1]),
+  ]);
+  assert.deepEqual(decodeErrorInfo(bytes), { reason: "RUN_NOT_FOUND", domain: "aaa.v1", metadata: { field: "run_id" } });
+});
