@@ -17,6 +17,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// How many idle run states stay cached in memory.
     pub run_cache_size: usize,
+    /// Memory for sled's page cache (its default is 1 GiB).
+    pub store_cache_bytes: u64,
 }
 
 impl Config {
@@ -27,7 +29,8 @@ impl Config {
             poll_wait_cap: Duration::from_secs(30),
             default_heartbeat_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
-            run_cache_size: 10_000,
+            run_cache_size: 1_024,
+            store_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }

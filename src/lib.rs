@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod proto;

@@ -23,23 +23,33 @@ enum Command {
     /// Run the server.
     ///
     /// Example: aaa serve --listen 127.0.0.1:50051 --data-dir ./aaa-data
-    Serve {
-        /// Address to listen on (port 0 picks a free port).
-        #[arg(long, env = "AAA_LISTEN", default_value = "127.0.0.1:50051")]
-        listen: SocketAddr,
-        /// Directory of the database; created if missing.
-        #[arg(long, env = "AAA_DATA_DIR", default_value = "./aaa-data")]
-        data_dir: PathBuf,
-        /// Longest PollTask wait, in seconds.
-        #[arg(long, env = "AAA_POLL_WAIT_CAP_S", default_value_t = 30.0)]
-        poll_wait_cap_s: f64,
-        /// Lease of task attempts whose tool sets no heartbeat timeout, in seconds.
-        #[arg(long, env = "AAA_HEARTBEAT_TIMEOUT_S", default_value_t = 30.0)]
-        heartbeat_timeout_s: f64,
-        /// How long a graceful stop waits for in-flight calls, in seconds.
-        #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
-        shutdown_grace_s: f64,
-    },
+    Serve(ServeArgs),
+    /// Benchmark a server: approval cycles, appends, fan-out, parked runs.
+    ///
+    /// Example: aaa bench --smoke
+    Bench(aaa::bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "AAA_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Directory of the database; created if missing.
+    #[arg(long, env = "AAA_DATA_DIR", default_value = "./aaa-data")]
+    data_dir: PathBuf,
+    /// Longest PollTask wait, in seconds.
+    #[arg(long, env = "AAA_POLL_WAIT_CAP_S", default_value_t = 30.0)]
+    poll_wait_cap_s: f64,
+    /// Lease of task attempts whose tool sets no heartbeat timeout, in seconds.
+    #[arg(long, env = "AAA_HEARTBEAT_TIMEOUT_S", default_value_t = 30.0)]
+    heartbeat_timeout_s: f64,
+    /// How long a graceful stop waits for in-flight calls, in seconds.
+    #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
+    shutdown_grace_s: f64,
+    /// Memory for sled's page cache, in MiB.
+    #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = 64)]
+    store_cache_mib: u64,
 }
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -64,14 +74,29 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Command::Serve {
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+        Command::Bench(args) => match aaa::bench::run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("aaa bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let ServeArgs {
         listen,
         data_dir,
         poll_wait_cap_s,
         heartbeat_timeout_s,
         shutdown_grace_s,
-    } = Cli::parse().command;
+        store_cache_mib,
+    } = args;
     let mut config = aaa::Config::new(data_dir.clone());
+    config.store_cache_bytes = store_cache_mib.saturating_mul(1024 * 1024);
     let durations = (|| {
         config.poll_wait_cap = seconds("poll-wait-cap-s", poll_wait_cap_s)?;
         config.default_heartbeat_timeout = seconds("heartbeat-timeout-s", heartbeat_timeout_s)?;

@@ -37,7 +37,7 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let store = Store::open(&config.data_dir)?;
+    let store = Store::open(&config.data_dir, config.store_cache_bytes)?;
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
     let engine = match Engine::start(store.clone(), config, stopping.clone()) {

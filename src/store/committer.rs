@@ -1,4 +1,4 @@
-//! Group commit: one task applies every append and is the only caller of
+//! Group commit: one thread applies every append and is the only caller of
 //! sled's flush, so flushes never run concurrently (STACK.md, trap 1). Each
 //! round takes every batch that is waiting, applies them as one sled batch,
 //! flushes, fsyncs the data file (sled's flush alone is not an fsync,
@@ -8,9 +8,8 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use prost::Message;
+use prost::Message as _;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::sync::CancellationToken;
 
 use super::records::{LogRecord, STAMPED_POSITION_TAG};
 use super::{keys, Op, Result, RunId, StoreError, WriteBatch};
@@ -25,52 +24,58 @@ pub(super) struct Request {
 
 pub(super) struct Committer {
     pub tree: sled::Db,
-    pub data_file: Arc<File>,
+    pub data_file: File,
     pub next_position: u64,
     pub durable: watch::Sender<u64>,
     pub durable_position: Arc<AtomicU64>,
 }
 
-pub(super) async fn run(
-    mut committer: Committer,
-    mut requests: mpsc::Receiver<Request>,
-    closing: CancellationToken,
-) {
+/// What the committer thread is asked to do.
+pub(super) enum Message {
+    Commit(Request),
+    /// Commit what is queued, then stop and say so.
+    Close(oneshot::Sender<()>),
+}
+
+/// The committer's loop, on a thread of its own: it blocks on the disk, so
+/// it stays off the async runtime, and needs no hand-off per round.
+pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
     let mut round = Vec::new();
-    loop {
-        let first = tokio::select! {
-            request = requests.recv() => request,
-            _ = closing.cancelled() => None,
-        };
-        let Some(first) = first else { break };
-        round.push(first);
-        while round.len() < MAX_ROUND {
-            match requests.try_recv() {
-                Ok(request) => round.push(request),
+    let mut closed = None;
+    while closed.is_none() {
+        match messages.blocking_recv() {
+            Some(Message::Commit(request)) => round.push(request),
+            Some(Message::Close(done)) => closed = Some(done),
+            None => break,
+        }
+        while round.len() < MAX_ROUND && closed.is_none() {
+            match messages.try_recv() {
+                Ok(Message::Commit(request)) => round.push(request),
+                Ok(Message::Close(done)) => closed = Some(done),
                 Err(_) => break,
             }
         }
-        if !committer.commit_round(&mut round).await {
+        if !round.is_empty() && !committer.commit_round(&mut round) {
             break;
         }
     }
-    // Closing: answer what is still queued, then refuse the rest.
-    requests.close();
-    while let Ok(request) = requests.try_recv() {
-        round.push(request);
-    }
-    if !round.is_empty() {
-        committer.commit_round(&mut round).await;
-    }
+    // Refuse what comes after: its senders get StoreError::Closed.
+    messages.close();
     if let Err(e) = committer.tree.flush() {
         tracing::error!("final flush failed: {e}");
+    }
+    // Release our handle on the database before saying we are done, so the
+    // directory can be opened again as soon as the other handles are gone.
+    drop(committer);
+    if let Some(done) = closed {
+        let _ = done.send(());
     }
 }
 
 impl Committer {
     /// Commits and answers every request of the round. Returns false when the
     /// store failed: later appends must not be acknowledged.
-    async fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
+    fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
         let first_position = self.next_position;
         let mut sled_batch = sled::Batch::default();
         let mut answers = Vec::with_capacity(round.len());
@@ -79,16 +84,12 @@ impl Committer {
             answers.push(positions);
         }
         let last_position = self.next_position - 1;
-        let tree = self.tree.clone();
-        let file = self.data_file.clone();
-        let written = tokio::task::spawn_blocking(move || -> Result<()> {
-            tree.apply_batch(sled_batch)?;
-            tree.flush()?;
-            file.sync_data()?;
+        let written = (|| -> Result<()> {
+            self.tree.apply_batch(sled_batch)?;
+            self.tree.flush()?;
+            self.data_file.sync_data()?;
             Ok(())
-        })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Io(std::io::Error::other(e))));
+        })();
         let ok = written.is_ok();
         match written {
             Ok(()) => {

@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::sync::CancellationToken;
 
 pub use records::{ApprovalRecord, EventRecord, LogRecord, RunRecord};
 
@@ -179,23 +178,22 @@ pub struct Store {
 
 struct Inner {
     tree: sled::Db,
-    commits: mpsc::Sender<committer::Request>,
+    commits: mpsc::Sender<committer::Message>,
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
     durable_position: Arc<AtomicU64>,
-    committer: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    closing: CancellationToken,
 }
 
 impl Store {
     /// Opens (or creates) the database in `dir` and starts its committer.
-    pub fn open(dir: &Path) -> Result<Store> {
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Store> {
         std::fs::create_dir_all(dir)?;
         let tree = sled::Config::new()
             .path(dir)
             // We flush ourselves, once per group commit; sled's background
             // flusher would only add concurrent flushes (STACK.md, trap 1).
             .flush_every_ms(None)
+            .cache_capacity(cache_bytes)
             // Pages bigger than a quarter segment go to blob files that sled
             // never fsyncs. 8 MiB segments keep every page we write (events
             // are capped at 64 KiB, leaves split at 17 entries) in the main
@@ -212,27 +210,23 @@ impl Store {
         let data_file = std::fs::File::open(dir.join("db"))?;
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
-        let (commits, requests) = mpsc::channel(4096);
-        let closing = CancellationToken::new();
-        let task = tokio::spawn(committer::run(
-            committer::Committer {
-                tree: tree.clone(),
-                data_file: Arc::new(data_file),
-                next_position: last_position + 1,
-                durable: durable_tx,
-                durable_position: durable_position.clone(),
-            },
-            requests,
-            closing.clone(),
-        ));
+        let (commits, messages) = mpsc::channel(4096);
+        let committer = committer::Committer {
+            tree: tree.clone(),
+            data_file,
+            next_position: last_position + 1,
+            durable: durable_tx,
+            durable_position: durable_position.clone(),
+        };
+        std::thread::Builder::new()
+            .name("aaa-committer".into())
+            .spawn(move || committer::run(committer, messages))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 tree,
                 commits,
                 durable,
                 durable_position,
-                committer: std::sync::Mutex::new(Some(task)),
-                closing,
             }),
         })
     }
@@ -241,9 +235,10 @@ impl Store {
     /// its events.
     pub async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
         let (reply, answer) = oneshot::channel();
+        let request = committer::Request { batch, reply };
         self.inner
             .commits
-            .send(committer::Request { batch, reply })
+            .send(committer::Message::Commit(request))
             .await
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -252,12 +247,15 @@ impl Store {
     /// Lets the committer finish what it has, then stops it. Appends after
     /// this fail with [`StoreError::Closed`].
     pub async fn close(&self) {
-        self.inner.closing.cancel();
-        let task = self.inner.committer.lock().expect("poisoned").take();
-        if let Some(task) = task {
-            if let Err(e) = task.await {
-                tracing::error!("store committer failed: {e}");
-            }
+        let (done, closed) = oneshot::channel();
+        if self
+            .inner
+            .commits
+            .send(committer::Message::Close(done))
+            .await
+            .is_ok()
+        {
+            let _ = closed.await;
         }
     }
 

@@ -1,0 +1,98 @@
+//! The floors the other figures are judged against, measured in the same
+//! run: the no-op gRPC round trip (Health/Check, one at a time) and the
+//! store's own group-commit ceiling (64 writers appending straight to an
+//! in-process `Store`, no gRPC, no engine).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tonic_health::pb::HealthCheckRequest;
+
+use super::server::{Pool, ScratchDir};
+use super::stats::{closed_loop, Problems, Summary};
+use crate::store::{EventRecord, RunId, Store, WriteBatch};
+
+#[derive(Debug, Serialize)]
+pub struct Rtt {
+    pub latency: Summary,
+    pub problems: Problems,
+}
+
+/// Sequential Health/Check calls on one connection, after a short warm-up.
+pub async fn rtt(pool: &Pool, calls: usize, limit: Duration) -> Rtt {
+    let mut health = pool.health();
+    let mut problems = Problems::default();
+    let mut samples = Vec::with_capacity(calls);
+    let deadline = Instant::now() + limit;
+    for i in 0..calls + calls / 10 {
+        if Instant::now() > deadline {
+            break;
+        }
+        let t0 = Instant::now();
+        match health.check(HealthCheckRequest::default()).await {
+            Ok(_) if i >= calls / 10 => samples.push(t0.elapsed()),
+            Ok(_) => {}
+            Err(status) => problems.add(format!("Health/Check: {status}")),
+        }
+    }
+    Rtt {
+        latency: Summary::of(&mut samples),
+        problems,
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct StoreCeiling {
+    pub writers: usize,
+    pub appends: usize,
+    pub per_second: f64,
+    pub latency: Summary,
+    pub problems: Problems,
+}
+
+/// `writers` tasks, each committing one small event at a time for its own
+/// run (seq 1, 2, 3...), to a store in a scratch dir.
+pub async fn store_ceiling(
+    writers: usize,
+    total: usize,
+    limit: Duration,
+) -> anyhow::Result<StoreCeiling> {
+    let dir = ScratchDir::new("store")?;
+    let store = Store::open(dir.path(), crate::Config::new(dir.path()).store_cache_bytes)?;
+    let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
+    let writer_store = store.clone();
+    let outcome = closed_loop(writers, total, limit, move |writer, round| {
+        let store = writer_store.clone();
+        let run = runs[writer];
+        async move {
+            let mut batch = WriteBatch::default();
+            batch.push_event(EventRecord {
+                run_id: run.as_bytes().to_vec(),
+                seq: round + 1,
+                position: 0,
+                id: uuid::Uuid::now_v7().as_bytes().to_vec(),
+                event_type: "bench.note".into(),
+                data_json: format!(r#"{{"n":{round}}}"#),
+                time_ms: crate::engine::now_ms(),
+                actor_kind: 3,
+                actor_name: "aaa-bench".into(),
+            });
+            store
+                .commit(batch)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("store commit: {e}"))
+        }
+    })
+    .await;
+    store.close().await;
+    let per_second = outcome.per_second();
+    let mut latencies = outcome.latencies;
+    Ok(StoreCeiling {
+        writers,
+        appends: latencies.len(),
+        per_second,
+        latency: Summary::of(&mut latencies),
+        problems: outcome.problems,
+    })
+}

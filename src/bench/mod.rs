@@ -1,0 +1,283 @@
+//! `aaa bench`: the benchmark harness. It starts its own server (this
+//! executable, `serve` on an ephemeral port and a scratch data dir) or
+//! targets `--server`, runs the scenarios of issue 9 with bounded counts
+//! and time, prints a table with the targets beside the figures, and
+//! writes the figures as JSON.
+//!
+//! Scenarios (`--only`, comma-separated):
+//! - `floors`: the no-op gRPC round trip and the store's group-commit ceiling;
+//! - `cycle`: the approval cycle at 1, 16 and 64 runs in flight;
+//! - `appends`: Signal appends from 64 clients, each on its own parked run;
+//! - `fanout`: followers of one run while events are appended to it;
+//! - `parked`: N runs waiting for approval, memory, listing, kill -9 and restart.
+//!
+//! The floors a selected scenario is judged against are measured with it.
+//! Every figure is reported; a correctness problem (an RPC error, a wrong
+//! end of run, a missed event) makes the command fail. Missed speed targets
+//! fail it too, except with `--smoke`, which CI runs.
+
+mod appends;
+mod client;
+mod cycle;
+mod fanout;
+mod floors;
+mod parked;
+mod report;
+mod server;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use server::{ChildServer, Pool};
+use stats::Problems;
+
+/// Benchmark a server: approval cycles, Signal appends, fan-out, parked runs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Tiny counts, seconds in all; fails only on correctness problems, never on speed.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Benchmark this running server (host:port) instead of starting one;
+    /// it should serve only the bench (the bench's worker takes any
+    /// wire_money task). The parked scenario then measures no memory and
+    /// does no restart, and leaves its runs parked.
+    #[arg(long, env = "AAA_BENCH_SERVER")]
+    pub server: Option<String>,
+    /// Where to write the figures as JSON.
+    #[arg(long, default_value = "bench.json")]
+    pub out: PathBuf,
+    /// Runs to park in the parked scenario [default: 100000, 200 with --smoke].
+    #[arg(long)]
+    pub parked: Option<usize>,
+    /// Upper bound of each load loop, in seconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub duration_s: f64,
+    /// Run only these scenarios (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Scenario>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// No-op gRPC round trip and the store's group-commit ceiling.
+    Floors,
+    /// The approval cycle at 1, 16 and 64 runs in flight.
+    Cycle,
+    /// Signal appends from 64 clients.
+    Appends,
+    /// StreamEvents followers of one run while events are appended.
+    Fanout,
+    /// Runs waiting for approval: memory, listing, kill -9 and restart.
+    Parked,
+}
+
+/// Concurrent writers of the store ceiling and clients of the appends scenario.
+const WRITERS: usize = 64;
+/// Connections of the load pool.
+const CONNECTIONS: usize = 8;
+
+/// The counts of one bench run.
+struct Plan {
+    rtt_calls: usize,
+    store_appends: usize,
+    /// (runs in flight, most cycles) per level.
+    cycle_levels: [(usize, usize); 3],
+    appends: usize,
+    followers: usize,
+    fanout_events: usize,
+    parked: usize,
+    limit: Duration,
+}
+
+impl Plan {
+    fn new(args: &BenchArgs) -> anyhow::Result<Plan> {
+        if !(args.duration_s.is_finite() && args.duration_s > 0.0 && args.duration_s < 1e6) {
+            bail!(
+                "--duration-s: {} is not a positive number of seconds",
+                args.duration_s
+            );
+        }
+        let limit = Duration::from_secs_f64(args.duration_s);
+        Ok(match args.smoke {
+            true => Plan {
+                rtt_calls: 200,
+                store_appends: 2_000,
+                cycle_levels: [(1, 20), (16, 20), (64, 64)],
+                appends: 200,
+                followers: 20,
+                fanout_events: 50,
+                parked: args.parked.unwrap_or(200),
+                limit,
+            },
+            false => Plan {
+                rtt_calls: 5_000,
+                store_appends: 500_000,
+                cycle_levels: [(1, 2_000), (16, 20_000), (64, 50_000)],
+                appends: 500_000,
+                followers: 1_000,
+                fanout_events: 1_000,
+                parked: args.parked.unwrap_or(100_000),
+                limit,
+            },
+        })
+    }
+}
+
+/// Everything measured; a scenario that did not run is absent.
+#[derive(Debug, Default, Serialize)]
+pub struct Results {
+    rtt: Option<floors::Rtt>,
+    store: Option<floors::StoreCeiling>,
+    cycle: Option<cycle::Cycle>,
+    appends: Option<appends::Appends>,
+    fanout: Option<fanout::Fanout>,
+    parked: Option<parked::Parked>,
+    /// Scenarios that could not run to the end, with why.
+    failed: Vec<String>,
+}
+
+impl Results {
+    /// Every correctness problem of every scenario.
+    fn problems(&self) -> Problems {
+        let mut all = Problems::default();
+        let mut add = |p: &Problems| all.merge(p.clone());
+        self.rtt.iter().for_each(|r| add(&r.problems));
+        self.store.iter().for_each(|s| add(&s.problems));
+        if let Some(cycle) = &self.cycle {
+            add(&cycle.problems);
+            cycle.levels.iter().for_each(|l| add(&l.problems));
+        }
+        self.appends.iter().for_each(|a| add(&a.problems));
+        self.fanout.iter().for_each(|f| add(&f.problems));
+        self.parked.iter().for_each(|p| add(&p.problems));
+        for failure in &self.failed {
+            all.add(failure.clone());
+        }
+        all
+    }
+
+    fn record<T>(&mut self, scenario: &str, result: anyhow::Result<T>) -> Option<T> {
+        result
+            .map_err(|e| self.failed.push(format!("{scenario}: {e:#}")))
+            .ok()
+    }
+}
+
+/// Runs the bench, prints the table and writes the JSON. Fails on any
+/// correctness problem, and (without `--smoke`) on a missed target.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let plan = Plan::new(&args)?;
+    // On Ctrl-C, dropping `measure` kills the servers it started and
+    // removes their scratch dirs.
+    let results = tokio::select! {
+        results = measure(&args, &plan) => results?,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+    };
+
+    let table = report::table(&results);
+    let problems = results.problems();
+    let json = serde_json::json!({
+        "mode": if args.smoke { "smoke" } else { "full" },
+        "server": args.server.as_deref().unwrap_or("child"),
+        "duration_s": args.duration_s,
+        "results": results,
+        "table": table.rows,
+        "problems": problems,
+    });
+    let text = serde_json::to_string_pretty(&json)?;
+    std::fs::write(&args.out, text + "\n")
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!();
+    table.print();
+    println!("\nfigures written to {}", args.out.display());
+
+    if !problems.is_empty() {
+        bail!(
+            "{} correctness problems: {:?}",
+            problems.count,
+            problems.first
+        );
+    }
+    let missed = table.failed_targets();
+    if missed > 0 && !args.smoke {
+        bail!("{missed} targets missed");
+    }
+    Ok(())
+}
+
+/// Runs the selected scenarios.
+async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
+    let wanted = |s: Scenario| args.only.is_empty() || args.only.contains(&s);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let session = format!("{}-{nanos}", std::process::id());
+    let mut results = Results::default();
+
+    // Floors, and the scenarios that share one server.
+    let main_server = [
+        Scenario::Floors,
+        Scenario::Cycle,
+        Scenario::Appends,
+        Scenario::Fanout,
+    ]
+    .into_iter()
+    .any(wanted);
+    if main_server {
+        let (child, addr) = server_for(args, "main").await?;
+        let pool = Pool::connect(&addr, CONNECTIONS).await?;
+        client::register_tools(&pool).await?;
+        if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
+            eprintln!("aaa bench: no-op round trip");
+            results.rtt = Some(floors::rtt(&pool, plan.rtt_calls, plan.limit).await);
+        }
+        if wanted(Scenario::Floors) || wanted(Scenario::Appends) {
+            eprintln!("aaa bench: store ceiling, {WRITERS} writers");
+            let store = floors::store_ceiling(WRITERS, plan.store_appends, plan.limit).await;
+            results.store = results.record("store ceiling", store);
+        }
+        if wanted(Scenario::Cycle) {
+            let levels = &plan.cycle_levels;
+            results.cycle = Some(cycle::run(&pool, &session, levels, plan.limit).await);
+        }
+        if wanted(Scenario::Appends) {
+            eprintln!("aaa bench: Signal appends, {WRITERS} clients");
+            let appends = appends::run(&pool, &session, WRITERS, plan.appends, plan.limit).await;
+            results.appends = results.record("appends", appends);
+        }
+        if wanted(Scenario::Fanout) {
+            let (followers, events) = (plan.followers, plan.fanout_events);
+            let fanout = fanout::run(&addr, &session, followers, events, plan.limit).await;
+            results.fanout = results.record("fanout", fanout);
+        }
+        drop(child);
+    }
+
+    // Parked runs get a fresh server of their own, which they kill and restart.
+    if wanted(Scenario::Parked) {
+        let parked = async {
+            let (mut child, addr) = server_for(args, "parked").await?;
+            parked::run(&addr, child.as_mut(), &session, plan.parked).await
+        };
+        results.parked = results.record("parked", parked.await);
+    }
+    Ok(results)
+}
+
+/// The server to load: `--server`, or a fresh child (returned so it lives
+/// as long as the caller needs it, and is killed when dropped).
+async fn server_for(args: &BenchArgs, tag: &str) -> anyhow::Result<(Option<ChildServer>, String)> {
+    match &args.server {
+        Some(addr) => Ok((None, addr.clone())),
+        None => {
+            let child = ChildServer::start(tag).await?;
+            server::wait_serving(child.addr()).await?;
+            let addr = child.addr().to_string();
+            Ok((Some(child), addr))
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Parked runs: N runs waiting for approval. Measures the server's memory,
+//! ListApprovals' first page and WatchApprovals' snapshot; then (on a
+//! server the bench started) kills it with SIGKILL, restarts it on the same
+//! data, and times readiness and the first approval cycle after restart.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::client::{self, HOLD, LABEL};
+use super::server::{self, ChildServer, Pool};
+use super::stats::{closed_loop, millis, Problems, Summary, OP_TIMEOUT};
+use crate::proto::{
+    watch_approvals_response, Approval, ListApprovalsRequest, WatchApprovalsRequest,
+};
+
+/// Concurrent StartRun calls while parking.
+const STARTERS: usize = 64;
+/// The longest parking may take, whatever N.
+const PARK_LIMIT: Duration = Duration::from_secs(900);
+/// ListApprovals first-page calls timed.
+const LIST_CALLS: usize = 20;
+
+#[derive(Debug, Default, Serialize)]
+pub struct Parked {
+    pub parked: usize,
+    pub parked_per_second: f64,
+    pub rss_before_kib: Option<u64>,
+    pub rss_parked_kib: Option<u64>,
+    /// (rss_parked - rss_before) / parked. Not linear in N (caches fill
+    /// up), so it does not project: the memory target is judged at 100k.
+    pub kib_per_parked: Option<f64>,
+    pub list_first_page: Summary,
+    pub snapshot_ms: f64,
+    pub snapshot_pending: u32,
+    /// From the restart (spawn after kill -9) to Health/Check SERVING.
+    pub ready_ms: Option<f64>,
+    pub rss_after_restart_kib: Option<u64>,
+    /// From the restart to the run of a granted approval completing.
+    pub first_approval_ms: Option<f64>,
+    /// From the grant to that run completing.
+    pub grant_to_completed_ms: Option<f64>,
+    pub problems: Problems,
+}
+
+/// `child` is the server behind `addr` when the bench started it (then
+/// RSS and the restart are measured), None for `--server`.
+pub async fn run(
+    addr: &str,
+    child: Option<&mut ChildServer>,
+    session: &str,
+    count: usize,
+) -> anyhow::Result<Parked> {
+    let pool = Pool::connect(addr, 8).await?;
+    client::register_tools(&pool).await?;
+    let mut out = Parked {
+        rss_before_kib: child.as_ref().and_then(|c| c.rss_kib()),
+        ..Default::default()
+    };
+
+    eprintln!("aaa bench: parking {count} runs");
+    let start = Instant::now();
+    out.parked = park(&pool, session, count, &mut out.problems).await;
+    out.parked_per_second = out.parked as f64 / start.elapsed().as_secs_f64().max(1e-9);
+    out.rss_parked_kib = child.as_ref().and_then(|c| c.rss_kib());
+    if let (Some(before), Some(parked)) = (out.rss_before_kib, out.rss_parked_kib) {
+        let per = parked.saturating_sub(before) as f64 / out.parked.max(1) as f64;
+        out.kib_per_parked = Some(per);
+    }
+
+    let pending = list_first_page(&pool, session, &mut out).await;
+
+    match snapshot(&pool).await {
+        Ok((elapsed, pending)) => {
+            out.snapshot_ms = millis(elapsed);
+            out.snapshot_pending = pending;
+            // Our own server holds only this session's runs.
+            let enough = match child {
+                Some(_) => pending as usize == out.parked,
+                None => pending as usize >= out.parked,
+            };
+            if !enough {
+                let parked = out.parked;
+                let message = format!("the snapshot has {pending} pending, {parked} parked");
+                out.problems.add(message);
+            }
+        }
+        Err(message) => out.problems.add(message),
+    }
+
+    match (child, pending) {
+        (Some(child), Some(approval)) => restart_and_approve(child, approval, &mut out).await?,
+        (Some(_), None) => out.problems.add("no pending approval of this session"),
+        (None, _) => {}
+    }
+    Ok(out)
+}
+
+/// Starts `count` runs of the gated hold tool and waits until their
+/// approval requests are out. A watch opened first counts them, so the bench
+/// knows when all runs are parked without polling. Returns how many started.
+async fn park(pool: &Pool, session: &str, count: usize, problems: &mut Problems) -> usize {
+    let watcher = tokio::spawn(count_requests(pool.clone(), session.to_string(), count));
+    let (starters, session) = (pool.clone(), session.to_string());
+    let started = closed_loop(STARTERS, count, PARK_LIMIT, move |_, _| {
+        let (mut runs, session) = (starters.runs(), session.clone());
+        async move {
+            client::start_run(&mut runs, HOLD, &session)
+                .await
+                .map(|_| ())
+        }
+    })
+    .await;
+    let done = started.done();
+    problems.merge(started.problems);
+    let stop_watch = watcher.abort_handle();
+    let seen = match tokio::time::timeout(OP_TIMEOUT, watcher).await {
+        Ok(Ok(Ok(seen))) => seen,
+        Ok(Ok(Err(message))) => {
+            problems.add(message);
+            0
+        }
+        _ => {
+            stop_watch.abort();
+            0
+        }
+    };
+    if seen < done {
+        problems.add(format!(
+            "{done} runs started, {seen} approval requests seen"
+        ));
+    }
+    done
+}
+
+/// Times ListApprovals' first page a few times; returns a pending approval
+/// of this session, to grant after the restart.
+async fn list_first_page(pool: &Pool, session: &str, out: &mut Parked) -> Option<Approval> {
+    let mut approvals = pool.approvals();
+    let mut samples = Vec::with_capacity(LIST_CALLS);
+    let mut pending = None;
+    for _ in 0..LIST_CALLS {
+        let t0 = Instant::now();
+        let page = match approvals
+            .list_approvals(ListApprovalsRequest::default())
+            .await
+        {
+            Ok(page) => page.into_inner(),
+            Err(status) => {
+                out.problems.add(format!("ListApprovals: {status}"));
+                continue;
+            }
+        };
+        samples.push(t0.elapsed());
+        if page.approvals.len() < out.parked.min(50) {
+            let message = format!("ListApprovals' first page has {}", page.approvals.len());
+            out.problems.add(message);
+        }
+        if pending.is_none() {
+            pending = page
+                .approvals
+                .into_iter()
+                .find(|a| a.labels.get(LABEL).map(String::as_str) == Some(session));
+        }
+    }
+    out.list_first_page = Summary::of(&mut samples);
+    pending
+}
+
+/// kill -9, restart on the same data; times readiness, then grants
+/// `approval` with a worker serving the hold tool and times the run's end.
+async fn restart_and_approve(
+    child: &mut ChildServer,
+    approval: Approval,
+    out: &mut Parked,
+) -> anyhow::Result<()> {
+    eprintln!("aaa bench: kill -9 and restart with {} parked", out.parked);
+    child.kill9();
+    let restart = Instant::now();
+    child.resume().await?;
+    server::wait_serving(child.addr()).await?;
+    out.ready_ms = Some(millis(restart.elapsed()));
+    out.rss_after_restart_kib = child.rss_kib();
+
+    let pool = Pool::connect(child.addr(), 2).await?;
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(client::serve_tool(pool.clone(), HOLD, 1, stop.clone()));
+    let granted = Instant::now();
+    let mut runs = pool.runs();
+    let cycle = async {
+        client::grant(&mut runs, &approval.run_id, &approval.call_id).await?;
+        client::wait_completed(&mut runs, &approval.run_id).await
+    };
+    match cycle.await {
+        Ok(()) => {
+            out.first_approval_ms = Some(millis(restart.elapsed()));
+            out.grant_to_completed_ms = Some(millis(granted.elapsed()));
+        }
+        Err(message) => out.problems.add(message),
+    }
+    stop.cancel();
+    out.problems.merge(client::join_helper(worker).await);
+    Ok(())
+}
+
+/// Reads WatchApprovals(tool = hold) until `count` requests of this session
+/// were seen; returns how many.
+async fn count_requests(pool: Pool, session: String, count: usize) -> Result<usize, String> {
+    use watch_approvals_response::Item;
+    let request = WatchApprovalsRequest {
+        tool: HOLD.into(),
+        heartbeat_s: 1.0,
+        ..Default::default()
+    };
+    let mut stream = pool
+        .approvals()
+        .watch_approvals(request)
+        .await
+        .map_err(|s| format!("WatchApprovals: {s}"))?
+        .into_inner();
+    let mut seen = 0;
+    let deadline = Instant::now() + PARK_LIMIT + OP_TIMEOUT;
+    while seen < count && Instant::now() < deadline {
+        let item = stream
+            .message()
+            .await
+            .map_err(|s| format!("WatchApprovals: {s}"))?
+            .ok_or("WatchApprovals ended")?;
+        if let Some(Item::Requested(approval)) = item.item {
+            if approval.labels.get(LABEL) == Some(&session) {
+                seen += 1;
+            }
+        }
+    }
+    Ok(seen)
+}
+
+/// Time from WatchApprovals to its snapshot_complete, and the pending count.
+async fn snapshot(pool: &Pool) -> Result<(Duration, u32), String> {
+    use watch_approvals_response::Item;
+    let t0 = Instant::now();
+    let read = async {
+        let mut stream = pool
+            .approvals()
+            .watch_approvals(WatchApprovalsRequest::default())
+            .await?
+            .into_inner();
+        while let Some(item) = stream.message().await? {
+            if let Some(Item::SnapshotComplete(done)) = item.item {
+                return Ok(Some(done.pending));
+            }
+        }
+        Ok::<_, tonic::Status>(None)
+    };
+    match tokio::time::timeout(OP_TIMEOUT, read).await {
+        Ok(Ok(Some(pending))) => Ok((t0.elapsed(), pending)),
+        Ok(Ok(None)) => Err("WatchApprovals ended before snapshot_complete".into()),
+        Ok(Err(status)) => Err(format!("WatchApprovals: {status}")),
+        Err(_) => Err(format!("no snapshot_complete within {OP_TIMEOUT:?}")),
+    }
+}

@@ -1,0 +1,307 @@
+//! The report: every figure as a table row, the targets beside the
+//! figures they judge (PASS / FAIL), and the JSON written with `--out`.
+
+use serde::Serialize;
+
+use super::stats::{ms, Problems};
+use super::Results;
+
+/// One line of the table. `pass` is None for figures without a target, or
+/// when the target's reference was not measured.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub scenario: String,
+    pub metric: String,
+    pub value: String,
+    pub target: String,
+    pub pass: Option<bool>,
+}
+
+#[derive(Default)]
+pub struct Table {
+    pub rows: Vec<Row>,
+}
+
+impl Table {
+    fn add(&mut self, scenario: &str, metric: &str, value: String) {
+        self.judge(scenario, metric, value, "", None);
+    }
+
+    fn judge(
+        &mut self,
+        scenario: &str,
+        metric: &str,
+        value: String,
+        target: &str,
+        pass: Option<bool>,
+    ) {
+        self.rows.push(Row {
+            scenario: scenario.into(),
+            metric: metric.into(),
+            value,
+            target: target.into(),
+            pass,
+        });
+    }
+
+    pub fn failed_targets(&self) -> usize {
+        self.rows.iter().filter(|r| r.pass == Some(false)).count()
+    }
+
+    pub fn print(&self) {
+        let header = ["scenario", "metric", "value", "target", "ok"];
+        let cells: Vec<[String; 5]> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let ok = match r.pass {
+                    Some(true) => "PASS",
+                    Some(false) => "FAIL",
+                    None if r.target.is_empty() => "",
+                    None => "n/a",
+                };
+                [
+                    r.scenario.clone(),
+                    r.metric.clone(),
+                    r.value.clone(),
+                    r.target.clone(),
+                    ok.to_string(),
+                ]
+            })
+            .collect();
+        let mut widths = header.map(str::len);
+        for row in &cells {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let line = |row: [&str; 5]| {
+            let padded: Vec<String> = row
+                .iter()
+                .zip(widths)
+                .map(|(cell, width)| format!("{cell:<width$}"))
+                .collect();
+            println!("{}", padded.join("  ").trim_end());
+        };
+        line(header);
+        for row in &cells {
+            line(row.each_ref().map(String::as_str));
+        }
+    }
+}
+
+/// 12345.6 -> "12,346".
+pub fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn problems_text(problems: &Problems) -> String {
+    match problems.first.first() {
+        None => "0".into(),
+        Some(first) => {
+            let first: String = first.chars().take(80).collect();
+            format!("{} (first: {first})", problems.count)
+        }
+    }
+}
+
+/// Builds the table from whatever scenarios ran.
+pub fn table(results: &Results) -> Table {
+    let mut t = Table::default();
+    let rtt_p50 = results.rtt.as_ref().map(|r| r.latency.p50_ms);
+    let ceiling = results.store.as_ref().map(|s| s.per_second);
+
+    if let Some(rtt) = &results.rtt {
+        t.add(
+            "floor",
+            "no-op round trip (Health/Check) p50 / p99",
+            rtt.latency.text(),
+        );
+    }
+    if let Some(store) = &results.store {
+        t.judge(
+            "floor",
+            &format!("store ceiling, {} writers: acked appends/s", store.writers),
+            thousands(store.per_second),
+            ">= 50,000/s",
+            Some(store.per_second >= 50_000.0),
+        );
+        t.add("floor", "store commit p50 / p99", store.latency.text());
+    }
+
+    for level in results.cycle.iter().flat_map(|c| &c.levels) {
+        let scenario = format!("cycle x{}", level.in_flight);
+        let (target, pass) = match level.in_flight {
+            64 => (">= 2,000/s".to_string(), Some(level.per_second >= 2000.0)),
+            _ => (String::new(), None),
+        };
+        t.judge(
+            &scenario,
+            &format!("cycles/s ({} cycles)", level.cycles),
+            thousands(level.per_second),
+            &target,
+            pass,
+        );
+        let (target, pass) = match (level.in_flight, rtt_p50) {
+            (1, Some(rtt)) => (
+                format!("p50 <= 10x round trip = {} ms", ms(10.0 * rtt)),
+                Some(level.latency.p50_ms <= 10.0 * rtt),
+            ),
+            (1, None) => ("p50 <= 10x round trip".into(), None),
+            _ => (String::new(), None),
+        };
+        t.judge(
+            &scenario,
+            "StartRun -> completed p50 / p99",
+            level.latency.text(),
+            &target,
+            pass,
+        );
+    }
+
+    if let Some(a) = &results.appends {
+        let (target, pass) = match ceiling {
+            Some(c) => (
+                format!(">= 0.5x ceiling = {}/s", thousands(0.5 * c)),
+                Some(a.per_second >= 0.5 * c),
+            ),
+            None => (">= 0.5x store ceiling".into(), None),
+        };
+        t.judge(
+            "appends",
+            &format!(
+                "Signal appends/s, {} clients ({} events)",
+                a.clients,
+                thousands(a.events as f64)
+            ),
+            thousands(a.per_second),
+            &target,
+            pass,
+        );
+        if let Some(c) = ceiling {
+            t.add(
+                "appends",
+                "fraction of the store ceiling",
+                format!("{:.2}", a.per_second / c),
+            );
+        }
+        t.add("appends", "Signal p50 / p99", a.latency.text());
+    }
+
+    if let Some(f) = &results.fanout {
+        t.judge(
+            "fan-out",
+            &format!(
+                "deliveries ({} followers x {} events)",
+                f.followers, f.events
+            ),
+            format!(
+                "{} of {}, {} missed",
+                thousands(f.delivered as f64),
+                thousands(f.expected as f64),
+                f.missed
+            ),
+            "nothing missed",
+            Some(f.missed == 0 && f.expected > 0),
+        );
+        t.judge(
+            "fan-out",
+            "lag (Signal sent -> follower got it) p50 / p99",
+            f.lag.text(),
+            "p99 < 50 ms",
+            Some(f.lag.count > 0 && f.lag.p99_ms < 50.0),
+        );
+        t.add(
+            "fan-out",
+            "lag after the Signal's answer p50 / p99",
+            f.lag_after_ack.text(),
+        );
+        t.add(
+            "fan-out",
+            "appends/s (one client, sequential)",
+            thousands(f.appends_per_second),
+        );
+    }
+
+    if let Some(p) = &results.parked {
+        t.add(
+            "parked",
+            "runs parked at approval (runs/s)",
+            format!(
+                "{} ({}/s)",
+                thousands(p.parked as f64),
+                thousands(p.parked_per_second)
+            ),
+        );
+        if let (Some(before), Some(parked), Some(per)) =
+            (p.rss_before_kib, p.rss_parked_kib, p.kib_per_parked)
+        {
+            // Memory does not grow linearly with N: judge it at 100k only.
+            let pass = (p.parked >= 100_000).then_some(parked < 150 * 1024);
+            t.judge(
+                "parked",
+                &format!("server RSS with {} parked", thousands(p.parked as f64)),
+                format!("{} ({} before, {per:.1} KiB/run)", mib(parked), mib(before)),
+                "< 150 MiB at 100k",
+                pass,
+            );
+        }
+        t.judge(
+            "parked",
+            "ListApprovals first page p50 / p99",
+            p.list_first_page.text(),
+            "p50 < 20 ms",
+            Some(p.list_first_page.count > 0 && p.list_first_page.p50_ms < 20.0),
+        );
+        t.add(
+            "parked",
+            "WatchApprovals snapshot complete",
+            format!(
+                "{} ms ({} pending)",
+                ms(p.snapshot_ms),
+                thousands(p.snapshot_pending as f64)
+            ),
+        );
+        if let Some(ready) = p.ready_ms {
+            t.judge(
+                "parked",
+                "kill -9, restart -> Health SERVING",
+                format!("{} ms", ms(ready)),
+                "< 1,000 ms",
+                Some(ready < 1000.0),
+            );
+        }
+        if let Some(rss) = p.rss_after_restart_kib {
+            t.add("parked", "server RSS after restart", mib(rss));
+        }
+        if let (Some(first), Some(grant)) = (p.first_approval_ms, p.grant_to_completed_ms) {
+            t.add(
+                "parked",
+                "restart -> first approval completed (grant -> done)",
+                format!("{} ms ({} ms)", ms(first), ms(grant)),
+            );
+        }
+    }
+
+    let problems = results.problems();
+    t.judge(
+        "all",
+        "correctness problems (errors, missed events)",
+        problems_text(&problems),
+        "0",
+        Some(problems.is_empty()),
+    );
+    t
+}
