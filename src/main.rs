@@ -1,4 +1,5 @@
-//! The `aaa` command: parses flags and runs the server.
+//! The `aaa` command: parses flags, then runs the server, the bench, or one
+//! of the client commands of `aaa::cli`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +29,8 @@ enum Command {
     ///
     /// Example: aaa bench --smoke
     Bench(aaa::bench::BenchArgs),
+    #[command(flatten)]
+    Client(aaa::cli::Command),
 }
 
 #[derive(clap::Args)]
@@ -65,16 +68,27 @@ fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Logs to stderr: `info` by default for the server and the bench; client
+/// commands log nothing unless AAA_LOG asks, so their stderr is their errors.
+fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AAA_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let command = Cli::parse().command;
+    init_logging(match command {
+        Command::Client(_) => "off",
+        _ => "info",
+    });
+    match command {
+        Command::Client(command) => aaa::cli::run(command).await,
         Command::Serve(args) => serve(args).await,
         Command::Bench(args) => match aaa::bench::run(args).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod cli;
 mod concurrency;
 mod deadline;
 mod errors;

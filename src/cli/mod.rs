@@ -1,0 +1,262 @@
+//! The `aaa` command for people: the client subcommands (`runs`,
+//! `approvals`, `approve`, `deny`), how they reach the server, and the exit
+//! codes scripts rely on. Each command is one call or one stream of the
+//! generated tonic client; `render` turns answers into lines and JSON.
+
+mod approvals;
+mod render;
+mod runs;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt;
+
+use crate::proto::approval_service_client::ApprovalServiceClient;
+use crate::proto::run_service_client::RunServiceClient;
+
+/// The exit codes, shown in the help of every client command.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  ok
+  1  the server refused the request (the error line gives the gRPC code,
+     message and reason), or a decision was already made the other way
+  2  usage error: bad flags, or a bad --steps file
+  3  the server cannot be reached (connection failed, or UNAVAILABLE)
+  4  runs tail: the run ended failed or cancelled";
+
+/// Give up connecting after this long (an address that drops packets would
+/// otherwise hang the command).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The client subcommands, flattened into the `aaa` command beside `serve`.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Start runs, list them, show one, follow one live.
+    ///
+    /// Example: aaa runs ls --status waiting_for_approval
+    #[command(after_help = EXIT_CODES)]
+    Runs(runs::RunsArgs),
+    /// The approval inbox: list it, watch it live, review it interactively.
+    ///
+    /// Example: aaa approvals review
+    #[command(after_help = EXIT_CODES)]
+    Approvals(approvals::ApprovalsArgs),
+    /// Approve one pending tool call: it runs with exactly the requested arguments.
+    ///
+    /// Example: aaa approve "$RUN" call-1 --comment "checked with finance"
+    #[command(after_help = EXIT_CODES)]
+    Approve(approvals::ApproveArgs),
+    /// Deny one pending tool call: the model reads the reason as the tool's result.
+    ///
+    /// Example: aaa deny "$RUN" call-1 --reason "not this vendor"
+    #[command(after_help = EXIT_CODES)]
+    Deny(approvals::DenyArgs),
+}
+
+/// Where the server is and who we are; every client command takes these.
+#[derive(clap::Args, Clone)]
+#[command(next_help_heading = "Connection")]
+pub struct Connection {
+    /// The aaa server's URL ("host:port" means http://host:port).
+    #[arg(
+        long,
+        global = true,
+        env = "AAA_SERVER",
+        default_value = "http://127.0.0.1:50051",
+        value_parser = server_url
+    )]
+    server: String,
+    /// Sent on every call as `authorization: Bearer TOKEN`. The server does
+    /// not check tokens yet; this is for the auth that comes later.
+    #[arg(
+        long,
+        global = true,
+        env = "AAA_TOKEN",
+        hide_env_values = true,
+        value_parser = bearer_token
+    )]
+    token: Option<MetadataValue<Ascii>>,
+}
+
+/// `--json` of every read command.
+#[derive(clap::Args)]
+struct Format {
+    /// Print JSON for scripts: one document, or one object per line for
+    /// streams (tail, watch). JSON-text fields (data, arguments, result) are
+    /// embedded as JSON, numbers exactly as the server has them.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs a client command; errors become one line on stderr and an exit code.
+pub async fn run(command: Command) -> ExitCode {
+    let (connection, result) = match &command {
+        Command::Runs(args) => (&args.connection, runs::run(args).await),
+        Command::Approvals(args) => (&args.connection, approvals::run(args).await),
+        Command::Approve(args) => (&args.connection, approvals::approve(args).await),
+        Command::Deny(args) => (&args.connection, approvals::deny(args).await),
+    };
+    let server = &connection.server;
+    let Err(error) = result else {
+        return ExitCode::SUCCESS;
+    };
+    let (code, line) = match error {
+        Error::Failed(line) => (1, Some(line)),
+        Error::Usage(line) => (2, Some(line)),
+        Error::Unreachable(detail) => (
+            3,
+            Some(format!("cannot reach aaa server at {server}: {detail}")),
+        ),
+        Error::RunNotCompleted => (4, None),
+        // The reader went away (`aaa runs tail RUN | head`): nothing to say.
+        Error::OutputClosed => (0, None),
+    };
+    if let Some(line) = line {
+        let _ = writeln!(std::io::stderr(), "aaa: {line}");
+    }
+    ExitCode::from(code)
+}
+
+/// Why a client command did not succeed; each kind is one exit code.
+#[derive(Debug)]
+enum Error {
+    /// Exit 1: the server refused, or something local failed (stdin, stdout).
+    Failed(String),
+    /// Exit 2: bad input that clap could not check (a --steps file).
+    Usage(String),
+    /// Exit 3: no connection, or UNAVAILABLE; the line names the server.
+    Unreachable(String),
+    /// Exit 4: `runs tail` saw the run end failed or cancelled.
+    RunNotCompleted,
+    /// Exit 0: stdout was closed by its reader.
+    OutputClosed,
+}
+
+impl From<Status> for Error {
+    fn from(status: Status) -> Self {
+        let line = status_line(&status);
+        match status.code() {
+            Code::Unavailable => Error::Unreachable(line),
+            _ => Error::Failed(line),
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::BrokenPipe => Error::OutputClosed,
+            _ => Error::Failed(e.to_string()),
+        }
+    }
+}
+
+/// "NOT_FOUND: run 'x' not found (RUN_NOT_FOUND)": the code as gRPC names
+/// it, the message, and the ErrorInfo reason scripts branch on.
+fn status_line(status: &Status) -> String {
+    // Code's Debug is "NotFound"; gRPC's name is "NOT_FOUND".
+    let mut code = String::new();
+    for (i, c) in format!("{:?}", status.code()).chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            code.push('_');
+        }
+        code.push(c.to_ascii_uppercase());
+    }
+    let mut line = format!("{code}: {}", status.message().replace('\n', " "));
+    if let Some(info) = status.get_details_error_info() {
+        line.push_str(&format!(" ({})", info.reason));
+    }
+    line
+}
+
+type Transport = InterceptedService<Channel, Bearer>;
+
+/// A connection to the server; hands out the generated clients.
+struct Client {
+    channel: Channel,
+    bearer: Bearer,
+}
+
+impl Client {
+    fn runs(&self) -> RunServiceClient<Transport> {
+        RunServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
+    }
+
+    fn approvals(&self) -> ApprovalServiceClient<Transport> {
+        ApprovalServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
+    }
+}
+
+impl Connection {
+    /// Connects now, so an unreachable server is reported as such (exit 3)
+    /// before any request is made.
+    async fn connect(&self) -> Result<Client, Error> {
+        let endpoint = Endpoint::from_shared(self.server.clone())
+            .map_err(|e| Error::Usage(format!("--server {}: {e}", self.server)))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = endpoint.connect().await.map_err(|e| {
+            // tonic says "transport error"; the cause ("Connection refused") is below.
+            let mut detail = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                // hyper repeats some causes ("tcp connect error: tcp connect error").
+                let cause_text = cause.to_string();
+                if !detail.ends_with(&cause_text) {
+                    detail.push_str(&format!(": {cause_text}"));
+                }
+                source = cause.source();
+            }
+            Error::Unreachable(detail)
+        })?;
+        Ok(Client {
+            channel,
+            bearer: Bearer(self.token.clone()),
+        })
+    }
+}
+
+/// Adds `authorization: Bearer TOKEN` to every request, when there is a token.
+#[derive(Clone)]
+struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+fn server_url(text: &str) -> Result<String, String> {
+    let url = match text.contains("://") {
+        true => text.to_string(),
+        false => format!("http://{text}"),
+    };
+    Endpoint::from_shared(url.clone())
+        .map(|_| url)
+        .map_err(|e| e.to_string())
+}
+
+fn bearer_token(text: &str) -> Result<MetadataValue<Ascii>, String> {
+    format!("Bearer {text}")
+        .parse()
+        .map_err(|_| "not a valid header value (printable ASCII only)".to_string())
+}
+
+/// Parses a `KEY=VALUE` label (filters and StartRun take the same form).
+fn label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("'{text}' is not KEY=VALUE")),
+    }
+}

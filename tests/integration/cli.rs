@@ -1,0 +1,566 @@
+//! The `aaa` command for people, run as a child process against a real
+//! server: start a run, see it in the inbox, approve or deny it, follow it
+//! with `runs tail`, review the inbox by answering on stdin, `--json`
+//! output, and the exit codes scripts rely on.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::support::*;
+
+/// The reference steps for `--steps`: call wire_money, then echo its result.
+const REFERENCE_STEPS: &str = r#"[{"tool_calls": [{"name": "wire_money", "arguments": {"amount": 250, "to": "ACME"}}]}, "echo"]"#;
+
+/// A running `aaa` command: its stdout arrives line by line as it is
+/// written; killed and reaped on drop.
+struct Aaa {
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+/// How an `aaa` command ended.
+struct Ended {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Aaa {
+    /// Starts `aaa ARGS` with `stdin` as its whole input.
+    fn start(server: &impl Server, args: &[&str], stdin: &str) -> Aaa {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_aaa"));
+        command.args(args);
+        Aaa::spawn(server, command, stdin)
+    }
+
+    /// Starts `command` with AAA_SERVER pointing at `server`.
+    fn spawn(server: &impl Server, mut command: Command, stdin: &str) -> Aaa {
+        let mut child = command
+            .env("AAA_SERVER", format!("http://{}", server.addr()))
+            .env_remove("AAA_TOKEN")
+            .env_remove("AAA_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn aaa");
+        let mut input = child.stdin.take().expect("stdin");
+        let stdin = stdin.to_string();
+        // Write and close (EOF) on a thread, so a full pipe cannot block the test.
+        std::thread::spawn(move || {
+            let _ = input.write_all(stdin.as_bytes());
+        });
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            text
+        });
+        Aaa {
+            child,
+            lines,
+            stderr: Some(stderr),
+        }
+    }
+
+    /// The next line of stdout; None once stdout is closed.
+    async fn next_line(&mut self) -> Option<String> {
+        tokio::time::timeout(WAIT, self.lines.recv())
+            .await
+            .expect("aaa printed nothing more and did not exit")
+    }
+
+    /// The rest of stdout, then the exit code and stderr.
+    async fn finish(mut self) -> Ended {
+        let mut stdout = String::new();
+        while let Some(line) = self.next_line().await {
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+        // stdout is closed: the process is exiting.
+        let stderr = self.stderr.take().unwrap().join().expect("stderr reader");
+        let status = self.child.wait().expect("wait for aaa");
+        Ended {
+            code: status.code().expect("aaa ended by a signal"),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Aaa {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `aaa ARGS` to its end.
+async fn aaa(server: &impl Server, args: &[&str]) -> Ended {
+    Aaa::start(server, args, "").finish().await
+}
+
+impl Ended {
+    #[track_caller]
+    fn ok(self) -> Ended {
+        assert_eq!(self.code, 0, "aaa failed: {}", self.stderr);
+        self
+    }
+
+    /// Checks the exit code and that stderr is one line; returns that line.
+    #[track_caller]
+    fn error_line(&self, code: i32) -> &str {
+        assert_eq!(
+            self.code, code,
+            "exit code; stdout: {}, stderr: {}",
+            self.stdout, self.stderr
+        );
+        assert_eq!(self.stderr.lines().count(), 1, "one line: {}", self.stderr);
+        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
+        self.stderr.trim_end()
+    }
+
+    #[track_caller]
+    fn json(&self) -> Value {
+        parse(&self.stdout)
+    }
+}
+
+#[track_caller]
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn steps_file(dir: &tempfile::TempDir, steps: &str) -> PathBuf {
+    let path = dir.path().join("steps.json");
+    std::fs::write(&path, steps).expect("write steps");
+    path
+}
+
+/// Starts the reference run with `aaa runs start`; returns its id.
+async fn start_with_cli(server: &impl Server, steps: &str, extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let steps = steps_file(&dir, steps);
+    let mut args = vec!["runs", "start", "Pay ACME $250", "--tool", "wire_money"];
+    args.extend(["--steps", steps.to_str().unwrap()]);
+    args.extend(extra);
+    let started = aaa(server, &args).await.ok();
+    started.stdout.trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_call_approves_a_wire_transfer_from_the_terminal() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let worker = Worker::spawn(&server, "payments-1", &["wire_money"], &[]).await;
+    let run_id = start_with_cli(&server, REFERENCE_STEPS, &["--label", "team=payments"]).await;
+
+    // Follow the run live; it stops at the approval request.
+    let mut tail = Aaa::start(&server, &["runs", "tail", &run_id, "--json"], "");
+    let mut events = Vec::new();
+    while events
+        .last()
+        .is_none_or(|e: &Value| e["type"] != "aaa.approval.requested")
+    {
+        let line = tail
+            .next_line()
+            .await
+            .expect("tail ended before the approval request");
+        events.push(parse(&line));
+    }
+
+    // The inbox shows the call with its exact arguments: 250, not 250.0.
+    let inbox = aaa(
+        &server,
+        &["approvals", "ls", "--json", "--label", "team=payments"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(inbox["next_page_token"], "");
+    let approval = &inbox["approvals"][0];
+    assert_eq!(approval["run_id"], run_id.as_str());
+    assert_eq!(approval["tool"], "wire_money");
+    assert_eq!(approval["arguments"], json!({"amount": 250, "to": "ACME"}));
+    assert_eq!(approval["arguments"]["amount"].as_u64(), Some(250));
+    let call_id = approval["call_id"].as_str().unwrap().to_string();
+    let sha256 = approval["arguments_sha256"].as_str().unwrap().to_string();
+
+    let args = [
+        "approve",
+        &run_id,
+        &call_id,
+        "--comment",
+        "checked with finance",
+        "--sha256",
+        &sha256,
+    ];
+    let approved = aaa(&server, &args).await.ok();
+    assert_eq!(
+        approved.stdout.trim(),
+        format!("granted {call_id} of run {run_id}")
+    );
+
+    // The worker runs the tool; tail follows to the run's end and exits 0.
+    let rest = tail.finish().await.ok();
+    events.extend(rest.stdout.lines().map(parse));
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, REFERENCE_TYPES);
+    let granted = &events[5]["data"];
+    assert_eq!(granted["comment"], "checked with finance");
+    assert_eq!(granted["arguments_sha256"], sha256.as_str());
+    assert_eq!(
+        events[10]["data"]["value"]["text"], REFERENCE_TEXT,
+        "aaa.run.completed: {}",
+        events[10]
+    );
+    assert_eq!(events[10]["seq"].as_u64(), Some(11));
+    assert_eq!(worker.stop().await.len(), 1, "the tool ran once");
+
+    let run = aaa(&server, &["runs", "show", &run_id, "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(run["status"], "completed");
+    assert_eq!(run["result"], json!({"text": REFERENCE_TEXT}));
+    assert_eq!(run["labels"], json!({"team": "payments"}));
+
+    // A second grant changes nothing and says so; it still succeeds.
+    let again = aaa(&server, &["approve", &run_id, &call_id]).await.ok();
+    assert!(again.stdout.contains("already granted"), "{}", again.stdout);
+
+    // The run is listed under its status and label; the text table names it.
+    let listed = aaa(
+        &server,
+        &[
+            "runs",
+            "ls",
+            "--status",
+            "completed",
+            "--label",
+            "team=payments",
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(listed["runs"][0]["run_id"], run_id.as_str());
+    let table = aaa(&server, &["runs", "ls", "--token", "secret"])
+        .await
+        .ok();
+    assert!(table.stdout.starts_with("RUN"), "{}", table.stdout);
+    assert!(table.stdout.contains(&run_id), "{}", table.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deny_with_a_reason_and_tail_reports_the_failed_run() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    // Only one step: after the denial the script is exhausted and the run fails.
+    let steps =
+        r#"[{"tool_calls": [{"name": "wire_money", "arguments": {"amount": 250, "to": "ACME"}}]}]"#;
+    let run_id = start_with_cli(&server, steps, &[]).await;
+    let call_id = wait_for_approval(&mut server.runs().await, &run_id).await;
+
+    let denied = aaa(
+        &server,
+        &["deny", &run_id, &call_id, "--reason", "not this vendor"],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        denied.stdout.trim(),
+        format!("denied {call_id} of run {run_id}")
+    );
+
+    // A grant after the denial changes nothing: exit 1, saying what stands.
+    let late = aaa(&server, &["approve", &run_id, &call_id]).await;
+    let line = late.error_line(1);
+    assert!(line.contains("already denied"), "{line}");
+
+    // tail prints the story as readable lines (no color into a pipe) and
+    // exits 4: the run failed.
+    let tail = aaa(&server, &["runs", "tail", &run_id]).await;
+    assert_eq!(tail.code, 4, "{}", tail.stderr);
+    assert!(tail.stderr.is_empty(), "{}", tail.stderr);
+    assert!(!tail.stdout.contains('\x1b'), "{}", tail.stdout);
+    let lines: Vec<&str> = tail.stdout.lines().collect();
+    let denial = lines.iter().find(|l| l.contains("aaa.approval.denied"));
+    assert!(
+        denial.is_some_and(|l| l.contains("not this vendor")),
+        "{lines:?}"
+    );
+    let failed = lines.iter().find(|l| l.contains("aaa.tool.failed"));
+    assert!(
+        failed.is_some_and(|l| l.contains("ApprovalDenied: not this vendor")),
+        "{lines:?}"
+    );
+    let last = lines.last().unwrap();
+    assert!(
+        last.contains("aaa.run.failed") && last.contains("ScriptExhausted"),
+        "{last}"
+    );
+
+    let events = history(&mut server.runs().await, &run_id).await;
+    let refusal = data(find(&events, "aaa.tool.failed"));
+    assert_eq!(refusal["error"]["type"], "ApprovalDenied");
+    assert_eq!(refusal["error"]["message"], "not this vendor");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_are_one_line_and_exit_1_usage_errors_exit_2() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+
+    let unknown = aaa(&server, &["runs", "show", "no-such-run"]).await;
+    let line = unknown.error_line(1);
+    assert!(line.starts_with("aaa: NOT_FOUND: "), "{line}");
+    assert!(
+        line.contains("no-such-run") && line.contains("RUN_NOT_FOUND"),
+        "{line}"
+    );
+    assert!(unknown.stdout.is_empty());
+
+    let missing = "01900000-0000-7000-8000-000000000000";
+    let tail = aaa(&server, &["runs", "tail", missing, "--json"]).await;
+    assert!(tail.error_line(1).contains(missing));
+
+    let run_id = start_run(&mut server.runs().await, scripted_reference_run()).await;
+    wait_for_approval(&mut server.runs().await, &run_id).await;
+    let no_call = aaa(&server, &["approve", &run_id, "call-99"]).await;
+    assert!(no_call.error_line(1).contains("CALL_NOT_FOUND"));
+    let mismatch = aaa(&server, &["approve", &run_id, "call-1", "--sha256", "00"]).await;
+    assert!(mismatch.error_line(1).contains("ARGUMENTS_MISMATCH"));
+
+    let unregistered = aaa(
+        &server,
+        &["runs", "start", "x", "--tool", "nope", "--model", "m"],
+    )
+    .await;
+    assert!(unregistered.error_line(1).contains("TOOL_NOT_REGISTERED"));
+
+    // Usage: clap's own errors, and a --steps file that is not steps.
+    let no_reason = aaa(&server, &["deny", &run_id, "call-1"]).await;
+    assert_eq!(no_reason.code, 2, "{}", no_reason.stderr);
+    let bad_token = aaa(&server, &["runs", "ls", "--token", "a\nb"]).await;
+    assert_eq!(bad_token.code, 2, "{}", bad_token.stderr);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = steps_file(&dir, r#"[{"say": "hi"}]"#);
+    let args = ["runs", "start", "x", "--steps", bad.to_str().unwrap()];
+    let bad_steps = aaa(&server, &args).await;
+    assert!(bad_steps.error_line(2).contains("--steps"));
+
+    // Nothing of the above changed the run: the call still waits.
+    let pending = list_approvals(&mut server.approvals().await, Default::default()).await;
+    assert_eq!(pending.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_server_exits_3() {
+    let mut server = TestServer::start().await;
+    // A port nobody listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = format!("http://127.0.0.1:{port}");
+    for args in [
+        vec!["runs", "ls", "--server", &down],
+        vec!["approvals", "review", "--server", &down],
+        vec!["approve", "r", "c", "--server", &down],
+    ] {
+        let ended = aaa(&server, &args).await;
+        let line = ended.error_line(3);
+        assert!(
+            line.starts_with(&format!("aaa: cannot reach aaa server at {down}: ")),
+            "{line}"
+        );
+    }
+
+    // A server that stops while `runs tail` follows a waiting run.
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut server.runs().await, scripted_reference_run()).await;
+    let mut tail = Aaa::start(&server, &["runs", "tail", &run_id], "");
+    while let Some(line) = tail.next_line().await {
+        if line.contains("aaa.approval.requested") {
+            break;
+        }
+    }
+    server.stop().await;
+    let ended = tail.finish().await;
+    let line = ended.error_line(3);
+    assert!(line.contains("UNAVAILABLE"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn review_answers_piped_into_stdin() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let mut runs = server.runs().await;
+    let mut run_ids = Vec::new();
+    for _ in 0..3 {
+        let run_id = start_run(&mut runs, scripted_reference_run()).await;
+        wait_for_approval(&mut runs, &run_id).await;
+        run_ids.push(run_id);
+    }
+
+    // Oldest run first: approve, deny (an empty reason is asked again), skip;
+    // then stdin ends, which ends the review.
+    let answers = "a\nd\n\nnot this vendor\ns\n";
+    let review = Aaa::start(&server, &["approvals", "review"], answers)
+        .finish()
+        .await
+        .ok();
+    let out = &review.stdout;
+    assert!(out.contains("Pay ACME $250"), "{out}");
+    assert!(out.contains("\"amount\": 250"), "{out}");
+    assert!(
+        out.contains(&format!("granted call-1 of run {}", run_ids[0])),
+        "{out}"
+    );
+    assert!(out.contains("a denial needs a reason"), "{out}");
+    assert!(
+        out.contains(&format!("denied call-1 of run {}", run_ids[1])),
+        "{out}"
+    );
+    assert!(out.contains("1 approved, 1 denied, 1 skipped"), "{out}");
+
+    let events = history(&mut runs, &run_ids[0]).await;
+    let grant = data(find(&events, "aaa.approval.granted"));
+    let request = data(find(&events, "aaa.approval.requested"));
+    assert_eq!(grant["arguments_sha256"], request["arguments_sha256"]);
+    let events = history(&mut runs, &run_ids[1]).await;
+    assert_eq!(
+        data(find(&events, "aaa.approval.denied"))["reason"],
+        "not this vendor"
+    );
+    let pending = list_approvals(&mut server.approvals().await, Default::default()).await;
+    let pending: Vec<&str> = pending.iter().map(|a| a.run_id.as_str()).collect();
+    assert_eq!(pending, [run_ids[2].as_str()]);
+
+    // Quit leaves the skipped call alone.
+    let review = Aaa::start(&server, &["approvals", "review"], "q\n")
+        .finish()
+        .await
+        .ok();
+    assert!(review.stdout.contains(&run_ids[2]), "{}", review.stdout);
+    let pending = list_approvals(&mut server.approvals().await, Default::default()).await;
+    assert_eq!(pending.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_and_tail_json_keep_big_integers_exact() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let worker = Worker::spawn(&server, "payments-1", &["wire_money"], &[]).await;
+    let mut watch = Aaa::start(&server, &["approvals", "watch", "--json"], "");
+    let first = parse(&watch.next_line().await.expect("snapshot_complete"));
+    assert_eq!(first["snapshot_complete"], json!({"pending": 0}));
+
+    let big = "18446744073709551617"; // 2^64 + 1
+    let steps = REFERENCE_STEPS.replace("250", big);
+    let run_id = start_with_cli(&server, &steps, &[]).await;
+
+    let line = watch.next_line().await.expect("requested");
+    let requested = parse(&line);
+    assert_eq!(requested["requested"]["run_id"], run_id.as_str());
+    assert_eq!(
+        requested["requested"]["arguments"]["amount"].to_string(),
+        big
+    );
+    assert!(requested["position"].as_u64().is_some());
+    let call_id = requested["requested"]["call_id"].as_str().unwrap();
+
+    aaa(&server, &["approve", &run_id, call_id]).await.ok();
+    let resolved = loop {
+        let item = parse(&watch.next_line().await.expect("resolved"));
+        if item.get("heartbeat").is_none() {
+            break item;
+        }
+    };
+    assert_eq!(resolved["resolved"]["outcome"], "granted");
+    assert_eq!(resolved["resolved"]["call_id"], call_id);
+    drop(watch);
+
+    let tail = aaa(&server, &["runs", "tail", &run_id, "--json"])
+        .await
+        .ok();
+    let events: Vec<Value> = tail.stdout.lines().map(parse).collect();
+    let request = events.iter().find(|e| e["type"] == "aaa.tool.requested");
+    assert_eq!(
+        request.unwrap()["data"]["arguments"]["amount"].to_string(),
+        big
+    );
+    let tasks = worker.stop().await;
+    assert!(tool_task(&tasks[0]).arguments_json.contains(big));
+}
+
+/// `aaa ARGS` in a pseudo-terminal made by util-linux `script`, so that its
+/// stdin and stdout are a terminal; None when there is no `script`.
+fn in_terminal(server: &impl Server, args: &str, stdin: &str, no_color: bool) -> Option<Aaa> {
+    Command::new("script").arg("--version").output().ok()?;
+    let line = format!("'{}' {args}", env!("CARGO_BIN_EXE_aaa"));
+    let mut command = Command::new("script");
+    command.args(["--quiet", "--return", "--command", &line, "/dev/null"]);
+    match no_color {
+        true => command.env("NO_COLOR", "1"),
+        false => command.env_remove("NO_COLOR"),
+    };
+    Some(Aaa::spawn(server, command, stdin))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn review_in_a_terminal_is_colored_unless_no_color() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    wait_for_approval(&mut runs, &run_id).await;
+
+    let plain = in_terminal(&server, &format!("runs show {run_id}"), "", true);
+    let Some(plain) = plain else {
+        eprintln!("skipped: no util-linux `script` to make a pseudo-terminal");
+        return;
+    };
+    let plain = plain.finish().await.ok();
+    assert!(
+        plain.stdout.contains("waits for call-1"),
+        "{}",
+        plain.stdout
+    );
+    assert!(!plain.stdout.contains('\x1b'), "{}", plain.stdout);
+
+    let review = in_terminal(&server, "approvals review", "a\n", false).unwrap();
+    let review = review.finish().await.ok();
+    assert!(
+        review.stdout.contains("\x1b[1;33mwire_money"),
+        "{}",
+        review.stdout
+    );
+    assert!(
+        review
+            .stdout
+            .contains(&format!("granted call-1 of run {run_id}")),
+        "{}",
+        review.stdout
+    );
+    wait_for_event(&mut runs, &run_id, "aaa.approval.granted").await;
+}
