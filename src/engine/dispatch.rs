@@ -1,6 +1,11 @@
 //! Task queues: calls ready for a worker, by tool or model name, and the
 //! long polls waiting for them. In memory only: what is queued can always be
 //! derived again from the runs' state (see `Engine::recover`).
+//!
+//! A call usually reaches a poll as a `TaskRef` the engine then starts. When
+//! a poll is already waiting as the call becomes ready, the engine reserves
+//! that poll and starts the attempt in the same commit (one fsync fewer on
+//! the approval path), then delivers the started attempt.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -8,6 +13,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::state::Action;
+use super::Task;
 use crate::store::RunId;
 
 /// What a queue serves.
@@ -30,6 +37,61 @@ pub struct TaskRef {
     pub undelivered: bool,
 }
 
+/// What a poll receives: a call to start, or an attempt already started for
+/// it.
+pub struct Delivery {
+    pub task: TaskRef,
+    pub started: Option<Task>,
+}
+
+impl Delivery {
+    /// The call to offer again when this delivery cannot be handed over. A
+    /// started attempt goes out again as it is (see `TaskRef::undelivered`).
+    fn into_offer(self) -> TaskRef {
+        let mut task = self.task;
+        task.undelivered |= self.started.is_some();
+        task
+    }
+}
+
+/// A waiting poll set aside for an attempt being committed. Dropped
+/// undelivered (the commit failed), the poll ends empty.
+pub struct Reservation {
+    sender: oneshot::Sender<Delivery>,
+    pub worker: String,
+}
+
+impl Reservation {
+    /// Hands the started attempt over, or queues the call again if the poll
+    /// has gone away meanwhile.
+    pub fn deliver(self, dispatcher: &Dispatcher, task: TaskRef, started: Task) {
+        let delivery = Delivery {
+            task,
+            started: Some(started),
+        };
+        if let Err(returned) = self.sender.send(delivery) {
+            dispatcher.offer(returned.into_offer());
+        }
+    }
+}
+
+impl TaskRef {
+    /// The call a dispatch action offers; None for other actions.
+    pub fn for_action(run: RunId, action: Action) -> Option<TaskRef> {
+        let (call_id, key) = match action {
+            Action::DispatchTool { call_id, tool } => (call_id, QueueKey::Tool(tool)),
+            Action::DispatchModel { call_id, model } => (call_id, QueueKey::Model(model)),
+            _ => return None,
+        };
+        Some(TaskRef {
+            run,
+            call_id,
+            key,
+            undelivered: false,
+        })
+    }
+}
+
 #[derive(Default)]
 pub struct Dispatcher {
     queues: Mutex<HashMap<QueueKey, Queue>>,
@@ -43,7 +105,9 @@ struct Queue {
 
 /// One long poll, registered on every queue it serves; the first offer wins.
 struct Waiter {
-    slot: Mutex<Option<oneshot::Sender<TaskRef>>>,
+    slot: Mutex<Option<oneshot::Sender<Delivery>>>,
+    /// The polling worker's identity, for attempts started on its behalf.
+    worker: String,
 }
 
 impl Waiter {
@@ -54,38 +118,63 @@ impl Waiter {
 
 impl Dispatcher {
     /// Hands the task to a waiting poll, or queues it.
-    pub fn offer(&self, mut task: TaskRef) {
+    pub fn offer(&self, task: TaskRef) {
         let mut queues = self.queues.lock().expect("poisoned");
         let queue = queues.entry(task.key.clone()).or_default();
+        let mut delivery = Delivery {
+            task,
+            started: None,
+        };
         while let Some(waiter) = queue.waiters.pop_front() {
             let sender = waiter.slot.lock().expect("poisoned").take();
             if let Some(sender) = sender {
-                match sender.send(task) {
+                match sender.send(delivery) {
                     Ok(()) => return,
-                    Err(returned) => task = returned,
+                    Err(returned) => delivery = returned,
                 }
             }
         }
-        queue.ready.push_back(task);
+        queue.ready.push_back(delivery.task);
     }
 
-    /// Takes a task from any of `keys`, waiting up to `wait`. None when the
-    /// wait ends (or `cancel` fires) with nothing to do.
+    /// Sets aside a poll waiting on `key`, if there is one.
+    pub fn reserve(&self, key: &QueueKey) -> Option<Reservation> {
+        let mut queues = self.queues.lock().expect("poisoned");
+        let queue = queues.get_mut(key)?;
+        while let Some(waiter) = queue.waiters.pop_front() {
+            let sender = waiter.slot.lock().expect("poisoned").take();
+            if let Some(sender) = sender.filter(|s| !s.is_closed()) {
+                return Some(Reservation {
+                    sender,
+                    worker: waiter.worker.clone(),
+                });
+            }
+        }
+        None
+    }
+
+    /// Takes a task from any of `keys` for `worker`, waiting up to `wait`.
+    /// None when the wait ends (or `cancel` fires) with nothing to do.
     pub async fn take(
         &self,
         keys: &[QueueKey],
+        worker: &str,
         wait: Duration,
         cancel: &tokio_util::sync::CancellationToken,
-    ) -> Option<TaskRef> {
+    ) -> Option<Delivery> {
         let (sender, receiver) = oneshot::channel();
         let waiter = Arc::new(Waiter {
             slot: Mutex::new(Some(sender)),
+            worker: worker.to_string(),
         });
         {
             let mut queues = self.queues.lock().expect("poisoned");
             for key in keys {
                 if let Some(task) = queues.get_mut(key).and_then(|q| q.ready.pop_front()) {
-                    return Some(task);
+                    return Some(Delivery {
+                        task,
+                        started: None,
+                    });
                 }
             }
             for key in keys {
@@ -113,11 +202,11 @@ impl Dispatcher {
 struct PendingTake<'a> {
     dispatcher: &'a Dispatcher,
     waiter: Arc<Waiter>,
-    receiver: Option<oneshot::Receiver<TaskRef>>,
+    receiver: Option<oneshot::Receiver<Delivery>>,
 }
 
 impl PendingTake<'_> {
-    fn withdraw(&mut self) -> Option<TaskRef> {
+    fn withdraw(&mut self) -> Option<Delivery> {
         self.waiter.slot.lock().expect("poisoned").take();
         self.receiver.take()?.try_recv().ok()
     }
@@ -125,8 +214,8 @@ impl PendingTake<'_> {
 
 impl Drop for PendingTake<'_> {
     fn drop(&mut self) {
-        if let Some(task) = self.withdraw() {
-            self.dispatcher.offer(task);
+        if let Some(delivery) = self.withdraw() {
+            self.dispatcher.offer(delivery.into_offer());
         }
     }
 }
@@ -178,6 +267,36 @@ mod tests {
         }
     }
 
+    fn started(n: u8) -> Task {
+        let task = task(n);
+        Task {
+            token: format!("token-{n}"),
+            run: task.run,
+            call_id: task.call_id,
+            attempt: 1,
+            heartbeat_timeout: Duration::from_secs(1),
+            deadline_at_ms: None,
+            work: super::super::Work::Tool {
+                name: "t".into(),
+                arguments: serde_json::Value::Null,
+            },
+        }
+    }
+
+    /// Waits until a poll is registered on `key`.
+    async fn registered(d: &Dispatcher, key: &QueueKey) {
+        while d
+            .queues
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(0, |q| q.waiters.len())
+            == 0
+        {
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test]
     async fn offer_before_take_is_queued_and_taken_in_order() {
         let d = Dispatcher::default();
@@ -185,9 +304,24 @@ mod tests {
         d.offer(task(1));
         d.offer(task(2));
         let keys = [QueueKey::Tool("t".into())];
-        assert_eq!(d.take(&keys, Duration::ZERO, &cancel).await, Some(task(1)));
-        assert_eq!(d.take(&keys, Duration::ZERO, &cancel).await, Some(task(2)));
-        assert_eq!(d.take(&keys, Duration::from_millis(1), &cancel).await, None);
+        assert_eq!(
+            d.take(&keys, "w", Duration::ZERO, &cancel)
+                .await
+                .map(|d| d.task),
+            Some(task(1))
+        );
+        assert_eq!(
+            d.take(&keys, "w", Duration::ZERO, &cancel)
+                .await
+                .map(|d| d.task),
+            Some(task(2))
+        );
+        assert_eq!(
+            d.take(&keys, "w", Duration::from_millis(1), &cancel)
+                .await
+                .map(|d| d.task),
+            None
+        );
     }
 
     #[tokio::test]
@@ -197,30 +331,76 @@ mod tests {
         let keys = [QueueKey::Tool("t".into()), QueueKey::Model("m".into())];
         let waiting = {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move { d.take(&keys, Duration::from_secs(60), &cancel).await })
+            tokio::spawn(async move {
+                let taken = d.take(&keys, "w", Duration::from_secs(60), &cancel).await;
+                taken.map(|d| d.task)
+            })
         };
-        // Wait until the poll is registered, then offer.
-        while d
-            .queues
-            .lock()
-            .unwrap()
-            .get(&keys[0])
-            .map_or(0, |q| q.waiters.len())
-            == 0
-        {
-            tokio::task::yield_now().await;
-        }
+        registered(&d, &keys[0]).await;
         d.offer(task(7));
         assert_eq!(waiting.await.unwrap(), Some(task(7)));
 
         // A poll that goes away loses nothing.
         let abandoned = {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move { d.take(&keys, Duration::from_secs(60), &cancel).await })
+            tokio::spawn(async move {
+                let taken = d.take(&keys, "w", Duration::from_secs(60), &cancel).await;
+                taken.map(|d| d.task)
+            })
         };
         abandoned.abort();
         let _ = abandoned.await;
         d.offer(task(8));
-        assert_eq!(d.take(&keys, Duration::ZERO, &cancel).await, Some(task(8)));
+        assert_eq!(
+            d.take(&keys, "w", Duration::ZERO, &cancel)
+                .await
+                .map(|d| d.task),
+            Some(task(8))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reserved_poll_gets_the_started_attempt_or_it_is_offered_again() {
+        let d = Arc::new(Dispatcher::default());
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let keys = [QueueKey::Tool("t".into())];
+        let poll = |worker: &'static str| {
+            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
+            tokio::spawn(async move {
+                d.take(&keys, worker, Duration::from_secs(60), &cancel)
+                    .await
+            })
+        };
+
+        let waiting = poll("w1");
+        registered(&d, &keys[0]).await;
+        let reservation = d.reserve(&keys[0]).expect("a poll waits");
+        assert_eq!(reservation.worker, "w1");
+        assert!(d.reserve(&keys[0]).is_none(), "a poll is reserved once");
+        reservation.deliver(&d, task(3), started(3));
+        let delivery = waiting.await.unwrap().expect("delivered");
+        assert_eq!(delivery.task, task(3));
+        assert_eq!(delivery.started.map(|t| t.token), Some("token-3".into()));
+
+        // The poll goes away while its attempt is being committed: the call
+        // is offered again, marked as started but never delivered.
+        let abandoned = poll("w2");
+        registered(&d, &keys[0]).await;
+        let reservation = d.reserve(&keys[0]).expect("a poll waits");
+        abandoned.abort();
+        let _ = abandoned.await;
+        reservation.deliver(&d, task(4), started(4));
+        let again = d
+            .take(&keys, "w3", Duration::ZERO, &cancel)
+            .await
+            .expect("offered again");
+        assert!(again.started.is_none());
+        assert_eq!(
+            again.task,
+            TaskRef {
+                undelivered: true,
+                ..task(4)
+            }
+        );
     }
 }

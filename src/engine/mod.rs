@@ -25,7 +25,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 pub use dispatch::QueueKey;
-use dispatch::{Dispatcher, TaskRef};
+use dispatch::{Dispatcher, Reservation, TaskRef};
 pub use error::Error;
 use event::*;
 use heads::Heads;
@@ -159,6 +159,20 @@ impl Token {
             call_id: call_id.to_string(),
         })
     }
+}
+
+/// What one append collects on its way to the commit.
+struct Staged {
+    now: i64,
+    /// Events still to fold, in order.
+    queue: VecDeque<NewEvent>,
+    batch: WriteBatch,
+    /// Calls to offer to workers once the batch is durable.
+    offers: Vec<TaskRef>,
+    /// Attempts started in the batch for polls already waiting, to hand over
+    /// once it is durable.
+    handoffs: Vec<(Reservation, TaskRef, Task)>,
+    timers_changed: bool,
 }
 
 /// Handle to the engine. Cheap to clone.
@@ -368,51 +382,87 @@ impl Engine {
         &self,
         state: &mut RunState,
         events: Vec<NewEvent>,
-        mut batch: WriteBatch,
+        batch: WriteBatch,
         actions: Vec<Action>,
     ) -> Result<(), Error> {
-        let now = now_ms();
-        let mut queue: VecDeque<NewEvent> = events.into();
-        let mut effects = Vec::new();
-        let mut timers_changed = false;
-        self.route(
-            state,
-            actions,
-            &mut queue,
-            &mut batch,
-            &mut effects,
-            &mut timers_changed,
-        );
-        while let Some(event) = queue.pop_front() {
-            if batch.events().len() >= MAX_EVENTS_PER_BATCH {
+        // The active index changes rarely: write it for a new run (the batch
+        // holds its first event) and when the run starts or stops being active.
+        let is_new = batch.events().first().is_some_and(|e| e.seq == 1);
+        let was_active = state.is_active();
+        let mut staged = Staged {
+            now: now_ms(),
+            queue: events.into(),
+            batch,
+            offers: Vec::new(),
+            handoffs: Vec::new(),
+            timers_changed: false,
+        };
+        self.route(state, actions, &mut staged);
+        self.fold(state, &mut staged)?;
+        // Calls ready for a worker that is already polling start now, in
+        // this commit, rather than in one more after the poll claims them.
+        let ready = std::mem::take(&mut staged.offers);
+        for task in ready {
+            self.start_for_waiting_poll(state, task, &mut staged);
+        }
+        self.fold(state, &mut staged)?;
+        staged.batch.put_run(&state.summary());
+        if is_new || state.is_active() != was_active {
+            staged.batch.set_active(state.id, state.is_active());
+        }
+        self.inner.store.commit(staged.batch).await?;
+
+        // Durable: now act.
+        for (reservation, task, started) in staged.handoffs {
+            reservation.deliver(&self.inner.dispatcher, task, started);
+        }
+        for task in staged.offers {
+            self.inner.dispatcher.offer(task);
+        }
+        if staged.timers_changed {
+            self.inner.timers_changed.notify_one();
+        }
+        self.inner.heads.publish(state.id, state.last_seq);
+        Ok(())
+    }
+
+    /// Folds the queued events into `state` and the batch, queueing the
+    /// engine's follow-ups until there are none.
+    fn fold(&self, state: &mut RunState, staged: &mut Staged) -> Result<(), Error> {
+        while let Some(event) = staged.queue.pop_front() {
+            if staged.batch.events().len() >= MAX_EVENTS_PER_BATCH {
                 return Err(Error::Internal(format!(
                     "run {} produced more than {MAX_EVENTS_PER_BATCH} events for one input",
                     state.id
                 )));
             }
-            let record = self.record(state.id, state.last_seq + 1, event, now)?;
+            let record = self.record(state.id, state.last_seq + 1, event, staged.now)?;
             let actions = state.apply(&record)?;
-            batch.push_event(record);
-            self.route(
-                state,
-                actions,
-                &mut queue,
-                &mut batch,
-                &mut effects,
-                &mut timers_changed,
-            );
+            staged.batch.push_event(record);
+            self.route(state, actions, staged);
         }
-        batch.put_run(&state.summary());
-        batch.set_active(state.id, state.is_active());
-        self.inner.store.commit(batch).await?;
-
-        // Durable: now act.
-        self.offer_all(state.id, effects);
-        if timers_changed {
-            self.inner.timers_changed.notify_one();
-        }
-        self.inner.heads.publish(state.id, state.last_seq);
         Ok(())
+    }
+
+    /// Starts a ready tool call for a poll waiting on its queue, if there is
+    /// one; otherwise leaves it to be offered after the commit.
+    fn start_for_waiting_poll(&self, state: &RunState, task: TaskRef, staged: &mut Staged) {
+        let call = match task.key {
+            QueueKey::Tool(_) => state.startable(&task.call_id, staged.now),
+            QueueKey::Model(_) => None,
+        };
+        let reserved =
+            call.and_then(|call| Some((call, self.inner.dispatcher.reserve(&task.key)?)));
+        let Some((call, reservation)) = reserved else {
+            staged.offers.push(task);
+            return;
+        };
+        let event = state
+            .decide_tool_start(&call.call_id, &reservation.worker, staged.now)
+            .expect("startable");
+        let started = self.tool_attempt(state, call, call.attempt + 1, &reservation.worker);
+        staged.queue.push_back(event);
+        staged.handoffs.push((reservation, task, started));
     }
 
     fn record(
@@ -444,48 +494,39 @@ impl Engine {
     }
 
     /// Sorts the fold's actions: follow-up events, index writes for this
-    /// batch, and effects for after the commit.
-    fn route(
-        &self,
-        state: &RunState,
-        actions: Vec<Action>,
-        queue: &mut VecDeque<NewEvent>,
-        batch: &mut WriteBatch,
-        effects: &mut Vec<Action>,
-        timers_changed: &mut bool,
-    ) {
+    /// batch, and calls to offer to workers after the commit.
+    fn route(&self, state: &RunState, actions: Vec<Action>, staged: &mut Staged) {
         for action in actions {
             match action {
-                Action::Emit(event) => queue.push_back(event),
+                Action::Emit(event) => staged.queue.push_back(event),
                 Action::ArmTimer { due_ms, name } => {
-                    batch.put_timer(due_ms, state.id, &name);
-                    *timers_changed = true;
+                    staged.batch.put_timer(due_ms, state.id, &name);
+                    staged.timers_changed = true;
                 }
-                Action::CancelTimer { due_ms, name } => batch.delete_timer(due_ms, state.id, &name),
+                Action::CancelTimer { due_ms, name } => {
+                    staged.batch.delete_timer(due_ms, state.id, &name)
+                }
                 Action::ApprovalPending { call_id } => {
                     if let Some(call) = state.call(&call_id) {
-                        batch.put_approval(&approval_record(state, call));
+                        staged.batch.put_approval(&approval_record(state, call));
                     }
                 }
-                Action::ApprovalResolved { call_id } => batch.delete_approval(state.id, &call_id),
-                other => effects.push(other),
+                Action::ApprovalResolved { call_id } => {
+                    staged.batch.delete_approval(state.id, &call_id)
+                }
+                dispatch => staged
+                    .offers
+                    .extend(TaskRef::for_action(state.id, dispatch)),
             }
         }
     }
 
+    /// Offers the dispatch actions' calls to workers.
     fn offer_all(&self, run: RunId, actions: Vec<Action>) {
         for action in actions {
-            let (call_id, key) = match action {
-                Action::DispatchTool { call_id, tool } => (call_id, QueueKey::Tool(tool)),
-                Action::DispatchModel { call_id, model } => (call_id, QueueKey::Model(model)),
-                _ => continue,
-            };
-            self.inner.dispatcher.offer(TaskRef {
-                run,
-                call_id,
-                key,
-                undelivered: false,
-            });
+            if let Some(task) = TaskRef::for_action(run, action) {
+                self.inner.dispatcher.offer(task);
+            }
         }
     }
 
@@ -681,15 +722,18 @@ impl Engine {
         let until = Instant::now() + wait;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            let Some(task) = self
+            let Some(delivery) = self
                 .inner
                 .dispatcher
-                .take(keys, left, &self.inner.shutdown)
+                .take(keys, identity, left, &self.inner.shutdown)
                 .await
             else {
                 return Ok(None);
             };
-            let taken = dispatch::Taken::new(&self.inner.dispatcher, task);
+            if let Some(started) = delivery.started {
+                return Ok(Some(started));
+            }
+            let taken = dispatch::Taken::new(&self.inner.dispatcher, delivery.task);
             // On error the task goes back to its queue (`Taken` drops).
             let claimed = self.claim(taken.task().clone(), identity).await?;
             taken.done();
@@ -704,7 +748,7 @@ impl Engine {
         let now = now_ms();
         match task.key {
             QueueKey::Tool(_) => {
-                let result = self
+                let claimed = self
                     .update(task.run, |state, _| {
                         let Some(call) = state.call(&task.call_id) else {
                             return Ok((Vec::new(), None));
@@ -722,42 +766,17 @@ impl Engine {
                                 }
                                 None => return Ok((Vec::new(), None)),
                             };
-                        let work = Work::Tool {
-                            name: call.name.clone(),
-                            arguments: call.arguments.clone(),
-                        };
-                        let timeout = self.heartbeat_timeout(call.spec.as_ref());
-                        // Leased before the commit: if this poll goes away
-                        // mid-commit, the lease still runs out.
-                        self.inner.leases.grant(
-                            task.run,
-                            &task.call_id,
-                            attempt,
-                            identity,
-                            LeaseKind::Tool,
-                            timeout,
-                        );
-                        self.inner.timers_changed.notify_one();
                         Ok((
                             events,
-                            Some((work, timeout, attempt, state.spec.deadline_at_ms)),
+                            Some(self.tool_attempt(state, call, attempt, identity)),
                         ))
                     })
                     .await;
-                let ((work, timeout, attempt, deadline), _) = match result {
-                    Ok((Some(claimed), seq)) => (claimed, seq),
-                    Ok((None, _)) | Err(Error::RunNotFound(_)) => return Ok(None),
-                    Err(e) => return Err(e),
-                };
-                Ok(Some(self.task(
-                    task.run,
-                    task.call_id,
-                    attempt,
-                    LeaseKind::Tool,
-                    timeout,
-                    deadline,
-                    work,
-                )))
+                match claimed {
+                    Ok((claimed, _)) => Ok(claimed),
+                    Err(Error::RunNotFound(_)) => Ok(None),
+                    Err(e) => Err(e),
+                }
             }
             QueueKey::Model(model) => {
                 let claimed = self
@@ -800,6 +819,40 @@ impl Engine {
                 )))
             }
         }
+    }
+
+    /// Attempt `attempt` of a tool call for `worker`. Leased before its
+    /// commit: if the poll goes away mid-commit, the lease still runs out.
+    fn tool_attempt(
+        &self,
+        state: &RunState,
+        call: &state::Call,
+        attempt: u32,
+        worker: &str,
+    ) -> Task {
+        let timeout = self.heartbeat_timeout(call.spec.as_ref());
+        self.inner.leases.grant(
+            state.id,
+            &call.call_id,
+            attempt,
+            worker,
+            LeaseKind::Tool,
+            timeout,
+        );
+        self.inner.timers_changed.notify_one();
+        let work = Work::Tool {
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        };
+        self.task(
+            state.id,
+            call.call_id.clone(),
+            attempt,
+            LeaseKind::Tool,
+            timeout,
+            state.spec.deadline_at_ms,
+            work,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

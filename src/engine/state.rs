@@ -37,8 +37,6 @@ pub enum Action {
     ApprovalPending { call_id: String },
     /// The call's approval request is resolved: unindex it.
     ApprovalResolved { call_id: String },
-    /// The run reached its terminal event.
-    Finished,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -593,7 +591,6 @@ impl RunState {
                         call.phase = Phase::Done;
                     }
                 }
-                actions.push(Action::Finished);
             }
             // Application events are recorded, not interpreted.
             _ => {}
@@ -838,8 +835,8 @@ impl RunState {
         out
     }
 
-    /// A worker asks to start the call: the next attempt, if it may run now.
-    pub fn decide_tool_start(&self, call_id: &str, worker: &str, now_ms: i64) -> Option<NewEvent> {
+    /// The call, if its next attempt may start now.
+    pub fn startable(&self, call_id: &str, now_ms: i64) -> Option<&Call> {
         let call = self.call(call_id)?;
         let ready = match call.phase {
             Phase::Ready => true,
@@ -856,6 +853,12 @@ impl RunState {
         if gated && call.decision != Some(Decision::Granted) {
             return None;
         }
+        Some(call)
+    }
+
+    /// A worker asks to start the call: the next attempt, if it may run now.
+    pub fn decide_tool_start(&self, call_id: &str, worker: &str, now_ms: i64) -> Option<NewEvent> {
+        let call = self.startable(call_id, now_ms)?;
         Some(
             NewEvent::engine(
                 TOOL_STARTED,
