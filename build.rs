@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/aaa/v1/run.proto",
         "proto/aaa/v1/approval.proto",
         "proto/aaa/v1/worker.proto",
+        "proto/aaa/v1/subscription.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(files, ["proto"])?;

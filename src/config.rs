@@ -1,7 +1,12 @@
 //! Server configuration: the validated values `serve` runs with.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::auth::AuthConfig;
+use crate::subscriptions::WebhookConfig;
 
 /// Everything `serve` needs besides its listener. Build it with
 /// [`Config::new`] and adjust the public fields.
@@ -19,6 +24,14 @@ pub struct Config {
     pub run_cache_size: usize,
     /// Memory for sled's page cache (its default is 1 GiB).
     pub store_cache_bytes: u64,
+    /// Principals, roles and TLS; `None` serves anyone (local development).
+    pub auth: Option<Arc<AuthConfig>>,
+    /// Largest request message; larger ones are refused by tonic (OUT_OF_RANGE).
+    pub max_message_bytes: usize,
+    /// Concurrent calls (streams) one HTTP/2 connection may have open.
+    pub max_streams_per_connection: u32,
+    /// Webhooks: consumer groups whose member POSTs each event to a URL.
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 impl Config {
@@ -31,6 +44,23 @@ impl Config {
             shutdown_grace: Duration::from_secs(10),
             run_cache_size: 1_024,
             store_cache_bytes: 64 * 1024 * 1024,
+            auth: None,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_streams_per_connection: 200,
+            webhooks: Vec::new(),
         }
     }
+}
+
+/// Refuses to serve without authentication on an address other machines
+/// can reach, unless the operator said `insecure`: an open aaa lets anyone
+/// who reaches it approve any call.
+pub fn check_exposure(listen: SocketAddr, auth: bool, insecure: bool) -> Result<(), String> {
+    if auth || insecure || listen.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing to serve {listen} without authentication: give --auth-config FILE, \
+         or --insecure to let anyone who can reach it call every RPC"
+    ))
 }

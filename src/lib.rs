@@ -1,10 +1,14 @@
 //! aaa: a durable run server for AI agents with a server-enforced approval gate.
 //!
 //! ```text
+//! auth (one layer in front of every service: who is calling, may it?)
 //! api (tonic services: wire types <-> domain, one error mapping)
 //!   -> engine (per-run pure fold + driver: tool loop, approval gate,
 //!              leases, durable timers, task dispatch)
 //!     -> store (sled, one tree, group commit with fsync)
+//!   -> subscriptions (consumer groups: a dispatcher task per group follows
+//!                     the durable global log; cursors and dead letters go
+//!                     through the store's group commit)
 //! ```
 //!
 //! The durability contract: an RPC that appended events answers only after
@@ -17,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod config;
@@ -24,6 +29,7 @@ pub mod engine;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod subscriptions;
 
 pub use config::Config;
 pub use server::{serve, ServeError};

@@ -19,6 +19,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at startup: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the server.
@@ -53,6 +55,22 @@ struct ServeArgs {
     /// Memory for sled's page cache, in MiB.
     #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = 64)]
     store_cache_mib: u64,
+    /// Principals, roles and TLS (a TOML file; see the README). Without it
+    /// anyone who reaches the server may call every RPC.
+    #[arg(long, env = "AAA_AUTH_CONFIG")]
+    auth_config: Option<PathBuf>,
+    /// Serve without --auth-config on an address other than loopback.
+    #[arg(long, env = "AAA_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
+    insecure: bool,
+    /// Largest request message, in MiB.
+    #[arg(long, env = "AAA_MAX_MESSAGE_MIB", default_value_t = 4)]
+    max_message_mib: u32,
+    /// Concurrent calls one client connection may have open.
+    #[arg(long, env = "AAA_MAX_STREAMS_PER_CONNECTION", default_value_t = 200)]
+    max_streams_per_connection: u32,
+    /// Webhooks to POST events to (a TOML file; see the README).
+    #[arg(long, env = "AAA_WEBHOOKS")]
+    webhooks: Option<PathBuf>,
 }
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -108,9 +126,42 @@ async fn serve(args: ServeArgs) -> ExitCode {
         heartbeat_timeout_s,
         shutdown_grace_s,
         store_cache_mib,
+        auth_config,
+        insecure,
+        max_message_mib,
+        max_streams_per_connection,
+        webhooks,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     config.store_cache_bytes = store_cache_mib.saturating_mul(1024 * 1024);
+    config.max_message_bytes = (max_message_mib as usize).saturating_mul(1024 * 1024);
+    config.max_streams_per_connection = max_streams_per_connection;
+    if max_message_mib == 0 || max_streams_per_connection == 0 {
+        eprintln!("aaa: --max-message-mib and --max-streams-per-connection must be at least 1");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    if let Some(path) = auth_config {
+        match aaa::auth::AuthConfig::load(&path) {
+            Ok(auth) => config.auth = Some(std::sync::Arc::new(auth)),
+            Err(e) => {
+                eprintln!("aaa: --auth-config {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Some(path) = webhooks {
+        match aaa::subscriptions::WebhookConfig::load(&path) {
+            Ok(hooks) => config.webhooks = hooks,
+            Err(e) => {
+                eprintln!("aaa: --webhooks {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Err(message) = aaa::config::check_exposure(listen, config.auth.is_some(), insecure) {
+        eprintln!("aaa: {message}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let durations = (|| {
         config.poll_wait_cap = seconds("poll-wait-cap-s", poll_wait_cap_s)?;
         config.default_heartbeat_timeout = seconds("heartbeat-timeout-s", heartbeat_timeout_s)?;

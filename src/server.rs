@@ -7,11 +7,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use crate::api::{ApprovalApi, RunApi, WorkerApi};
+use crate::api::{ApprovalApi, RunApi, SubscriptionApi, WorkerApi};
+use crate::auth::AuthLayer;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
+use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
 use crate::store::Store;
 
@@ -26,6 +28,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot start webhooks: {0}")]
+    Webhooks(#[from] crate::subscriptions::Error),
 }
 
 /// Serves aaa on `listener` until `shutdown` completes, then stops
@@ -37,6 +41,25 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    // Transport settings first: a bad TLS key fails before the store opens.
+    let mut builder =
+        Server::builder().max_concurrent_streams(Some(config.max_streams_per_connection));
+    if let Some(tls) = config.auth.as_ref().and_then(|auth| auth.tls.as_ref()) {
+        builder = builder.tls_config(tls.server_config())?;
+    }
+    // One check in front of every service: authentication and roles.
+    let mut builder = builder.layer(AuthLayer::new(config.auth.clone()));
+    let separation_of_duties = config
+        .auth
+        .as_ref()
+        .is_some_and(|auth| auth.separation_of_duties);
+    let max_message = config.max_message_bytes;
+    match &config.auth {
+        Some(auth) => tracing::info!("callers must authenticate: {auth:?}"),
+        None => tracing::warn!("no auth config: every caller may call every RPC"),
+    }
+
+    let webhooks = config.webhooks.clone();
     let store = Store::open(&config.data_dir, config.store_cache_bytes)?;
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
@@ -47,6 +70,13 @@ pub async fn serve(
             return Err(e.into());
         }
     };
+    let subscriptions = SubscriptionApi::new(&engine);
+    if let Err(e) = subscriptions.start_webhooks(&webhooks).await {
+        stopping.cancel();
+        drop((engine, subscriptions));
+        store.close().await;
+        return Err(e.into());
+    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RunServiceServer<RunApi>>().await;
@@ -54,6 +84,9 @@ pub async fn serve(
         .set_serving::<ApprovalServiceServer<ApprovalApi>>()
         .await;
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
+    health
+        .set_serving::<SubscriptionServiceServer<SubscriptionApi>>()
+        .await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -80,25 +113,41 @@ pub async fn serve(
                 .set_not_serving::<WorkerServiceServer<WorkerApi>>()
                 .await;
             health
+                .set_not_serving::<SubscriptionServiceServer<SubscriptionApi>>()
+                .await;
+            health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
             // Ends streams and long polls so the graceful stop is quick.
             stopping.cancel();
         }
     };
-    let server = Server::builder()
+    let server = builder
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RunServiceServer::new(RunApi {
-            engine: engine.clone(),
-        }))
-        .add_service(ApprovalServiceServer::new(ApprovalApi {
-            engine: engine.clone(),
-        }))
-        .add_service(WorkerServiceServer::new(WorkerApi {
-            engine: engine.clone(),
-        }))
+        .add_service(
+            RunServiceServer::new(RunApi {
+                engine: engine.clone(),
+                separation_of_duties,
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            ApprovalServiceServer::new(ApprovalApi {
+                engine: engine.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            WorkerServiceServer::new(WorkerApi {
+                engine: engine.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            SubscriptionServiceServer::new(subscriptions).max_decoding_message_size(max_message),
+        )
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(server);
     let served = tokio::select! {

@@ -15,6 +15,7 @@ package aaa
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -48,11 +50,12 @@ const DefaultRetryTimeout = 30 * time.Second
 // a second run or appends a second event. Event and approval streams resume
 // from their cursor after a dropped connection, with no gap and no duplicate.
 type Client struct {
-	conn         *grpc.ClientConn // nil when the caller owns the connection
-	runs         aaav1.RunServiceClient
-	approvals    aaav1.ApprovalServiceClient
-	workers      aaav1.WorkerServiceClient
-	retryTimeout time.Duration
+	conn          *grpc.ClientConn // nil when the caller owns the connection
+	runs          aaav1.RunServiceClient
+	approvals     aaav1.ApprovalServiceClient
+	workers       aaav1.WorkerServiceClient
+	subscriptions aaav1.SubscriptionServiceClient
+	retryTimeout  time.Duration
 }
 
 // Option configures a Client.
@@ -61,7 +64,33 @@ type Option func(*clientOptions)
 type clientOptions struct {
 	retryTimeout time.Duration
 	dialOptions  []grpc.DialOption
+	token        string
+	tls          *tls.Config
 }
+
+// WithToken makes Dial send "authorization: Bearer TOKEN" with every call.
+// Without it, Dial uses env AAA_TOKEN when set.
+func WithToken(token string) Option {
+	return func(o *clientOptions) { o.token = token }
+}
+
+// WithTLS makes Dial connect over TLS with config: RootCAs for a server
+// certificate from a private CA, Certificates for a client certificate
+// (mTLS). Without it the connection is plaintext.
+func WithTLS(config *tls.Config) Option {
+	return func(o *clientOptions) { o.tls = config }
+}
+
+// bearer is the per-call credentials of WithToken.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity is false: a development server on loopback
+// speaks plaintext, and the server decides what it accepts.
+func (bearer) RequireTransportSecurity() bool { return false }
 
 // WithRetryTimeout sets how long calls keep retrying while the server is
 // unavailable (gRPC code UNAVAILABLE); 0 disables retries.
@@ -89,12 +118,22 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	transport := insecure.NewCredentials()
+	if o.tls != nil {
+		transport = credentials.NewTLS(o.tls)
+	}
+	if o.token == "" {
+		o.token = os.Getenv("AAA_TOKEN")
+	}
 	dial := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(transport),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+	}
+	if o.token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer(o.token)))
 	}
 	conn, err := grpc.NewClient(address, append(dial, o.dialOptions...)...)
 	if err != nil {
@@ -117,10 +156,11 @@ func NewClient(conn grpc.ClientConnInterface, opts ...Option) *Client {
 
 func newClient(conn grpc.ClientConnInterface, o clientOptions) *Client {
 	return &Client{
-		runs:         aaav1.NewRunServiceClient(conn),
-		approvals:    aaav1.NewApprovalServiceClient(conn),
-		workers:      aaav1.NewWorkerServiceClient(conn),
-		retryTimeout: o.retryTimeout,
+		runs:          aaav1.NewRunServiceClient(conn),
+		approvals:     aaav1.NewApprovalServiceClient(conn),
+		workers:       aaav1.NewWorkerServiceClient(conn),
+		subscriptions: aaav1.NewSubscriptionServiceClient(conn),
+		retryTimeout:  o.retryTimeout,
 	}
 }
 

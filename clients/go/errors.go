@@ -49,6 +49,21 @@ const (
 	ErrShuttingDown Reason = "SHUTTING_DOWN"
 	// ErrInternal (INTERNAL): the server failed; details are in its log.
 	ErrInternal Reason = "INTERNAL_ERROR"
+	// ErrGroupNotFound (NOT_FOUND): a consumer group that does not exist.
+	ErrGroupNotFound Reason = "GROUP_NOT_FOUND"
+	// ErrGroupMismatch (FAILED_PRECONDITION): Subscribe asked a group for another
+	// definition than it was created with; Error.Field says which part differs.
+	ErrGroupMismatch Reason = "GROUP_MISMATCH"
+	// ErrUnauthenticated (UNAUTHENTICATED): no token or client certificate, or one the server does not know.
+	ErrUnauthenticated Reason = "UNAUTHENTICATED"
+	// ErrPermissionDenied (PERMISSION_DENIED): the caller lacks the role;
+	// Metadata["roles"] lists the roles that would do, comma-separated.
+	ErrPermissionDenied Reason = "PERMISSION_DENIED"
+	// ErrNotRunOwner (PERMISSION_DENIED): a runner touched a run it did not start.
+	ErrNotRunOwner Reason = "NOT_RUN_OWNER"
+	// ErrSeparationOfDuties (PERMISSION_DENIED): the run's starter decided one of
+	// its calls while the server enforces separation of duties.
+	ErrSeparationOfDuties Reason = "SEPARATION_OF_DUTIES"
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

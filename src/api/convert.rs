@@ -62,10 +62,48 @@ pub fn name(field: &str, text: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Deepest nesting of arrays and objects accepted in JSON text: deep enough
+/// for any real arguments, shallow enough that recursive code (the fold,
+/// serializers, SDKs) never runs out of stack on client input.
+pub const MAX_JSON_DEPTH: usize = 64;
+
 /// Any JSON value, as text.
 pub fn json_value(field: &str, text: &str) -> Result<Value, Error> {
     check_size(field, text, MAX_EVENT_BYTES)?;
+    check_depth(field, text)?;
     serde_json::from_str(text).map_err(|e| Error::invalid(field, format!("not valid JSON: {e}")))
+}
+
+/// Refuses JSON text nested deeper than [`MAX_JSON_DEPTH`], scanning the
+/// text (brackets outside strings) before any recursive parse.
+fn check_depth(field: &str, text: &str) -> Result<(), Error> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return Err(Error::invalid(
+                        field,
+                        format!("JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A JSON object as text; empty text means {}.
@@ -411,5 +449,151 @@ pub fn task(task: engine::Task) -> proto::Task {
         heartbeat_timeout_s: task.heartbeat_timeout.as_secs_f64(),
         deadline_at: task.deadline_at_ms.and_then(timestamp),
         kind: Some(kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Depth of a parsed value, counted like `check_depth` counts brackets.
+    fn depth(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+            Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    fn nested(levels: usize) -> String {
+        format!("{}1{}", "[".repeat(levels), "]".repeat(levels))
+    }
+
+    fn field_of(error: &Error) -> &str {
+        match error {
+            Error::InvalidField { field, .. } | Error::PayloadTooLarge { field, .. } => field,
+            other => panic!("not a refusal naming a field: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn depth_limit_is_64_and_brackets_in_strings_do_not_count() {
+        assert!(json_value("f", &nested(MAX_JSON_DEPTH)).is_ok());
+        let error = json_value("f", &nested(MAX_JSON_DEPTH + 1)).unwrap_err();
+        assert_eq!(field_of(&error), "f");
+        // Far past serde_json's own recursion limit: still our clear refusal.
+        let error = json_object("data_json", &nested(10_000)).unwrap_err();
+        assert!(error.to_string().contains("64 levels"), "{error}");
+        let text = format!(r#"{{"a":"{}\"[{{"}}"#, "[".repeat(200));
+        assert!(json_value("f", &text).is_ok());
+    }
+
+    /// Any JSON value, numbers included as written (big ones too).
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "-?[1-9][0-9]{0,40}(\\.[0-9]{1,5})?".prop_map(|n| serde_json::from_str(&n).unwrap()),
+            ".{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(6, 48, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,6}", inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `inner` wrapped in `levels` arrays or objects.
+    fn wrapped(inner: Value, levels: usize, arrays: bool) -> Value {
+        (0..levels).fold(inner, |v, _| {
+            if arrays {
+                Value::Array(vec![v])
+            } else {
+                serde_json::json!({ "k": v })
+            }
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn json_text_never_panics_and_refusals_name_the_field(text in ".{0,200}") {
+            match json_value("arguments_json", &text) {
+                Ok(value) => prop_assert!(depth(&value) <= MAX_JSON_DEPTH),
+                Err(error) => prop_assert_eq!(field_of(&error), "arguments_json"),
+            }
+            match json_object("data_json", &text) {
+                Ok(value) => prop_assert!(value.is_object()),
+                Err(error) => prop_assert_eq!(field_of(&error), "data_json"),
+            }
+        }
+
+        #[test]
+        fn valid_json_is_accepted_exactly_when_shallow_enough(
+            value in json(),
+            levels in 50usize..80,
+            arrays in any::<bool>(),
+        ) {
+            let value = wrapped(value, levels, arrays);
+            let text = serde_json::to_string(&value).unwrap();
+            let accepted = json_value("f", &text);
+            prop_assert_eq!(accepted.is_ok(), depth(&value) <= MAX_JSON_DEPTH);
+            if let Ok(parsed) = accepted {
+                // Numbers and strings come back exactly as written.
+                prop_assert_eq!(serde_json::to_string(&parsed).unwrap(), text);
+            }
+        }
+
+        #[test]
+        fn random_model_replies_are_converted_or_refused_naming_a_field(
+            content in ".{0,20}",
+            calls in prop::collection::vec((".{0,10}", ".{0,60}"), 0..4),
+        ) {
+            let reply = proto::ModelReply {
+                content,
+                tool_calls: calls
+                    .into_iter()
+                    .map(|(name, arguments_json)| proto::ModelToolCall { name, arguments_json })
+                    .collect(),
+            };
+            if let Err(error) = model_reply(reply) {
+                prop_assert!(field_of(&error).starts_with("reply."), "{error}");
+            }
+        }
+
+        #[test]
+        fn random_start_requests_are_converted_or_refused_naming_a_field(
+            task in ".{0,10}",
+            tool in ".{0,10}",
+            arguments_json in ".{0,60}",
+            deadline_s in any::<f64>(),
+        ) {
+            let request = proto::StartRunRequest {
+                task,
+                model: Some(proto::ModelSpec {
+                    kind: Some(proto::model_spec::Kind::Scripted(proto::ScriptedModel {
+                        steps: vec![proto::ScriptedStep {
+                            reply: Some(proto::scripted_step::Reply::ToolCalls(
+                                proto::ScriptedToolCalls {
+                                    calls: vec![proto::ScriptedToolCall {
+                                        name: tool,
+                                        arguments_json,
+                                    }],
+                                },
+                            )),
+                        }],
+                    })),
+                }),
+                budget: Some(proto::Budget { deadline_s, ..Default::default() }),
+                ..Default::default()
+            };
+            if let Err(error) = start_run(request) {
+                prop_assert!(!field_of(&error).is_empty());
+            }
+        }
     }
 }

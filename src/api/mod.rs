@@ -5,26 +5,37 @@ mod approvals;
 mod convert;
 mod runs;
 pub mod status;
+mod subscriptions;
 mod workers;
 
 use tonic::{Request, Status};
 
 pub use approvals::ApprovalApi;
 pub use runs::RunApi;
+pub use subscriptions::SubscriptionApi;
 pub use workers::WorkerApi;
 
+use crate::auth::Principal;
 use crate::engine::event::Actor;
 use crate::engine::Error;
 
 /// Items a stream buffers for a slow client before its reader waits.
 const STREAM_BUFFER: usize = 64;
 
-/// How a caller is named in the events it causes: its address, until
-/// authentication gives callers names.
+/// How a caller is named in the events it causes: its principal's name when
+/// the server authenticates callers, else its address.
 fn peer_name<T>(request: &Request<T>) -> String {
+    if let Some(principal) = principal(request) {
+        return principal.name.clone();
+    }
     request
         .remote_addr()
         .map_or_else(|| "unknown".to_string(), |addr| addr.to_string())
+}
+
+/// The caller, as the auth layer authenticated it (`None` without auth).
+fn principal<T>(request: &Request<T>) -> Option<&Principal> {
+    request.extensions().get::<Principal>()
 }
 
 fn client_actor<T>(request: &Request<T>) -> Actor {

@@ -6,7 +6,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::{client_actor, convert, status::to_status, unavailable, STREAM_BUFFER};
+use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
+use crate::auth::{self, Principal, Refusal};
 use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
 use crate::engine::{Engine, Error};
 use crate::proto::{self, run_service_server::RunService};
@@ -18,6 +19,8 @@ const READ_CHUNK: usize = 256;
 
 pub struct RunApi {
     pub engine: Engine,
+    /// The principal that started a run may not decide its approvals.
+    pub separation_of_duties: bool,
 }
 
 type EventStream =
@@ -52,6 +55,56 @@ impl RunApi {
             .ok_or_else(|| Error::RunNotFound(text.to_string()))?;
         Ok((run, record))
     }
+
+    /// The client that started the run, from its first event; `None` for
+    /// an unknown run (its handler answers NOT_FOUND).
+    fn starter(&self, run: RunId) -> Result<Option<String>, Status> {
+        let first = self
+            .engine
+            .store()
+            .run_events(run, 0, 1)
+            .map_err(|e| to_status(e.into()))?;
+        Ok(first
+            .into_iter()
+            .find(|e| e.actor_kind == proto::ActorKind::Client as i32)
+            .map(|e| e.actor_name))
+    }
+
+    /// Runners read (`read`), signal and cancel only the runs they started.
+    fn check_owner(
+        &self,
+        principal: Option<&Principal>,
+        run: RunId,
+        read: bool,
+    ) -> Result<(), Status> {
+        let Some(principal) = principal else {
+            return Ok(());
+        };
+        if principal.sees_every_run(read) {
+            return Ok(());
+        }
+        match self.starter(run)? {
+            Some(starter) if starter != principal.name => Err(Refusal::NotRunOwner {
+                principal: principal.name.clone(),
+                run: run.to_string(),
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The separation-of-duties policy: the principal that started a run may
+    /// not decide its approvals.
+    fn check_separation(&self, principal: &Principal, run: RunId) -> Result<(), Status> {
+        if self.separation_of_duties && self.starter(run)?.as_ref() == Some(&principal.name) {
+            return Err(Refusal::SeparationOfDuties {
+                principal: principal.name.clone(),
+                run: run.to_string(),
+            }
+            .into());
+        }
+        Ok(())
+    }
 }
 
 #[tonic::async_trait]
@@ -74,6 +127,7 @@ impl RunService for RunApi {
         request: Request<proto::GetRunRequest>,
     ) -> Result<Response<proto::GetRunResponse>, Status> {
         let (run, record) = self.known_run(&request.get_ref().run_id)?;
+        self.check_owner(principal(&request), run, true)?;
         let mut out = convert::run(record);
         out.pending_approvals = self
             .engine
@@ -90,6 +144,10 @@ impl RunService for RunApi {
         &self,
         request: Request<proto::ListRunsRequest>,
     ) -> Result<Response<proto::ListRunsResponse>, Status> {
+        // A runner lists only the runs it started.
+        let only_started_by = principal(&request)
+            .filter(|p| !p.sees_every_run(true))
+            .map(|p| p.name.clone());
         let request = request.into_inner();
         let before = match request.page_token.as_str() {
             "" => None,
@@ -108,6 +166,15 @@ impl RunService for RunApi {
             }
             if !labels_match(&request.labels, &record.labels) {
                 continue;
+            }
+            if let Some(name) = &only_started_by {
+                let starter = match RunId::from_slice(&record.run_id) {
+                    Some(run) => self.starter(run)?,
+                    None => None,
+                };
+                if starter.as_ref() != Some(name) {
+                    continue;
+                }
             }
             if runs.len() == limit {
                 next_page_token = runs
@@ -130,8 +197,10 @@ impl RunService for RunApi {
         &self,
         request: Request<proto::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let principal = principal(&request).cloned();
         let request = request.into_inner();
         let (run, record) = self.known_run(&request.run_id)?;
+        self.check_owner(principal.as_ref(), run, true)?;
         if request.after_seq > record.last_seq {
             return Err(Error::invalid(
                 "after_seq",
@@ -157,8 +226,20 @@ impl RunService for RunApi {
         request: Request<proto::SignalRequest>,
     ) -> Result<Response<proto::SignalResponse>, Status> {
         let actor = client_actor(&request);
+        let principal = principal(&request).cloned();
         let request = request.into_inner();
+        // Which role a signal needs depends on its type, so the auth layer
+        // lets runners and approvers through and the check is made here.
+        if let Some(principal) = &principal {
+            auth::authorize_signal(principal, &request.r#type)?;
+        }
         let run = convert::run_id("run_id", &request.run_id)?;
+        match &principal {
+            Some(principal) if auth::is_decision(&request.r#type) => {
+                self.check_separation(principal, run)?
+            }
+            principal => self.check_owner(principal.as_ref(), run, false)?,
+        }
         if request.r#type.is_empty() {
             return Err(Error::invalid("type", "required").into());
         }
@@ -183,8 +264,10 @@ impl RunService for RunApi {
         request: Request<proto::CancelRunRequest>,
     ) -> Result<Response<proto::CancelRunResponse>, Status> {
         let actor = client_actor(&request);
+        let principal = principal(&request).cloned();
         let request = request.into_inner();
         let run = convert::run_id("run_id", &request.run_id)?;
+        self.check_owner(principal.as_ref(), run, false)?;
         let reason = if request.reason.is_empty() {
             "cancelled by a client".to_string()
         } else {

@@ -1,12 +1,14 @@
 //! The one mapping from engine errors to gRPC statuses, each with a
 //! google.rpc.ErrorInfo (domain "aaa.v1") whose reason SDKs branch on.
-//! Internal errors are logged here and reach clients without their details.
+//! Internal errors are logged here and reach clients without their details;
+//! auth refusals (`refused`) are logged by the auth layer.
 
 use std::collections::HashMap;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use crate::auth::Refusal;
 use crate::engine::Error;
 
 pub const DOMAIN: &str = "aaa.v1";
@@ -70,6 +72,39 @@ pub fn to_status(error: Error) -> Status {
     };
     let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
     Status::with_error_details(code, error.to_string(), details)
+}
+
+/// A refusal of the auth layer or of Signal's role check. UNAUTHENTICATED
+/// says nothing about which credential was wrong; PERMISSION_DENIED names
+/// the roles that would do (metadata "roles", comma-separated).
+pub fn refused(refusal: &Refusal) -> Status {
+    let mut metadata = HashMap::new();
+    let (code, reason) = match refusal {
+        Refusal::MissingCredentials | Refusal::UnknownCredentials => {
+            (Code::Unauthenticated, "UNAUTHENTICATED")
+        }
+        Refusal::MissingRole { needed, method, .. } => {
+            metadata.insert("roles".to_string(), needed.join(","));
+            metadata.insert("method".to_string(), method.clone());
+            (Code::PermissionDenied, "PERMISSION_DENIED")
+        }
+        Refusal::NotRunOwner { run, .. } => {
+            metadata.insert("run_id".to_string(), run.clone());
+            (Code::PermissionDenied, "NOT_RUN_OWNER")
+        }
+        Refusal::SeparationOfDuties { run, .. } => {
+            metadata.insert("run_id".to_string(), run.clone());
+            (Code::PermissionDenied, "SEPARATION_OF_DUTIES")
+        }
+    };
+    let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+    Status::with_error_details(code, refusal.to_string(), details)
+}
+
+impl From<Refusal> for Status {
+    fn from(refusal: Refusal) -> Self {
+        refused(&refusal)
+    }
 }
 
 impl From<Error> for Status {

@@ -8,13 +8,14 @@ mod render;
 mod runs;
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
@@ -73,8 +74,8 @@ pub struct Connection {
         value_parser = server_url
     )]
     server: String,
-    /// Sent on every call as `authorization: Bearer TOKEN`. The server does
-    /// not check tokens yet; this is for the auth that comes later.
+    /// Sent on every call as `authorization: Bearer TOKEN`; the server maps
+    /// it to a principal and its roles (see the README's auth section).
     #[arg(
         long,
         global = true,
@@ -83,6 +84,17 @@ pub struct Connection {
         value_parser = bearer_token
     )]
     token: Option<MetadataValue<Ascii>>,
+    /// PEM file of the CA that signed the server's certificate; needed for
+    /// an https:// server.
+    #[arg(long, global = true, env = "AAA_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// PEM client certificate, for a server that authenticates callers by
+    /// certificate (mTLS); goes with --key.
+    #[arg(long, global = true, env = "AAA_CLIENT_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, global = true, env = "AAA_CLIENT_KEY", requires = "cert")]
+    key: Option<PathBuf>,
 }
 
 /// `--json` of every read command.
@@ -198,9 +210,14 @@ impl Connection {
     /// Connects now, so an unreachable server is reported as such (exit 3)
     /// before any request is made.
     async fn connect(&self) -> Result<Client, Error> {
-        let endpoint = Endpoint::from_shared(self.server.clone())
+        let mut endpoint = Endpoint::from_shared(self.server.clone())
             .map_err(|e| Error::Usage(format!("--server {}: {e}", self.server)))?
             .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = self.tls()? {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| Error::Usage(format!("TLS settings: {e}")))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| {
             // tonic says "transport error"; the cause ("Connection refused") is below.
             let mut detail = e.to_string();
@@ -220,6 +237,37 @@ impl Connection {
             bearer: Bearer(self.token.clone()),
         })
     }
+
+    /// TLS settings for an https:// server; None for http://.
+    fn tls(&self) -> Result<Option<ClientTlsConfig>, Error> {
+        let https = self.server.starts_with("https://");
+        if !https {
+            return match (&self.ca_cert, &self.cert) {
+                (None, None) => Ok(None),
+                _ => Err(Error::Usage(format!(
+                    "--ca-cert and --cert need an https:// server, not {}",
+                    self.server
+                ))),
+            };
+        }
+        let Some(ca_cert) = &self.ca_cert else {
+            return Err(Error::Usage(format!(
+                "--ca-cert FILE (the CA of the server's certificate) is needed for {}",
+                self.server
+            )));
+        };
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(ca_cert)?));
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity(Identity::from_pem(pem(cert)?, pem(key)?));
+        }
+        Ok(Some(tls))
+    }
+}
+
+/// A PEM file's text; an unreadable file is a usage error naming it.
+fn pem(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path)
+        .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))
 }
 
 /// Adds `authorization: Bearer TOKEN` to every request, when there is a token.

@@ -11,6 +11,8 @@ pub const ACTIVE: u8 = b'W';
 pub const TIMER: u8 = b'T';
 pub const TOOL: u8 = b'K';
 pub const REQUEST: u8 = b'I';
+pub const GROUP: u8 = b'G';
+pub const DEAD_LETTER: u8 = b'D';
 
 /// `E ‖ run ‖ seq`: one event.
 pub fn event(run: RunId, seq: u64) -> Vec<u8> {
@@ -78,6 +80,28 @@ pub fn request(scope: &[u8], request_id: &str) -> Vec<u8> {
     k.extend_from_slice(&(scope.len() as u16).to_be_bytes());
     k.extend_from_slice(scope);
     k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
+/// `G ‖ group`: a consumer group's definition and durable cursor.
+pub fn group(name: &str) -> Vec<u8> {
+    let mut k = vec![GROUP];
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// `D ‖ len(group) ‖ group ‖ position`: a dead letter of a group, in log order.
+pub fn dead_letter(group: &str, position: u64) -> Vec<u8> {
+    let mut k = dead_letters(group);
+    k.extend_from_slice(&position.to_be_bytes());
+    k
+}
+
+/// The prefix of a group's dead letters.
+pub fn dead_letters(group: &str) -> Vec<u8> {
+    let mut k = vec![DEAD_LETTER];
+    k.extend_from_slice(&(group.len() as u16).to_be_bytes());
+    k.extend_from_slice(group.as_bytes());
     k
 }
 

@@ -9,6 +9,7 @@
 //! answers all of them. Readers never see past the durable position.
 
 mod committer;
+mod groups;
 mod keys;
 mod records;
 
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use groups::{DeadLetterRecord, GroupRecord};
 pub use records::{ApprovalRecord, EventRecord, LogRecord, RunRecord};
 
 /// A run's id: a time-ordered UUID (v7), so key order is start order.

@@ -564,3 +564,35 @@ async fn review_in_a_terminal_is_colored_unless_no_color() {
     );
     wait_for_event(&mut runs, &run_id, "aaa.approval.granted").await;
 }
+
+/// Over TLS with auth on: the server's CA and a token get through; no token
+/// is refused by the server (exit 1), no CA file is a usage error (exit 2).
+#[tokio::test(flavor = "multi_thread")]
+async fn over_tls_with_the_servers_ca_and_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::auth::make_pki(dir.path());
+    let text = format!(
+        "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n\n\
+         [[principal]]\nname = \"ops\"\nroles = [\"reader\"]\ntoken_sha256 = \"{}\"\n",
+        aaa::auth::sha256_hex(b"token-ops")
+    );
+    let auth =
+        std::sync::Arc::new(aaa::auth::AuthConfig::parse(&text, dir.path()).expect("auth config"));
+    let server = TestServer::start_with(move |config| config.auth = Some(auth.clone())).await;
+    let url = format!("https://localhost:{}", server.addr().port());
+    let ca = dir.path().join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let tls = ["runs", "ls", "--json", "--server", &url, "--ca-cert", ca];
+
+    let listed = aaa(&server, &[&tls[..], &["--token", "token-ops"]].concat())
+        .await
+        .ok();
+    assert_eq!(listed.json()["runs"], json!([]), "{}", listed.stdout);
+
+    let anonymous = aaa(&server, &tls).await;
+    assert!(anonymous.error_line(1).contains("UNAUTHENTICATED"));
+
+    let no_ca = aaa(&server, &["runs", "ls", "--server", &url]).await;
+    assert!(no_ca.error_line(2).contains("--ca-cert"));
+    server.shutdown().await;
+}

@@ -3,14 +3,17 @@
 
 mod support;
 
+mod auth;
 mod cli;
 mod concurrency;
 mod deadline;
 mod errors;
+mod fold;
 mod gate;
 mod health;
 mod leases;
 mod restart;
 mod scenario;
 mod stream;
+mod subscriptions;
 mod watch;

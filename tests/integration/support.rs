@@ -88,7 +88,12 @@ pub struct TestServer {
     dir: tempfile::TempDir,
     addr: SocketAddr,
     running: Option<Serving>,
+    /// Applied to the config on every (re)start; see [`TestServer::start_with`].
+    configure: Option<Configure>,
 }
+
+/// Adjusts the config a [`TestServer`] serves with (auth, limits).
+pub type Configure = Arc<dyn Fn(&mut aaa::Config) + Send + Sync>;
 
 /// A running `serve` task and the trigger of its shutdown future.
 type Serving = (oneshot::Sender<()>, JoinHandle<Result<(), aaa::ServeError>>);
@@ -101,10 +106,20 @@ impl Server for TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
+        Self::start_configured(None).await
+    }
+
+    /// Like [`TestServer::start`], with `configure` applied to the config.
+    pub async fn start_with(configure: impl Fn(&mut aaa::Config) + Send + Sync + 'static) -> Self {
+        Self::start_configured(Some(Arc::new(configure))).await
+    }
+
+    async fn start_configured(configure: Option<Configure>) -> Self {
         let mut server = TestServer {
             dir: tempfile::tempdir().expect("temp dir"),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             running: None,
+            configure,
         };
         server.resume().await;
         server
@@ -132,6 +147,9 @@ impl TestServer {
         let mut config = aaa::Config::new(self.dir.path());
         config.poll_wait_cap = Duration::from_secs(5);
         config.shutdown_grace = Duration::from_secs(5);
+        if let Some(configure) = &self.configure {
+            configure(&mut config);
+        }
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(aaa::serve(listener, config, async move {
             let _ = rx.await;
@@ -173,6 +191,12 @@ impl Server for ChildServer {
 
 impl ChildServer {
     pub async fn start(dir: &Path) -> Self {
+        Self::start_args(dir, &["--listen", "127.0.0.1:0"]).await
+    }
+
+    /// Runs `aaa serve ARGS --data-dir dir/data`; ARGS must include
+    /// `--listen`. An unspecified address (0.0.0.0) is reached on loopback.
+    pub async fn start_args(dir: &Path, args: &[&str]) -> Self {
         let log_path = dir.join("server.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -181,7 +205,8 @@ impl ChildServer {
             .expect("server log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_aaa"))
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .args(args)
+            .arg("--data-dir")
             .arg(dir.join("data"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -204,6 +229,9 @@ impl ChildServer {
             }
         });
         let addr = match tokio::time::timeout(WAIT, rx).await {
+            Ok(Ok(addr)) if addr.ip().is_unspecified() => {
+                SocketAddr::from(([127, 0, 0, 1], addr.port()))
+            }
             Ok(Ok(addr)) => addr,
             _ => {
                 let _ = child.kill();
@@ -826,6 +854,109 @@ impl Drop for Worker {
     fn drop(&mut self) {
         if let Some(handle) = &self.handle {
             handle.abort();
+        }
+    }
+}
+
+// -------------------------------------------------------------- credentials
+
+/// Sends `authorization: Bearer TOKEN` with every call (none for `None`).
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    pub fn new(token: Option<&str>) -> Self {
+        Bearer(token.map(|t| format!("Bearer {t}").parse().expect("ASCII token")))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+pub type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
+/// The three clients of one principal, on one connection.
+#[derive(Clone)]
+pub struct Clients {
+    pub runs: RunServiceClient<Authed>,
+    pub approvals: ApprovalServiceClient<Authed>,
+    pub workers: WorkerServiceClient<Authed>,
+}
+
+impl Clients {
+    pub fn new(channel: Channel, token: Option<&str>) -> Self {
+        let bearer = Bearer::new(token);
+        Clients {
+            runs: RunServiceClient::with_interceptor(channel.clone(), bearer.clone()),
+            approvals: ApprovalServiceClient::with_interceptor(channel.clone(), bearer.clone()),
+            workers: WorkerServiceClient::with_interceptor(channel, bearer),
+        }
+    }
+
+    /// Connects to `server` and sends `token` with every call.
+    pub async fn with_token(server: &impl Server, token: &str) -> Self {
+        Clients::new(server.channel().await, Some(token))
+    }
+
+    /// The run's stored events (no follow).
+    pub async fn history(&mut self, run_id: &str) -> Vec<Event> {
+        self.follow_until(run_id, false, |_| false).await
+    }
+
+    /// Follows the run until an event of type `ty`; returns the events up
+    /// to and including it.
+    pub async fn wait_for_event(&mut self, run_id: &str, ty: &str) -> Vec<Event> {
+        let events = self.follow_until(run_id, true, |e| e.r#type == ty).await;
+        assert_eq!(
+            events.last().map(|e| e.r#type.as_str()),
+            Some(ty),
+            "stream ended before {ty}: {:?}",
+            types(&events)
+        );
+        events
+    }
+
+    async fn follow_until(
+        &mut self,
+        run_id: &str,
+        follow: bool,
+        until: impl Fn(&Event) -> bool,
+    ) -> Vec<Event> {
+        let request = StreamEventsRequest {
+            run_id: run_id.into(),
+            follow,
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        let read = async {
+            let mut stream = self.runs.stream_events(request).await?.into_inner();
+            while let Some(item) = stream.message().await? {
+                match item.item {
+                    Some(stream_events_response::Item::Event(event)) => {
+                        let done = until(&event);
+                        seen.push(event);
+                        if done {
+                            break;
+                        }
+                    }
+                    Some(stream_events_response::Item::CaughtUp(_)) if !follow => break,
+                    _ => {}
+                }
+            }
+            Ok::<(), Status>(())
+        };
+        match tokio::time::timeout(WAIT, read).await {
+            Ok(Ok(())) => seen,
+            Ok(Err(status)) => panic!("StreamEvents({run_id}) failed: {status:?}"),
+            Err(_) => panic!("StreamEvents({run_id}) timed out; saw {:?}", types(&seen)),
         }
     }
 }

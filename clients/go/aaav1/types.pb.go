@@ -172,6 +172,27 @@ const (
 	ErrorReason_SHUTTING_DOWN ErrorReason = 11
 	// INTERNAL: the server failed; details are in its log.
 	ErrorReason_INTERNAL_ERROR ErrorReason = 12
+	// UNAUTHENTICATED: auth is on and the call has no bearer token or client
+	// certificate, or one that matches no principal.
+	ErrorReason_UNAUTHENTICATED ErrorReason = 13
+	// PERMISSION_DENIED: the principal lacks the role the call needs;
+	// metadata["roles"] lists the roles that would do, metadata["method"] the call.
+	ErrorReason_PERMISSION_DENIED ErrorReason = 14
+	// PERMISSION_DENIED: a runner (without the reader role) acts on a run that
+	// another principal started.
+	ErrorReason_NOT_RUN_OWNER ErrorReason = 15
+	// PERMISSION_DENIED: with separation of duties on, the principal that
+	// started the run decides one of its calls.
+	ErrorReason_SEPARATION_OF_DUTIES ErrorReason = 16
+	// NOT_FOUND: SubscriptionService names a consumer group that does not exist;
+	// metadata["group"] names it.
+	ErrorReason_GROUP_NOT_FOUND ErrorReason = 20
+	// FAILED_PRECONDITION: Subscribe asks a group for another definition than
+	// the one it was created with; metadata["field"] says which part differs.
+	ErrorReason_GROUP_MISMATCH ErrorReason = 21
+	// RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they
+	// piled up; its stream is ended and its deliveries go to other members.
+	ErrorReason_MEMBER_TOO_SLOW ErrorReason = 22
 )
 
 // Enum value maps for ErrorReason.
@@ -190,6 +211,13 @@ var (
 		10: "INVALID_TOKEN",
 		11: "SHUTTING_DOWN",
 		12: "INTERNAL_ERROR",
+		13: "UNAUTHENTICATED",
+		14: "PERMISSION_DENIED",
+		15: "NOT_RUN_OWNER",
+		16: "SEPARATION_OF_DUTIES",
+		20: "GROUP_NOT_FOUND",
+		21: "GROUP_MISMATCH",
+		22: "MEMBER_TOO_SLOW",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -205,6 +233,13 @@ var (
 		"INVALID_TOKEN":            10,
 		"SHUTTING_DOWN":            11,
 		"INTERNAL_ERROR":           12,
+		"UNAUTHENTICATED":          13,
+		"PERMISSION_DENIED":        14,
+		"NOT_RUN_OWNER":            15,
+		"SEPARATION_OF_DUTIES":     16,
+		"GROUP_NOT_FOUND":          20,
+		"GROUP_MISMATCH":           21,
+		"MEMBER_TOO_SLOW":          22,
 	}
 )
 
@@ -878,7 +913,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xa5\x02\n" +
+	"\tROLE_TOOL\x10\x04*\xbc\x03\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -893,7 +928,14 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\rINVALID_TOKEN\x10\n" +
 	"\x12\x11\n" +
 	"\rSHUTTING_DOWN\x10\v\x12\x12\n" +
-	"\x0eINTERNAL_ERROR\x10\fBq\n" +
+	"\x0eINTERNAL_ERROR\x10\f\x12\x13\n" +
+	"\x0fUNAUTHENTICATED\x10\r\x12\x15\n" +
+	"\x11PERMISSION_DENIED\x10\x0e\x12\x11\n" +
+	"\rNOT_RUN_OWNER\x10\x0f\x12\x18\n" +
+	"\x14SEPARATION_OF_DUTIES\x10\x10\x12\x13\n" +
+	"\x0fGROUP_NOT_FOUND\x10\x14\x12\x12\n" +
+	"\x0eGROUP_MISMATCH\x10\x15\x12\x13\n" +
+	"\x0fMEMBER_TOO_SLOW\x10\x16Bq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

@@ -59,8 +59,8 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
             process.wait()
 
 
-def start_server(data_dir: Path, log_path: Path, listen: str = "127.0.0.1:0") -> Server:
-    """Start the binary and wait for its "serving on HOST:PORT" line."""
+def start_server(data_dir: Path, log_path: Path, listen: str = "127.0.0.1:0", extra_args: tuple[str, ...] = ()) -> Server:
+    """Start the binary (with ``extra_args`` after its flags) and wait for its "serving on HOST:PORT" line."""
     binary = binary_path()
     if not binary.exists():
         pytest.fail(
@@ -69,7 +69,7 @@ def start_server(data_dir: Path, log_path: Path, listen: str = "127.0.0.1:0") ->
         )
     log = open(log_path, "ab")
     process = subprocess.Popen(
-        [str(binary), "serve", "--listen", listen, "--data-dir", str(data_dir)],
+        [str(binary), "serve", "--listen", listen, "--data-dir", str(data_dir), *extra_args],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,

@@ -21,11 +21,12 @@
 
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import { createClient, type CallOptions, type Client as ServiceClient } from "@connectrpc/connect";
+import { createClient, type CallOptions, type Client as ServiceClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ApprovalService } from "./gen/aaa/v1/approval_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
+import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
 import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
 import { AaaError, Cancelled, Code, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { stringify, type JsonObject } from "./json.js";
@@ -51,6 +52,7 @@ import {
   type TypedEvent,
 } from "./types.js";
 import { Worker, type WorkerOptions } from "./worker.js";
+import { Outbox, deliveryFromProto, handle, openRequest, type DeliveryHandler, type SubscribeOptions } from "./subscriptions.js";
 
 /** The address used when none is given and env AAA_SERVER is not set. */
 export const DEFAULT_ADDRESS = "127.0.0.1:50051";
@@ -61,6 +63,22 @@ export interface ConnectOptions {
   timeoutMs?: number;
   /** How long calls keep retrying while the server is unavailable; default 30 000 ms. */
   retryMs?: number;
+  /** Sent as `authorization: Bearer TOKEN` with every call; defaults to env AAA_TOKEN. */
+  token?: string;
+  /** Connect over TLS (also implied by an https:// address). */
+  tls?: TlsOptions;
+}
+
+/** TLS settings of a connection, PEM text (or Buffers). */
+export interface TlsOptions {
+  /** CA certificates to trust instead of the system's, for a private CA. */
+  ca?: string | Buffer;
+  /** A client certificate chain (mTLS), with its `key`. */
+  cert?: string | Buffer;
+  /** The client certificate's private key. */
+  key?: string | Buffer;
+  /** The name the server certificate must carry, when it differs from the address's host. */
+  servername?: string;
 }
 
 /** Options every call of the SDK takes. */
@@ -230,6 +248,7 @@ export class Client {
     readonly run: ServiceClient<typeof RunService>;
     readonly approval: ServiceClient<typeof ApprovalService>;
     readonly worker: ServiceClient<typeof WorkerService>;
+    readonly subscription: ServiceClient<typeof SubscriptionService>;
   };
   /** The HTTP/2 connection manager (exposed for `connect` and tests). */
   readonly sessions: Http2SessionManager;
@@ -239,13 +258,22 @@ export class Client {
   constructor(address?: string, options: ConnectOptions = {}) {
     this.address = address || process.env.AAA_SERVER || DEFAULT_ADDRESS;
     this.retryMs = options.retryMs ?? 30_000;
-    const baseUrl = /^https?:\/\//.test(this.address) ? this.address : `http://${this.address}`;
-    this.sessions = new Http2SessionManager(baseUrl, { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 });
-    const transport = createGrpcTransport({ baseUrl, sessionManager: this.sessions });
+    const scheme = options.tls ? "https" : "http";
+    const baseUrl = /^https?:\/\//.test(this.address) ? this.address : `${scheme}://${this.address}`;
+    const pings = { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 };
+    this.sessions = new Http2SessionManager(baseUrl, pings, options.tls);
+    const token = options.token ?? process.env.AAA_TOKEN;
+    const bearer: Interceptor = (next) => (request) => {
+      request.header.set("authorization", `Bearer ${token}`);
+      return next(request);
+    };
+    const interceptors = token ? [bearer] : [];
+    const transport = createGrpcTransport({ baseUrl, sessionManager: this.sessions, interceptors });
     this.services = {
       run: createClient(RunService, transport),
       approval: createClient(ApprovalService, transport),
       worker: createClient(WorkerService, transport),
+      subscription: createClient(SubscriptionService, transport),
     };
     this.approvals = new Approvals(this);
   }
@@ -285,6 +313,47 @@ export class Client {
           if (await backoff.wait(signal)) continue;
         }
         throw error;
+      }
+    }
+  }
+
+  /**
+   * Joins a consumer group and calls `handler` for each delivery, until
+   * `options.signal` aborts or the client closes (then it rejects with
+   * `Cancelled`). Each event matching `eventTypes` (exact types, prefixes like
+   * `"aaa.approval.*"`, or `"*"`) goes to one member of the group at a time;
+   * the handler resolving acks it, throwing nacks it (it comes again with
+   * `attempt` + 1 until the group's `maxDeliveries` dead-letter it).
+   * Deliveries are handled concurrently, at most `maxInFlight` at a time.
+   * Delivery is at least once: deduplicate on `(event.runId, event.seq)`. A
+   * dropped connection is joined again; unacked deliveries then come again.
+   *
+   * @throws InvalidField for a bad pattern or group name; GroupMismatch when
+   * the group exists with another definition.
+   */
+  async subscribe(eventTypes: string | string[], handler: DeliveryHandler, options: SubscribeOptions): Promise<void> {
+    const backoff = new Backoff(this.retryMs);
+    for (;;) {
+      const stream = new AbortController();
+      const signal = anySignal(stream.signal, this.closing.signal, options.signal);
+      const outbox = new Outbox(openRequest(eventTypes, options));
+      try {
+        for await (const response of this.services.subscription.subscribe(outbox.drain(signal), { signal })) {
+          backoff.reset();
+          if (response.item.case === "delivery") {
+            void handle(handler, deliveryFromProto(response.item.value), outbox);
+          }
+        }
+        if (!(await backoff.wait(signal))) {
+          throw new Unavailable("the server ended the subscription", { code: Code.Unavailable });
+        }
+      } catch (err) {
+        if (signal.aborted) throw cancelledBy(signal);
+        const error = toAaaError(err);
+        if (error instanceof Unavailable && (await backoff.wait(signal))) continue;
+        throw error;
+      } finally {
+        stream.abort();
       }
     }
   }

@@ -73,6 +73,8 @@ export class AaaError extends Error {
 
 /** NOT_FOUND: the run or call does not exist. */
 export class NotFound extends AaaError {}
+/** A consumer group that does not exist (reason GROUP_NOT_FOUND). */
+export class GroupNotFound extends NotFound {}
 /** The run id is unknown (reason RUN_NOT_FOUND). */
 export class RunNotFound extends NotFound {}
 /** The run has no such call, or no approval request for it (reason CALL_NOT_FOUND). */
@@ -97,11 +99,23 @@ export class FailedPrecondition extends AaaError {}
 export class RunFinished extends FailedPrecondition {}
 /** The task token names an attempt that is no longer current (reason STALE_ATTEMPT). */
 export class StaleAttempt extends FailedPrecondition {}
+/** Subscribe asked a group for another definition than it was created with (reason GROUP_MISMATCH). */
+export class GroupMismatch extends FailedPrecondition {}
 /** A grant's arguments_sha256 does not match the requested arguments (reason ARGUMENTS_MISMATCH). */
 export class ArgumentsMismatch extends FailedPrecondition {}
 
 /** ALREADY_EXISTS: an id clash. */
 export class AlreadyExists extends AaaError {}
+
+/** UNAUTHENTICATED: no token or client certificate, or one the server does not know. */
+export class Unauthenticated extends AaaError {}
+
+/**
+ * PERMISSION_DENIED: the caller lacks the role (`metadata.roles` lists those that would do),
+ * touches a run it did not start (reason NOT_RUN_OWNER), or decides a call of a run it started
+ * under separation of duties (reason SEPARATION_OF_DUTIES).
+ */
+export class PermissionDenied extends AaaError {}
 
 /** UNAVAILABLE: the server cannot be reached or is not serving. */
 export class Unavailable extends AaaError {}
@@ -132,6 +146,8 @@ const BY_REASON: Record<string, ErrorClass> = {
   INVALID_TOKEN: InvalidToken,
   SHUTTING_DOWN: ShuttingDown,
   INTERNAL_ERROR: InternalError,
+  GROUP_NOT_FOUND: GroupNotFound,
+  GROUP_MISMATCH: GroupMismatch,
 };
 
 const BY_CODE: Partial<Record<Code, ErrorClass>> = {
@@ -139,6 +155,8 @@ const BY_CODE: Partial<Record<Code, ErrorClass>> = {
   [Code.InvalidArgument]: InvalidArgument,
   [Code.FailedPrecondition]: FailedPrecondition,
   [Code.AlreadyExists]: AlreadyExists,
+  [Code.Unauthenticated]: Unauthenticated,
+  [Code.PermissionDenied]: PermissionDenied,
   [Code.Unavailable]: Unavailable,
   [Code.Internal]: InternalError,
   [Code.Canceled]: Cancelled,

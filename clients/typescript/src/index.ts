@@ -23,6 +23,7 @@ export {
   type ConnectOptions,
   type EventsOptions,
   type StartRunOptions,
+  type TlsOptions,
   type ToolRef,
   type WatchOptions,
 } from "./client.js";
@@ -80,6 +81,8 @@ export {
   Code,
   DOMAIN,
   FailedPrecondition,
+  GroupMismatch,
+  GroupNotFound,
   InternalError,
   InvalidArgument,
   InvalidField,
@@ -87,6 +90,7 @@ export {
   NonRetryable,
   NotFound,
   PayloadTooLarge,
+  PermissionDenied,
   ReservedEventType,
   RunFinished,
   RunNotFound,
@@ -94,12 +98,14 @@ export {
   StaleAttempt,
   Timeout,
   ToolNotRegistered,
+  Unauthenticated,
   Unavailable,
   decodeErrorInfo,
   toAaaError,
   type AaaErrorOptions,
   type ErrorInfo,
 } from "./errors.js";
+export { type Delivery, type DeliveryHandler, type SubscribeOptions } from "./subscriptions.js";
 export { parse, parseObject, stringify, type JsonObject, type JsonValue } from "./json.js";
 
 /** The generated wire messages and service descriptors, one namespace per proto file. */

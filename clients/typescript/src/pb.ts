@@ -8,5 +8,6 @@
 
 export * as approval from "./gen/aaa/v1/approval_pb.js";
 export * as run from "./gen/aaa/v1/run_pb.js";
+export * as subscription from "./gen/aaa/v1/subscription_pb.js";
 export * as types from "./gen/aaa/v1/types_pb.js";
 export * as worker from "./gen/aaa/v1/worker_pb.js";

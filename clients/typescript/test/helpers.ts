@@ -60,10 +60,12 @@ export async function stopProcess(child: ChildProcess, graceMs = 10_000): Promis
 
 /**
  * Starts the binary (by default on 127.0.0.1:0 with a new temporary
- * directory) and waits for its "serving on HOST:PORT" line. `stop()` removes
+ * directory; `args` are more `aaa serve` flags) and waits for its "serving on HOST:PORT" line. `stop()` removes
  * the directory unless `keep` is set (to restart on the same data).
  */
-export async function startServer(options: { listen?: string; dir?: string; keep?: boolean } = {}): Promise<Server> {
+export async function startServer(
+  options: { listen?: string; dir?: string; keep?: boolean; args?: string[] } = {},
+): Promise<Server> {
   const binary = binaryPath();
   if (!existsSync(binary)) {
     throw new Error(`aaa server binary not found at ${binary}: run \`cargo build\` in ${REPO_DIR} first (or set AAA_BIN)`);
@@ -72,7 +74,8 @@ export async function startServer(options: { listen?: string; dir?: string; keep
   const logPath = path.join(dir, "server.log");
   const log = openSync(logPath, "a");
   const listen = options.listen ?? "127.0.0.1:0";
-  const child = spawn(binary, ["serve", "--listen", listen, "--data-dir", path.join(dir, "data")], {
+  const args = ["serve", "--listen", listen, "--data-dir", path.join(dir, "data"), ...(options.args ?? [])];
+  const child = spawn(binary, args, {
     stdio: ["ignore", "pipe", log],
   });
   closeSync(log);

@@ -39,6 +39,7 @@ type Server struct {
 
 	t      testing.TB
 	bin    string
+	args   []string
 	cmd    *exec.Cmd
 	exited chan struct{}
 	log    *lockedBuffer
@@ -73,6 +74,15 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// StartWith is Start with extra flags for `aaa serve` (e.g. --auth-config).
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: Binary(t), DataDir: t.TempDir(), Addr: "127.0.0.1:0", args: args}
+	s.start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
 // start launches the process on s.Addr and waits for its "serving on" line.
 func (s *Server) start() {
 	s.t.Helper()
@@ -81,7 +91,8 @@ func (s *Server) start() {
 		s.t.Fatal(err)
 	}
 	s.log = &lockedBuffer{}
-	cmd := exec.Command(s.bin, "serve", "--listen", s.Addr, "--data-dir", s.DataDir)
+	args := append([]string{"serve", "--listen", s.Addr, "--data-dir", s.DataDir}, s.args...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = stdoutW
 	cmd.Stderr = s.log
 	cmd.Env = append(os.Environ(), "NO_COLOR=1")

@@ -26,9 +26,17 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iter
 import grpc
 import grpc.aio
 
-from ._proto.aaa.v1 import approval_pb2, approval_pb2_grpc, run_pb2, run_pb2_grpc, worker_pb2_grpc
+from ._proto.aaa.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
+    run_pb2,
+    run_pb2_grpc,
+    subscription_pb2_grpc,
+    worker_pb2_grpc,
+)
 from .errors import AaaError, Unavailable, from_rpc_error
 from .models import Reply
+from .subscriptions import Handler, subscribe
 from .tools import Tool
 from .types import (
     TERMINAL_EVENT_TYPES,
@@ -91,15 +99,64 @@ def _transient(err: grpc.RpcError) -> bool:
     return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNAVAILABLE
 
 
-async def connect(address: str | None = None, *, timeout: float = 10.0, retry_s: float = 30.0) -> Client:
+class _BearerDetails:
+    """Adds ``authorization: Bearer TOKEN`` to a call's metadata."""
+
+    def __init__(self, token: str) -> None:
+        self._value = f"Bearer {token}"
+
+    def _details(self, details: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        metadata.add("authorization", self._value)
+        return details._replace(metadata=metadata)
+
+
+# grpc.aio files each interceptor under one call kind only: one class per kind.
+class _BearerUnaryUnary(_BearerDetails, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _BearerUnaryStream(_BearerDetails, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _BearerStreamUnary(_BearerDetails, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+class _BearerStreamStream(_BearerDetails, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+def _bearer(token: str) -> list[Any]:
+    kinds = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
+    return [kind(token) for kind in kinds]
+
+
+async def connect(
+    address: str | None = None,
+    *,
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+    timeout: float = 10.0,
+    retry_s: float = 30.0,
+) -> Client:
     """Connect to an aaa server and wait until it answers.
 
     Args:
         address: "host:port"; defaults to env AAA_SERVER, then 127.0.0.1:50051.
+        token: bearer token sent with every call; defaults to env AAA_TOKEN.
+        credentials: TLS settings, e.g. ``grpc.ssl_channel_credentials(ca_pem)``
+            (with ``private_key`` and ``certificate_chain`` for a client
+            certificate); without them the connection is plain text.
         timeout: seconds to wait for the connection before raising ``Unavailable``.
         retry_s: how long calls keep retrying while the server is unavailable.
     """
-    client = Client(address, retry_s=retry_s)
+    client = Client(address, token=token, credentials=credentials, retry_s=retry_s)
     try:
         await asyncio.wait_for(client._channel.channel_ready(), timeout)
     except asyncio.TimeoutError:
@@ -119,17 +176,34 @@ class Client:
         address: the server address.
         approvals: list and watch pending approvals (``Approvals``).
         stubs: the generated gRPC stubs (``stubs.run``, ``stubs.approval``,
-            ``stubs.worker``) for anything the SDK does not wrap.
+            ``stubs.worker``, ``stubs.subscription``) for anything the SDK does not wrap.
     """
 
-    def __init__(self, address: str | None = None, *, retry_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        retry_s: float = 30.0,
+    ) -> None:
         self.address = address or os.environ.get("AAA_SERVER") or DEFAULT_ADDRESS
         self.retry_s = retry_s
-        self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        token = token or os.environ.get("AAA_TOKEN")
+        interceptors = _bearer(token) if token else None
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.address, options=_CHANNEL_OPTIONS, interceptors=interceptors
+            )
+        else:
+            self._channel = grpc.aio.secure_channel(
+                self.address, credentials, options=_CHANNEL_OPTIONS, interceptors=interceptors
+            )
         self.stubs = SimpleNamespace(
             run=run_pb2_grpc.RunServiceStub(self._channel),
             approval=approval_pb2_grpc.ApprovalServiceStub(self._channel),
             worker=worker_pb2_grpc.WorkerServiceStub(self._channel),
+            subscription=subscription_pb2_grpc.SubscriptionServiceStub(self._channel),
         )
         self.approvals = Approvals(self)
 
@@ -227,6 +301,55 @@ class Client:
             if not response.next_page_token or (limit is not None and len(runs) >= limit):
                 return runs[:limit] if limit is not None else runs
             request.page_token = response.next_page_token
+
+    async def subscribe(
+        self,
+        event_types: str | Sequence[str],
+        handler: Handler,
+        *,
+        group: str,
+        labels: Mapping[str, str] | None = None,
+        start_from: str = "now",
+        start_after_position: int | None = None,
+        ack_timeout_s: float = 0.0,
+        max_deliveries: int = 0,
+        max_in_flight: int = 0,
+    ) -> None:
+        """Join a consumer group and call ``handler`` for each delivery, until cancelled.
+
+        Each event matching ``event_types`` (exact types, prefixes like
+        ``"aaa.approval.*"``, or ``"*"``) goes to one member of ``group`` at a
+        time. ``handler(delivery)`` (sync or async; ``delivery.event`` is the
+        event) returning acks it; raising nacks it, and it is delivered again
+        (``delivery.attempt`` + 1) until the group's ``max_deliveries`` move it
+        to the dead-letter list. Deliveries are handled concurrently, at most
+        ``max_in_flight`` at a time. Delivery is at least once: deduplicate on
+        ``(event.run_id, event.seq)``. A dropped connection is re-joined.
+
+        Args:
+            group: the group's name; the first member creates it.
+            labels: only events of runs carrying all of these labels.
+            start_from: where a new group starts: "now" (default) or "beginning".
+            start_after_position: a new group starts after this global position.
+            ack_timeout_s: seconds before an unacked delivery is made again (0: group's, 30 s).
+            max_deliveries: attempts before dead-lettering (0: group's, 5).
+            max_in_flight: unacked deliveries this member holds at most (0: 16).
+
+        Raises ``InvalidField`` for a bad pattern or group name, and
+        ``GroupMismatch`` when the group exists with another definition.
+        """
+        await subscribe(
+            self,
+            event_types,
+            handler,
+            group=group,
+            labels=labels,
+            start_from=start_from,
+            start_after_position=start_after_position,
+            ack_timeout_s=ack_timeout_s,
+            max_deliveries=max_deliveries,
+            max_in_flight=max_in_flight,
+        )
 
     def worker(
         self,

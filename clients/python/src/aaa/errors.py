@@ -69,6 +69,10 @@ class CallNotFound(NotFound):
     """The run has no such call, or no approval request for it (reason CALL_NOT_FOUND)."""
 
 
+class GroupNotFound(NotFound):
+    """A consumer group that does not exist (reason GROUP_NOT_FOUND)."""
+
+
 class InvalidArgument(AaaError):
     """INVALID_ARGUMENT: the request is malformed."""
 
@@ -118,8 +122,22 @@ class ArgumentsMismatch(FailedPrecondition):
     """A grant's arguments_sha256 does not match the requested arguments (reason ARGUMENTS_MISMATCH)."""
 
 
+class GroupMismatch(FailedPrecondition):
+    """Subscribe asked a group for another definition than it was created with (reason GROUP_MISMATCH)."""
+
+
 class AlreadyExists(AaaError):
     """ALREADY_EXISTS: an id clash."""
+
+
+class Unauthenticated(AaaError):
+    """UNAUTHENTICATED: no token or client certificate, or one the server does not know."""
+
+
+class PermissionDenied(AaaError):
+    """PERMISSION_DENIED: the caller lacks the role (``metadata["roles"]`` lists those that
+    would do), touches a run it did not start (reason NOT_RUN_OWNER), or decides a call of a
+    run it started under separation of duties (reason SEPARATION_OF_DUTIES)."""
 
 
 class Unavailable(AaaError):
@@ -147,6 +165,8 @@ _BY_REASON: dict[str, type[AaaError]] = {
     "INVALID_TOKEN": InvalidToken,
     "SHUTTING_DOWN": ShuttingDown,
     "INTERNAL_ERROR": InternalError,
+    "GROUP_NOT_FOUND": GroupNotFound,
+    "GROUP_MISMATCH": GroupMismatch,
 }
 
 _BY_CODE: dict[grpc.StatusCode, type[AaaError]] = {
@@ -154,6 +174,8 @@ _BY_CODE: dict[grpc.StatusCode, type[AaaError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.INTERNAL: InternalError,
 }

@@ -40,6 +40,13 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_TOKEN: _ClassVar[ErrorReason]
     SHUTTING_DOWN: _ClassVar[ErrorReason]
     INTERNAL_ERROR: _ClassVar[ErrorReason]
+    UNAUTHENTICATED: _ClassVar[ErrorReason]
+    PERMISSION_DENIED: _ClassVar[ErrorReason]
+    NOT_RUN_OWNER: _ClassVar[ErrorReason]
+    SEPARATION_OF_DUTIES: _ClassVar[ErrorReason]
+    GROUP_NOT_FOUND: _ClassVar[ErrorReason]
+    GROUP_MISMATCH: _ClassVar[ErrorReason]
+    MEMBER_TOO_SLOW: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
@@ -62,6 +69,13 @@ TOOL_NOT_REGISTERED: ErrorReason
 INVALID_TOKEN: ErrorReason
 SHUTTING_DOWN: ErrorReason
 INTERNAL_ERROR: ErrorReason
+UNAUTHENTICATED: ErrorReason
+PERMISSION_DENIED: ErrorReason
+NOT_RUN_OWNER: ErrorReason
+SEPARATION_OF_DUTIES: ErrorReason
+GROUP_NOT_FOUND: ErrorReason
+GROUP_MISMATCH: ErrorReason
+MEMBER_TOO_SLOW: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")

@@ -1,0 +1,201 @@
+package aaa_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	aaa "aaa.dev/clients/go"
+	"aaa.dev/clients/go/internal/testserver"
+)
+
+// pki is a test CA with a server certificate for localhost / 127.0.0.1 and a
+// client certificate, the server's files written to a directory.
+type pki struct {
+	roots  *x509.CertPool
+	client tls.Certificate
+}
+
+func newPKI(t *testing.T, dir string) pki {
+	t.Helper()
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	serial := int64(0)
+	template := func(cn string) *x509.Certificate {
+		serial++
+		return &x509.Certificate{
+			SerialNumber: big.NewInt(serial),
+			Subject:      pkix.Name{CommonName: cn},
+			NotBefore:    time.Now().Add(-time.Hour),
+			NotAfter:     time.Now().Add(24 * time.Hour),
+		}
+	}
+	sign := func(cert, parent *x509.Certificate, pub *ecdsa.PublicKey, signer *ecdsa.PrivateKey) *x509.Certificate {
+		der, err := x509.CreateCertificate(rand.Reader, cert, parent, pub, signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return parsed
+	}
+	write := func(name, kind string, der []byte) {
+		data := pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der})
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyDER := func(k *ecdsa.PrivateKey) []byte {
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+
+	caKey := key()
+	caTemplate := template("test-ca")
+	caTemplate.IsCA = true
+	caTemplate.BasicConstraintsValid = true
+	caTemplate.KeyUsage = x509.KeyUsageCertSign
+	ca := sign(caTemplate, caTemplate, &caKey.PublicKey, caKey)
+
+	serverKey := key()
+	serverTemplate := template("localhost")
+	serverTemplate.DNSNames = []string{"localhost"}
+	serverTemplate.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	serverTemplate.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	server := sign(serverTemplate, ca, &serverKey.PublicKey, caKey)
+
+	clientKey := key()
+	clientTemplate := template("robot")
+	clientTemplate.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	client := sign(clientTemplate, ca, &clientKey.PublicKey, caKey)
+
+	write("ca.pem", "CERTIFICATE", ca.Raw)
+	write("server.pem", "CERTIFICATE", server.Raw)
+	write("server.key", "PRIVATE KEY", keyDER(serverKey))
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	return pki{
+		roots:  roots,
+		client: tls.Certificate{Certificate: [][]byte{client.Raw}, PrivateKey: clientKey, Leaf: client},
+	}
+}
+
+func sha256Hex(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// startTLS starts a TLS server whose principals are "runner" and "approver"
+// (tokens "runner-token", "approver-token") and "robot" (its certificate).
+func startTLS(t *testing.T) (*testserver.Server, pki) {
+	t.Helper()
+	dir := t.TempDir()
+	p := newPKI(t, dir)
+	config := fmt.Sprintf(`[tls]
+cert = "server.pem"
+key = "server.key"
+client_ca = "ca.pem"
+
+[[principal]]
+name = "runner"
+roles = ["runner"]
+token_sha256 = "%s"
+
+[[principal]]
+name = "approver"
+roles = ["approver"]
+token_sha256 = "%s"
+
+[[principal]]
+name = "robot"
+roles = ["runner"]
+cert_sha256 = "%s"
+`, sha256Hex([]byte("runner-token")), sha256Hex([]byte("approver-token")), sha256Hex(p.client.Leaf.Raw))
+	path := filepath.Join(dir, "auth.toml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return testserver.StartWith(t, "--auth-config", path), p
+}
+
+func dialWith(t *testing.T, addr string, opts ...aaa.Option) *aaa.Client {
+	t.Helper()
+	client, err := aaa.Dial(addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+func echoRun() aaa.StartRunRequest {
+	return aaa.StartRunRequest{Task: "hello", Model: aaa.ScriptedModel(aaa.TextStep("done"))}
+}
+
+func startedBy(t *testing.T, ctx context.Context, client *aaa.Client) aaa.Actor {
+	t.Helper()
+	run, err := client.StartRun(ctx, echoRun())
+	if err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	for event, err := range client.Events(ctx, run.RunID, aaa.EventsOptions{}) {
+		if err != nil {
+			t.Fatalf("Events: %v", err)
+		}
+		return event.Actor
+	}
+	t.Fatal("no events")
+	return aaa.Actor{}
+}
+
+func TestTokenAndClientCertificateOverTLS(t *testing.T) {
+	server, p := startTLS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+
+	runner := dialWith(t, server.Addr, aaa.WithTLS(&tls.Config{RootCAs: p.roots}), aaa.WithToken("runner-token"))
+	if actor := startedBy(t, ctx, runner); actor.Name != "runner" {
+		t.Errorf("actor of a token caller = %+v, want runner", actor)
+	}
+	robot := dialWith(t, server.Addr, aaa.WithTLS(&tls.Config{RootCAs: p.roots, Certificates: []tls.Certificate{p.client}}))
+	if actor := startedBy(t, ctx, robot); actor.Name != "robot" {
+		t.Errorf("actor of a certificate caller = %+v, want robot", actor)
+	}
+
+	anonymous := dialWith(t, server.Addr, aaa.WithTLS(&tls.Config{RootCAs: p.roots}))
+	_, err := anonymous.StartRun(ctx, echoRun())
+	if !errors.Is(err, aaa.ErrUnauthenticated) {
+		t.Errorf("StartRun without credentials: %v, want ErrUnauthenticated", err)
+	}
+	approver := dialWith(t, server.Addr, aaa.WithTLS(&tls.Config{RootCAs: p.roots}), aaa.WithToken("approver-token"))
+	_, err = approver.StartRun(ctx, echoRun())
+	var e *aaa.Error
+	if !errors.Is(err, aaa.ErrPermissionDenied) || !errors.As(err, &e) || e.Metadata["roles"] != "runner,admin" {
+		t.Errorf("StartRun as approver: %v, want ErrPermissionDenied naming runner,admin", err)
+	}
+}

@@ -1,0 +1,112 @@
+"""Tokens and TLS: a server with an auth config, reached over TLS with a bearer token or a
+client certificate; refusals surface as aaa.Unauthenticated and aaa.PermissionDenied."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+import aaa
+from aaa import text
+
+from conftest import start_server, stop_process
+from helpers import WAIT_S
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _sign(name: str, cwd: Path, extensions: str) -> None:
+    """A P-256 key and a certificate for ``name`` signed by ca.pem: NAME.key, NAME.pem."""
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=cwd)
+    (cwd / f"{name}.ext").write_text(extensions)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=cwd)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory):
+    """A TLS server whose principals are "runner" and "approver" (tokens) and "robot"
+    (its client certificate)."""
+    root = tmp_path_factory.mktemp("auth")
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=root)
+    _sign("localhost", root, "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _sign("robot", root, "extendedKeyUsage=clientAuth\n")
+    robot_der = subprocess.run(
+        ["openssl", "x509", "-in", "robot.pem", "-outform", "DER"], cwd=root, check=True, capture_output=True
+    ).stdout
+    (root / "auth.toml").write_text(
+        '[tls]\ncert = "localhost.pem"\nkey = "localhost.key"\nclient_ca = "ca.pem"\n\n'
+        f'[[principal]]\nname = "runner"\nroles = ["runner"]\ntoken_sha256 = "{_sha256(b"runner-token")}"\n\n'
+        f'[[principal]]\nname = "approver"\nroles = ["approver"]\ntoken_sha256 = "{_sha256(b"approver-token")}"\n\n'
+        f'[[principal]]\nname = "robot"\nroles = ["runner"]\ncert_sha256 = "{_sha256(robot_der)}"\n'
+    )
+    srv = start_server(root / "data", root / "server.log", extra_args=("--auth-config", str(root / "auth.toml")))
+    srv.pki = root
+    yield srv
+    stop_process(srv.process)
+
+
+def _credentials(pki: Path, client_cert: bool = False) -> grpc.ChannelCredentials:
+    ca = (pki / "ca.pem").read_bytes()
+    if not client_cert:
+        return grpc.ssl_channel_credentials(root_certificates=ca)
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(pki / "robot.key").read_bytes(),
+        certificate_chain=(pki / "robot.pem").read_bytes(),
+    )
+
+
+def _address(server) -> str:
+    # The server certificate names localhost.
+    return "localhost:" + server.address.rsplit(":", 1)[1]
+
+
+async def test_a_token_names_the_caller_in_the_events(tls_server):
+    creds = _credentials(tls_server.pki)
+    async with await aaa.connect(_address(tls_server), token="runner-token", credentials=creds) as client:
+        run = await client.start_run("hello", model=[text("done")])
+        started = await run.wait_for("aaa.run.started")
+        assert started.actor == aaa.Actor(kind="client", name="runner")
+        assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+
+
+async def test_a_client_certificate_authenticates_without_a_token(tls_server):
+    creds = _credentials(tls_server.pki, client_cert=True)
+    async with await aaa.connect(_address(tls_server), credentials=creds) as client:
+        run = await client.start_run("hello", model=[text("done")])
+        started = await run.wait_for("aaa.run.started")
+        assert started.actor == aaa.Actor(kind="client", name="robot")
+
+
+async def test_missing_or_unknown_tokens_are_unauthenticated(tls_server):
+    creds = _credentials(tls_server.pki)
+    for token in (None, "wrong-token"):
+        async with await aaa.connect(_address(tls_server), token=token, credentials=creds) as client:
+            with pytest.raises(aaa.Unauthenticated) as err:
+                await client.start_run("hello", model=[text("done")])
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED and err.value.reason == "UNAUTHENTICATED"
+
+
+async def test_a_missing_role_is_permission_denied_naming_the_roles(tls_server):
+    creds = _credentials(tls_server.pki)
+    async with await aaa.connect(_address(tls_server), token="approver-token", credentials=creds) as client:
+        with pytest.raises(aaa.PermissionDenied) as err:
+            await client.start_run("hello", model=[text("done")])
+        assert err.value.reason == "PERMISSION_DENIED"
+        assert err.value.metadata["roles"] == "runner,admin"

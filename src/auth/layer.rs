@@ -1,0 +1,119 @@
+//! The tower layer in front of every service: authenticates the caller,
+//! checks the RPC against [`super::RULES`], and hands the principal to the
+//! handlers in the request extensions. One check covers every service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::http;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use super::{authorize, is_open, AuthConfig, Principal, Refusal};
+
+/// Checks every call when an auth config is given; lets everything through
+/// (local development) when it is not.
+#[derive(Clone)]
+pub struct AuthLayer {
+    auth: Option<Arc<AuthConfig>>,
+}
+
+impl AuthLayer {
+    pub fn new(auth: Option<Arc<AuthConfig>>) -> Self {
+        AuthLayer { auth }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            auth: self.auth.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    auth: Option<Arc<AuthConfig>>,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if let Some(auth) = &self.auth {
+            match check(auth, &request) {
+                Ok(Some(principal)) => {
+                    request.extensions_mut().insert(principal);
+                }
+                Ok(None) => {}
+                Err(refusal) => {
+                    tracing::warn!(
+                        method = request.uri().path(),
+                        peer = peer(&request),
+                        "refused: {refusal}"
+                    );
+                    let status = crate::api::status::refused(&refusal);
+                    return Box::pin(async move { Ok(status.into_http()) });
+                }
+            }
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+/// The caller's principal, `None` for open methods, or why it is refused.
+fn check<B>(auth: &AuthConfig, request: &http::Request<B>) -> Result<Option<Principal>, Refusal> {
+    let method = request.uri().path();
+    if is_open(method) {
+        return Ok(None);
+    }
+    let bearer = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        // A header that is not `Bearer TOKEN` matches no token's hash.
+        .map(|value| {
+            let value = value.to_str().unwrap_or_default();
+            value.strip_prefix("Bearer ").unwrap_or(value)
+        });
+    let certs = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs());
+    let cert = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
+    let principal = auth.authenticate(bearer, cert)?;
+    authorize(method, &principal)?;
+    Ok(Some(principal))
+}
+
+/// The caller's address, for the log line of a refusal.
+fn peer<B>(request: &http::Request<B>) -> String {
+    let extensions = request.extensions();
+    extensions
+        .get::<TcpConnectInfo>()
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(|i| i.get_ref())
+        })
+        .and_then(|i| i.remote_addr())
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string())
+}

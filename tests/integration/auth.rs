@@ -1,0 +1,718 @@
+//! Who may do what: bearer tokens and client certificates, each role against
+//! each RPC, the actor recorded for decisions, separation of duties, the
+//! refusal to serve open on a public address, TLS, and the request limits.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aaa::auth::{sha256_hex, AuthConfig};
+use aaa::proto::{
+    model_spec, scripted_step, CancelRunRequest, CompleteTaskRequest, ErrorDetail, FailTaskRequest,
+    GetRunRequest, HeartbeatTaskRequest, ListApprovalsRequest, ListRunsRequest, ModelSpec,
+    PollTaskRequest, RegisterWorkerRequest, ScriptedModel, ScriptedStep, SignalRequest,
+    StartRunRequest, StreamEventsRequest, WatchApprovalsRequest,
+};
+use tonic::{Code, Status};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::support::*;
+
+const ROLES: [&str; 5] = ["runner", "approver", "worker", "reader", "admin"];
+
+/// The token of each test principal is "token-NAME".
+fn token(name: &str) -> String {
+    format!("token-{name}")
+}
+
+/// One principal per role, named after it, and "duo" (runner and approver).
+fn auth_toml(separation_of_duties: bool) -> String {
+    let mut text = format!("separation_of_duties = {separation_of_duties}\n");
+    let principals = ROLES
+        .iter()
+        .map(|role| (*role, format!("[\"{role}\"]")))
+        .chain([("duo", "[\"runner\", \"approver\"]".to_string())]);
+    for (name, roles) in principals {
+        text.push_str(&format!(
+            "\n[[principal]]\nname = \"{name}\"\nroles = {roles}\ntoken_sha256 = \"{}\"\n",
+            sha256_hex(token(name).as_bytes())
+        ));
+    }
+    text
+}
+
+async fn start_with_auth(text: String) -> TestServer {
+    let auth = Arc::new(AuthConfig::parse(&text, Path::new(".")).expect("auth config"));
+    TestServer::start_with(move |config| config.auth = Some(auth.clone())).await
+}
+
+/// A run of the scripted model that answers with the task at once.
+fn echo_run() -> StartRunRequest {
+    StartRunRequest {
+        task: "hello".into(),
+        model: Some(ModelSpec {
+            kind: Some(model_spec::Kind::Scripted(ScriptedModel {
+                steps: vec![ScriptedStep {
+                    reply: Some(scripted_step::Reply::Text("done".into())),
+                }],
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+fn signal_request(run_id: &str, ty: &str, data: serde_json::Value) -> SignalRequest {
+    SignalRequest {
+        run_id: run_id.into(),
+        r#type: ty.into(),
+        data_json: data.to_string(),
+        request_id: String::new(),
+    }
+}
+
+/// The RPCs, and which roles besides admin may call each (written here
+/// again, apart from the server's table, so that a change to either shows).
+const MATRIX: [(&str, &[&str]); 15] = [
+    ("StartRun", &["runner"]),
+    ("GetRun", &["runner", "reader"]),
+    ("ListRuns", &["runner", "reader"]),
+    ("StreamEvents", &["runner", "reader"]),
+    ("Signal app.note", &["runner"]),
+    ("Signal aaa.approval.granted", &["approver"]),
+    ("Signal aaa.approval.denied", &["approver"]),
+    ("CancelRun", &["runner"]),
+    ("ListApprovals", &["approver", "reader"]),
+    ("WatchApprovals", &["approver", "reader"]),
+    ("RegisterWorker", &["worker"]),
+    ("PollTask", &["worker"]),
+    ("HeartbeatTask", &["worker"]),
+    ("CompleteTask", &["worker"]),
+    ("FailTask", &["worker"]),
+];
+
+/// Calls `rpc` as the holder of `clients`; only the status matters.
+async fn call(clients: &mut Clients, rpc: &str, run_id: &str) -> Result<(), Status> {
+    let Clients {
+        runs,
+        approvals,
+        workers,
+    } = clients;
+    let call = serde_json::json!({ "call_id": "call-9" });
+    match rpc {
+        "StartRun" => runs.start_run(echo_run()).await.map(drop),
+        "GetRun" => runs
+            .get_run(GetRunRequest {
+                run_id: run_id.into(),
+            })
+            .await
+            .map(drop),
+        "ListRuns" => runs.list_runs(ListRunsRequest::default()).await.map(drop),
+        "StreamEvents" => runs
+            .stream_events(StreamEventsRequest {
+                run_id: run_id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "Signal app.note" => runs
+            .signal(signal_request(run_id, "app.note", serde_json::json!({})))
+            .await
+            .map(drop),
+        "Signal aaa.approval.granted" => runs
+            .signal(signal_request(run_id, "aaa.approval.granted", call))
+            .await
+            .map(drop),
+        "Signal aaa.approval.denied" => runs
+            .signal(signal_request(run_id, "aaa.approval.denied", call))
+            .await
+            .map(drop),
+        "CancelRun" => runs
+            .cancel_run(CancelRunRequest {
+                run_id: run_id.into(),
+                reason: String::new(),
+            })
+            .await
+            .map(drop),
+        "ListApprovals" => approvals
+            .list_approvals(ListApprovalsRequest::default())
+            .await
+            .map(drop),
+        "WatchApprovals" => approvals
+            .watch_approvals(WatchApprovalsRequest::default())
+            .await
+            .map(drop),
+        "RegisterWorker" => workers
+            .register_worker(RegisterWorkerRequest {
+                identity: "w".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "PollTask" => workers
+            .poll_task(PollTaskRequest {
+                identity: "w".into(),
+                tools: vec!["nothing".into()],
+                models: vec![],
+                wait_s: 0.001,
+            })
+            .await
+            .map(drop),
+        "HeartbeatTask" => workers
+            .heartbeat_task(HeartbeatTaskRequest {
+                token: "bad".into(),
+            })
+            .await
+            .map(drop),
+        "CompleteTask" => workers
+            .complete_task(CompleteTaskRequest {
+                token: "bad".into(),
+                result: None,
+            })
+            .await
+            .map(drop),
+        "FailTask" => workers
+            .fail_task(FailTaskRequest {
+                token: "bad".into(),
+                error: Some(ErrorDetail::default()),
+                non_retryable: false,
+            })
+            .await
+            .map(drop),
+        other => panic!("no such rpc in the matrix: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_role_may_call_its_rpcs_and_no_other() {
+    let server = start_with_auth(auth_toml(false)).await;
+    // The runner's own run: runners act only on the runs they started.
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    let run_id = runner
+        .runs
+        .start_run(echo_run())
+        .await
+        .expect("StartRun as runner")
+        .into_inner()
+        .run_id;
+    let mut wrong = Vec::new();
+    for role in ROLES {
+        let mut clients = Clients::with_token(&server, &token(role)).await;
+        for (rpc, allowed) in MATRIX {
+            let allowed = role == "admin" || allowed.contains(&role);
+            let result = call(&mut clients, rpc, &run_id).await;
+            let code = result.as_ref().err().map(|s| s.code());
+            let ok = match (allowed, &result) {
+                (true, _) => !matches!(code, Some(Code::PermissionDenied | Code::Unauthenticated)),
+                (false, Err(status)) => {
+                    assert_error(status, Code::PermissionDenied, "PERMISSION_DENIED");
+                    true
+                }
+                (false, Ok(())) => false,
+            };
+            if !ok {
+                wrong.push(format!("{role} {rpc}: allowed={allowed}, got {result:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn permission_denied_names_the_roles_that_would_do() {
+    let server = start_with_auth(auth_toml(false)).await;
+    let mut reader = Clients::with_token(&server, &token("reader")).await;
+    let status = expect_err(reader.runs.start_run(echo_run()).await);
+    let info = assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
+    assert_eq!(info.metadata["roles"], "runner,admin");
+    assert!(
+        status.message().contains("needs the role runner or admin"),
+        "{status:?}"
+    );
+    assert!(status.message().contains("reader"), "{status:?}");
+
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    let grant = signal_request("x", "aaa.approval.granted", serde_json::json!({}));
+    let status = expect_err(runner.runs.signal(grant).await);
+    let info = assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
+    assert_eq!(info.metadata["roles"], "approver,admin");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runners_see_and_touch_only_the_runs_they_started() {
+    let server = start_with_auth(auth_toml(false)).await;
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    let mine = runner
+        .runs
+        .start_run(echo_run())
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    // "duo" is a runner (and an approver) too, but did not start this run.
+    let mut duo = Clients::with_token(&server, &token("duo")).await;
+    let theirs = duo
+        .runs
+        .start_run(echo_run())
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    for rpc in ["GetRun", "StreamEvents", "Signal app.note", "CancelRun"] {
+        let status = expect_err(call(&mut duo, rpc, &mine).await);
+        let info = assert_error(&status, Code::PermissionDenied, "NOT_RUN_OWNER");
+        assert_eq!(info.metadata["run_id"], mine, "{rpc}");
+    }
+    let listed = |response: aaa::proto::ListRunsResponse| -> Vec<String> {
+        response.runs.into_iter().map(|r| r.run_id).collect()
+    };
+    let list = ListRunsRequest::default();
+    let of_duo = listed(duo.runs.list_runs(list.clone()).await.unwrap().into_inner());
+    assert_eq!(of_duo, [theirs.as_str()]);
+    let of_runner = listed(
+        runner
+            .runs
+            .list_runs(list.clone())
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(of_runner, [mine.as_str()]);
+    // Readers read every run.
+    let mut reader = Clients::with_token(&server, &token("reader")).await;
+    let all = listed(reader.runs.list_runs(list).await.unwrap().into_inner());
+    assert_eq!(all.len(), 2, "{all:?}");
+    reader.history(&mine).await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_or_unknown_credentials_are_unauthenticated_but_health_is_open() {
+    let server = start_with_auth(auth_toml(false)).await;
+    let channel = server.channel().await;
+    for token in [None, Some("not-a-token"), Some("")] {
+        let mut clients = Clients::new(channel.clone(), token);
+        let status = expect_err(clients.runs.list_runs(ListRunsRequest::default()).await);
+        assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+        let status = expect_err(call(&mut clients, "PollTask", "").await);
+        assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    }
+    // A header that is not a bearer token counts as unknown credentials.
+    let mut request = tonic::Request::new(ListRunsRequest::default());
+    let basic = "Basic dXNlcjpwYXNz".parse().unwrap();
+    request.metadata_mut().insert("authorization", basic);
+    let status = expect_err(server.runs().await.list_runs(request).await);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+
+    let mut health = HealthClient::new(channel);
+    let request = HealthCheckRequest {
+        service: String::new(),
+    };
+    health
+        .check(request)
+        .await
+        .expect("Health/Check needs no token");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_approver_is_the_recorded_actor_of_the_grant_with_its_comment() {
+    let server = start_with_auth(auth_toml(false)).await;
+    let mut worker = Clients::with_token(&server, &token("worker")).await;
+    worker
+        .workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "payments-1".into(),
+            tools: vec![wire_money()],
+            models: vec![],
+        })
+        .await
+        .expect("RegisterWorker");
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    let run_id = runner
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    let events = runner
+        .wait_for_event(&run_id, "aaa.approval.requested")
+        .await;
+    let call = call_id(events.last().unwrap());
+
+    let mut approver = Clients::with_token(&server, &token("approver")).await;
+    let grant = serde_json::json!({ "call_id": call, "comment": "checked with finance" });
+    approver
+        .runs
+        .signal(signal_request(&run_id, "aaa.approval.granted", grant))
+        .await
+        .expect("grant");
+    let task = loop {
+        let request = PollTaskRequest {
+            identity: "payments-1".into(),
+            tools: vec!["wire_money".into()],
+            models: vec![],
+            wait_s: 1.0,
+        };
+        let response = worker.workers.poll_task(request).await.expect("PollTask");
+        if let Some(task) = response.into_inner().task {
+            break task;
+        }
+    };
+    worker
+        .workers
+        .complete_task(CompleteTaskRequest {
+            token: task.token,
+            result: Some(aaa::proto::complete_task_request::Result::OutputJson(
+                REFERENCE_OUTPUT.into(),
+            )),
+        })
+        .await
+        .expect("CompleteTask");
+
+    let events = runner.wait_for_event(&run_id, "aaa.run.completed").await;
+    let actor = |ty: &str| {
+        let actor = find(&events, ty).actor.clone().expect("actor");
+        (actor.kind, actor.name)
+    };
+    let (client, worker_kind, engine) = (3, 2, 1);
+    assert_eq!(actor("aaa.run.started"), (client, "runner".to_string()));
+    assert_eq!(actor("aaa.approval.granted"), (client, "approver".into()));
+    assert_eq!(actor("aaa.tool.requested"), (engine, String::new()));
+    // The identity the worker polled with.
+    assert_eq!(
+        actor("aaa.tool.completed"),
+        (worker_kind, "payments-1".into())
+    );
+    let granted = data(find(&events, "aaa.approval.granted"));
+    assert_eq!(granted["comment"], "checked with finance");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_separation_of_duties_the_starter_may_not_decide_its_runs_calls() {
+    let server = start_with_auth(auth_toml(true)).await;
+    let mut worker = Clients::with_token(&server, &token("worker")).await;
+    worker
+        .workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "payments-1".into(),
+            tools: vec![wire_money()],
+            models: vec![],
+        })
+        .await
+        .expect("RegisterWorker");
+    let mut duo = Clients::with_token(&server, &token("duo")).await;
+    let run_id = duo
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    let events = duo.wait_for_event(&run_id, "aaa.approval.requested").await;
+    let call = serde_json::json!({ "call_id": call_id(events.last().unwrap()) });
+
+    for ty in ["aaa.approval.granted", "aaa.approval.denied"] {
+        let status = expect_err(
+            duo.runs
+                .signal(signal_request(&run_id, ty, call.clone()))
+                .await,
+        );
+        let info = assert_error(&status, Code::PermissionDenied, "SEPARATION_OF_DUTIES");
+        assert_eq!(info.metadata["run_id"], run_id);
+    }
+    // Its own application events are still fine, and nothing was decided.
+    duo.runs
+        .signal(signal_request(&run_id, "app.note", serde_json::json!({})))
+        .await
+        .expect("app event by the starter");
+    let history = duo.history(&run_id).await;
+    assert_eq!(count(&history, "aaa.approval.granted"), 0);
+    assert_eq!(count(&history, "aaa.approval.denied"), 0);
+
+    let mut approver = Clients::with_token(&server, &token("approver")).await;
+    let answer = approver
+        .runs
+        .signal(signal_request(&run_id, "aaa.approval.granted", call))
+        .await
+        .expect("another principal may grant")
+        .into_inner();
+    assert!(!answer.already_decided);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_auth_a_public_address_needs_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env_remove("AAA_INSECURE")
+        .env_remove("AAA_AUTH_CONFIG")
+        .output()
+        .expect("run aaa serve");
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "aaa: refusing to serve 0.0.0.0:0 without authentication: give --auth-config FILE, \
+          or --insecure to let anyone who can reach it call every RPC"
+        ],
+    );
+    assert!(!dir.path().join("data").exists(), "nothing was opened");
+
+    let server =
+        ChildServer::start_args(dir.path(), &["--listen", "0.0.0.0:0", "--insecure"]).await;
+    let mut runs = server.runs().await;
+    start_run(&mut runs, echo_run()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_auth_config_file_exits_64_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("auth.toml");
+    std::fs::write(
+        &file,
+        "[[principal]]\nname = \"ci\"\nroles = [\"runner\"]\ntoken_sha256 = \"abc\"\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--auth-config")
+        .arg(&file)
+        .output()
+        .expect("run aaa serve");
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("principal 'ci': token_sha256 is not 64 hex digits"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_binary_serves_with_an_auth_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("auth.toml");
+    std::fs::write(&file, auth_toml(false)).unwrap();
+    let file = file.to_str().unwrap();
+    let server = ChildServer::start_args(
+        dir.path(),
+        &["--listen", "0.0.0.0:0", "--auth-config", file],
+    )
+    .await;
+    let mut anonymous = server.runs().await;
+    let status = expect_err(anonymous.list_runs(ListRunsRequest::default()).await);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    runner.runs.start_run(echo_run()).await.expect("StartRun");
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(log.contains("refused"), "the refusal is logged: {log}");
+    assert!(!log.contains("token-"), "no token in the log: {log}");
+}
+
+// ------------------------------------------------------------------- limits
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_nested_deeper_than_64_levels_is_refused_naming_the_field() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, echo_run()).await;
+    let nested = |depth: usize| {
+        format!(
+            "{{\"a\":{}1{}}}",
+            "[".repeat(depth - 1),
+            "]".repeat(depth - 1)
+        )
+    };
+    let deep = SignalRequest {
+        data_json: nested(65),
+        ..signal_request(&run_id, "app.note", serde_json::json!({}))
+    };
+    let status = expect_err(runs.signal(deep).await);
+    let info = assert_error(&status, Code::InvalidArgument, "INVALID_FIELD");
+    assert_eq!(info.metadata["field"], "data_json");
+    assert!(status.message().contains("64 levels"), "{status:?}");
+
+    let mut request = scripted_run("wire_money", &nested(70));
+    request.tools.clear();
+    let status = expect_err(runs.start_run(request).await);
+    let info = assert_error(&status, Code::InvalidArgument, "INVALID_FIELD");
+    assert!(
+        info.metadata["field"].ends_with("arguments_json"),
+        "{info:?}"
+    );
+
+    // 64 levels are fine (the run has finished, so this one is refused for that).
+    let ok = SignalRequest {
+        data_json: nested(64),
+        ..signal_request(&run_id, "app.note", serde_json::json!({}))
+    };
+    let status = expect_err(runs.signal(ok).await);
+    assert_error(&status, Code::FailedPrecondition, "RUN_FINISHED");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_over_the_size_limit_is_refused_by_the_transport() {
+    let server = TestServer::start_with(|config| config.max_message_bytes = 4096).await;
+    let mut runs = server.runs().await;
+    let big = StartRunRequest {
+        task: "x".repeat(5000),
+        ..echo_run()
+    };
+    let status = expect_err(runs.start_run(big).await);
+    // tonic's own refusal: OUT_OF_RANGE, with the sizes in the message.
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert!(
+        status.message().contains("the limit is: 4096 bytes"),
+        "{status:?}"
+    );
+    start_run(&mut runs, echo_run()).await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_gets_no_more_concurrent_streams_than_the_cap() {
+    let server = TestServer::start_with(|config| config.max_streams_per_connection = 1).await;
+    let channel = server.channel().await;
+    let mut approvals =
+        aaa::proto::approval_service_client::ApprovalServiceClient::new(channel.clone());
+    let watch = watch_approvals(&mut approvals, WatchApprovalsRequest::default()).await;
+    // The one stream is taken: a second call on this connection waits.
+    let mut runs = aaa::proto::run_service_client::RunServiceClient::new(channel);
+    let mut list = Box::pin(runs.list_runs(ListRunsRequest::default()));
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut list).await;
+    assert!(
+        waited.is_err(),
+        "the second stream was not held back: {waited:?}"
+    );
+    // Another connection is not affected.
+    let mut other = server.runs().await;
+    other
+        .list_runs(ListRunsRequest::default())
+        .await
+        .expect("ListRuns");
+    drop(watch);
+    tokio::time::timeout(WAIT, list)
+        .await
+        .expect("the call went on once the stream closed")
+        .expect("ListRuns");
+    server.shutdown().await;
+}
+
+// ---------------------------------------------------------------------- TLS
+
+/// A CA, a server certificate for "localhost" and a client certificate,
+/// both signed by the CA; PEM files in `dir`. Returns the client's
+/// certificate DER hash, as the auth config names it.
+pub struct Pki {
+    ca_pem: String,
+    client_cert_pem: String,
+    client_key_pem: String,
+    client_cert_sha256: String,
+}
+
+pub fn make_pki(dir: &Path) -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+
+    let server_key = KeyPair::generate().unwrap();
+    let server_params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let client_params = CertificateParams::new(vec!["robot".to_string()]).unwrap();
+    let client_cert = client_params.signed_by(&client_key, &issuer).unwrap();
+
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), server_cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+    Pki {
+        ca_pem: ca_cert.pem(),
+        client_cert_pem: client_cert.pem(),
+        client_key_pem: client_key.serialize_pem(),
+        client_cert_sha256: sha256_hex(client_cert.der()),
+    }
+}
+
+/// Connects over TLS, trusting `pki`'s CA, with the client certificate or not.
+async fn tls_channel(
+    addr: std::net::SocketAddr,
+    pki: &Pki,
+    with_cert: bool,
+) -> tonic::transport::Channel {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&pki.ca_pem))
+        .domain_name("localhost");
+    if with_cert {
+        tls = tls.identity(Identity::from_pem(
+            &pki.client_cert_pem,
+            &pki.client_key_pem,
+        ));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("TLS connect to {addr}: {e:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_tls_a_client_certificate_or_a_token_names_the_caller() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(pki_dir.path());
+    let text = format!(
+        "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"ca.pem\"\n\n\
+         [[principal]]\nname = \"robot\"\nroles = [\"runner\"]\ncert_sha256 = \"{}\"\n\n\
+         [[principal]]\nname = \"reader\"\nroles = [\"reader\"]\ntoken_sha256 = \"{}\"\n",
+        pki.client_cert_sha256,
+        sha256_hex(token("reader").as_bytes()),
+    );
+    std::fs::write(pki_dir.path().join("auth.toml"), &text).unwrap();
+    let auth = Arc::new(AuthConfig::load(&pki_dir.path().join("auth.toml")).expect("auth config"));
+    let server = TestServer::start_with(move |config| config.auth = Some(auth.clone())).await;
+
+    // The client certificate alone authenticates "robot".
+    let mut robot = Clients::new(tls_channel(server.addr(), &pki, true).await, None);
+    let run_id = robot
+        .runs
+        .start_run(echo_run())
+        .await
+        .expect("StartRun with a client certificate")
+        .into_inner()
+        .run_id;
+    // A token over TLS, without a certificate.
+    let mut reader = Clients::new(
+        tls_channel(server.addr(), &pki, false).await,
+        Some(&token("reader")),
+    );
+    let events = reader.history(&run_id).await;
+    let actor = find(&events, "aaa.run.started").actor.clone().unwrap();
+    assert_eq!((actor.kind, actor.name.as_str()), (3, "robot"));
+    // Neither: UNAUTHENTICATED.
+    let mut anonymous = Clients::new(tls_channel(server.addr(), &pki, false).await, None);
+    let status = expect_err(anonymous.runs.list_runs(ListRunsRequest::default()).await);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    // Plain text gets no answer from a TLS server.
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr()))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut runs = aaa::proto::run_service_client::RunServiceClient::new(channel);
+        expect_err(runs.list_runs(ListRunsRequest::default()).await);
+    }
+    server.shutdown().await;
+}
