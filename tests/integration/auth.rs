@@ -716,3 +716,61 @@ async fn over_tls_a_client_certificate_or_a_token_names_the_caller() {
     }
     server.shutdown().await;
 }
+
+/// grpcurl: `AAA_GRPCURL`, else `grpcurl` on PATH. `.ci/run` installs it and
+/// sets `AAA_GRPCURL`, so under CI a missing grpcurl fails the test.
+fn grpcurl() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("AAA_GRPCURL") {
+        return Some(path.into());
+    }
+    let found = std::process::Command::new("grpcurl")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    found.then(|| "grpcurl".into())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpcurl_connects_over_tls_with_a_token_or_a_client_certificate() {
+    let Some(grpcurl) = grpcurl() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs grpcurl (AAA_GRPCURL)"
+        );
+        eprintln!("grpcurl not found: skipped (set AAA_GRPCURL)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path());
+    std::fs::write(dir.path().join("client.pem"), &pki.client_cert_pem).unwrap();
+    std::fs::write(dir.path().join("client.key"), &pki.client_key_pem).unwrap();
+    let text = format!(
+        "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"ca.pem\"\n\n\
+         [[principal]]\nname = \"robot\"\nroles = [\"reader\"]\ncert_sha256 = \"{}\"\n\n\
+         [[principal]]\nname = \"reader\"\nroles = [\"reader\"]\ntoken_sha256 = \"{}\"\n",
+        pki.client_cert_sha256,
+        sha256_hex(token("reader").as_bytes()),
+    );
+    let auth = Arc::new(AuthConfig::parse(&text, dir.path()).expect("auth config"));
+    let server = TestServer::start_with(move |config| config.auth = Some(auth.clone())).await;
+    let target = format!("localhost:{}", server.addr().port());
+    let run = |credentials: &[&str]| {
+        let output = std::process::Command::new(&grpcurl)
+            .current_dir(dir.path())
+            .args(["-cacert", "ca.pem"])
+            .args(credentials)
+            .args(["-d", "{}", &target, "aaa.v1.RunService/ListRuns"])
+            .output()
+            .expect("run grpcurl");
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        (output.status.success(), stderr)
+    };
+    let (ok, stderr) = run(&["-cert", "client.pem", "-key", "client.key"]);
+    assert!(ok, "mTLS: {stderr}");
+    let bearer = format!("authorization: Bearer {}", token("reader"));
+    let (ok, stderr) = run(&["-H", &bearer]);
+    assert!(ok, "TLS with a token: {stderr}");
+    let (ok, stderr) = run(&[]);
+    assert!(!ok && stderr.contains("Unauthenticated"), "{stderr}");
+    server.shutdown().await;
+}

@@ -19,8 +19,9 @@ use aaa::proto::{
     watch_approvals_response, Approval, CompleteTaskRequest, Event, GetRunRequest,
     ListApprovalsRequest, ModelReply, ModelSpec, ModelTask, ModelToolCall, PollTaskRequest,
     RegisterWorkerRequest, Role, Run, ScriptedModel, ScriptedStep, ScriptedToolCall,
-    ScriptedToolCalls, SignalRequest, SignalResponse, StartRunRequest, StreamEventsRequest, Task,
-    ToolDefinition, ToolRef, WatchApprovalsRequest, WatchApprovalsResponse,
+    ScriptedToolCalls, SignalRequest, SignalResponse, StartRunRequest, StreamEventsRequest,
+    StreamEventsResponse, Task, ToolDefinition, ToolRef, WatchApprovalsRequest,
+    WatchApprovalsResponse,
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -434,11 +435,23 @@ async fn read_events(
     request: StreamEventsRequest,
     until: impl Fn(&Event) -> bool,
 ) -> Vec<Event> {
-    let follow = request.follow;
-    let run_id = request.run_id.clone();
+    let (run_id, follow) = (request.run_id.clone(), request.follow);
+    read_stream(&run_id, follow, runs.stream_events(request), until).await
+}
+
+/// Reads the stream `open` starts as [`read_events`] says; panics naming
+/// the run if it fails or times out. Any client of RunService can open it.
+async fn read_stream(
+    run_id: &str,
+    follow: bool,
+    open: impl std::future::Future<
+        Output = Result<tonic::Response<tonic::Streaming<StreamEventsResponse>>, Status>,
+    >,
+    until: impl Fn(&Event) -> bool,
+) -> Vec<Event> {
     let mut seen = Vec::new();
     let read = async {
-        let mut stream = runs.stream_events(request).await?.into_inner();
+        let mut stream = open.await?.into_inner();
         while let Some(item) = stream.message().await? {
             match item.item {
                 Some(stream_events_response::Item::Event(event)) => {
@@ -935,28 +948,6 @@ impl Clients {
             follow,
             ..Default::default()
         };
-        let mut seen = Vec::new();
-        let read = async {
-            let mut stream = self.runs.stream_events(request).await?.into_inner();
-            while let Some(item) = stream.message().await? {
-                match item.item {
-                    Some(stream_events_response::Item::Event(event)) => {
-                        let done = until(&event);
-                        seen.push(event);
-                        if done {
-                            break;
-                        }
-                    }
-                    Some(stream_events_response::Item::CaughtUp(_)) if !follow => break,
-                    _ => {}
-                }
-            }
-            Ok::<(), Status>(())
-        };
-        match tokio::time::timeout(WAIT, read).await {
-            Ok(Ok(())) => seen,
-            Ok(Err(status)) => panic!("StreamEvents({run_id}) failed: {status:?}"),
-            Err(_) => panic!("StreamEvents({run_id}) timed out; saw {:?}", types(&seen)),
-        }
+        read_stream(run_id, follow, self.runs.stream_events(request), until).await
     }
 }
