@@ -20,7 +20,9 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use hmac::{Hmac, Mac};
 use serde_json::Value;
+use sha2::Sha256;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -115,7 +117,9 @@ pub enum Report {
 }
 
 /// The fencing token of an attempt: kind, run, attempt and call. A result
-/// carrying a token whose attempt is no longer current is refused.
+/// carrying a token whose attempt is no longer current is refused. Tokens
+/// are signed (HMAC-SHA256 with the store's token key), so a worker cannot
+/// make one for an attempt it was not given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Token {
     kind: LeaseKind,
@@ -124,20 +128,39 @@ struct Token {
     call_id: String,
 }
 
+/// Bytes of the signature kept in a token (128 bits).
+const TOKEN_MAC_BYTES: usize = 16;
+
 impl Token {
-    fn encode(&self) -> String {
+    /// `KIND.MAC.RUN.ATTEMPT.CALL`; the call id goes last, as it may hold dots.
+    fn encode(&self, key: &[u8]) -> String {
         let kind = match self.kind {
             LeaseKind::Tool => "t",
             LeaseKind::Model => "m",
         };
-        format!("{kind}.{}.{}.{}", self.run, self.attempt, self.call_id)
+        let body = format!("{kind}.{}.{}.{}", self.run, self.attempt, self.call_id);
+        let mac = Self::mac(key, &body).finalize().into_bytes();
+        let (kind, rest) = body.split_at(1);
+        format!("{kind}.{}{rest}", hex::encode(&mac[..TOKEN_MAC_BYTES]))
     }
 
-    fn decode(text: &str) -> Result<Token, Error> {
-        let mut parts = text.splitn(4, '.');
-        let kind = match parts.next() {
-            Some("t") => LeaseKind::Tool,
-            Some("m") => LeaseKind::Model,
+    fn decode(text: &str, key: &[u8]) -> Result<Token, Error> {
+        let mut parts = text.splitn(5, '.');
+        let kind_text = parts.next().ok_or(Error::InvalidToken)?;
+        let mac = parts
+            .next()
+            .and_then(|m| hex::decode(m).ok())
+            .ok_or(Error::InvalidToken)?;
+        let body_at = kind_text.len() + 1 + mac.len() * 2;
+        let body = format!("{kind_text}{}", &text[body_at..]);
+        Self::mac(key, &body)
+            .verify_truncated_left(&mac)
+            .ok()
+            .filter(|()| mac.len() == TOKEN_MAC_BYTES)
+            .ok_or(Error::InvalidToken)?;
+        let kind = match kind_text {
+            "t" => LeaseKind::Tool,
+            "m" => LeaseKind::Model,
             _ => return Err(Error::InvalidToken),
         };
         let run = parts
@@ -158,6 +181,12 @@ impl Token {
             attempt,
             call_id: call_id.to_string(),
         })
+    }
+
+    fn mac(key: &[u8], body: &str) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key");
+        mac.update(body.as_bytes());
+        mac
     }
 }
 
@@ -872,7 +901,7 @@ impl Engine {
             attempt,
             call_id: call_id.clone(),
         }
-        .encode();
+        .encode(self.inner.store.token_key());
         Task {
             token,
             run,
@@ -886,7 +915,7 @@ impl Engine {
 
     /// Renews the attempt's lease; answers whether the run wants it stopped.
     pub async fn heartbeat(&self, token: &str) -> Result<bool, Error> {
-        let token = Token::decode(token)?;
+        let token = Token::decode(token, self.inner.store.token_key())?;
         let current = self
             .read_run(token.run, |state| {
                 if state.is_finished() {
@@ -928,7 +957,7 @@ impl Engine {
         report: Report,
         fallback_identity: &str,
     ) -> Result<(), Error> {
-        let token = Token::decode(token)?;
+        let token = Token::decode(token, self.inner.store.token_key())?;
         let holder = self.inner.leases.holder(token.run, &token.call_id);
         let actor = Actor::Worker(holder.unwrap_or_else(|| fallback_identity.to_string()));
         self.update(token.run, |state, _| {
@@ -1102,5 +1131,33 @@ fn approval_record(state: &RunState, call: &state::Call) -> ApprovalRecord {
         labels: state.spec.labels.clone(),
         seq: call.approval_seq,
         position: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_reads_back_only_as_it_was_signed() {
+        let key = [7u8; 32];
+        let token = Token {
+            kind: LeaseKind::Tool,
+            run: RunId::new(),
+            attempt: 2,
+            call_id: "call.with.dots".into(),
+        };
+        let text = token.encode(&key);
+        assert_eq!(Token::decode(&text, &key).unwrap(), token);
+        // Another server's key, another attempt, a cut signature: refused.
+        assert!(Token::decode(&text, &[8u8; 32]).is_err());
+        let other_attempt = text.replace(".2.call", ".3.call");
+        assert_ne!(other_attempt, text);
+        assert!(Token::decode(&other_attempt, &key).is_err());
+        let (kind, rest) = text.split_at(2);
+        assert!(Token::decode(&format!("{kind}{}", &rest[2..]), &key).is_err());
+        for junk in ["", "t", "t.", "t..", "x.00.1.2", "not-a-token"] {
+            assert!(Token::decode(junk, &key).is_err(), "{junk}");
+        }
     }
 }

@@ -13,6 +13,8 @@ pub const TOOL: u8 = b'K';
 pub const REQUEST: u8 = b'I';
 pub const GROUP: u8 = b'G';
 pub const DEAD_LETTER: u8 = b'D';
+/// `M ‖ name`: the server's own settings (the task-token key).
+pub const META: u8 = b'M';
 
 /// `E ‖ run ‖ seq`: one event.
 pub fn event(run: RunId, seq: u64) -> Vec<u8> {

@@ -184,6 +184,31 @@ struct Inner {
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
     durable_position: Arc<AtomicU64>,
+    token_key: [u8; 32],
+}
+
+/// Reads the task-token key, or makes and stores one. Runs in `open`,
+/// before the committer starts, so this flush cannot race another.
+fn token_key(tree: &sled::Db, data_file: &std::fs::File) -> Result<[u8; 32]> {
+    let name = [keys::META]
+        .iter()
+        .chain(b"token-key")
+        .copied()
+        .collect::<Vec<u8>>();
+    if let Some(stored) = tree.get(&name)? {
+        return stored
+            .as_ref()
+            .try_into()
+            .map_err(|_| StoreError::Corrupt(name.clone(), "token key is not 32 bytes".into()));
+    }
+    // Two random (v4) UUIDs: 244 bits from the thread's CSPRNG.
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    tree.insert(&name, &key[..])?;
+    tree.flush()?;
+    data_file.sync_data()?;
+    Ok(key)
 }
 
 impl Store {
@@ -210,6 +235,7 @@ impl Store {
             None => 0,
         };
         let data_file = std::fs::File::open(dir.join("db"))?;
+        let token_key = token_key(&tree, &data_file)?;
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
         let (commits, messages) = mpsc::channel(4096);
@@ -229,8 +255,15 @@ impl Store {
                 commits,
                 durable,
                 durable_position,
+                token_key,
             }),
         })
+    }
+
+    /// The secret that signs task tokens, made at the database's first
+    /// open and kept in it, so tokens stay valid across restarts.
+    pub fn token_key(&self) -> &[u8; 32] {
+        &self.inner.token_key
     }
 
     /// Appends the batch; returns once it is on disk, with the positions of

@@ -293,3 +293,31 @@ async fn request_ids_make_start_and_signal_idempotent() {
     assert_eq!(count(&events, "aaa.approval.granted"), 1);
     server.shutdown().await;
 }
+
+/// Task tokens are signed: one made up for a real attempt (here: the real
+/// token with another signature) is refused and changes nothing; the real
+/// one still completes the attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_made_up_token_for_a_real_attempt_is_refused() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    grant(&mut runs, &run_id, &call_id).await;
+    let task = poll_until_task(&mut workers, "w1", &["wire_money"], &[]).await;
+
+    let (kind, rest) = task.token.split_once('.').expect("KIND.MAC...");
+    let (_mac, body) = rest.split_once('.').expect("MAC.RUN...");
+    let forged = format!("{kind}.{}.{body}", "0".repeat(32));
+    let status = expect_err(complete_tool(&mut workers, &forged, REFERENCE_OUTPUT).await);
+    assert_error(&status, Code::InvalidArgument, "INVALID_TOKEN");
+    let before = history(&mut runs, &run_id).await;
+    assert_eq!(before.last().unwrap().r#type, "aaa.tool.started");
+
+    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("the real token completes the attempt");
+    server.shutdown().await;
+}

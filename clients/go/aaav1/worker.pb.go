@@ -255,7 +255,8 @@ func (x *PollTaskResponse) GetTask() *Task {
 // One exclusive attempt at a tool call or a model call.
 type Task struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Opaque fencing token naming run, call and attempt. Pass it to
+	// Opaque fencing token naming run, call and attempt, signed by the server
+	// (a token it did not hand out is INVALID_TOKEN). Pass it to
 	// HeartbeatTask, CompleteTask and FailTask.
 	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	// The run the task belongs to.

@@ -143,7 +143,8 @@ export const PollTaskResponseSchema: GenMessage<PollTaskResponse> = /*@__PURE__*
  */
 export type Task = Message<"aaa.v1.Task"> & {
   /**
-   * Opaque fencing token naming run, call and attempt. Pass it to
+   * Opaque fencing token naming run, call and attempt, signed by the server
+   * (a token it did not hand out is INVALID_TOKEN). Pass it to
    * HeartbeatTask, CompleteTask and FailTask.
    *
    * @generated from field: string token = 1;
