@@ -11,8 +11,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use std::sync::Arc;
+
 use hmac::{Hmac, Mac};
 use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -37,8 +40,11 @@ const IN_FLIGHT: u32 = 8;
 pub struct WebhookConfig {
     /// Names its consumer group, `webhook.<name>`.
     pub name: String,
-    /// An `http://` URL.
+    /// An `http://` or `https://` URL.
     pub url: http::Uri,
+    /// PEM of the only CA trusted for an https URL (a receiver with a
+    /// private CA); None trusts the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
     /// Patterns, as for Subscribe.
     pub event_types: Vec<String>,
     /// The HMAC-SHA256 key of the signature header.
@@ -57,21 +63,25 @@ impl WebhookConfig {
     /// ```toml
     /// [[webhook]]
     /// name = "notify"                            # group "webhook.notify"
-    /// url = "http://127.0.0.1:8080/aaa"
+    /// url = "https://hooks.example.com/aaa"  # http:// or https://
     /// event_types = ["aaa.approval.requested"]   # patterns, as for Subscribe
     /// secret_env = "NOTIFY_SECRET"               # or: secret = "..."
     /// max_deliveries = 10                        # optional
+    /// ca_cert = "receiver-ca.pem"                # optional, relative to this file
     /// ```
     pub fn load(path: &std::path::Path) -> Result<Vec<WebhookConfig>, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        Self::parse(&text, |name| std::env::var(name).ok())
+        let base = path.parent().unwrap_or(std::path::Path::new("."));
+        Self::parse(&text, base, |name| std::env::var(name).ok())
             .map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// Checks the TOML text of a webhooks file; `env` looks up `secret_env`.
+    /// Checks the TOML text of a webhooks file; `env` looks up `secret_env`,
+    /// and `ca_cert` paths are relative to `base`.
     pub fn parse(
         text: &str,
+        base: &std::path::Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Vec<WebhookConfig>, String> {
         #[derive(serde::Deserialize)]
@@ -90,6 +100,7 @@ impl WebhookConfig {
             secret_env: Option<String>,
             #[serde(default)]
             max_deliveries: u32,
+            ca_cert: Option<std::path::PathBuf>,
         }
         let file: File = toml::from_str(text).map_err(|e| e.message().to_string())?;
         let mut names = std::collections::HashSet::new();
@@ -105,9 +116,19 @@ impl WebhookConfig {
                 return Err(format!("{at}: names are unique: letters, digits and _ - ."));
             }
             let url: http::Uri = entry.url.parse().map_err(|e| format!("{at}: url: {e}"))?;
-            if url.scheme_str() != Some("http") || url.host().is_none() {
-                return Err(format!("{at}: url: only http://host URLs are supported"));
+            if !matches!(url.scheme_str(), Some("http" | "https")) || url.host().is_none() {
+                return Err(format!("{at}: url: an http:// or https:// URL with a host"));
             }
+            let ca_pem = match entry.ca_cert {
+                Some(file) => {
+                    let path = base.join(file);
+                    let pem = std::fs::read(&path)
+                        .map_err(|e| format!("{at}: ca_cert: {}: {e}", path.display()))?;
+                    trusted_roots(Some(&pem)).map_err(|e| format!("{at}: ca_cert: {e}"))?;
+                    Some(pem)
+                }
+                None => None,
+            };
             if entry.event_types.is_empty() {
                 return Err(format!("{at}: event_types: at least one"));
             }
@@ -133,6 +154,7 @@ impl WebhookConfig {
             hooks.push(WebhookConfig {
                 name: entry.name,
                 url,
+                ca_pem,
                 event_types: entry.event_types,
                 secret,
                 max_deliveries: entry.max_deliveries,
@@ -163,7 +185,13 @@ impl Subscriptions {
 /// The webhook's member: a POST task per delivery; their outcomes come back
 /// here to be acked or nacked in one place.
 async fn deliver(mut membership: Membership, hook: WebhookConfig, shutdown: CancellationToken) {
-    let client = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = match https_client(hook.ca_pem.as_deref()) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!("webhook {}: {e}", hook.name);
+            return;
+        }
+    };
     let (done_tx, mut done) = mpsc::channel::<(String, Option<String>)>(IN_FLIGHT as usize);
     loop {
         tokio::select! {
@@ -233,8 +261,48 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A client for http:// and https:// URLs (rustls with ring, as tonic's TLS).
+fn https_client(ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(trusted_roots(ca_pem)?)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+/// The CAs an https webhook trusts: the given CA alone, or the system's.
+fn trusted_roots(ca_pem: Option<&[u8]>) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    let certs: Vec<CertificateDer<'static>> = match ca_pem {
+        Some(pem) => CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("not PEM certificates: {e}"))?,
+        None => rustls_native_certs::load_native_certs().certs,
+    };
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| format!("a certificate that is not a CA: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("no trusted CA certificate found".into());
+    }
+    Ok(roots)
+}
+
 async fn post(
-    client: &Client<HttpConnector, Full<Bytes>>,
+    client: &HttpsClient,
     hook: &WebhookConfig,
     delivery_id: &str,
     attempt: u32,
@@ -297,6 +365,7 @@ mod tests {
             secret = "s"
             max_deliveries = 10
             "#,
+            std::path::Path::new("."),
             env,
         )
         .unwrap();
@@ -318,12 +387,12 @@ mod tests {
                 "event_types",
             ),
             (
-                entry("secret = \"s\"").replace("http://h/", "https://h/"),
-                "only http://",
+                entry("secret = \"s\"").replace("http://h/", "ftp://h/"),
+                "http:// or https://",
             ),
             (entry("secret = \"s\"").repeat(2), "unique"),
         ] {
-            let refused = WebhookConfig::parse(&text, env).unwrap_err();
+            let refused = WebhookConfig::parse(&text, std::path::Path::new("."), env).unwrap_err();
             assert!(refused.contains(error), "{text}: {refused}");
         }
     }
@@ -407,6 +476,7 @@ mod tests {
         let hook = WebhookConfig {
             name: "payments".into(),
             url,
+            ca_pem: None,
             event_types: vec!["app.*".into()],
             secret: "s3cret".into(),
             max_deliveries: 0,

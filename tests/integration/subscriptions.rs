@@ -635,10 +635,12 @@ async fn where_a_group_starts_is_fixed_when_it_is_created() {
     server.shutdown().await;
 }
 
-/// A webhook receiver on an ephemeral port: answers 503 ("down") to its first
-/// `down_for` POSTs, then 200; reports each POST's headers and body.
+/// A webhook receiver on an ephemeral port (over TLS with `tls`): answers
+/// 503 ("down") to its first `down_for` POSTs, then 200; reports each POST's
+/// headers and body.
 async fn webhook_receiver(
     down_for: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> (
     std::net::SocketAddr,
     mpsc::UnboundedReceiver<(http::HeaderMap, bytes::Bytes)>,
@@ -653,7 +655,7 @@ async fn webhook_receiver(
     tokio::spawn(async move {
         loop {
             let (socket, _) = listener.accept().await.unwrap();
-            let (posts, seen) = (posts.clone(), seen.clone());
+            let (posts, seen, tls) = (posts.clone(), seen.clone(), tls.clone());
             let service =
                 hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
                     let (posts, seen) = (posts.clone(), seen.clone());
@@ -672,26 +674,75 @@ async fn webhook_receiver(
                     }
                 });
             tokio::spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(socket);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
+                let http1 = hyper::server::conn::http1::Builder::new();
+                let _ = match tls {
+                    Some(tls) => match tls.accept(socket).await {
+                        Ok(stream) => {
+                            let io = hyper_util::rt::TokioIo::new(stream);
+                            http1.serve_connection(io, service).await
+                        }
+                        Err(_) => return,
+                    },
+                    None => {
+                        let io = hyper_util::rt::TokioIo::new(socket);
+                        http1.serve_connection(io, service).await
+                    }
+                };
             });
         }
     });
     (addr, received)
 }
 
+/// A TLS acceptor with the certificate `make_pki` wrote to `dir`.
+fn tls_acceptor(dir: &std::path::Path) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_webhook_gets_every_event_signed_even_after_its_receiver_was_down() {
+    webhook_delivers_everything(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_webhook_trusts_its_ca_cert() {
+    webhook_delivers_everything(true).await;
+}
+
+/// A webhook over http, or https with a private CA (`ca_cert`), whose
+/// receiver is down for its first POSTs: every event arrives, signed.
+async fn webhook_delivers_everything(https: bool) {
     const EVENTS: usize = 20;
-    let (receiver, mut posts) = webhook_receiver(3).await;
     let dir = tempfile::tempdir().unwrap();
+    crate::auth::make_pki(dir.path());
+    let tls = https.then(|| tls_acceptor(dir.path()));
+    let (receiver, mut posts) = webhook_receiver(3, tls).await;
+    let url = match https {
+        true => format!(
+            "https://localhost:{}/hook\"\nca_cert = \"ca.pem",
+            receiver.port()
+        ),
+        false => format!("http://{receiver}/hook"),
+    };
     let hooks = dir.path().join("webhooks.toml");
     std::fs::write(
         &hooks,
         format!(
-            "[[webhook]]\nname = \"notify\"\nurl = \"http://{receiver}/hook\"\n\
+            "[[webhook]]\nname = \"notify\"\nurl = \"{url}\"\n\
              event_types = [\"app.*\"]\nsecret = \"s3cret\"\n"
         ),
     )
