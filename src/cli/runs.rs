@@ -8,9 +8,9 @@ use super::render::{self, Output, Style};
 use super::{label, Client, Connection, Error, Format, EXIT_CODES};
 use crate::engine::event::ScriptStep;
 use crate::proto::{
-    model_spec, scripted_step, stream_events_response, Budget, GetRunRequest, ListRunsRequest,
-    ModelSpec, Run, RunStatus, ScriptedModel, ScriptedStep, ScriptedToolCall, ScriptedToolCalls,
-    StartRunRequest, StreamEventsRequest, ToolRef,
+    model_spec, scripted_step, stream_events_response, Budget, CancelRunRequest, GetRunRequest,
+    ListRunsRequest, ModelSpec, Run, RunStatus, ScriptedModel, ScriptedStep, ScriptedToolCall,
+    ScriptedToolCalls, StartRunRequest, StreamEventsRequest, ToolRef,
 };
 
 #[derive(clap::Args)]
@@ -45,6 +45,11 @@ enum RunsCommand {
     /// Example: aaa runs tail "$RUN"
     #[command(after_help = EXIT_CODES)]
     Tail(TailArgs),
+    /// Cancel a run: pending approvals expire, a running tool is told to stop.
+    ///
+    /// Example: aaa runs cancel "$RUN" --reason "duplicate payment"
+    #[command(after_help = EXIT_CODES)]
+    Cancel(CancelArgs),
 }
 
 #[derive(clap::Args)]
@@ -123,6 +128,17 @@ struct TailArgs {
     format: Format,
 }
 
+#[derive(clap::Args)]
+struct CancelArgs {
+    /// The run's id.
+    run: String,
+    /// Why; recorded in aaa.run.cancelled.
+    #[arg(long, default_value = "")]
+    reason: String,
+    #[command(flatten)]
+    format: Format,
+}
+
 pub(super) async fn run(args: &RunsArgs) -> Result<(), Error> {
     let connection = &args.connection;
     match &args.command {
@@ -130,6 +146,22 @@ pub(super) async fn run(args: &RunsArgs) -> Result<(), Error> {
         RunsCommand::Ls(args) => list(connection, args).await,
         RunsCommand::Show(args) => show(connection, args).await,
         RunsCommand::Tail(args) => tail(connection, args).await,
+        RunsCommand::Cancel(args) => cancel(connection, args).await,
+    }
+}
+
+async fn cancel(connection: &Connection, args: &CancelArgs) -> Result<(), Error> {
+    let request = CancelRunRequest {
+        run_id: args.run.clone(),
+        reason: args.reason.clone(),
+    };
+    let client = connection.connect().await?;
+    let cancelled = client.runs().cancel_run(request).await?.into_inner();
+    let out = Output::new(args.format.json);
+    match (out.json, cancelled.seq) {
+        (true, seq) => out.document(&json!({"run_id": args.run, "seq": seq})),
+        (false, 0) => out.line(&format!("run {} was already cancelled", args.run)),
+        (false, seq) => out.line(&format!("cancelled run {} (event {seq})", args.run)),
     }
 }
 

@@ -596,3 +596,50 @@ async fn over_tls_with_the_servers_ca_and_a_token() {
     assert!(no_ca.error_line(2).contains("--ca-cert"));
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_ends_a_waiting_run_once() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_with_cli(&server, REFERENCE_STEPS, &[]).await;
+    wait_for_approval(&mut server.runs().await, &run_id).await;
+
+    let cancelled = aaa(
+        &server,
+        &[
+            "runs",
+            "cancel",
+            &run_id,
+            "--reason",
+            "duplicate payment",
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert!(cancelled["seq"].as_u64().unwrap() > 0, "{cancelled}");
+    let again = aaa(&server, &["runs", "cancel", &run_id]).await.ok();
+    assert!(
+        again.stdout.contains("already cancelled"),
+        "{}",
+        again.stdout
+    );
+    let tail = aaa(&server, &["runs", "tail", &run_id]).await;
+    assert_eq!(tail.code, 4, "{}", tail.stderr);
+    assert!(
+        tail.stdout
+            .lines()
+            .last()
+            .unwrap()
+            .contains("aaa.run.cancelled"),
+        "{}",
+        tail.stdout
+    );
+    let events = history(&mut server.runs().await, &run_id).await;
+    assert_eq!(
+        data(find(&events, "aaa.run.cancelled"))["reason"],
+        "duplicate payment"
+    );
+    assert!(!events.iter().any(|e| e.r#type == "aaa.tool.started"));
+}
