@@ -62,7 +62,7 @@ func TestApprovalScenarioEvents(t *testing.T) {
 		t.Fatalf("run waiting: %+v", run)
 	}
 	pending := run.PendingApprovals[0]
-	if string(pending.Arguments) != `{"amount":250,"to":"ACME"}` || pending.Tool != "wire_money" {
+	if string(pending.Arguments) != `{"amount":250,"to":"ACME"}` || pending.Tool != "wire_money" || pending.Task != "Pay ACME $250" {
 		t.Fatalf("pending approval: %+v", pending)
 	}
 	if ran.Load() != 0 {

@@ -174,6 +174,8 @@ type Approval struct {
 	Seq uint64
 	// Position is the global position of the aaa.approval.requested event.
 	Position uint64
+	// Task is the run's task (its first user message): what the call is for.
+	Task string
 }
 
 // ApprovalResolution says how an approval request was resolved.
@@ -275,6 +277,7 @@ func approvalFromProto(a *aaav1.Approval) Approval {
 		Labels:          a.GetLabels(),
 		Seq:             a.GetSeq(),
 		Position:        a.GetPosition(),
+		Task:            a.GetTask(),
 	}
 }
 

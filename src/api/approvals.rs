@@ -296,14 +296,11 @@ fn approval_item(
     Ok(match event.event_type.as_str() {
         APPROVAL_REQUESTED => {
             let data: ApprovalRequested = serde_json::from_str(&event.data_json).map_err(bad)?;
-            let labels = match RunId::from_slice(&event.run_id) {
-                Some(run) => store
-                    .run(run)
-                    .map_err(|e| to_status(e.into()))?
-                    .map(|r| r.labels)
-                    .unwrap_or_default(),
-                None => Default::default(),
+            let run = match RunId::from_slice(&event.run_id) {
+                Some(run) => store.run(run).map_err(|e| to_status(e.into()))?,
+                None => None,
             };
+            let (labels, task) = run.map(|r| (r.labels, r.task)).unwrap_or_default();
             let approval = proto::Approval {
                 run_id: run_id.clone(),
                 call_id: data.call_id,
@@ -315,6 +312,7 @@ fn approval_item(
                 labels: labels.into_iter().collect(),
                 seq: event.seq,
                 position: event.position,
+                task,
             };
             Some((data.name, Item::Requested(approval)))
         }

@@ -379,6 +379,7 @@ pub fn approval(record: ApprovalRecord) -> proto::Approval {
         labels: record.labels.into_iter().collect(),
         seq: record.seq,
         position: record.position,
+        task: record.task,
     }
 }
 

@@ -7,7 +7,6 @@ use std::io::IsTerminal;
 use serde_json::{json, Value};
 
 use super::render::{self, Output, Style};
-use super::runs::get_run;
 use super::{label, Client, Connection, Error, Format, EXIT_CODES};
 use crate::proto::{
     Approval, ListApprovalsRequest, SignalRequest, SignalResponse, WatchApprovalsRequest,
@@ -312,7 +311,7 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
             .await?
             .into_inner();
         for approval in &page.approvals {
-            present(&client, &out, approval).await?;
+            present(&out, approval)?;
             let (event_type, data) = match ask(&out).await? {
                 Answer::Approve => {
                     approved += 1;
@@ -358,13 +357,14 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
 }
 
 /// Shows one pending call: the run (with its task), the tool, the arguments.
-async fn present(client: &Client, out: &Output, approval: &Approval) -> Result<(), Error> {
-    // The task says what the run is for; the approval does not carry it.
-    let run = get_run(client, &approval.run_id).await?;
+fn present(out: &Output, approval: &Approval) -> Result<(), Error> {
     let arguments = serde_json::to_string_pretty(&render::embed(&approval.arguments_json))
         .expect("a Value serializes");
     out.line("")?;
-    out.line(&format!("run        {}  {}", run.run_id, run.task))?;
+    out.line(&format!(
+        "run        {}  {}",
+        approval.run_id, approval.task
+    ))?;
     if !approval.labels.is_empty() {
         out.line(&format!("labels     {}", render::labels(&approval.labels)))?;
     }

@@ -205,6 +205,7 @@ pub fn approval_json(approval: &Approval) -> Value {
         "labels": approval.labels,
         "seq": approval.seq,
         "position": approval.position,
+        "task": approval.task,
     })
 }
 

@@ -1130,6 +1130,7 @@ fn approval_record(state: &RunState, call: &state::Call) -> ApprovalRecord {
         expires_ms,
         labels: state.spec.labels.clone(),
         seq: call.approval_seq,
+        task: state.spec.task.clone(),
         position: 0,
     }
 }

@@ -105,6 +105,9 @@ pub struct ApprovalRecord {
     /// seq of the aaa.approval.requested event.
     #[prost(uint64, tag = "9")]
     pub seq: u64,
+    /// The run's task.
+    #[prost(string, tag = "10")]
+    pub task: String,
     /// Global position of that event, stamped by the committer.
     #[prost(uint64, tag = "15")]
     pub position: u64,

@@ -197,6 +197,7 @@ async fn on_call_approves_a_wire_transfer_from_the_terminal() {
     let approval = &inbox["approvals"][0];
     assert_eq!(approval["run_id"], run_id.as_str());
     assert_eq!(approval["tool"], "wire_money");
+    assert_eq!(approval["task"], "Pay ACME $250");
     assert_eq!(approval["arguments"], json!({"amount": 250, "to": "ACME"}));
     assert_eq!(approval["arguments"]["amount"].as_u64(), Some(250));
     let call_id = approval["call_id"].as_str().unwrap().to_string();

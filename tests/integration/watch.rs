@@ -31,6 +31,7 @@ async fn watcher_sees_the_request_and_its_resolution() {
     };
     assert_eq!(approval.run_id, run_id);
     assert_eq!(approval.tool, "wire_money");
+    assert_eq!(approval.task, "Pay ACME $250");
     assert_eq!(approval.arguments_json, REFERENCE_ARGS);
     assert!(!approval.call_id.is_empty());
     assert!(approval.seq > 0);

@@ -102,7 +102,9 @@ type Approval struct {
 	// seq of the aaa.approval.requested event.
 	Seq uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Global position of the aaa.approval.requested event.
-	Position      uint64 `protobuf:"varint,10,opt,name=position,proto3" json:"position,omitempty"`
+	Position uint64 `protobuf:"varint,10,opt,name=position,proto3" json:"position,omitempty"`
+	// The run's task (its first user message): what the call is for.
+	Task          string `protobuf:"bytes,11,opt,name=task,proto3" json:"task,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -205,6 +207,13 @@ func (x *Approval) GetPosition() uint64 {
 		return x.Position
 	}
 	return 0
+}
+
+func (x *Approval) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
 }
 
 // ListApprovals' request.
@@ -746,7 +755,7 @@ var File_aaa_v1_approval_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\n" +
-	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb9\x03\n" +
+	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x03\n" +
 	"\bApproval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x12\n" +
@@ -759,7 +768,8 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x06labels\x18\b \x03(\v2\x1c.aaa.v1.Approval.LabelsEntryR\x06labels\x12\x10\n" +
 	"\x03seq\x18\t \x01(\x04R\x03seq\x12\x1a\n" +
 	"\bposition\x18\n" +
-	" \x01(\x04R\bposition\x1a9\n" +
+	" \x01(\x04R\bposition\x12\x12\n" +
+	"\x04task\x18\v \x01(\tR\x04task\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x01\n" +

@@ -47,6 +47,7 @@ async def test_second_client_approves_while_third_watches(server, client, uid):
             requested = await next_item(watch)
             assert isinstance(requested, aaa.Approval)
             assert (requested.run_id, requested.tool, requested.labels) == (run.id, wire.name, labels)
+            assert requested.task == "Pay ACME $250"
             assert same(requested.arguments, {"amount": 250, "to": "ACME"})
             assert requested.arguments_json == '{"amount":250,"to":"ACME"}'
 

@@ -209,6 +209,8 @@ export interface Approval {
   seq: number;
   /** Global position of that event. */
   position: number;
+  /** The run's task (its first user message): what the call is for. */
+  task: string;
 }
 
 /** How an approval request ended. */
@@ -423,6 +425,7 @@ export function approvalFromProto(a: approvalPb.Approval): Approval {
     labels: { ...a.labels },
     seq: Number(a.seq),
     position: Number(a.position),
+    task: a.task,
   };
 }
 

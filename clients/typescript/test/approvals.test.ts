@@ -56,6 +56,7 @@ test("a second client approves while a third watches", async () => {
     const approval = requested.approval;
     assert.equal(requested.snapshot, false);
     assert.deepEqual([approval.runId, approval.tool, approval.labels], [run.id, wire.name, labels]);
+    assert.equal(approval.task, "Pay ACME $250");
     assert.deepEqual(approval.arguments, { amount: 250, to: "ACME" });
     assert.equal(approval.argumentsJson, '{"amount":250,"to":"ACME"}');
 

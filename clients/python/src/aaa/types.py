@@ -177,6 +177,7 @@ class Approval:
         labels: the run's labels.
         seq: seq of the aaa.approval.requested event.
         position: global position of that event.
+        task: the run's task (its first user message): what the call is for.
     """
 
     run_id: str
@@ -190,6 +191,7 @@ class Approval:
     labels: dict[str, str]
     seq: int
     position: int
+    task: str
 
     @classmethod
     def from_proto(cls, msg: approval_pb2.Approval) -> Approval:
@@ -206,6 +208,7 @@ class Approval:
             labels=dict(msg.labels),
             seq=msg.seq,
             position=msg.position,
+            task=msg.task,
         )
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61\x61\x61/v1/approval.proto\x12\x06\x61\x61\x61.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x02\n\x08\x41pproval\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x05 \x01(\t\x12\x30\n\x0crequested_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06labels\x18\x08 \x03(\x0b\x32\x1c.aaa.v1.Approval.LabelsEntry\x12\x0b\n\x03seq\x18\t \x01(\x04\x12\x10\n\x08position\x18\n \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x14ListApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x38\n\x06labels\x18\x03 \x03(\x0b\x32(.aaa.v1.ListApprovalsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x15ListApprovalsResponse\x12#\n\tapprovals\x18\x01 \x03(\x0b\x32\x10.aaa.v1.Approval\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe4\x01\n\x15WatchApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x39\n\x06labels\x18\x03 \x03(\x0b\x32).aaa.v1.WatchApprovalsRequest.LabelsEntry\x12\x1b\n\x0e\x61\x66ter_position\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bheartbeat_s\x18\x05 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_after_position\"\xe8\x01\n\x16WatchApprovalsResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12%\n\trequested\x18\x02 \x01(\x0b\x32\x10.aaa.v1.ApprovalH\x00\x12.\n\x08resolved\x18\x03 \x01(\x0b\x32\x1a.aaa.v1.ApprovalResolutionH\x00\x12\x35\n\x11snapshot_complete\x18\x04 \x01(\x0b\x32\x18.aaa.v1.SnapshotCompleteH\x00\x12&\n\theartbeat\x18\x05 \x01(\x0b\x32\x11.aaa.v1.HeartbeatH\x00\x42\x06\n\x04item\"\xb4\x01\n\x12\x41pprovalResolution\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12(\n\x07outcome\x18\x04 \x01(\x0e\x32\x17.aaa.v1.ApprovalOutcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12(\n\x04time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"#\n\x10SnapshotComplete\x12\x0f\n\x07pending\x18\x01 \x01(\r\"\x0b\n\tHeartbeat*\x8c\x01\n\x0f\x41pprovalOutcome\x12 \n\x1c\x41PPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41PPROVAL_OUTCOME_GRANTED\x10\x01\x12\x1b\n\x17\x41PPROVAL_OUTCOME_DENIED\x10\x02\x12\x1c\n\x18\x41PPROVAL_OUTCOME_EXPIRED\x10\x03\x32\xb2\x01\n\x0f\x41pprovalService\x12L\n\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\x12Q\n\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61\x61\x61/v1/approval.proto\x12\x06\x61\x61\x61.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x02\n\x08\x41pproval\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x05 \x01(\t\x12\x30\n\x0crequested_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06labels\x18\x08 \x03(\x0b\x32\x1c.aaa.v1.Approval.LabelsEntry\x12\x0b\n\x03seq\x18\t \x01(\x04\x12\x10\n\x08position\x18\n \x01(\x04\x12\x0c\n\x04task\x18\x0b \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x14ListApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x38\n\x06labels\x18\x03 \x03(\x0b\x32(.aaa.v1.ListApprovalsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x15ListApprovalsResponse\x12#\n\tapprovals\x18\x01 \x03(\x0b\x32\x10.aaa.v1.Approval\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe4\x01\n\x15WatchApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x39\n\x06labels\x18\x03 \x03(\x0b\x32).aaa.v1.WatchApprovalsRequest.LabelsEntry\x12\x1b\n\x0e\x61\x66ter_position\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bheartbeat_s\x18\x05 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_after_position\"\xe8\x01\n\x16WatchApprovalsResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12%\n\trequested\x18\x02 \x01(\x0b\x32\x10.aaa.v1.ApprovalH\x00\x12.\n\x08resolved\x18\x03 \x01(\x0b\x32\x1a.aaa.v1.ApprovalResolutionH\x00\x12\x35\n\x11snapshot_complete\x18\x04 \x01(\x0b\x32\x18.aaa.v1.SnapshotCompleteH\x00\x12&\n\theartbeat\x18\x05 \x01(\x0b\x32\x11.aaa.v1.HeartbeatH\x00\x42\x06\n\x04item\"\xb4\x01\n\x12\x41pprovalResolution\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12(\n\x07outcome\x18\x04 \x01(\x0e\x32\x17.aaa.v1.ApprovalOutcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12(\n\x04time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"#\n\x10SnapshotComplete\x12\x0f\n\x07pending\x18\x01 \x01(\r\"\x0b\n\tHeartbeat*\x8c\x01\n\x0f\x41pprovalOutcome\x12 \n\x1c\x41PPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41PPROVAL_OUTCOME_GRANTED\x10\x01\x12\x1b\n\x17\x41PPROVAL_OUTCOME_DENIED\x10\x02\x12\x1c\n\x18\x41PPROVAL_OUTCOME_EXPIRED\x10\x03\x32\xb2\x01\n\x0f\x41pprovalService\x12L\n\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\x12Q\n\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,30 +38,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_APPROVALOUTCOME']._serialized_start=1384
-  _globals['_APPROVALOUTCOME']._serialized_end=1524
+  _globals['_APPROVALOUTCOME']._serialized_start=1398
+  _globals['_APPROVALOUTCOME']._serialized_end=1538
   _globals['_APPROVAL']._serialized_start=67
-  _globals['_APPROVAL']._serialized_end=396
-  _globals['_APPROVAL_LABELSENTRY']._serialized_start=351
-  _globals['_APPROVAL_LABELSENTRY']._serialized_end=396
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=399
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=595
-  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_start=351
-  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_end=396
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=597
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=682
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=685
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=913
-  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_start=351
-  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_end=396
-  _globals['_WATCHAPPROVALSRESPONSE']._serialized_start=916
-  _globals['_WATCHAPPROVALSRESPONSE']._serialized_end=1148
-  _globals['_APPROVALRESOLUTION']._serialized_start=1151
-  _globals['_APPROVALRESOLUTION']._serialized_end=1331
-  _globals['_SNAPSHOTCOMPLETE']._serialized_start=1333
-  _globals['_SNAPSHOTCOMPLETE']._serialized_end=1368
-  _globals['_HEARTBEAT']._serialized_start=1370
-  _globals['_HEARTBEAT']._serialized_end=1381
-  _globals['_APPROVALSERVICE']._serialized_start=1527
-  _globals['_APPROVALSERVICE']._serialized_end=1705
+  _globals['_APPROVAL']._serialized_end=410
+  _globals['_APPROVAL_LABELSENTRY']._serialized_start=365
+  _globals['_APPROVAL_LABELSENTRY']._serialized_end=410
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=413
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=609
+  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_start=365
+  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_end=410
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=611
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=696
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=699
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=927
+  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_start=365
+  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_end=410
+  _globals['_WATCHAPPROVALSRESPONSE']._serialized_start=930
+  _globals['_WATCHAPPROVALSRESPONSE']._serialized_end=1162
+  _globals['_APPROVALRESOLUTION']._serialized_start=1165
+  _globals['_APPROVALRESOLUTION']._serialized_end=1345
+  _globals['_SNAPSHOTCOMPLETE']._serialized_start=1347
+  _globals['_SNAPSHOTCOMPLETE']._serialized_end=1382
+  _globals['_HEARTBEAT']._serialized_start=1384
+  _globals['_HEARTBEAT']._serialized_end=1395
+  _globals['_APPROVALSERVICE']._serialized_start=1541
+  _globals['_APPROVALSERVICE']._serialized_end=1719
 # @@protoc_insertion_point(module_scope)

@@ -22,7 +22,7 @@ APPROVAL_OUTCOME_DENIED: ApprovalOutcome
 APPROVAL_OUTCOME_EXPIRED: ApprovalOutcome
 
 class Approval(_message.Message):
-    __slots__ = ("run_id", "call_id", "tool", "arguments_json", "arguments_sha256", "requested_at", "expires_at", "labels", "seq", "position")
+    __slots__ = ("run_id", "call_id", "tool", "arguments_json", "arguments_sha256", "requested_at", "expires_at", "labels", "seq", "position", "task")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class Approval(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     call_id: str
     tool: str
@@ -50,7 +51,8 @@ class Approval(_message.Message):
     labels: _containers.ScalarMap[str, str]
     seq: int
     position: int
-    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
+    task: str
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
     __slots__ = ("tool", "run_id", "labels", "page_size", "page_token")
