@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use serde_json::{json, Value};
 
 use super::render::{self, Output, Style};
-use super::{label, Client, Connection, Error, Format, EXIT_CODES};
+use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
 use crate::proto::{
     Approval, ListApprovalsRequest, SignalRequest, SignalResponse, WatchApprovalsRequest,
 };
@@ -76,12 +76,8 @@ impl Filter {
 struct ListArgs {
     #[command(flatten)]
     filter: Filter,
-    /// At most this many (the server's default is 50, its maximum 1000).
-    #[arg(long, value_name = "N")]
-    limit: Option<u32>,
-    /// Where the previous page ended (printed after it, or `next_page_token` with --json).
-    #[arg(long, value_name = "TOKEN")]
-    page_token: Option<String>,
+    #[command(flatten)]
+    page: Page,
     #[command(flatten)]
     format: Format,
 }
@@ -149,8 +145,8 @@ pub(super) async fn run(args: &ApprovalsArgs) -> Result<(), Error> {
 
 async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
     let request = args.filter.list_request(
-        args.limit.unwrap_or(0),
-        args.page_token.clone().unwrap_or_default(),
+        args.page.limit.unwrap_or(0),
+        args.page.page_token.clone().unwrap_or_default(),
     );
     let client = connection.connect().await?;
     let page = client

@@ -107,6 +107,17 @@ struct Format {
     json: bool,
 }
 
+/// `--limit` and `--page-token` of the list commands.
+#[derive(clap::Args)]
+struct Page {
+    /// At most this many (the server's default is 50, its maximum 1000).
+    #[arg(long, value_name = "N")]
+    limit: Option<u32>,
+    /// Where the previous page ended (printed after it, or `next_page_token` with --json).
+    #[arg(long, value_name = "TOKEN")]
+    page_token: Option<String>,
+}
+
 /// Runs a client command; errors become one line on stderr and an exit code.
 pub async fn run(command: Command) -> ExitCode {
     let (connection, result) = match &command {

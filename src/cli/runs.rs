@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::render::{self, Output, Style};
-use super::{label, Client, Connection, Error, Format, EXIT_CODES};
+use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
 use crate::engine::event::ScriptStep;
 use crate::proto::{
     model_spec, scripted_step, stream_events_response, Budget, CancelRunRequest, GetRunRequest,
@@ -99,12 +99,8 @@ struct ListArgs {
     /// Only runs carrying this label (repeatable; all must match).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
     labels: Vec<(String, String)>,
-    /// At most this many runs (the server's default is 50, its maximum 1000).
-    #[arg(long, value_name = "N")]
-    limit: Option<u32>,
-    /// Where the previous page ended (printed after it, or `next_page_token` with --json).
-    #[arg(long, value_name = "TOKEN")]
-    page_token: Option<String>,
+    #[command(flatten)]
+    page: Page,
     #[command(flatten)]
     format: Format,
 }
@@ -233,8 +229,8 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
     let request = ListRunsRequest {
         status: args.status.map_or(0, |s| s as i32),
         labels: args.labels.iter().cloned().collect(),
-        page_size: args.limit.unwrap_or(0),
-        page_token: args.page_token.clone().unwrap_or_default(),
+        page_size: args.page.limit.unwrap_or(0),
+        page_token: args.page.page_token.clone().unwrap_or_default(),
     };
     let client = connection.connect().await?;
     let page = client.runs().list_runs(request).await?.into_inner();
