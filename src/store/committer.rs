@@ -1,8 +1,10 @@
-//! Group commit: one thread applies every append and is the only caller of
-//! sled's flush, so flushes never run concurrently (STACK.md, trap 1). Each
-//! round takes every batch that is waiting, applies them as one sled batch,
-//! flushes, fsyncs the data file (sled's flush alone is not an fsync,
-//! trap 2), and only then answers the writers and moves the durable position.
+//! Group commit: one thread takes every batch that is waiting, appends their
+//! writes to the write-ahead log as one record and fdatasyncs it (see
+//! [`super::wal`]), applies them to sled as one batch, and only then answers
+//! the writers and moves the durable position. It is also the only caller of
+//! sled's flush (STACK.md, trap 1), at checkpoints: when the log has grown
+//! past [`CHECKPOINT_BYTES`], sled is flushed, its file fsynced (flush alone
+//! is not an fsync, trap 2), and the log emptied.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +14,13 @@ use prost::Message as _;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::records::{LogRecord, STAMPED_POSITION_TAG};
+use super::wal::{Round, Wal};
 use super::{keys, Op, Result, RunId, StoreError, WriteBatch};
 
 /// Most batches folded into one round.
 const MAX_ROUND: usize = 4096;
+/// Log size that triggers a checkpoint. It bounds the replay at startup.
+const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
 
 pub(super) struct Request {
     pub batch: WriteBatch,
@@ -25,6 +30,7 @@ pub(super) struct Request {
 pub(super) struct Committer {
     pub tree: sled::Db,
     pub data_file: File,
+    pub wal: Wal,
     pub next_position: u64,
     pub durable: watch::Sender<u64>,
     pub durable_position: Arc<AtomicU64>,
@@ -61,8 +67,8 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
     }
     // Refuse what comes after: its senders get StoreError::Closed.
     messages.close();
-    if let Err(e) = committer.tree.flush() {
-        tracing::error!("final flush failed: {e}");
+    if let Err(e) = committer.checkpoint() {
+        tracing::error!("final checkpoint failed (the log keeps the writes): {e}");
     }
     // Release our handle on the database before saying we are done, so the
     // directory can be opened again as soon as the other handles are gone.
@@ -77,17 +83,19 @@ impl Committer {
     /// store failed: later appends must not be acknowledged.
     fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
         let first_position = self.next_position;
-        let mut sled_batch = sled::Batch::default();
+        let mut writes = Round::default();
         let mut answers = Vec::with_capacity(round.len());
         for request in round.iter_mut() {
-            let positions = self.stage(&mut request.batch, &mut sled_batch);
+            let positions = self.stage(&mut request.batch, &mut writes);
             answers.push(positions);
         }
         let last_position = self.next_position - 1;
         let written = (|| -> Result<()> {
-            self.tree.apply_batch(sled_batch)?;
-            self.tree.flush()?;
-            self.data_file.sync_data()?;
+            self.wal.append(&writes)?;
+            writes.apply(&self.tree)?;
+            if self.wal.len() > CHECKPOINT_BYTES {
+                self.checkpoint()?;
+            }
             Ok(())
         })();
         let ok = written.is_ok();
@@ -114,24 +122,24 @@ impl Committer {
 
     /// Assigns positions to the batch's events and adds its writes to the
     /// round's sled batch.
-    fn stage(&mut self, batch: &mut WriteBatch, out: &mut sled::Batch) -> Vec<u64> {
+    fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Vec<u64> {
         let mut positions = Vec::with_capacity(batch.events.len());
         for event in &mut batch.events {
             event.position = self.next_position;
             self.next_position += 1;
             positions.push(event.position);
             let run = RunId::from_slice(&event.run_id).expect("event with a bad run id");
-            out.insert(keys::event(run, event.seq), event.encode_to_vec());
+            out.put(keys::event(run, event.seq), event.encode_to_vec());
             let log = LogRecord {
                 run_id: event.run_id.clone(),
                 seq: event.seq,
                 event_type: event.event_type.clone(),
             };
-            out.insert(keys::log(event.position), log.encode_to_vec());
+            out.put(keys::log(event.position), log.encode_to_vec());
         }
         for op in batch.ops.drain(..) {
             match op {
-                Op::Put(key, value) => out.insert(key, value),
+                Op::Put(key, value) => out.put(key, value),
                 Op::PutStamped(key, mut value, seq) => {
                     let position = batch
                         .events
@@ -139,11 +147,18 @@ impl Committer {
                         .find(|e| e.seq == seq)
                         .map_or(0, |e| e.position);
                     prost::encoding::uint64::encode(STAMPED_POSITION_TAG, &position, &mut value);
-                    out.insert(key, value)
+                    out.put(key, value)
                 }
-                Op::Delete(key) => out.remove(key),
+                Op::Delete(key) => out.delete(key),
             }
         }
         positions
+    }
+
+    /// Makes sled hold every applied write durably, then empties the log.
+    fn checkpoint(&mut self) -> Result<()> {
+        self.tree.flush()?;
+        self.data_file.sync_data()?;
+        self.wal.clear()
     }
 }

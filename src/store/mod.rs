@@ -4,14 +4,17 @@
 //!
 //! Everything lives in one sled tree (see [`keys`]) so that an event and the
 //! index entries it implies are written by one atomic `apply_batch`.
-//! Appends go through one committer task (see [`committer`]): it gathers the
-//! batches waiting, applies them, flushes sled once and fsyncs its file, then
-//! answers all of them. Readers never see past the durable position.
+//! Appends go through one committer thread (see [`committer`]): it gathers
+//! the batches waiting, appends their writes to the write-ahead log (see
+//! [`wal`]) and fdatasyncs it, applies them to sled, then answers all of
+//! them. sled itself is flushed and fsynced at checkpoints. Readers never see
+//! past the durable position.
 
 mod committer;
 mod groups;
 mod keys;
 mod records;
+mod wal;
 
 use std::fmt;
 use std::path::Path;
@@ -217,8 +220,9 @@ impl Store {
         std::fs::create_dir_all(dir)?;
         let tree = sled::Config::new()
             .path(dir)
-            // We flush ourselves, once per group commit; sled's background
-            // flusher would only add concurrent flushes (STACK.md, trap 1).
+            // We flush ourselves, at the committer's checkpoints; sled's
+            // background flusher would only add concurrent flushes (STACK.md,
+            // trap 1).
             .flush_every_ms(None)
             .cache_capacity(cache_bytes)
             // Pages bigger than a quarter segment go to blob files that sled
@@ -227,6 +231,11 @@ impl Store {
             // file, which the committer does fsync.
             .segment_size(8 * 1024 * 1024)
             .open()?;
+        // Before anything reads the tree: it may hold less than the log.
+        let (wal, replayed) = wal::Wal::open(dir, &tree)?;
+        if replayed > 0 {
+            tracing::info!("applied {replayed} records of the write-ahead log");
+        }
         let last_position = match tree.scan_prefix([keys::LOG]).next_back() {
             Some(entry) => {
                 let (key, _) = entry?;
@@ -242,6 +251,7 @@ impl Store {
         let committer = committer::Committer {
             tree: tree.clone(),
             data_file,
+            wal,
             next_position: last_position + 1,
             durable: durable_tx,
             durable_position: durable_position.clone(),

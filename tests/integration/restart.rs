@@ -70,3 +70,42 @@ async fn pending_approval_survives_kill_9() {
     finish_waiting_run(&server, &run_id, &call_id).await;
     drop(server);
 }
+
+/// Appends of more than a checkpoint's worth (16 MiB) of events: some reach
+/// sled's file at a checkpoint, the rest only the write-ahead log. After a
+/// kill -9 every acknowledged event is there, in order, with its data.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_before_and_after_a_checkpoint_survive_kill_9() {
+    const EVENTS: usize = 300;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = ChildServer::start(dir.path()).await;
+    let (run_id, _) = start_waiting_run(&server).await;
+    let mut runs = server.runs().await;
+    let filler = "x".repeat(60 * 1024);
+    for n in 0..EVENTS {
+        let data = serde_json::json!({ "n": n, "filler": filler });
+        signal(&mut runs, &run_id, "app.bulk", data)
+            .await
+            .expect("Signal");
+    }
+    let wal = std::fs::metadata(dir.path().join("data").join("wal"))
+        .expect("the write-ahead log")
+        .len();
+    assert!(
+        wal < (EVENTS * filler.len()) as u64,
+        "a checkpoint emptied the log ({wal} bytes)"
+    );
+    server.kill9();
+
+    let server = ChildServer::start(dir.path()).await;
+    let events = history(&mut server.runs().await, &run_id).await;
+    assert_dense(&events, 1);
+    let bulk: Vec<u64> = events
+        .iter()
+        .filter(|e| e.r#type == "app.bulk")
+        .map(|e| data(e)["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bulk, (0..EVENTS as u64).collect::<Vec<_>>());
+    assert_eq!(data(events.last().unwrap())["filler"], filler.as_str());
+    drop(server);
+}
