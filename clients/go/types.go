@@ -147,7 +147,7 @@ type Run struct {
 	Result json.RawMessage
 	// Error is, for a failed or cancelled run, why.
 	Error *ErrorDetail
-	// PendingApprovals are the approvals the run waits for (GetRun only).
+	// PendingApprovals are the approvals the run waits for.
 	PendingApprovals []Approval
 }
 

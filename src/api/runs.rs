@@ -11,7 +11,7 @@ use crate::auth::{self, Principal, Refusal};
 use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
 use crate::engine::{Engine, Error};
 use crate::proto::{self, run_service_server::RunService};
-use crate::store::RunId;
+use crate::store::{RunId, RunRecord};
 
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 1000;
@@ -46,7 +46,21 @@ fn is_terminal(event_type: &str) -> bool {
 }
 
 impl RunApi {
-    fn known_run(&self, text: &str) -> Result<(RunId, crate::store::RunRecord), Error> {
+    /// The run as the API shows it, with the approvals it waits for.
+    fn run_with_approvals(&self, run: RunId, record: RunRecord) -> Result<proto::Run, Status> {
+        let mut out = convert::run(record);
+        out.pending_approvals = self
+            .engine
+            .store()
+            .run_approvals(run)
+            .map_err(|e| to_status(e.into()))?
+            .into_iter()
+            .map(convert::approval)
+            .collect();
+        Ok(out)
+    }
+
+    fn known_run(&self, text: &str) -> Result<(RunId, RunRecord), Error> {
         let run = convert::run_id("run_id", text)?;
         let record = self
             .engine
@@ -128,15 +142,7 @@ impl RunService for RunApi {
     ) -> Result<Response<proto::GetRunResponse>, Status> {
         let (run, record) = self.known_run(&request.get_ref().run_id)?;
         self.check_owner(principal(&request), run, true)?;
-        let mut out = convert::run(record);
-        out.pending_approvals = self
-            .engine
-            .store()
-            .run_approvals(run)
-            .map_err(|e| to_status(e.into()))?
-            .into_iter()
-            .map(convert::approval)
-            .collect();
+        let out = self.run_with_approvals(run, record)?;
         Ok(Response::new(proto::GetRunResponse { run: Some(out) }))
     }
 
@@ -183,7 +189,9 @@ impl RunService for RunApi {
                     .unwrap_or_default();
                 break;
             }
-            runs.push(convert::run(record));
+            let run = RunId::from_slice(&record.run_id)
+                .ok_or_else(|| Error::Internal("run record with a bad id".into()))?;
+            runs.push(self.run_with_approvals(run, record)?);
         }
         Ok(Response::new(proto::ListRunsResponse {
             runs,

@@ -33,6 +33,12 @@ async fn no_tool_task_before_the_grant() {
     assert_eq!(run.pending_approvals[0].call_id, call_id);
     assert_eq!(run.pending_approvals[0].tool, "wire_money");
     assert_eq!(run.pending_approvals[0].arguments_json, REFERENCE_ARGS);
+    let listed = runs
+        .list_runs(aaa::proto::ListRunsRequest::default())
+        .await
+        .expect("ListRuns")
+        .into_inner();
+    assert_eq!(listed.runs, vec![run], "ListRuns shows what GetRun shows");
     assert_eq!(
         count(&history(&mut runs, &run_id).await, "aaa.tool.started"),
         0

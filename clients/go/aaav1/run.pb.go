@@ -115,7 +115,7 @@ type Run struct {
 	ResultJson string `protobuf:"bytes,11,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
 	// For a failed or cancelled run: why.
 	Error *ErrorDetail `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
-	// Approvals this run waits for (filled by GetRun only).
+	// Approvals this run waits for.
 	PendingApprovals []*Approval `protobuf:"bytes,13,rep,name=pending_approvals,json=pendingApprovals,proto3" json:"pending_approvals,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -909,7 +909,7 @@ func (x *GetRunRequest) GetRunId() string {
 // GetRun's answer.
 type GetRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The run, with pending_approvals filled.
+	// The run.
 	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -109,7 +109,7 @@ export type Run = Message<"aaa.v1.Run"> & {
   error?: ErrorDetail | undefined;
 
   /**
-   * Approvals this run waits for (filled by GetRun only).
+   * Approvals this run waits for.
    *
    * @generated from field: repeated aaa.v1.Approval pending_approvals = 13;
    */
@@ -463,7 +463,7 @@ export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
  */
 export type GetRunResponse = Message<"aaa.v1.GetRunResponse"> & {
   /**
-   * The run, with pending_approvals filled.
+   * The run.
    *
    * @generated from field: aaa.v1.Run run = 1;
    */
