@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 use super::render::{self, Output, Style};
 use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
 use crate::proto::{
-    Approval, ListApprovalsRequest, SignalRequest, SignalResponse, WatchApprovalsRequest,
+    watch_approvals_response, Approval, ListApprovalsRequest, SignalRequest, SignalResponse,
+    WatchApprovalsRequest,
 };
 
 const GRANTED: &str = "aaa.approval.granted";
@@ -40,8 +41,9 @@ enum ApprovalsCommand {
     /// run, tool and arguments, and you answer approve, deny (then a reason),
     /// skip or quit. Answers are read from stdin line by line, so they can be
     /// piped. A grant approves exactly the arguments shown (arguments_sha256).
+    /// With --wait it then stays on call for new requests.
     ///
-    /// Example: aaa approvals review --tool wire_money
+    /// Example: aaa approvals review --tool wire_money --wait
     #[command(after_help = EXIT_CODES)]
     Review(ReviewArgs),
 }
@@ -61,6 +63,16 @@ struct Filter {
 }
 
 impl Filter {
+    fn watch_request(&self, after_position: Option<u64>) -> WatchApprovalsRequest {
+        WatchApprovalsRequest {
+            tool: self.tool.clone().unwrap_or_default(),
+            run_id: self.run.clone().unwrap_or_default(),
+            labels: self.labels.iter().cloned().collect(),
+            after_position,
+            heartbeat_s: 0.0,
+        }
+    }
+
     fn list_request(&self, page_size: u32, page_token: String) -> ListApprovalsRequest {
         ListApprovalsRequest {
             tool: self.tool.clone().unwrap_or_default(),
@@ -98,6 +110,10 @@ struct WatchArgs {
 struct ReviewArgs {
     #[command(flatten)]
     filter: Filter,
+    /// After the pending calls, wait for new requests and ask about each
+    /// as it comes, until `q` or the end of input.
+    #[arg(long)]
+    wait: bool,
 }
 
 #[derive(clap::Args)]
@@ -182,14 +198,7 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
 }
 
 async fn watch(connection: &Connection, args: &WatchArgs) -> Result<(), Error> {
-    let filter = &args.filter;
-    let request = WatchApprovalsRequest {
-        tool: filter.tool.clone().unwrap_or_default(),
-        run_id: filter.run.clone().unwrap_or_default(),
-        labels: filter.labels.iter().cloned().collect(),
-        after_position: args.after_position,
-        heartbeat_s: 0.0,
-    };
+    let request = args.filter.watch_request(args.after_position);
     let client = connection.connect().await?;
     let mut stream = client
         .approvals()
@@ -297,52 +306,54 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
     let client = connection.connect().await?;
     let out = Output::new(false);
     let (mut approved, mut denied, mut skipped) = (0, 0, 0);
-    // Page by page: the token is a key, so decided calls do not shift pages.
-    let mut page_token = String::new();
-    'review: loop {
-        let request = args.filter.list_request(0, page_token);
-        let page = client
-            .approvals()
-            .list_approvals(request)
-            .await?
-            .into_inner();
-        for approval in &page.approvals {
-            present(&out, approval)?;
-            let (event_type, data) = match ask(&out).await? {
-                Answer::Approve => {
-                    approved += 1;
-                    // Grant exactly the arguments shown.
-                    let data = json!({
-                        "call_id": approval.call_id,
-                        "arguments_sha256": approval.arguments_sha256,
-                    });
-                    (GRANTED, data)
-                }
-                Answer::Deny(reason) => {
-                    denied += 1;
-                    (
-                        DENIED,
-                        json!({"call_id": approval.call_id, "reason": reason}),
-                    )
-                }
-                Answer::Skip => {
-                    skipped += 1;
-                    continue;
-                }
-                Answer::Quit => break 'review,
-            };
-            let answer = signal(&client, &approval.run_id, event_type, data).await?;
-            let line = decision_line(&approval.run_id, &approval.call_id, event_type, &answer);
-            let style = match answer.decision.as_str() {
-                GRANTED => Style::Green,
-                _ => Style::Red,
-            };
-            out.line(&out.paint(style, &line))?;
-        }
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
+    // The inbox's snapshot, then (with --wait) each new request as it comes.
+    let mut stream = client
+        .approvals()
+        .watch_approvals(args.filter.watch_request(None))
+        .await?
+        .into_inner();
+    while let Some(response) = stream.message().await? {
+        let approval = match response.item {
+            Some(watch_approvals_response::Item::Requested(approval)) => approval,
+            Some(watch_approvals_response::Item::SnapshotComplete(_)) if args.wait => {
+                out.line("waiting for new requests (q to stop)")?;
+                continue;
+            }
+            Some(watch_approvals_response::Item::SnapshotComplete(_)) => break,
+            _ => continue,
+        };
+        present(&out, &approval)?;
+        let (event_type, data) = match ask(&out).await? {
+            Answer::Approve => {
+                approved += 1;
+                // Grant exactly the arguments shown.
+                let data = json!({
+                    "call_id": approval.call_id,
+                    "arguments_sha256": approval.arguments_sha256,
+                });
+                (GRANTED, data)
+            }
+            Answer::Deny(reason) => {
+                denied += 1;
+                (
+                    DENIED,
+                    json!({"call_id": approval.call_id, "reason": reason}),
+                )
+            }
+            Answer::Skip => {
+                skipped += 1;
+                continue;
+            }
+            Answer::Quit => break,
+        };
+        // Someone may have decided meanwhile: the answer says what stands.
+        let answer = signal(&client, &approval.run_id, event_type, data).await?;
+        let line = decision_line(&approval.run_id, &approval.call_id, event_type, &answer);
+        let style = match answer.decision.as_str() {
+            GRANTED => Style::Green,
+            _ => Style::Red,
+        };
+        out.line(&out.paint(style, &line))?;
     }
     match approved + denied + skipped {
         0 => out.line("no pending approvals reviewed"),

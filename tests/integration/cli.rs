@@ -644,3 +644,31 @@ async fn cancel_ends_a_waiting_run_once() {
     );
     assert!(!events.iter().any(|e| e.r#type == "aaa.tool.started"));
 }
+
+/// `review --wait` stays on call: a request made after the inbox was
+/// reviewed is shown and answered as it comes.
+#[tokio::test(flavor = "multi_thread")]
+async fn review_wait_answers_a_request_that_comes_later() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let mut review = Aaa::start(&server, &["approvals", "review", "--wait"], "a\n");
+    while let Some(line) = review.next_line().await {
+        if line.starts_with("waiting for new requests") {
+            break;
+        }
+    }
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let granted = format!("granted call-1 of run {run_id}");
+    loop {
+        let line = review.next_line().await.expect("review goes on");
+        if line.contains(&granted) {
+            break;
+        }
+    }
+    let events = history(&mut runs, &run_id).await;
+    assert_eq!(
+        data(find(&events, "aaa.approval.granted"))["call_id"],
+        "call-1"
+    );
+}
