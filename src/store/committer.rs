@@ -1,6 +1,6 @@
 //! Group commit: one thread takes every batch that is waiting, appends their
 //! writes to the write-ahead log as one record and fdatasyncs it (see
-//! [`super::wal`]), applies them to sled as one batch, and only then answers
+//! [`super::wal`]), applies them to sled, and only then answers
 //! the writers and moves the durable position. It is also the only caller of
 //! sled's flush (STACK.md, trap 1), at checkpoints: when the log has grown
 //! past [`CHECKPOINT_BYTES`], sled is flushed, its file fsynced (flush alone
@@ -121,7 +121,7 @@ impl Committer {
     }
 
     /// Assigns positions to the batch's events and adds its writes to the
-    /// round's sled batch.
+    /// round.
     fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Vec<u64> {
         let mut positions = Vec::with_capacity(batch.events.len());
         for event in &mut batch.events {

@@ -13,7 +13,6 @@ pub const TOOL: u8 = b'K';
 pub const REQUEST: u8 = b'I';
 pub const GROUP: u8 = b'G';
 pub const DEAD_LETTER: u8 = b'D';
-/// `M ‖ name`: the server's own settings (the task-token key).
 pub const META: u8 = b'M';
 
 /// `E ‖ run ‖ seq`: one event.
@@ -82,6 +81,13 @@ pub fn request(scope: &[u8], request_id: &str) -> Vec<u8> {
     k.extend_from_slice(&(scope.len() as u16).to_be_bytes());
     k.extend_from_slice(scope);
     k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
+/// `M ‖ name`: one of the server's own settings.
+pub fn meta(name: &str) -> Vec<u8> {
+    let mut k = vec![META];
+    k.extend_from_slice(name.as_bytes());
     k
 }
 

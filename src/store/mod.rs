@@ -2,8 +2,9 @@
 //! records, and the group commit that makes an append durable before anyone
 //! is told about it.
 //!
-//! Everything lives in one sled tree (see [`keys`]) so that an event and the
-//! index entries it implies are written by one atomic `apply_batch`.
+//! Everything lives in one sled tree (see [`keys`]); an event and the index
+//! entries it implies are made durable together, by one record of the
+//! write-ahead log.
 //! Appends go through one committer thread (see [`committer`]): it gathers
 //! the batches waiting, appends their writes to the write-ahead log (see
 //! [`wal`]) and fdatasyncs it, applies them to sled, then answers all of
@@ -193,11 +194,7 @@ struct Inner {
 /// Reads the task-token key, or makes and stores one. Runs in `open`,
 /// before the committer starts, so this flush cannot race another.
 fn token_key(tree: &sled::Db, data_file: &std::fs::File) -> Result<[u8; 32]> {
-    let name = [keys::META]
-        .iter()
-        .chain(b"token-key")
-        .copied()
-        .collect::<Vec<u8>>();
+    let name = keys::meta("token-key");
     if let Some(stored) = tree.get(&name)? {
         return stored
             .as_ref()

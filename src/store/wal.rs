@@ -27,11 +27,9 @@ const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const HEADER: usize = 8;
 
-/// One round's writes, for sled and for the log.
+/// One round's writes, encoded as the log's payload; sled gets them from it.
 #[derive(Default)]
 pub struct Round {
-    /// (key, value) in order; None deletes.
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     payload: Vec<u8>,
 }
 
@@ -40,26 +38,18 @@ impl Round {
         self.payload.push(PUT);
         put_bytes(&mut self.payload, &key);
         put_bytes(&mut self.payload, &value);
-        self.ops.push((key, Some(value)));
     }
 
     pub fn delete(&mut self, key: Vec<u8>) {
         self.payload.push(DELETE);
         put_bytes(&mut self.payload, &key);
-        self.ops.push((key, None));
     }
 
-    /// Applies the writes to sled one by one: the log made them durable and
-    /// atomic already, and a sled batch would make sled write its own log
-    /// at every round.
-    pub fn apply(self, tree: &sled::Db) -> Result<()> {
-        for (key, value) in self.ops {
-            match value {
-                Some(value) => tree.insert(key, value)?,
-                None => tree.remove(key)?,
-            };
-        }
-        Ok(())
+    pub fn apply(&self, tree: &sled::Db) -> Result<()> {
+        apply(
+            &ops(&self.payload).expect("a round encodes its own ops"),
+            tree,
+        )
     }
 }
 
@@ -93,7 +83,7 @@ impl Wal {
         let mut at = 0;
         let mut applied = 0;
         while let Some((payload, next)) = record_at(&bytes, at) {
-            tree.apply_batch(decode(payload).ok_or_else(|| corrupt(at))?)?;
+            apply(&ops(payload).ok_or_else(|| corrupt(at))?, tree)?;
             applied += 1;
             at = next;
         }
@@ -144,8 +134,11 @@ fn record_at(bytes: &[u8], at: usize) -> Option<(&[u8], usize)> {
     (crc32fast::hash(payload) == crc).then_some((payload, at + HEADER + len))
 }
 
-/// The sled batch of a payload whose checksum matched.
-fn decode(mut payload: &[u8]) -> Option<sled::Batch> {
+/// A put (value Some) or a delete.
+type Op<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// The ops of a payload, in order; None if it is malformed.
+fn ops(mut payload: &[u8]) -> Option<Vec<Op<'_>>> {
     fn take<'a>(payload: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         let (head, rest) = (payload.get(..n)?, payload.get(n..)?);
         *payload = rest;
@@ -155,19 +148,29 @@ fn decode(mut payload: &[u8]) -> Option<sled::Batch> {
         let len = u32::from_le_bytes(take(payload, 4)?.try_into().ok()?) as usize;
         take(payload, len)
     }
-    let mut batch = sled::Batch::default();
+    let mut ops = Vec::new();
     while let Some(&kind) = payload.first() {
         payload = &payload[1..];
+        let key = bytes(&mut payload)?;
         match kind {
-            PUT => {
-                let key = bytes(&mut payload)?;
-                batch.insert(key, bytes(&mut payload)?);
-            }
-            DELETE => batch.remove(bytes(&mut payload)?),
+            PUT => ops.push((key, Some(bytes(&mut payload)?))),
+            DELETE => ops.push((key, None)),
             _ => return None,
         }
     }
-    Some(batch)
+    Some(ops)
+}
+
+/// Applies ops to sled one by one: the log made them durable and atomic
+/// already, and a sled batch would make sled write its own log each time.
+fn apply(ops: &[Op<'_>], tree: &sled::Db) -> Result<()> {
+    for (key, value) in ops {
+        match value {
+            Some(value) => tree.insert(key, *value)?,
+            None => tree.remove(key)?,
+        };
+    }
+    Ok(())
 }
 
 fn corrupt(at: usize) -> super::StoreError {
@@ -214,8 +217,7 @@ mod tests {
         // A crash mid-append: half a record at the end.
         let path = log_dir.join("wal");
         let good = std::fs::metadata(&path).unwrap().len();
-        let mut torn = Vec::new();
-        round(&[("c", Some("4"))]).payload.clone_into(&mut torn);
+        let torn = round(&[("c", Some("4"))]).payload;
         let mut file = OpenOptions::new().append(true).open(&path).unwrap();
         file.write_all(&(torn.len() as u32).to_le_bytes()).unwrap();
         file.write_all(&[0, 0, 0]).unwrap();
