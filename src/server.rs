@@ -48,7 +48,9 @@ pub async fn serve(
         builder = builder.tls_config(tls.server_config())?;
     }
     // One check in front of every service: authentication and roles.
-    let mut builder = builder.layer(AuthLayer::new(config.auth.clone()));
+    let mut builder = builder.layer(tower::util::option_layer(
+        config.auth.clone().map(AuthLayer::new),
+    ));
     let separation_of_duties = config
         .auth
         .as_ref()

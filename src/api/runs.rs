@@ -70,17 +70,17 @@ impl RunApi {
         Ok((run, record))
     }
 
-    /// The client that started the run, from its first event; `None` for
-    /// an unknown run (its handler answers NOT_FOUND).
+    /// The client that started the run, from its first event (seq 1,
+    /// aaa.run.started); `None` for an unknown run (its handler answers
+    /// NOT_FOUND).
     fn starter(&self, run: RunId) -> Result<Option<String>, Status> {
         let first = self
             .engine
             .store()
-            .run_events(run, 0, 1)
+            .event(run, 1)
             .map_err(|e| to_status(e.into()))?;
         Ok(first
-            .into_iter()
-            .find(|e| e.actor_kind == proto::ActorKind::Client as i32)
+            .filter(|e| e.actor_kind == proto::ActorKind::Client as i32)
             .map(|e| e.actor_name))
     }
 
@@ -173,12 +173,10 @@ impl RunService for RunApi {
             if !labels_match(&request.labels, &record.labels) {
                 continue;
             }
+            let run = RunId::from_slice(&record.run_id)
+                .ok_or_else(|| Error::Internal("run record with a bad id".into()))?;
             if let Some(name) = &only_started_by {
-                let starter = match RunId::from_slice(&record.run_id) {
-                    Some(run) => self.starter(run)?,
-                    None => None,
-                };
-                if starter.as_ref() != Some(name) {
+                if self.starter(run)?.as_ref() != Some(name) {
                     continue;
                 }
             }
@@ -189,8 +187,6 @@ impl RunService for RunApi {
                     .unwrap_or_default();
                 break;
             }
-            let run = RunId::from_slice(&record.run_id)
-                .ok_or_else(|| Error::Internal("run record with a bad id".into()))?;
             runs.push(self.run_with_approvals(run, record)?);
         }
         Ok(Response::new(proto::ListRunsResponse {

@@ -46,18 +46,18 @@ impl SubscriptionApi {
 
 impl From<subscriptions::Error> for Status {
     fn from(error: subscriptions::Error) -> Self {
-        let error = match error {
-            subscriptions::Error::Engine(inner) => return status::to_status(inner),
-            other => other,
-        };
         let mut metadata = HashMap::new();
-        let (code, reason) = match &error {
-            subscriptions::Error::Engine(_) => unreachable!("mapped above"),
-            subscriptions::Error::GroupNotFound(group) => {
+        let (code, reason) = match error {
+            subscriptions::Error::Engine(inner) => return status::to_status(inner),
+            subscriptions::Error::GroupNotFound(ref group) => {
                 metadata.insert("group".to_string(), group.clone());
                 (Code::NotFound, "GROUP_NOT_FOUND")
             }
-            subscriptions::Error::GroupMismatch { group, field, .. } => {
+            subscriptions::Error::GroupMismatch {
+                ref group,
+                ref field,
+                ..
+            } => {
                 metadata.insert("group".to_string(), group.clone());
                 metadata.insert("field".to_string(), field.clone());
                 (Code::FailedPrecondition, "GROUP_MISMATCH")

@@ -12,15 +12,15 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::{authorize, is_open, AuthConfig, Principal, Refusal};
 
-/// Checks every call when an auth config is given; lets everything through
-/// (local development) when it is not.
+/// Checks every call against the auth config. Without one (local
+/// development) the server adds no layer at all.
 #[derive(Clone)]
 pub struct AuthLayer {
-    auth: Option<Arc<AuthConfig>>,
+    auth: Arc<AuthConfig>,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Option<Arc<AuthConfig>>) -> Self {
+    pub fn new(auth: Arc<AuthConfig>) -> Self {
         AuthLayer { auth }
     }
 }
@@ -39,7 +39,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct AuthService<S> {
     inner: S,
-    auth: Option<Arc<AuthConfig>>,
+    auth: Arc<AuthConfig>,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -59,21 +59,19 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        if let Some(auth) = &self.auth {
-            match check(auth, &request) {
-                Ok(Some(principal)) => {
-                    request.extensions_mut().insert(principal);
-                }
-                Ok(None) => {}
-                Err(refusal) => {
-                    tracing::warn!(
-                        method = request.uri().path(),
-                        peer = peer(&request),
-                        "refused: {refusal}"
-                    );
-                    let status = crate::api::status::refused(&refusal);
-                    return Box::pin(async move { Ok(status.into_http()) });
-                }
+        match check(&self.auth, &request) {
+            Ok(Some(principal)) => {
+                request.extensions_mut().insert(principal);
+            }
+            Ok(None) => {}
+            Err(refusal) => {
+                tracing::warn!(
+                    method = request.uri().path(),
+                    peer = peer(&request),
+                    "refused: {refusal}"
+                );
+                let status = crate::api::status::refused(&refusal);
+                return Box::pin(async move { Ok(status.into_http()) });
             }
         }
         Box::pin(self.inner.call(request))

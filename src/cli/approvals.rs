@@ -217,21 +217,32 @@ async fn watch(connection: &Connection, args: &WatchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-pub(super) async fn approve(args: &ApproveArgs) -> Result<(), Error> {
-    let mut data = json!({ "call_id": args.call });
-    if let Some(comment) = &args.comment {
+/// The data of a grant: the call, and optionally a comment and the hash of
+/// the arguments it approves.
+fn grant_data(call: &str, comment: Option<&str>, sha256: Option<&str>) -> Value {
+    let mut data = json!({ "call_id": call });
+    if let Some(comment) = comment {
         data["comment"] = json!(comment);
     }
-    if let Some(sha256) = &args.sha256 {
+    if let Some(sha256) = sha256 {
         data["arguments_sha256"] = json!(sha256);
     }
+    data
+}
+
+fn deny_data(call: &str, reason: &str) -> Value {
+    json!({ "call_id": call, "reason": reason })
+}
+
+pub(super) async fn approve(args: &ApproveArgs) -> Result<(), Error> {
+    let data = grant_data(&args.call, args.comment.as_deref(), args.sha256.as_deref());
     let client = args.connection.connect().await?;
     let answer = signal(&client, &args.run, GRANTED, data).await?;
     report(&args.run, &args.call, GRANTED, &answer, &args.format)
 }
 
 pub(super) async fn deny(args: &DenyArgs) -> Result<(), Error> {
-    let data = json!({ "call_id": args.call, "reason": args.reason });
+    let data = deny_data(&args.call, &args.reason);
     let client = args.connection.connect().await?;
     let answer = signal(&client, &args.run, DENIED, data).await?;
     report(&args.run, &args.call, DENIED, &answer, &args.format)
@@ -327,18 +338,12 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
             Answer::Approve => {
                 approved += 1;
                 // Grant exactly the arguments shown.
-                let data = json!({
-                    "call_id": approval.call_id,
-                    "arguments_sha256": approval.arguments_sha256,
-                });
-                (GRANTED, data)
+                let sha256 = Some(approval.arguments_sha256.as_str());
+                (GRANTED, grant_data(&approval.call_id, None, sha256))
             }
             Answer::Deny(reason) => {
                 denied += 1;
-                (
-                    DENIED,
-                    json!({"call_id": approval.call_id, "reason": reason}),
-                )
+                (DENIED, deny_data(&approval.call_id, &reason))
             }
             Answer::Skip => {
                 skipped += 1;

@@ -202,24 +202,25 @@ impl Subscriptions {
         }
     }
 
-    pub fn store(&self) -> &Store {
-        &self.inner.store
-    }
-
     /// Joins the group, creating it (durably, at `start`) if it does not exist.
     pub async fn join(
         &self,
-        definition: Definition,
+        mut definition: Definition,
         start: Start,
         max_in_flight: u32,
     ) -> Result<Membership, Error> {
+        // A group's event types are a set: kept sorted, without repeats.
+        definition.event_types.sort();
+        definition.event_types.dedup();
         let mut groups = self.inner.groups.lock().await;
         let (handle, created) = match self.running(&mut groups, &definition.group)? {
             Some(handle) => (handle, false),
             None => (self.create(&mut groups, &definition, start).await?, true),
         };
         drop(groups);
-        check_definition(&handle.record, &definition)?;
+        if !created {
+            check_definition(&handle.record, &definition)?;
+        }
         let (outbound_tx, outbound) = mpsc::channel(group::outbound_capacity(max_in_flight));
         let (reply, joined) = oneshot::channel();
         let join = group::Command::Join {
@@ -336,12 +337,9 @@ impl Subscriptions {
             }
             Start::After(position) => position,
         };
-        let mut event_types = definition.event_types.clone();
-        event_types.sort();
-        event_types.dedup();
         let record = GroupRecord {
             name: definition.group.clone(),
-            event_types,
+            event_types: definition.event_types.clone(),
             labels: definition.labels.clone(),
             ack_timeout_ms: definition
                 .ack_timeout
@@ -381,10 +379,7 @@ fn check_definition(record: &GroupRecord, definition: &Definition) -> Result<(),
         field: field.to_string(),
         existing,
     };
-    let mut event_types = definition.event_types.clone();
-    event_types.sort();
-    event_types.dedup();
-    if event_types != record.event_types {
+    if definition.event_types != record.event_types {
         return Err(mismatch(
             "open.event_types",
             format!("event_types {:?}", record.event_types),
