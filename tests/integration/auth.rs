@@ -349,18 +349,20 @@ async fn the_approver_is_the_recorded_actor_of_the_grant_with_its_comment() {
         .signal(signal_request(&run_id, "aaa.approval.granted", grant))
         .await
         .expect("grant");
-    let task = loop {
-        let request = PollTaskRequest {
-            identity: "payments-1".into(),
-            tools: vec!["wire_money".into()],
-            models: vec![],
-            wait_s: 1.0,
-        };
-        let response = worker.workers.poll_task(request).await.expect("PollTask");
-        if let Some(task) = response.into_inner().task {
-            break task;
-        }
+    let request = PollTaskRequest {
+        identity: "payments-1".into(),
+        tools: vec!["wire_money".into()],
+        models: vec![],
+        wait_s: WAIT.as_secs_f64(),
     };
+    // One long poll, bounded: the granted call is handed out at once.
+    let task = tokio::time::timeout(WAIT, worker.workers.poll_task(request))
+        .await
+        .expect("PollTask answered")
+        .expect("PollTask")
+        .into_inner()
+        .task
+        .expect("the granted call, within WAIT");
     worker
         .workers
         .complete_task(CompleteTaskRequest {

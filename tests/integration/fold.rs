@@ -1,7 +1,8 @@
 //! Property tests of the run fold (`RunState::apply` and the decide
-//! functions) fed random and malformed JSON: nothing panics, a refusal
-//! leaves the state as it was, and whatever the engine decides its own fold
-//! accepts.
+//! functions) fed random and malformed JSON: nothing panics, a refused event
+//! leaves the state as it was, a refused decision is the expected error (the
+//! decide functions take `&self`, so they cannot change the state), and
+//! whatever the engine decides its own fold accepts.
 
 use aaa::engine::event::{
     canonical_json, Actor, Budget, ModelChoice, NewEvent, ProposedCall, RetrySpec, RunStarted,
@@ -194,7 +195,6 @@ proptest! {
         data in json(),
     ) {
         let state = waiting_run();
-        let before = state.clone();
         let ty = if grant { "aaa.approval.granted" } else { "aaa.approval.denied" };
         match state.decide_approval(ty, &data, Actor::Client("bob".into())) {
             Err(error) => {
@@ -207,7 +207,6 @@ proptest! {
                     ),
                     "{error:?}"
                 );
-                prop_assert_eq!(&state, &before);
             }
             Ok(DecisionOutcome::AlreadyDecided(_)) => prop_assert!(false, "nothing was decided"),
             Ok(DecisionOutcome::Append(events)) => {
@@ -248,13 +247,11 @@ proptest! {
         } else {
             ToolOutcome::Output(output)
         };
-        let before = state.clone();
         match state.decide_tool_outcome("call-1", attempt, outcome, Actor::Worker("w".into())) {
             // Only the running attempt (1) may report.
             Err(error) => {
                 prop_assert_ne!(attempt, 1);
                 prop_assert!(matches!(error, Error::StaleAttempt { .. }), "{error:?}");
-                prop_assert_eq!(state, before);
             }
             Ok(event) => {
                 prop_assert_eq!(attempt, 1);

@@ -494,7 +494,12 @@ pub async fn wait_for_event(runs: &mut RunClient, run_id: &str, ty: &str) -> Vec
         follow: true,
         ..Default::default()
     };
-    let events = read_events(runs, request, |e| e.r#type == ty).await;
+    ending_with(read_events(runs, request, |e| e.r#type == ty).await, ty)
+}
+
+/// The events, checked to end with one of type `ty`.
+#[track_caller]
+fn ending_with(events: Vec<Event>, ty: &str) -> Vec<Event> {
     assert_eq!(
         events.last().map(|e| e.r#type.as_str()),
         Some(ty),
@@ -927,14 +932,10 @@ impl Clients {
     /// Follows the run until an event of type `ty`; returns the events up
     /// to and including it.
     pub async fn wait_for_event(&mut self, run_id: &str, ty: &str) -> Vec<Event> {
-        let events = self.follow_until(run_id, true, |e| e.r#type == ty).await;
-        assert_eq!(
-            events.last().map(|e| e.r#type.as_str()),
-            Some(ty),
-            "stream ended before {ty}: {:?}",
-            types(&events)
-        );
-        events
+        ending_with(
+            self.follow_until(run_id, true, |e| e.r#type == ty).await,
+            ty,
+        )
     }
 
     async fn follow_until(

@@ -111,17 +111,21 @@ export class Outbox {
 
   /** The requests, until `signal` aborts. */
   async *drain(signal: AbortSignal): AsyncGenerator<Request, void, undefined> {
-    while (!signal.aborted) {
-      const item = this.items.shift();
-      if (item !== undefined) {
-        yield item;
-        continue;
+    // One abort listener for the whole drain, not one per wait.
+    const onAbort = () => this.wake?.();
+    signal.addEventListener("abort", onAbort, { once: true });
+    try {
+      while (!signal.aborted) {
+        const item = this.items.shift();
+        if (item !== undefined) {
+          yield item;
+          continue;
+        }
+        await new Promise<void>((resolve) => (this.wake = resolve));
+        this.wake = undefined;
       }
-      await new Promise<void>((resolve) => {
-        this.wake = resolve;
-        signal.addEventListener("abort", () => resolve(), { once: true });
-      });
-      this.wake = undefined;
+    } finally {
+      signal.removeEventListener("abort", onAbort);
     }
   }
 }
