@@ -8,6 +8,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+/// glibc's malloc was a tenth of the server's CPU under load, with lock
+/// waits between its arenas (perf, README "Performance").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "aaa",
