@@ -232,21 +232,17 @@ async fn watch(
             .log_after(cursor, LOG_CHUNK)
             .map_err(|e| to_status(e.into()))?;
         let full = entries.len() == LOG_CHUNK;
-        for (position, log) in entries {
+        for event in entries {
+            let position = event.position;
             cursor = position;
-            if !log.event_type.starts_with("aaa.approval.") {
+            if !event.event_type.starts_with("aaa.approval.") {
                 continue;
             }
-            let Some(run) = RunId::from_slice(&log.run_id) else {
-                continue;
-            };
-            let Some(event) = store.event(run, log.seq).map_err(|e| to_status(e.into()))? else {
-                continue;
-            };
+            let run_id = event.run_id.clone();
             let Some((tool, item)) = approval_item(store, event)? else {
                 continue;
             };
-            if !filter.matches(store, &log.run_id, &tool, None)? {
+            if !filter.matches(store, &run_id, &tool, None)? {
                 continue;
             }
             if !send(sender, position, item).await {

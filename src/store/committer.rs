@@ -1,26 +1,27 @@
-//! Group commit: one thread takes every batch that is waiting, appends their
-//! writes to the write-ahead log as one record and fdatasyncs it (see
-//! [`super::wal`]), applies them to sled, and only then answers
-//! the writers and moves the durable position. It is also the only caller of
-//! sled's flush (STACK.md, trap 1), at checkpoints: when the log has grown
-//! past [`CHECKPOINT_BYTES`], sled is flushed, its file fsynced (flush alone
-//! is not an fsync, trap 2), and the log emptied.
+//! Group commit: one thread takes every batch that is waiting, writes them
+//! to the log as one record and fdatasyncs it (see [`super::log`]), applies
+//! the index writes to sled, and only then answers the writers and moves the
+//! durable position. It is also the only caller of sled's flush (STACK.md,
+//! trap 1), at checkpoints: when the log has grown [`CHECKPOINT_BYTES`]
+//! since the last one, sled is flushed with a mark saying how far it holds
+//! the log, and its file fsynced (flush alone is not an fsync, trap 2).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use prost::Message as _;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::records::{LogRecord, STAMPED_POSITION_TAG};
-use super::wal::{Round, Wal};
+use super::log::{self, Log, Mark, Round};
+use super::records::STAMPED_POSITION_TAG;
 use super::{keys, Op, Result, RunId, StoreError, WriteBatch};
 
 /// Most batches folded into one round.
 const MAX_ROUND: usize = 4096;
-/// Log size that triggers a checkpoint. It bounds the replay at startup.
+/// Log growth that triggers a checkpoint. It bounds the replay at startup.
 const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
+/// The meta key of the last checkpoint's [`Mark`].
+pub(super) const MARK: &str = "log-mark";
 
 pub(super) struct Request {
     pub batch: WriteBatch,
@@ -30,7 +31,9 @@ pub(super) struct Request {
 pub(super) struct Committer {
     pub tree: sled::Db,
     pub data_file: File,
-    pub wal: Wal,
+    pub log: Log,
+    /// Log offset of the last checkpoint.
+    pub checkpointed: u64,
     pub next_position: u64,
     pub durable: watch::Sender<u64>,
     pub durable_position: Arc<AtomicU64>,
@@ -83,7 +86,7 @@ impl Committer {
     /// store failed: later appends must not be acknowledged.
     fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
         let first_position = self.next_position;
-        let mut writes = Round::default();
+        let mut writes = Round::new(first_position);
         let mut answers = Vec::with_capacity(round.len());
         for request in round.iter_mut() {
             let positions = self.stage(&mut request.batch, &mut writes);
@@ -91,9 +94,9 @@ impl Committer {
         }
         let last_position = self.next_position - 1;
         let written = (|| -> Result<()> {
-            self.wal.append(&writes)?;
-            writes.apply(&self.tree)?;
-            if self.wal.len() > CHECKPOINT_BYTES {
+            let at = self.log.append(&writes)?;
+            log::apply(&writes, at, &self.tree)?;
+            if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
                 self.checkpoint()?;
             }
             Ok(())
@@ -128,18 +131,21 @@ impl Committer {
             event.position = self.next_position;
             self.next_position += 1;
             positions.push(event.position);
-            let run = RunId::from_slice(&event.run_id).expect("event with a bad run id");
-            out.put(keys::event(run, event.seq), event.encode_to_vec());
-            let log = LogRecord {
-                run_id: event.run_id.clone(),
-                seq: event.seq,
-                event_type: event.event_type.clone(),
-            };
-            out.put(keys::log(event.position), log.encode_to_vec());
+        }
+        // Spans of one run with consecutive seqs (a batch is normally one).
+        let mut rest = &batch.events[..];
+        while let Some(first) = rest.first() {
+            let len = 1 + rest
+                .windows(2)
+                .take_while(|w| w[1].run_id == w[0].run_id && w[1].seq == w[0].seq + 1)
+                .count();
+            let run = RunId::from_slice(&first.run_id).expect("event with a bad run id");
+            out.events(run, &rest[..len]);
+            rest = &rest[len..];
         }
         for op in batch.ops.drain(..) {
             match op {
-                Op::Put(key, value) => out.put(key, value),
+                Op::Put(key, value) => out.put(&key, &value),
                 Op::PutStamped(key, mut value, seq) => {
                     let position = batch
                         .events
@@ -147,18 +153,24 @@ impl Committer {
                         .find(|e| e.seq == seq)
                         .map_or(0, |e| e.position);
                     prost::encoding::uint64::encode(STAMPED_POSITION_TAG, &position, &mut value);
-                    out.put(key, value)
+                    out.put(&key, &value)
                 }
-                Op::Delete(key) => out.delete(key),
+                Op::Delete(key) => out.delete(&key),
             }
         }
         positions
     }
 
-    /// Makes sled hold every applied write durably, then empties the log.
+    /// Makes sled hold every applied record durably, with a mark saying so.
     fn checkpoint(&mut self) -> Result<()> {
+        let mark = Mark {
+            offset: self.log.end(),
+            next_position: self.next_position,
+        };
+        self.tree.insert(keys::meta(MARK), &mark.encode()[..])?;
         self.tree.flush()?;
         self.data_file.sync_data()?;
-        self.wal.clear()
+        self.checkpointed = mark.offset;
+        Ok(())
     }
 }

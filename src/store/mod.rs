@@ -1,21 +1,23 @@
-//! The store: the only module that touches sled. It owns the key layout, the
-//! records, and the group commit that makes an append durable before anyone
-//! is told about it.
+//! The store: the only module that touches sled or the disk. It owns the
+//! key layout, the records, and the group commit that makes an append
+//! durable before anyone is told about it.
 //!
-//! Everything lives in one sled tree (see [`keys`]); an event and the index
-//! entries it implies are made durable together, by one record of the
-//! write-ahead log.
+//! Events live in the log (see [`log`]): segment files of records, one per
+//! group commit, in position order. Everything else (run summaries, pending
+//! approvals, timers, cursors, and pointers into the log) lives in one sled
+//! tree (see [`keys`]). An event and the index entries it implies are made
+//! durable together, by one record.
 //! Appends go through one committer thread (see [`committer`]): it gathers
-//! the batches waiting, appends their writes to the write-ahead log (see
-//! [`wal`]) and fdatasyncs it, applies them to sled, then answers all of
-//! them. sled itself is flushed and fsynced at checkpoints. Readers never see
-//! past the durable position.
+//! the batches waiting, writes them to the log as one record and fdatasyncs
+//! it, applies the index writes to sled, then answers all of them. sled
+//! itself is flushed and fsynced at checkpoints. Readers never see past the
+//! durable position.
 
 mod committer;
 mod groups;
 mod keys;
+mod log;
 mod records;
-mod wal;
 
 use std::fmt;
 use std::path::Path;
@@ -26,7 +28,7 @@ use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use groups::{DeadLetterRecord, GroupRecord};
-pub use records::{ApprovalRecord, EventRecord, LogRecord, RunRecord};
+pub use records::{ApprovalRecord, EventRecord, RunRecord};
 
 /// A run's id: a time-ordered UUID (v7), so key order is start order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,6 +83,8 @@ pub enum StoreError {
     Corrupt(Vec<u8>, String),
     #[error("the store is closed")]
     Closed,
+    #[error("the data directory has layout version {0}; this aaa reads version 2 only (start with an empty --data-dir)")]
+    Format(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -184,11 +188,32 @@ pub struct Store {
 
 struct Inner {
     tree: sled::Db,
+    segments: Arc<log::Segments>,
     commits: mpsc::Sender<committer::Message>,
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
     durable_position: Arc<AtomicU64>,
     token_key: [u8; 32],
+}
+
+/// The layout this version reads and writes. Version 1 kept events in sled
+/// and had a `wal` file; nothing converts it.
+const FORMAT: &[u8] = b"2";
+
+/// Refuses a database of another layout; marks a new one as ours.
+fn check_format(tree: &sled::Db, dir: &Path) -> Result<()> {
+    let name = keys::meta("format");
+    match tree.get(&name)? {
+        Some(format) if format == FORMAT => Ok(()),
+        Some(format) => Err(StoreError::Format(String::from_utf8_lossy(&format).into())),
+        None if tree.first()?.is_some() || dir.join("wal").exists() => {
+            Err(StoreError::Format("1".into()))
+        }
+        None => {
+            tree.insert(&name, FORMAT)?;
+            Ok(())
+        }
+    }
 }
 
 /// Reads the task-token key, or makes and stores one. Runs in `open`,
@@ -223,23 +248,24 @@ impl Store {
             .flush_every_ms(None)
             .cache_capacity(cache_bytes)
             // Pages bigger than a quarter segment go to blob files that sled
-            // never fsyncs. 8 MiB segments keep every page we write (events
-            // are capped at 64 KiB, leaves split at 17 entries) in the main
-            // file, which the committer does fsync.
+            // never fsyncs. 8 MiB segments keep every page we write (records
+            // are capped at 64 KiB of data, leaves split at 17 entries) in
+            // the main file, which the committer does fsync.
             .segment_size(8 * 1024 * 1024)
             .open()?;
-        // Before anything reads the tree: it may hold less than the log.
-        let (wal, replayed) = wal::Wal::open(dir, &tree)?;
-        if replayed > 0 {
-            tracing::info!("applied {replayed} records of the write-ahead log");
-        }
-        let last_position = match tree.scan_prefix([keys::LOG]).next_back() {
-            Some(entry) => {
-                let (key, _) = entry?;
-                u64::from_be_bytes(key[1..9].try_into().expect("log key"))
-            }
-            None => 0,
+        check_format(&tree, dir)?;
+        let mark = match tree.get(keys::meta(committer::MARK))? {
+            Some(bytes) => log::Mark::decode(&bytes).ok_or_else(|| {
+                StoreError::Corrupt(keys::meta(committer::MARK), "bad checkpoint mark".into())
+            })?,
+            None => log::Mark::default(),
         };
+        // Before anything reads the tree: it may hold less than the log.
+        let opened = log::Log::open(&dir.join("log"), &tree, mark)?;
+        if opened.replayed > 0 {
+            tracing::info!("applied {} records of the log again", opened.replayed);
+        }
+        let last_position = opened.next_position - 1;
         let data_file = std::fs::File::open(dir.join("db"))?;
         let token_key = token_key(&tree, &data_file)?;
         let (durable_tx, durable) = watch::channel(last_position);
@@ -248,8 +274,9 @@ impl Store {
         let committer = committer::Committer {
             tree: tree.clone(),
             data_file,
-            wal,
-            next_position: last_position + 1,
+            log: opened.log,
+            checkpointed: mark.offset,
+            next_position: opened.next_position,
             durable: durable_tx,
             durable_position: durable_position.clone(),
         };
@@ -259,6 +286,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 tree,
+                segments: opened.segments,
                 commits,
                 durable,
                 durable_position,
@@ -315,55 +343,101 @@ impl Store {
     /// the first one not yet durable.
     pub fn run_events(&self, run: RunId, after_seq: u64, limit: usize) -> Result<Vec<EventRecord>> {
         let durable = self.durable_position();
-        let start = keys::event(run, after_seq.saturating_add(1));
-        let end = keys::prefix_end(&keys::run_scoped(keys::EVENT, run));
         let mut out = Vec::new();
-        for entry in self.inner.tree.range(start..end) {
-            let (key, value) = entry?;
-            let event = decode::<EventRecord>(&key, &value)?;
-            if event.position > durable || out.len() >= limit {
-                break;
+        for events in self.spans_from(run, after_seq.saturating_add(1)) {
+            for event in events? {
+                if event.seq <= after_seq {
+                    continue;
+                }
+                if event.position > durable || out.len() >= limit {
+                    return Ok(out);
+                }
+                out.push(event);
             }
-            out.push(event);
         }
         Ok(out)
     }
 
     /// Every event of `run`, durable or not (the engine folds its own writes).
     pub fn all_run_events(&self, run: RunId) -> Result<Vec<EventRecord>> {
-        self.inner
-            .tree
-            .scan_prefix(keys::run_scoped(keys::EVENT, run))
-            .map(|entry| {
-                let (key, value) = entry?;
-                decode(&key, &value)
-            })
-            .collect()
+        let mut out = Vec::new();
+        for events in self.spans_from(run, 1) {
+            out.extend(events?);
+        }
+        Ok(out)
     }
 
     pub fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
-        let key = keys::event(run, seq);
-        self.get(&key)
+        match self.spans_from(run, seq).next() {
+            Some(events) => Ok(events?.into_iter().find(|e| e.seq == seq)),
+            None => Ok(None),
+        }
     }
 
-    /// Entries of the global log after `after`, durable ones only, at most `limit`.
-    pub fn log_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, LogRecord)>> {
+    /// The run's events in spans (see [`log::Span`]), from the one that
+    /// holds `seq` on.
+    fn spans_from(
+        &self,
+        run: RunId,
+        seq: u64,
+    ) -> impl Iterator<Item = Result<Vec<EventRecord>>> + '_ {
+        let prefix = keys::run_scoped(keys::EVENT, run);
+        let wanted = keys::event(run, seq);
+        let start = match self
+            .inner
+            .tree
+            .range(prefix.clone()..=wanted.clone())
+            .next_back()
+        {
+            Some(Ok((key, _))) => key.to_vec(),
+            _ => wanted,
+        };
+        self.inner
+            .tree
+            .range(start..keys::prefix_end(&prefix))
+            .map(|entry| {
+                let (key, value) = entry?;
+                let span = log::Span::decode(&value)
+                    .ok_or_else(|| StoreError::Corrupt(key.to_vec(), "bad span".into()))?;
+                self.inner.segments.events(span)
+            })
+    }
+
+    /// Durable events of every run with positions after `after`, in
+    /// position order, at most `limit`.
+    pub fn log_after(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
         let durable = self.durable_position();
         let mut out = Vec::new();
         if after >= durable {
             return Ok(out);
         }
-        for entry in self
-            .inner
-            .tree
-            .range(keys::log(after + 1)..=keys::log(durable))
-        {
-            let (key, value) = entry?;
-            let position = u64::from_be_bytes(key[1..9].try_into().expect("log key"));
-            out.push((position, decode(&key, &value)?));
-            if out.len() >= limit {
-                break;
+        let tree = &self.inner.tree;
+        // The record that holds `after + 1`, then the ones after it.
+        let mut next = tree
+            .range(keys::log(0)..=keys::log(after + 1))
+            .next_back()
+            .transpose()?;
+        while let Some((key, value)) = next {
+            let offset = value
+                .as_ref()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| StoreError::Corrupt(key.to_vec(), "bad log offset".into()))?;
+            let mut last = after;
+            for event in self.inner.segments.record_events(offset)? {
+                last = event.position;
+                if event.position <= after {
+                    continue;
+                }
+                if event.position > durable || out.len() >= limit {
+                    return Ok(out);
+                }
+                out.push(event);
             }
+            next = tree
+                .range(keys::log(last + 1)..vec![keys::LOG + 1])
+                .next()
+                .transpose()?;
         }
         Ok(out)
     }
@@ -471,4 +545,21 @@ impl Store {
 
 fn decode<T: Message + Default>(key: &[u8], value: &[u8]) -> Result<T> {
     T::decode(value).map_err(|e| StoreError::Corrupt(key.to_vec(), e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_of_the_first_layout_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("wal"), b"").unwrap();
+        let error = Store::open(dir.path(), 1 << 20).err().expect("refused");
+        assert!(
+            matches!(error, StoreError::Format(ref v) if v == "1"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("layout version 1"), "{error}");
+    }
 }

@@ -37,18 +37,6 @@ pub struct EventRecord {
     pub actor_name: String,
 }
 
-/// Entry of the global log: which event sits at a position.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LogRecord {
-    #[prost(bytes = "vec", tag = "1")]
-    pub run_id: Vec<u8>,
-    #[prost(uint64, tag = "2")]
-    pub seq: u64,
-    /// Kept here so readers can filter by type without loading the event.
-    #[prost(string, tag = "3")]
-    pub event_type: String,
-}
-
 /// A run's summary, rewritten with every append to the run.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RunRecord {

@@ -271,17 +271,18 @@ impl Group {
         while self.entries.len() < MAX_BUFFERED {
             let chunk = self.store.log_after(self.read_to, LOG_CHUNK)?;
             let full = chunk.len() == LOG_CHUNK;
-            for (position, log) in chunk {
+            for event in chunk {
+                let position = event.position;
                 self.read_to = position;
-                let Some(run) = RunId::from_slice(&log.run_id) else {
+                let Some(run) = RunId::from_slice(&event.run_id) else {
                     continue;
                 };
-                if !self.wants(run, &log.event_type)? {
+                if !self.wants(run, &event.event_type)? {
                     continue;
                 }
                 let entry = Entry {
                     run,
-                    seq: log.seq,
+                    seq: event.seq,
                     attempts: 0,
                     replay: false,
                     lease: None,

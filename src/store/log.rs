@@ -1,0 +1,739 @@
+//! The log: where events live, and what makes a group commit durable.
+//!
+//! Each round of the committer is one record, written in place into a
+//! segment file and `fdatasync`ed. A record holds the round's events
+//! (encoded once, here, and never copied into sled) and its index writes
+//! (run summaries, approvals, timers, ...). Applying a record to sled puts
+//! those index writes plus two kinds of pointers into the log: `E ‖ run ‖
+//! first seq` → the bytes of a run's events in the record, and `L ‖ first
+//! position` → the record. sled reaches the disk only at checkpoints (see
+//! [`super::committer`]), which note how far the log was applied; at open the
+//! records after that are applied again. They are absolute puts and deletes
+//! in commit order, so applying one twice ends in the same state.
+//!
+//! Segments are files named by the log offset they start at, zero-filled
+//! to their full size before the first write: overwriting allocated blocks
+//! lets `fdatasync` skip the file-size journal commit an append needs (about
+//! half the wait on this machine kind). A zero header ends a segment's
+//! records; the next segment is prepared on a thread of its own. A torn last
+//! record (a crash mid-write) was never acknowledged: it is zeroed at open.
+//!
+//! Record: `len: u32 LE ‖ crc32(payload): u32 LE ‖ payload`; payload:
+//! `first_position: u64 LE` then entries, each
+//! `1 ‖ key ‖ value` (put), `2 ‖ key` (delete) or
+//! `3 ‖ run: 16 ‖ first_seq: u64 LE ‖ count: u32 LE ‖ events` (a run's
+//! events, consecutive seqs), where key, value and events are
+//! `len: u32 LE ‖ bytes` and events is a sequence of such encoded events.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+
+use prost::Message;
+
+use super::{keys, EventRecord, Result, RunId, StoreError};
+
+const PUT: u8 = 1;
+const DELETE: u8 = 2;
+const EVENTS: u8 = 3;
+const HEADER: u64 = 8;
+/// The first segments are small (a fresh server writes little) and each
+/// one is as big as the log before it, up to [`MAX_SEGMENT`].
+const MIN_SEGMENT: u64 = 1 << 20;
+const MAX_SEGMENT: u64 = 32 << 20;
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// One round's writes, encoded as the record's payload.
+pub struct Round {
+    payload: Vec<u8>,
+}
+
+impl Round {
+    pub fn new(first_position: u64) -> Round {
+        Round {
+            payload: first_position.to_le_bytes().to_vec(),
+        }
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.payload.push(PUT);
+        put_bytes(&mut self.payload, key);
+        put_bytes(&mut self.payload, value);
+    }
+
+    pub fn delete(&mut self, key: &[u8]) {
+        self.payload.push(DELETE);
+        put_bytes(&mut self.payload, key);
+    }
+
+    /// Adds events of one run with consecutive seqs, positions assigned.
+    pub fn events(&mut self, run: RunId, events: &[EventRecord]) {
+        let out = &mut self.payload;
+        out.push(EVENTS);
+        out.extend_from_slice(run.as_bytes());
+        out.extend_from_slice(&events[0].seq.to_le_bytes());
+        out.extend_from_slice(&(events.len() as u32).to_le_bytes());
+        let len_at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        for event in events {
+            out.extend_from_slice(&(event.encoded_len() as u32).to_le_bytes());
+            event.encode(out).expect("a Vec grows");
+        }
+        let len = (out.len() - len_at - 4) as u32;
+        out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+fn decode_events(mut block: &[u8], offset: u64) -> Result<Vec<EventRecord>> {
+    let mut out = Vec::new();
+    while !block.is_empty() {
+        let event = take_bytes(&mut block)
+            .and_then(|b| EventRecord::decode(b).ok())
+            .ok_or_else(|| corrupt(offset, "undecodable events"))?;
+        out.push(event);
+    }
+    Ok(out)
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Where a run's events sit in the log: the value of an `E` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl Span {
+    pub fn encode(&self) -> [u8; 12] {
+        let mut out = [0; 12];
+        out[..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Span> {
+        Some(Span {
+            offset: u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
+            len: u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?),
+        })
+    }
+}
+
+/// The segment files, shared by the committer (which adds them) and readers.
+#[derive(Default)]
+pub struct Segments {
+    files: RwLock<BTreeMap<u64, Arc<File>>>,
+}
+
+impl Segments {
+    /// `len` bytes of the log from `offset`; they must lie in one segment.
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let (start, file) = {
+            let files = self.files.read().expect("segments lock");
+            let (start, file) = files
+                .range(..=offset)
+                .next_back()
+                .ok_or_else(|| corrupt(offset, "no segment holds it"))?;
+            (*start, file.clone())
+        };
+        let mut out = vec![0; len];
+        file.read_exact_at(&mut out, offset - start)?;
+        Ok(out)
+    }
+
+    /// Decodes the events of the span.
+    pub fn events(&self, span: Span) -> Result<Vec<EventRecord>> {
+        decode_events(&self.read(span.offset, span.len as usize)?, span.offset)
+    }
+
+    /// The events of the record at `offset`, in position order.
+    pub fn record_events(&self, offset: u64) -> Result<Vec<EventRecord>> {
+        let header = self.read(offset, HEADER as usize)?;
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+        let payload = self.read(offset + HEADER, len as usize)?;
+        let parsed = entries(&payload).ok_or_else(|| corrupt(offset, "bad entries"))?;
+        let mut out = Vec::new();
+        for entry in parsed.entries {
+            if let Entry::Events { block, .. } = entry {
+                out.extend(decode_events(block, offset)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn insert(&self, start: u64, file: Arc<File>) -> Arc<File> {
+        self.files
+            .write()
+            .expect("segments lock")
+            .insert(start, file.clone());
+        file
+    }
+}
+
+enum Next {
+    Ready(Segment),
+    Preparing(JoinHandle<std::io::Result<Segment>>),
+}
+
+struct Segment {
+    start: u64,
+    capacity: u64,
+    file: Arc<File>,
+}
+
+impl Segment {
+    fn end(&self) -> u64 {
+        self.start + self.capacity
+    }
+}
+
+/// The committer's handle on the log.
+pub struct Log {
+    dir: PathBuf,
+    segments: Arc<Segments>,
+    current: Segment,
+    /// The segment after `current`: found at open, or being zero-filled.
+    next: Option<Next>,
+    /// Log offset of the next record.
+    end: u64,
+}
+
+/// What [`Log::open`] found.
+pub struct Opened {
+    pub log: Log,
+    pub segments: Arc<Segments>,
+    /// Position the next event gets.
+    pub next_position: u64,
+    /// Records applied to sled again.
+    pub replayed: usize,
+}
+
+/// How far sled holds the log durably: a checkpoint's mark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mark {
+    pub offset: u64,
+    pub next_position: u64,
+}
+
+impl Mark {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..].copy_from_slice(&self.next_position.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Mark> {
+        Some(Mark {
+            offset: u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
+            next_position: u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?),
+        })
+    }
+}
+
+impl Log {
+    /// Opens the log in `dir` and applies to `tree` the records after `mark`.
+    pub fn open(dir: &Path, tree: &sled::Db, mark: Mark) -> Result<Opened> {
+        std::fs::create_dir_all(dir)?;
+        let segments = Arc::new(Segments::default());
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("tmp") => std::fs::remove_file(&path)?,
+                Some("seg") => {
+                    let start = path
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .ok_or_else(|| corrupt(0, &format!("bad segment name {path:?}")))?;
+                    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+                    let capacity = file.metadata()?.len();
+                    found.push(Segment {
+                        start,
+                        capacity,
+                        file: segments.insert(start, Arc::new(file)),
+                    });
+                }
+                _ => {}
+            }
+        }
+        found.sort_by_key(|s| s.start);
+        if found.is_empty() {
+            let file = make_segment(dir, 0, MIN_SEGMENT)?;
+            found.push(Segment {
+                start: 0,
+                capacity: MIN_SEGMENT,
+                file: segments.insert(0, Arc::new(file)),
+            });
+        }
+        for pair in found.windows(2) {
+            if pair[0].end() != pair[1].start {
+                return Err(corrupt(pair[1].start, "segments do not follow each other"));
+            }
+        }
+
+        let mut replay = Replay {
+            tree,
+            at: mark.offset,
+            next_position: mark.next_position.max(1),
+            replayed: 0,
+        };
+        let mut index = found
+            .iter()
+            .position(|s| s.start <= mark.offset && mark.offset <= s.end())
+            .ok_or_else(|| corrupt(mark.offset, "the checkpoint is past the log"))?;
+        loop {
+            let segment = &found[index];
+            match replay.segment(segment)? {
+                SegmentEnd::Clean if index + 1 < found.len() => {
+                    // Records go on in the next segment, or the log ends here.
+                    let next = &found[index + 1];
+                    let mut header = [0; HEADER as usize];
+                    next.file.read_exact_at(&mut header, 0)?;
+                    if header == [0; HEADER as usize] {
+                        break;
+                    }
+                    index += 1;
+                    replay.at = next.start;
+                }
+                SegmentEnd::Clean => break,
+                SegmentEnd::Torn => {
+                    if found[index + 1..]
+                        .iter()
+                        .any(|s| has_record(s).unwrap_or(true))
+                    {
+                        return Err(corrupt(replay.at, "a bad record before later ones"));
+                    }
+                    tracing::warn!("zeroing a torn record at log offset {}", replay.at);
+                    zero(&segment.file, replay.at - segment.start, segment.capacity)?;
+                    segment.file.sync_data()?;
+                    break;
+                }
+            }
+        }
+        let end = replay.at;
+        let (next_position, replayed) = (replay.next_position, replay.replayed);
+        let mut found = found.into_iter().skip(index);
+        let current = found.next().expect("the segment the log ends in");
+        let next = found.next().map(Next::Ready);
+        let mut log = Log {
+            dir: dir.to_path_buf(),
+            segments: segments.clone(),
+            current,
+            next,
+            end,
+        };
+        if log.next.is_none() {
+            log.prepare_next();
+        }
+        Ok(Opened {
+            log,
+            segments,
+            next_position,
+            replayed,
+        })
+    }
+
+    /// Writes the round's record and waits until it is on disk; returns the
+    /// record's offset, for [`apply`].
+    pub fn append(&mut self, round: &Round) -> Result<u64> {
+        let payload = &round.payload;
+        let mut record = Vec::with_capacity(HEADER as usize + payload.len());
+        record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        record.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        record.extend_from_slice(payload);
+        let len = record.len() as u64;
+        if self.end + len > self.current.end() {
+            self.switch()?;
+        }
+        let at = self.end;
+        self.current
+            .file
+            .write_all_at(&record, at - self.current.start)?;
+        if at + len > self.current.end() {
+            // A record bigger than a whole segment grew this (empty) one.
+            self.current.file.sync_all()?;
+            self.current.capacity = at + len - self.current.start;
+        } else {
+            self.current.file.sync_data()?;
+        }
+        self.end = at + len;
+        if self.next.is_none() {
+            self.prepare_next();
+        }
+        Ok(at)
+    }
+
+    /// The offset the next record goes to: a checkpoint's mark.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Moves on to the next segment.
+    fn switch(&mut self) -> Result<()> {
+        let next = match self.next.take().expect("a next segment is always prepared") {
+            Next::Ready(segment) => segment,
+            Next::Preparing(thread) => thread
+                .join()
+                .map_err(|_| corrupt(self.current.end(), "preparing a segment panicked"))??,
+        };
+        self.segments.insert(next.start, next.file.clone());
+        self.end = next.start;
+        self.current = next;
+        Ok(())
+    }
+
+    /// Starts zero-filling the segment after the current one.
+    fn prepare_next(&mut self) {
+        let start = self.current.end();
+        let capacity = start.clamp(MIN_SEGMENT, MAX_SEGMENT);
+        let dir = self.dir.clone();
+        self.next = Some(Next::Preparing(std::thread::spawn(move || {
+            let file = Arc::new(make_segment(&dir, start, capacity)?);
+            Ok(Segment {
+                start,
+                capacity,
+                file,
+            })
+        })));
+    }
+}
+
+/// A segment file of `capacity` zero bytes, complete before it gets its name.
+fn make_segment(dir: &Path, start: u64, capacity: u64) -> std::io::Result<File> {
+    let name = format!("{start:020}");
+    let temporary = dir.join(format!("{name}.tmp"));
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&temporary)?;
+    let mut left = capacity;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        file.write_all(&ZEROS[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()?;
+    std::fs::rename(&temporary, dir.join(format!("{name}.seg")))?;
+    File::open(dir)?.sync_all()?;
+    Ok(file)
+}
+
+/// Overwrites `[from, to)` of the file with zeros.
+fn zero(file: &File, mut from: u64, to: u64) -> std::io::Result<()> {
+    while from < to {
+        let n = (to - from).min(ZEROS.len() as u64) as usize;
+        file.write_all_at(&ZEROS[..n], from)?;
+        from += n as u64;
+    }
+    Ok(())
+}
+
+fn has_record(segment: &Segment) -> std::io::Result<bool> {
+    let mut header = [0; HEADER as usize];
+    segment.file.read_exact_at(&mut header, 0)?;
+    Ok(header != [0; HEADER as usize])
+}
+
+enum SegmentEnd {
+    /// A zero header, or no room for one: the segment's records end here.
+    Clean,
+    /// A record that is not whole, or not the one expected.
+    Torn,
+}
+
+struct Replay<'a> {
+    tree: &'a sled::Db,
+    at: u64,
+    next_position: u64,
+    replayed: usize,
+}
+
+impl Replay<'_> {
+    /// Applies the segment's records from `self.at` on.
+    fn segment(&mut self, segment: &Segment) -> Result<SegmentEnd> {
+        let mut bytes = vec![0; (segment.end() - self.at) as usize];
+        segment
+            .file
+            .read_exact_at(&mut bytes, self.at - segment.start)?;
+        let mut rest = &bytes[..];
+        loop {
+            let Some(header) = rest.get(..HEADER as usize) else {
+                return Ok(SegmentEnd::Clean);
+            };
+            if header == [0; HEADER as usize] {
+                return Ok(SegmentEnd::Clean);
+            }
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            let Some(payload) = rest.get(HEADER as usize..HEADER as usize + len) else {
+                return Ok(SegmentEnd::Torn);
+            };
+            if crc32fast::hash(payload) != crc {
+                return Ok(SegmentEnd::Torn);
+            }
+            match entries(payload) {
+                Some(parsed) if parsed.first_position == self.next_position => {
+                    self.next_position = apply_entries(&parsed, self.at, self.tree)?;
+                }
+                _ => return Ok(SegmentEnd::Torn),
+            }
+            self.replayed += 1;
+            self.at += HEADER + len as u64;
+            rest = &rest[HEADER as usize + len..];
+        }
+    }
+}
+
+enum Entry<'a> {
+    Put(&'a [u8], &'a [u8]),
+    Delete(&'a [u8]),
+    Events {
+        run: &'a [u8],
+        first_seq: u64,
+        count: u32,
+        /// Where the events start in the payload.
+        block_at: usize,
+        block: &'a [u8],
+    },
+}
+
+struct Entries<'a> {
+    first_position: u64,
+    entries: Vec<Entry<'a>>,
+}
+
+fn take<'a>(payload: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    let (head, rest) = (payload.get(..n)?, payload.get(n..)?);
+    *payload = rest;
+    Some(head)
+}
+
+fn take_bytes<'a>(payload: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = u32::from_le_bytes(take(payload, 4)?.try_into().ok()?) as usize;
+    take(payload, len)
+}
+
+/// The entries of a payload, in order; None if it is malformed.
+fn entries(payload: &[u8]) -> Option<Entries<'_>> {
+    let mut rest = payload;
+    let first_position = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
+    let mut entries = Vec::new();
+    while let Some(kind) = take(&mut rest, 1) {
+        entries.push(match kind[0] {
+            PUT => Entry::Put(take_bytes(&mut rest)?, take_bytes(&mut rest)?),
+            DELETE => Entry::Delete(take_bytes(&mut rest)?),
+            EVENTS => {
+                let run = take(&mut rest, 16)?;
+                let first_seq = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
+                let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().ok()?);
+                let block = take_bytes(&mut rest)?;
+                let block_at = payload.len() - rest.len() - block.len();
+                Entry::Events {
+                    run,
+                    first_seq,
+                    count,
+                    block_at,
+                    block,
+                }
+            }
+            _ => return None,
+        });
+    }
+    Some(Entries {
+        first_position,
+        entries,
+    })
+}
+
+/// Applies the round written at log offset `at` to sled, one key at a time
+/// (the log made the round durable and atomic already). Returns the
+/// position after its events.
+pub fn apply(round: &Round, at: u64, tree: &sled::Db) -> Result<u64> {
+    let parsed = entries(&round.payload).expect("a round encodes its own entries");
+    apply_entries(&parsed, at, tree)
+}
+
+fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db) -> Result<u64> {
+    let mut position = parsed.first_position;
+    for entry in &parsed.entries {
+        match *entry {
+            Entry::Put(key, value) => {
+                tree.insert(key, value)?;
+            }
+            Entry::Delete(key) => {
+                tree.remove(key)?;
+            }
+            Entry::Events {
+                run,
+                first_seq,
+                count,
+                block_at,
+                block,
+            } => {
+                let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
+                let span = Span {
+                    offset: at + HEADER + block_at as u64,
+                    len: block.len() as u32,
+                };
+                tree.insert(keys::event(run, first_seq), &span.encode()[..])?;
+                position += count as u64;
+            }
+        }
+    }
+    if position > parsed.first_position {
+        tree.insert(keys::log(parsed.first_position), &at.to_le_bytes()[..])?;
+    }
+    Ok(position)
+}
+
+fn corrupt(offset: u64, what: &str) -> StoreError {
+    StoreError::Corrupt(format!("log@{offset}").into_bytes(), what.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(run: RunId, seq: u64, position: u64, data: &str) -> EventRecord {
+        EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq,
+            position,
+            event_type: "app.test".into(),
+            data_json: data.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Appends a round of `events` (one run, from `seq`) plus a put; returns
+    /// the record's offset.
+    fn append(log: &mut Log, tree: &sled::Db, events: &[EventRecord], key: &str) -> u64 {
+        let mut round = Round::new(events[0].position);
+        round.events(RunId::from_slice(&events[0].run_id).unwrap(), events);
+        round.put(key.as_bytes(), b"v");
+        let at = log.append(&round).unwrap();
+        apply(&round, at, tree).unwrap();
+        at
+    }
+
+    fn scratch() -> sled::Db {
+        sled::Config::new().temporary(true).open().unwrap()
+    }
+
+    fn span_events(opened: &Opened, tree: &sled::Db, run: RunId, seq: u64) -> Vec<u64> {
+        let span = Span::decode(&tree.get(keys::event(run, seq)).unwrap().unwrap()).unwrap();
+        opened
+            .segments
+            .events(span)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    #[test]
+    fn records_are_applied_again_from_the_mark_and_a_torn_tail_is_zeroed() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new();
+        let first_tree = scratch();
+        let mut opened = Log::open(dir.path(), &first_tree, Mark::default()).unwrap();
+        assert_eq!((opened.next_position, opened.replayed), (1, 0));
+        let log = &mut opened.log;
+        append(
+            log,
+            &first_tree,
+            &[event(run, 1, 1, "a"), event(run, 2, 2, "b")],
+            "k1",
+        );
+        let mark = Mark {
+            offset: log.end(),
+            next_position: 3,
+        };
+        append(log, &first_tree, &[event(run, 3, 3, "c")], "k2");
+        let end = log.end();
+        drop(opened);
+        // A crash mid-write: a header and part of a payload after the end.
+        let segment = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join(format!("{:020}.seg", 0)))
+            .unwrap();
+        segment
+            .write_all_at(&[40, 0, 0, 0, 1, 2, 3, 4, 9, 9], end)
+            .unwrap();
+
+        // Everything again into an empty sled.
+        let tree = scratch();
+        let opened = Log::open(dir.path(), &tree, Mark::default()).unwrap();
+        assert_eq!((opened.next_position, opened.replayed), (4, 2));
+        assert_eq!(span_events(&opened, &tree, run, 1), [1, 2]);
+        assert_eq!(span_events(&opened, &tree, run, 3), [3]);
+        assert!(tree.get("k1").unwrap().is_some() && tree.get("k2").unwrap().is_some());
+        let mut torn = [1; 10];
+        segment.read_exact_at(&mut torn, end).unwrap();
+        assert_eq!(torn, [0; 10], "the torn record is zeroed");
+        assert_eq!(opened.log.end(), end);
+        drop(opened);
+
+        // From the mark: only the record after it.
+        let tree = scratch();
+        let opened = Log::open(dir.path(), &tree, mark).unwrap();
+        assert_eq!((opened.next_position, opened.replayed), (4, 1));
+        assert!(tree.get("k1").unwrap().is_none());
+        assert_eq!(span_events(&opened, &tree, run, 3), [3]);
+    }
+
+    #[test]
+    fn records_go_on_in_later_segments_and_one_may_outgrow_a_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new();
+        let tree = scratch();
+        let mut opened = Log::open(dir.path(), &tree, Mark::default()).unwrap();
+        let filler = "x".repeat(300 * 1024);
+        let mut offsets = Vec::new();
+        for seq in 1..=12 {
+            let data = if seq == 8 {
+                "y".repeat(3 << 20)
+            } else {
+                filler.clone()
+            };
+            let at = append(&mut opened.log, &tree, &[event(run, seq, seq, &data)], "k");
+            offsets.push(at);
+        }
+        let segments = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "seg")
+            .count();
+        assert!(segments >= 4, "{segments} segments");
+        drop(opened);
+
+        let tree = scratch();
+        let opened = Log::open(dir.path(), &tree, Mark::default()).unwrap();
+        assert_eq!((opened.next_position, opened.replayed), (13, 12));
+        for (seq, at) in (1..=12).zip(offsets) {
+            let stored = u64::from_le_bytes(
+                tree.get(keys::log(seq)).unwrap().unwrap()[..]
+                    .try_into()
+                    .unwrap(),
+            );
+            assert_eq!(stored, at);
+            let events = opened.segments.record_events(at).unwrap();
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].seq, seq);
+            let len = if seq == 8 { 3 << 20 } else { filler.len() };
+            assert_eq!(events[0].data_json.len(), len);
+        }
+    }
+}
