@@ -45,6 +45,8 @@ const HEADER: u64 = 8;
 /// one is as big as the log before it, up to [`MAX_SEGMENT`].
 const MIN_SEGMENT: u64 = 1 << 20;
 const MAX_SEGMENT: u64 = 32 << 20;
+/// Reads up to this size reuse a per-thread buffer (see [`Segments::read`]).
+const MAX_REUSED_BUFFER: usize = 1 << 20;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// One round's writes, encoded as the record's payload.
@@ -134,8 +136,14 @@ pub struct Segments {
 }
 
 impl Segments {
-    /// `len` bytes of the log from `offset`; they must lie in one segment.
-    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// Calls `f` with `len` bytes of the log from `offset`; they must lie in
+    /// one segment. The bytes sit in a buffer the thread reuses: reads are
+    /// frequent and records can be large, and a fresh zeroed buffer per read
+    /// showed up in profiles. `f` must not read the log itself.
+    fn read<R>(&self, offset: u64, len: usize, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        thread_local! {
+            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let (start, file) = {
             let files = self.files.read().expect("segments lock");
             let (start, file) = files
@@ -144,29 +152,43 @@ impl Segments {
                 .ok_or_else(|| corrupt(offset, "no segment holds it"))?;
             (*start, file.clone())
         };
-        let mut out = vec![0; len];
-        file.read_exact_at(&mut out, offset - start)?;
-        Ok(out)
+        if len > MAX_REUSED_BUFFER {
+            let mut bytes = vec![0; len];
+            file.read_exact_at(&mut bytes, offset - start)?;
+            return f(&bytes);
+        }
+        BUFFER.with_borrow_mut(|buffer| {
+            if buffer.len() < len {
+                buffer.resize(len, 0);
+            }
+            let bytes = &mut buffer[..len];
+            file.read_exact_at(bytes, offset - start)?;
+            f(bytes)
+        })
     }
 
     /// Decodes the events of the span.
     pub fn events(&self, span: Span) -> Result<Vec<EventRecord>> {
-        decode_events(&self.read(span.offset, span.len as usize)?, span.offset)
+        self.read(span.offset, span.len as usize, |bytes| {
+            decode_events(bytes, span.offset)
+        })
     }
 
     /// The events of the record at `offset`, in position order.
     pub fn record_events(&self, offset: u64) -> Result<Vec<EventRecord>> {
-        let header = self.read(offset, HEADER as usize)?;
-        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
-        let payload = self.read(offset + HEADER, len as usize)?;
-        let parsed = entries(&payload).ok_or_else(|| corrupt(offset, "bad entries"))?;
-        let mut out = Vec::new();
-        for entry in parsed.entries {
-            if let Entry::Events { block, .. } = entry {
-                out.extend(decode_events(block, offset)?);
+        let len = self.read(offset, HEADER as usize, |header| {
+            Ok(u32::from_le_bytes(header[..4].try_into().expect("4 bytes")))
+        })?;
+        self.read(offset + HEADER, len as usize, |payload| {
+            let parsed = entries(payload).ok_or_else(|| corrupt(offset, "bad entries"))?;
+            let mut out = Vec::new();
+            for entry in parsed.entries {
+                if let Entry::Events { block, .. } = entry {
+                    out.extend(decode_events(block, offset)?);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn insert(&self, start: u64, file: Arc<File>) -> Arc<File> {
