@@ -15,8 +15,8 @@ pub const GROUP: u8 = b'G';
 pub const DEAD_LETTER: u8 = b'D';
 pub const META: u8 = b'M';
 
-/// `E ‖ run ‖ seq`: where the run's events from `seq` on (one span of a
-/// record) sit in the log.
+/// `E ‖ run ‖ seq`: where the run's events up to `seq` (one span of a
+/// record, ending at `seq`) sit in the log.
 pub fn event(run: RunId, seq: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(25);
     k.push(EVENT);
@@ -25,7 +25,7 @@ pub fn event(run: RunId, seq: u64) -> Vec<u8> {
     k
 }
 
-/// `L ‖ position`: the log offset of the record whose first event has this
+/// `L ‖ position`: the log offset of the record whose last event has this
 /// position.
 pub fn log(position: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(9);

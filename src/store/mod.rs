@@ -381,20 +381,10 @@ impl Store {
         run: RunId,
         seq: u64,
     ) -> impl Iterator<Item = Result<Vec<EventRecord>>> + '_ {
-        let prefix = keys::run_scoped(keys::EVENT, run);
-        let wanted = keys::event(run, seq);
-        let start = match self
-            .inner
-            .tree
-            .range(prefix.clone()..=wanted.clone())
-            .next_back()
-        {
-            Some(Ok((key, _))) => key.to_vec(),
-            _ => wanted,
-        };
+        let end = keys::prefix_end(&keys::run_scoped(keys::EVENT, run));
         self.inner
             .tree
-            .range(start..keys::prefix_end(&prefix))
+            .range(keys::event(run, seq)..end)
             .map(|entry| {
                 let (key, value) = entry?;
                 let span = log::Span::decode(&value)
@@ -411,21 +401,19 @@ impl Store {
         if after >= durable {
             return Ok(out);
         }
-        let tree = &self.inner.tree;
         // The record that holds `after + 1`, then the ones after it.
-        let mut next = tree
-            .range(keys::log(0)..=keys::log(after + 1))
-            .next_back()
-            .transpose()?;
-        while let Some((key, value)) = next {
+        for entry in self
+            .inner
+            .tree
+            .range(keys::log(after + 1)..vec![keys::LOG + 1])
+        {
+            let (key, value) = entry?;
             let offset = value
                 .as_ref()
                 .try_into()
                 .map(u64::from_le_bytes)
                 .map_err(|_| StoreError::Corrupt(key.to_vec(), "bad log offset".into()))?;
-            let mut last = after;
             for event in self.inner.segments.record_events(offset)? {
-                last = event.position;
                 if event.position <= after {
                     continue;
                 }
@@ -434,10 +422,6 @@ impl Store {
                 }
                 out.push(event);
             }
-            next = tree
-                .range(keys::log(last + 1)..vec![keys::LOG + 1])
-                .next()
-                .transpose()?;
         }
         Ok(out)
     }
