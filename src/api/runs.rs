@@ -332,12 +332,13 @@ async fn follow_events(
             if sender.send(Ok(message)).await.is_err() || !request.follow {
                 return Ok(());
             }
-        }
-        if request.stop_at_end && finished_at_or_before(engine, run, cursor)? {
-            // The terminal event was at or before the cursor (or filtered
-            // out by type_prefix). If the run finished after our read, its
-            // events are not sent yet: wait for the head to move.
-            return Ok(());
+            if request.stop_at_end && finished_at_or_before(engine, run, cursor)? {
+                // The terminal event was at or before the cursor the client
+                // gave, so no read shows it. One appended later is read like
+                // any other (also when type_prefix filters it out) and ends
+                // the stream above.
+                return Ok(());
+            }
         }
         tokio::select! {
             changed = head.changed() => if changed.is_err() { return Err(unavailable()) },
