@@ -8,10 +8,11 @@
 //! last seq` → the bytes of a run's events in the record, and `L ‖ last
 //! position` → the record. Keyed by the last, the span or record that holds
 //! a seq or position is the first key at or after it: a forward seek (sled's
-//! reverse iteration cost a tenth of the server's CPU). sled reaches the disk only at checkpoints (see
-//! [`super::committer`]), which note how far the log was applied; at open the
-//! records after that are applied again. They are absolute puts and deletes
-//! in commit order, so applying one twice ends in the same state.
+//! reverse iteration was a tenth of a cycle's CPU in one profile). sled
+//! reaches the disk only at checkpoints (see [`super::committer`]), which
+//! note how far the log was applied; at open the records after that are
+//! applied again. They are absolute puts and deletes in commit order, so
+//! applying one twice ends in the same state.
 //!
 //! Segments are files named by the log offset they start at, zero-filled
 //! to their full size before the first write: overwriting allocated blocks
