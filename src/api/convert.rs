@@ -45,6 +45,18 @@ fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Error> {
 }
 
 /// A name: non-empty, at most 256 bytes, letters, digits and `_-.:/`.
+/// Label keys are names; values are text up to a name's size.
+pub fn labels(
+    field: &str,
+    labels: &std::collections::HashMap<String, String>,
+) -> Result<(), Error> {
+    for (key, value) in labels {
+        name(field, key)?;
+        check_size(&format!("{field}[{key}]"), value, MAX_NAME_BYTES)?;
+    }
+    Ok(())
+}
+
 pub fn name(field: &str, text: &str) -> Result<(), Error> {
     if text.is_empty() {
         return Err(Error::invalid(field, "required"));
@@ -173,10 +185,7 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
             n => n,
         },
     };
-    for (key, value) in &request.labels {
-        name("labels", key)?;
-        check_size(&format!("labels[{key}]"), value, MAX_NAME_BYTES)?;
-    }
+    labels("labels", &request.labels)?;
     check_size("request_id", &request.request_id, MAX_NAME_BYTES)?;
     Ok(engine::StartRun {
         task: request.task,

@@ -82,9 +82,7 @@ fn open(open: proto::SubscriptionOpen) -> Result<(Definition, Start, u32), Error
     for (i, pattern) in open.event_types.iter().enumerate() {
         subscriptions::check_pattern(&format!("open.event_types[{i}]"), pattern)?;
     }
-    for key in open.labels.keys() {
-        convert::name("open.labels", key)?;
-    }
+    convert::labels("open.labels", &open.labels)?;
     let ack_timeout = match open.ack_timeout_s {
         0.0 => None,
         s if s.is_finite() && s > 0.0 && s <= subscriptions::MAX_ACK_TIMEOUT.as_secs_f64() => {

@@ -528,6 +528,14 @@ async fn bad_requests_are_refused_with_their_field() {
         "open.start_after_position"
     );
 
+    let status = refused(SubscriptionOpen {
+        labels: HashMap::from([("team".to_string(), "x".repeat(10_000))]),
+        ..open("g")
+    })
+    .await;
+    let info = assert_error(&status, Code::InvalidArgument, "PAYLOAD_TOO_LARGE");
+    assert_eq!(info.metadata["field"], "open.labels[team]");
+
     // A group's definition is fixed by its first member.
     let _member = subscribe(&server, open("fixed")).await;
     let status = refused(SubscriptionOpen {
