@@ -14,14 +14,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::log::{self, Log, Mark, Round};
 use super::records::STAMPED_POSITION_TAG;
-use super::{keys, Op, Result, RunId, StoreError, WriteBatch};
+use super::{Op, Result, RunId, StoreError, WriteBatch};
 
 /// Most batches folded into one round.
 const MAX_ROUND: usize = 4096;
 /// Log growth that triggers a checkpoint. It bounds the replay at startup.
 const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
-/// The meta key of the last checkpoint's [`Mark`].
-pub(super) const MARK: &str = "log-mark";
 
 pub(super) struct Request {
     pub batch: WriteBatch,
@@ -167,7 +165,7 @@ impl Committer {
             offset: self.log.end(),
             next_position: self.next_position,
         };
-        self.tree.insert(keys::meta(MARK), &mark.encode()[..])?;
+        mark.save(&self.tree)?;
         self.tree.flush()?;
         self.data_file.sync_data()?;
         self.checkpointed = mark.offset;

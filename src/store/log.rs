@@ -235,38 +235,61 @@ pub struct Log {
 pub struct Opened {
     pub log: Log,
     pub segments: Arc<Segments>,
+    /// The last checkpoint's mark.
+    pub mark: Mark,
     /// Position the next event gets.
     pub next_position: u64,
     /// Records applied to sled again.
     pub replayed: usize,
 }
 
-/// How far sled holds the log durably: a checkpoint's mark.
+/// How far sled holds the log durably: a checkpoint's mark, kept in sled
+/// under [`MARK`] and flushed with what it describes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mark {
     pub offset: u64,
     pub next_position: u64,
 }
 
+/// The meta key of the last checkpoint's [`Mark`].
+const MARK: &str = "log-mark";
+
 impl Mark {
-    pub fn encode(&self) -> [u8; 16] {
-        let mut out = [0; 16];
-        out[..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..].copy_from_slice(&self.next_position.to_le_bytes());
-        out
+    /// The last checkpoint's mark; the start of the log if there was none.
+    pub fn load(tree: &sled::Db) -> Result<Mark> {
+        let Some(bytes) = tree.get(keys::meta(MARK))? else {
+            return Ok(Mark::default());
+        };
+        let field = |range: std::ops::Range<usize>| {
+            Some(u64::from_le_bytes(bytes.get(range)?.try_into().ok()?))
+        };
+        match (field(0..8), field(8..16)) {
+            (Some(offset), Some(next_position)) => Ok(Mark {
+                offset,
+                next_position,
+            }),
+            _ => Err(StoreError::Corrupt(
+                keys::meta(MARK),
+                "bad checkpoint mark".into(),
+            )),
+        }
     }
 
-    pub fn decode(bytes: &[u8]) -> Option<Mark> {
-        Some(Mark {
-            offset: u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
-            next_position: u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?),
-        })
+    /// Puts the mark in sled, for the flush that follows to make durable.
+    pub fn save(&self, tree: &sled::Db) -> Result<()> {
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&self.offset.to_le_bytes());
+        bytes[8..].copy_from_slice(&self.next_position.to_le_bytes());
+        tree.insert(keys::meta(MARK), &bytes[..])?;
+        Ok(())
     }
 }
 
 impl Log {
-    /// Opens the log in `dir` and applies to `tree` the records after `mark`.
-    pub fn open(dir: &Path, tree: &sled::Db, mark: Mark) -> Result<Opened> {
+    /// Opens the log in `dir` and applies to `tree` the records after the
+    /// last checkpoint's mark.
+    pub fn open(dir: &Path, tree: &sled::Db) -> Result<Opened> {
+        let mark = Mark::load(tree)?;
         std::fs::create_dir_all(dir)?;
         let segments = Arc::new(Segments::default());
         let mut found = Vec::new();
@@ -363,6 +386,7 @@ impl Log {
         Ok(Opened {
             log,
             segments,
+            mark,
             next_position,
             replayed,
         })
@@ -675,7 +699,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let first_tree = scratch();
-        let mut opened = Log::open(dir.path(), &first_tree, Mark::default()).unwrap();
+        let mut opened = Log::open(dir.path(), &first_tree).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (1, 0));
         let log = &mut opened.log;
         append(
@@ -703,7 +727,7 @@ mod tests {
 
         // Everything again into an empty sled.
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, Mark::default()).unwrap();
+        let opened = Log::open(dir.path(), &tree).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
         assert_eq!(span_events(&opened, &tree, run, 1), [1, 2]);
         assert_eq!(span_events(&opened, &tree, run, 3), [3]);
@@ -716,7 +740,8 @@ mod tests {
 
         // From the mark: only the record after it.
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, mark).unwrap();
+        mark.save(&tree).unwrap();
+        let opened = Log::open(dir.path(), &tree).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
         assert_eq!(span_events(&opened, &tree, run, 3), [3]);
@@ -727,7 +752,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let tree = scratch();
-        let mut opened = Log::open(dir.path(), &tree, Mark::default()).unwrap();
+        let mut opened = Log::open(dir.path(), &tree).unwrap();
         let filler = "x".repeat(300 * 1024);
         let mut offsets = Vec::new();
         for seq in 1..=12 {
@@ -747,7 +772,7 @@ mod tests {
         drop(opened);
 
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, Mark::default()).unwrap();
+        let opened = Log::open(dir.path(), &tree).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (13, 12));
         for (seq, at) in (1..=12).zip(offsets) {
             let stored = u64::from_le_bytes(

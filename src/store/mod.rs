@@ -254,14 +254,8 @@ impl Store {
             .segment_size(8 * 1024 * 1024)
             .open()?;
         check_format(&tree, dir)?;
-        let mark = match tree.get(keys::meta(committer::MARK))? {
-            Some(bytes) => log::Mark::decode(&bytes).ok_or_else(|| {
-                StoreError::Corrupt(keys::meta(committer::MARK), "bad checkpoint mark".into())
-            })?,
-            None => log::Mark::default(),
-        };
         // Before anything reads the tree: it may hold less than the log.
-        let opened = log::Log::open(&dir.join("log"), &tree, mark)?;
+        let opened = log::Log::open(&dir.join("log"), &tree)?;
         if opened.replayed > 0 {
             tracing::info!("applied {} records of the log again", opened.replayed);
         }
@@ -275,7 +269,7 @@ impl Store {
             tree: tree.clone(),
             data_file,
             log: opened.log,
-            checkpointed: mark.offset,
+            checkpointed: opened.mark.offset,
             next_position: opened.next_position,
             durable: durable_tx,
             durable_position: durable_position.clone(),
