@@ -44,7 +44,6 @@ fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// A name: non-empty, at most 256 bytes, letters, digits and `_-.:/`.
 /// Label keys are names; values are text up to a name's size.
 pub fn labels(
     field: &str,
@@ -57,6 +56,7 @@ pub fn labels(
     Ok(())
 }
 
+/// A name: non-empty, at most 256 bytes, letters, digits and `_-.:/`.
 pub fn name(field: &str, text: &str) -> Result<(), Error> {
     if text.is_empty() {
         return Err(Error::invalid(field, "required"));

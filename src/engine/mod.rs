@@ -415,10 +415,10 @@ impl Engine {
         actions: Vec<Action>,
     ) -> Result<(), Error> {
         // The active index changes rarely: write it when the run starts or
-        // stops being active, and for a new run (the batch holds its first
-        // event) that is active from the start.
+        // stops being active. A new run (the batch holds its first event)
+        // has no mark yet.
         let is_new = batch.events().first().is_some_and(|e| e.seq == 1);
-        let was_active = state.is_active();
+        let was_active = !is_new && state.is_active();
         let mut staged = Staged {
             now: now_ms(),
             queue: events.into(),
@@ -437,7 +437,7 @@ impl Engine {
         }
         self.fold(state, &mut staged)?;
         staged.batch.put_run(&state.summary());
-        if state.is_active() != was_active || (is_new && state.is_active()) {
+        if state.is_active() != was_active {
             staged.batch.set_active(state.id, state.is_active());
         }
         self.inner.store.commit(staged.batch).await?;
