@@ -208,9 +208,10 @@ async fn drain(mut calls: JoinSet<Result<(), String>>, problems: &mut Problems) 
     }
 }
 
-/// A tool worker: `pollers` long polls for `tool`; each task it gets is
-/// completed with [`WIRE_OUTPUT`] in its own task, so a poller goes back to
-/// polling at once. Runs until `stop`; returns what went wrong.
+/// A tool worker: `pollers` long polls for `tool`; a poller completes each
+/// task it gets with [`WIRE_OUTPUT`] before it polls again, so the result
+/// goes out first (the other pollers keep the worker reachable meanwhile).
+/// Runs until `stop`; returns what went wrong.
 pub async fn serve_tool(
     pool: Pool,
     tool: &'static str,
@@ -222,7 +223,6 @@ pub async fn serve_tool(
         let (pool, stop) = (pool.clone(), stop.clone());
         loops.spawn(async move {
             let mut problems = Problems::default();
-            let mut completions = JoinSet::new();
             let request = PollTaskRequest {
                 identity: format!("aaa-bench-{i}"),
                 tools: vec![tool.to_string()],
@@ -235,7 +235,6 @@ pub async fn serve_tool(
                     _ = stop.cancelled() => break,
                     answer = workers.poll_task(request.clone()) => answer,
                 };
-                reap(&mut completions, &mut problems);
                 let task = match answer {
                     Ok(answer) => answer.into_inner().task,
                     Err(status) => {
@@ -248,22 +247,16 @@ pub async fn serve_tool(
                     }
                 };
                 let Some(task) = task else { continue };
-                let mut workers = pool.workers();
-                completions.spawn(async move {
-                    let request = CompleteTaskRequest {
-                        token: task.token,
-                        result: Some(complete_task_request::Result::OutputJson(
-                            WIRE_OUTPUT.into(),
-                        )),
-                    };
-                    workers
-                        .complete_task(request)
-                        .await
-                        .map(|_| ())
-                        .map_err(|s| format!("CompleteTask: {s}"))
-                });
+                let complete = CompleteTaskRequest {
+                    token: task.token,
+                    result: Some(complete_task_request::Result::OutputJson(
+                        WIRE_OUTPUT.into(),
+                    )),
+                };
+                if let Err(status) = workers.complete_task(complete).await {
+                    problems.add(format!("CompleteTask: {status}"));
+                }
             }
-            drain(completions, &mut problems).await;
             problems
         });
     }
