@@ -1,7 +1,8 @@
 //! The floors the other figures are judged against, measured in the same
-//! run: the no-op gRPC round trip (Health/Check, one at a time) and the
-//! store's own group-commit ceiling (64 writers appending straight to an
-//! in-process `Store`, no gRPC, no engine).
+//! run: the no-op gRPC round trip (Health/Check, one at a time), no-op calls
+//! per second with 64 in flight (what gRPC alone costs the two cores, with
+//! the bench on them too) and the store's own group-commit ceiling (64
+//! writers appending straight to an in-process `Store`, no gRPC, no engine).
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,41 @@ pub async fn rtt(pool: &Pool, calls: usize, limit: Duration) -> Rtt {
     Rtt {
         latency: Summary::of(&mut samples),
         problems,
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct NoopCalls {
+    pub clients: usize,
+    pub calls: usize,
+    pub per_second: f64,
+    pub latency: Summary,
+    pub problems: Problems,
+}
+
+/// `clients` tasks, each making Health/Check calls one after the other over
+/// the pool's connections: the most calls/s any RPC could reach here.
+pub async fn noop_calls(pool: &Pool, clients: usize, total: usize, limit: Duration) -> NoopCalls {
+    let pool = pool.clone();
+    let outcome = closed_loop(clients, total, limit, move |_, _| {
+        let mut health = pool.health();
+        async move {
+            health
+                .check(HealthCheckRequest::default())
+                .await
+                .map(|_| ())
+                .map_err(|status| format!("Health/Check: {status}"))
+        }
+    })
+    .await;
+    let per_second = outcome.per_second();
+    let mut latencies = outcome.latencies;
+    NoopCalls {
+        clients,
+        calls: latencies.len(),
+        per_second,
+        latency: Summary::of(&mut latencies),
+        problems: outcome.problems,
     }
 }
 

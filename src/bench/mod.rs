@@ -63,7 +63,7 @@ pub struct BenchArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
-    /// No-op gRPC round trip and the store's group-commit ceiling.
+    /// No-op gRPC round trip, no-op calls/s with 64 in flight, and the store's group-commit ceiling.
     Floors,
     /// The approval cycle at 1, 16 and 64 runs in flight.
     Cycle,
@@ -86,6 +86,7 @@ const CONNECTIONS: usize = 2;
 /// The counts of one bench run.
 struct Plan {
     rtt_calls: usize,
+    noop_calls: usize,
     store_appends: usize,
     /// (runs in flight, most cycles) per level.
     cycle_levels: [(usize, usize); 3],
@@ -108,6 +109,7 @@ impl Plan {
         Ok(match args.smoke {
             true => Plan {
                 rtt_calls: 200,
+                noop_calls: 2_000,
                 store_appends: 2_000,
                 cycle_levels: [(1, 20), (16, 20), (64, 64)],
                 appends: 200,
@@ -118,6 +120,7 @@ impl Plan {
             },
             false => Plan {
                 rtt_calls: 5_000,
+                noop_calls: 500_000,
                 store_appends: 500_000,
                 cycle_levels: [(1, 2_000), (16, 20_000), (64, 50_000)],
                 appends: 500_000,
@@ -134,6 +137,7 @@ impl Plan {
 #[derive(Debug, Default, Serialize)]
 pub struct Results {
     rtt: Option<floors::Rtt>,
+    noop: Option<floors::NoopCalls>,
     store: Option<floors::StoreCeiling>,
     cycle: Option<cycle::Cycle>,
     appends: Option<appends::Appends>,
@@ -149,6 +153,7 @@ impl Results {
         let mut all = Problems::default();
         let mut add = |p: &Problems| all.merge(p.clone());
         self.rtt.iter().for_each(|r| add(&r.problems));
+        self.noop.iter().for_each(|n| add(&n.problems));
         self.store.iter().for_each(|s| add(&s.problems));
         if let Some(cycle) = &self.cycle {
             add(&cycle.problems);
@@ -239,6 +244,9 @@ async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
             results.rtt = Some(floors::rtt(&pool, plan.rtt_calls, plan.limit).await);
         }
         if wanted(Scenario::Floors) || wanted(Scenario::Appends) {
+            eprintln!("aaa bench: no-op calls, {WRITERS} in flight");
+            let noop = floors::noop_calls(&pool, WRITERS, plan.noop_calls, plan.limit).await;
+            results.noop = Some(noop);
             eprintln!("aaa bench: store ceiling, {WRITERS} writers");
             let store = floors::store_ceiling(WRITERS, plan.store_appends, plan.limit).await;
             results.store = results.record("store ceiling", store);

@@ -130,6 +130,13 @@ pub fn table(results: &Results) -> Table {
             rtt.latency.text(),
         );
     }
+    if let Some(noop) = &results.noop {
+        t.add(
+            "floor",
+            &format!("no-op calls/s (Health/Check), {} in flight", noop.clients),
+            thousands(noop.per_second),
+        );
+    }
     if let Some(store) = &results.store {
         t.judge(
             "floor",
@@ -195,6 +202,13 @@ pub fn table(results: &Results) -> Table {
                 "appends",
                 "fraction of the store ceiling",
                 format!("{:.2}", a.per_second / c),
+            );
+        }
+        if let Some(noop) = &results.noop {
+            t.add(
+                "appends",
+                "fraction of the no-op calls/s",
+                format!("{:.2}", a.per_second / noop.per_second),
             );
         }
         t.add("appends", "Signal p50 / p99", a.latency.text());

@@ -419,6 +419,7 @@ impl Engine {
         // has no mark yet.
         let is_new = batch.events().first().is_some_and(|e| e.seq == 1);
         let was_active = !is_new && state.is_active();
+        let status_before = (!is_new).then(|| state.status_code());
         let mut staged = Staged {
             now: now_ms(),
             queue: events.into(),
@@ -436,7 +437,11 @@ impl Engine {
             self.start_for_waiting_poll(state, task, &mut staged);
         }
         self.fold(state, &mut staged)?;
-        staged.batch.put_run(&state.summary());
+        // The summary changes with the status only; the store reads the
+        // run's head (last seq, update time) from its newest span.
+        if status_before != Some(state.status_code()) {
+            staged.batch.put_run(&state.summary());
+        }
         if state.is_active() != was_active {
             staged.batch.set_active(state.id, state.is_active());
         }

@@ -267,7 +267,8 @@ impl RunState {
             .any(|c| c.phase == Phase::AwaitingApproval)
     }
 
-    /// The summary stored with every append.
+    /// The summary the store keeps for listing; written when the status
+    /// changes (its last seq and update time are read from the log index).
     pub fn summary(&self) -> RunRecord {
         let (result_json, error) = match &self.status {
             Status::Completed(value) => (canonical_json(value), None),

@@ -82,6 +82,8 @@ impl Round {
         out.extend_from_slice(run.as_bytes());
         out.extend_from_slice(&events[0].seq.to_le_bytes());
         out.extend_from_slice(&(events.len() as u32).to_le_bytes());
+        let last_time_ms = events.last().map_or(0, |e| e.time_ms);
+        out.extend_from_slice(&last_time_ms.to_le_bytes());
         let len_at = out.len();
         out.extend_from_slice(&[0; 4]);
         for event in events {
@@ -109,18 +111,22 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// Where a run's events sit in the log: the value of an `E` key.
+/// Where a run's events sit in the log: the value of an `E` key. It also
+/// carries the time of its last event, so the run's newest span tells its
+/// head (last seq and time) without reading the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     pub offset: u64,
     pub len: u32,
+    pub last_time_ms: i64,
 }
 
 impl Span {
-    pub fn encode(&self) -> [u8; 12] {
-        let mut out = [0; 12];
+    pub fn encode(&self) -> [u8; 20] {
+        let mut out = [0; 20];
         out[..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..].copy_from_slice(&self.len.to_le_bytes());
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..].copy_from_slice(&self.last_time_ms.to_le_bytes());
         out
     }
 
@@ -128,6 +134,7 @@ impl Span {
         Some(Span {
             offset: u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
             len: u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?),
+            last_time_ms: i64::from_le_bytes(bytes.get(12..20)?.try_into().ok()?),
         })
     }
 }
@@ -552,6 +559,7 @@ enum Entry<'a> {
         run: &'a [u8],
         first_seq: u64,
         count: u32,
+        last_time_ms: i64,
         /// Where the events start in the payload.
         block_at: usize,
         block: &'a [u8],
@@ -587,12 +595,14 @@ fn entries(payload: &[u8]) -> Option<Entries<'_>> {
                 let run = take(&mut rest, 16)?;
                 let first_seq = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
                 let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().ok()?);
+                let last_time_ms = i64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
                 let block = take_bytes(&mut rest)?;
                 let block_at = payload.len() - rest.len() - block.len();
                 Entry::Events {
                     run,
                     first_seq,
                     count,
+                    last_time_ms,
                     block_at,
                     block,
                 }
@@ -628,6 +638,7 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db) -> Result<u64> 
                 run,
                 first_seq,
                 count,
+                last_time_ms,
                 block_at,
                 block,
             } => {
@@ -635,6 +646,7 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db) -> Result<u64> 
                 let span = Span {
                     offset: at + HEADER + block_at as u64,
                     len: block.len() as u32,
+                    last_time_ms,
                 };
                 let last_seq = first_seq + u64::from(count.max(1)) - 1;
                 tree.insert(keys::event(run, last_seq), &span.encode()[..])?;

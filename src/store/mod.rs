@@ -83,7 +83,7 @@ pub enum StoreError {
     Corrupt(Vec<u8>, String),
     #[error("the store is closed")]
     Closed,
-    #[error("the data directory has layout version {0}; this aaa reads version 2 only (start with an empty --data-dir)")]
+    #[error("the data directory has layout version {0}; this aaa reads version 3 only (start with an empty --data-dir)")]
     Format(String),
 }
 
@@ -198,7 +198,7 @@ struct Inner {
 
 /// The layout this version reads and writes. Version 1 kept events in sled
 /// and had a `wal` file; nothing converts it.
-const FORMAT: &[u8] = b"2";
+const FORMAT: &[u8] = b"3";
 
 /// Refuses a database of another layout; marks a new one as ours.
 fn check_format(tree: &sled::Db, dir: &Path) -> Result<()> {
@@ -420,8 +420,35 @@ impl Store {
         Ok(out)
     }
 
+    /// The run's summary. Its head (last seq and update time) comes from the
+    /// run's newest span: the engine rewrites the stored summary only when
+    /// the run's status changes, not for every appended event.
     pub fn run(&self, run: RunId) -> Result<Option<RunRecord>> {
-        self.get(&keys::run_scoped(keys::RUN, run))
+        match self.get(&keys::run_scoped(keys::RUN, run))? {
+            Some(record) => self.with_head(record).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn with_head(&self, mut record: RunRecord) -> Result<RunRecord> {
+        let run = RunId::from_slice(&record.run_id)
+            .ok_or_else(|| StoreError::Corrupt(record.run_id.clone(), "bad run id".into()))?;
+        let start = keys::run_scoped(keys::EVENT, run);
+        let end = keys::prefix_end(&start);
+        if let Some(entry) = self.inner.tree.range(start..end).next_back() {
+            let (key, value) = entry?;
+            let seq = key
+                .get(17..25)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes);
+            let span = log::Span::decode(&value);
+            let (Some(seq), Some(span)) = (seq, span) else {
+                return Err(StoreError::Corrupt(key.to_vec(), "bad span".into()));
+            };
+            record.last_seq = seq;
+            record.updated_ms = span.last_time_ms;
+        }
+        Ok(record)
     }
 
     /// Run summaries, newest first, starting below `before` when given.
@@ -436,7 +463,7 @@ impl Store {
         };
         self.inner.tree.range(start..end).rev().map(|entry| {
             let (key, value) = entry?;
-            decode(&key, &value)
+            self.with_head(decode(&key, &value)?)
         })
     }
 

@@ -114,3 +114,59 @@ async fn events_before_and_after_a_checkpoint_survive_kill_9() {
     assert_eq!(data(events.last().unwrap())["filler"], filler.as_str());
     drop(server);
 }
+
+/// Application events move a run's head without changing its status: GetRun
+/// and ListRuns show the last seq and time of the newest event (the stored
+/// summary is only rewritten when the status changes), before and after a
+/// kill -9.
+#[tokio::test(flavor = "multi_thread")]
+async fn application_events_move_the_runs_head() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = ChildServer::start(dir.path()).await;
+    let (run_id, _) = start_waiting_run(&server).await;
+    let mut runs = server.runs().await;
+    let parked = get_run(&mut runs, &run_id).await;
+    let mut last = 0;
+    for n in 0..3 {
+        let note = serde_json::json!({ "n": n });
+        last = signal(&mut runs, &run_id, "app.note", note)
+            .await
+            .expect("Signal")
+            .seq;
+    }
+    assert_eq!(last, parked.last_seq + 3);
+
+    let check = |run: &aaa::proto::Run| {
+        assert_eq!(run.last_seq, last, "{run:?}");
+        assert_eq!(run.status, RunStatus::WaitingForApproval as i32);
+        let (before, after) = (
+            parked.updated_at.clone().unwrap(),
+            run.updated_at.clone().unwrap(),
+        );
+        assert!((after.seconds, after.nanos) >= (before.seconds, before.nanos));
+    };
+    check(&get_run(&mut runs, &run_id).await);
+    let listed = runs
+        .list_runs(aaa::proto::ListRunsRequest::default())
+        .await
+        .expect("ListRuns")
+        .into_inner();
+    check(
+        listed
+            .runs
+            .iter()
+            .find(|r| r.run_id == run_id)
+            .expect("listed"),
+    );
+    let events = history(&mut runs, &run_id).await;
+    let newest = events.last().expect("events");
+    assert_eq!((newest.seq, newest.r#type.as_str()), (last, "app.note"));
+    assert_eq!(get_run(&mut runs, &run_id).await.updated_at, newest.time);
+    server.kill9();
+
+    let server = ChildServer::start(dir.path()).await;
+    let mut runs = server.runs().await;
+    check(&get_run(&mut runs, &run_id).await);
+    assert_eq!(get_run(&mut runs, &run_id).await.updated_at, newest.time);
+    drop(server);
+}
