@@ -139,10 +139,7 @@ async fn application_events_move_the_runs_head() {
     let check = |run: &aaa::proto::Run| {
         assert_eq!(run.last_seq, last, "{run:?}");
         assert_eq!(run.status, RunStatus::WaitingForApproval as i32);
-        let (before, after) = (
-            parked.updated_at.clone().unwrap(),
-            run.updated_at.clone().unwrap(),
-        );
+        let (before, after) = (parked.updated_at.unwrap(), run.updated_at.unwrap());
         assert!((after.seconds, after.nanos) >= (before.seconds, before.nanos));
     };
     check(&get_run(&mut runs, &run_id).await);
