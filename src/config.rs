@@ -8,6 +8,11 @@ use std::time::Duration;
 use crate::auth::AuthConfig;
 use crate::subscriptions::WebhookConfig;
 
+/// sled's page cache, in MiB. With 100,000 runs parked the server's RSS
+/// was 146-157 MiB with 64 and about 30 MiB less with 32; cycles and appends
+/// measured the same with 40 as with 64 (sled's file stays in the OS cache).
+pub const DEFAULT_STORE_CACHE_MIB: u64 = 40;
+
 /// Everything `serve` needs besides its listener. Build it with
 /// [`Config::new`] and adjust the public fields.
 #[derive(Debug, Clone)]
@@ -22,7 +27,7 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// How many idle run states stay cached in memory.
     pub run_cache_size: usize,
-    /// Memory for sled's page cache (its default is 1 GiB).
+    /// Memory for sled's page cache (sled's own default is 1 GiB).
     pub store_cache_bytes: u64,
     /// Principals, roles and TLS; `None` serves anyone (local development).
     pub auth: Option<Arc<AuthConfig>>,
@@ -43,7 +48,7 @@ impl Config {
             default_heartbeat_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             run_cache_size: 1_024,
-            store_cache_bytes: 64 * 1024 * 1024,
+            store_cache_bytes: DEFAULT_STORE_CACHE_MIB * 1024 * 1024,
             auth: None,
             max_message_bytes: 4 * 1024 * 1024,
             max_streams_per_connection: 200,

@@ -59,7 +59,7 @@ struct ServeArgs {
     #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
     shutdown_grace_s: f64,
     /// Memory for sled's page cache, in MiB.
-    #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = 64)]
+    #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = aaa::config::DEFAULT_STORE_CACHE_MIB)]
     store_cache_mib: u64,
     /// Principals, roles and TLS (a TOML file; see the README). Without it
     /// anyone who reaches the server may call every RPC.

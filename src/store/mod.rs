@@ -197,7 +197,9 @@ struct Inner {
 }
 
 /// The layout this version reads and writes. Version 1 kept events in sled
-/// and had a `wal` file; nothing converts it.
+/// and had a `wal` file; version 2 had event pointers without their last
+/// event's time (and rewrote the run summary on every append). Nothing
+/// converts either.
 const FORMAT: &[u8] = b"3";
 
 /// Refuses a database of another layout; marks a new one as ours.
@@ -566,5 +568,27 @@ mod tests {
             "{error}"
         );
         assert!(error.to_string().contains("layout version 1"), "{error}");
+    }
+
+    #[test]
+    fn a_data_dir_of_the_second_layout_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = sled::Config::new()
+            .path(dir.path())
+            .segment_size(8 * 1024 * 1024)
+            .open()
+            .unwrap();
+        tree.insert(keys::meta("format"), b"2").unwrap();
+        tree.flush().unwrap();
+        drop(tree);
+        let error = Store::open(dir.path(), 1 << 20).err().expect("refused");
+        assert!(
+            matches!(error, StoreError::Format(ref v) if v == "2"),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("reads version 3 only"),
+            "{error}"
+        );
     }
 }
