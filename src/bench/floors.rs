@@ -1,8 +1,10 @@
 //! The floors the other figures are judged against, measured in the same
 //! run: the no-op gRPC round trip (Health/Check, one at a time), no-op calls
 //! per second with 64 in flight (what gRPC alone costs the two cores, with
-//! the bench on them too) and the store's own group-commit ceiling (64
-//! writers appending straight to an in-process `Store`, no gRPC, no engine).
+//! the bench on them too), the store's own group-commit ceiling (64 writers
+//! appending straight to an in-process `Store`, no gRPC, no engine) and its
+//! commit latency with one writer (what each of a cycle's three commits in
+//! sequence costs at least).
 
 use std::time::{Duration, Instant};
 
@@ -78,7 +80,7 @@ pub async fn noop_calls(pool: &Pool, clients: usize, total: usize, limit: Durati
 }
 
 #[derive(Debug, Serialize)]
-pub struct StoreCeiling {
+pub struct StoreAppends {
     pub writers: usize,
     pub appends: usize,
     pub per_second: f64,
@@ -88,11 +90,11 @@ pub struct StoreCeiling {
 
 /// `writers` tasks, each committing one small event at a time for its own
 /// run (seq 1, 2, 3...), to a store in a scratch dir.
-pub async fn store_ceiling(
+pub async fn store_appends(
     writers: usize,
     total: usize,
     limit: Duration,
-) -> anyhow::Result<StoreCeiling> {
+) -> anyhow::Result<StoreAppends> {
     let dir = ScratchDir::new("store")?;
     let store = Store::open(dir.path(), crate::Config::new(dir.path()).store_cache_bytes)?;
     let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
@@ -124,7 +126,7 @@ pub async fn store_ceiling(
     store.close().await;
     let per_second = outcome.per_second();
     let mut latencies = outcome.latencies;
-    Ok(StoreCeiling {
+    Ok(StoreAppends {
         writers,
         appends: latencies.len(),
         per_second,

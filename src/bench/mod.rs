@@ -138,7 +138,8 @@ impl Plan {
 pub struct Results {
     rtt: Option<floors::Rtt>,
     noop: Option<floors::NoopCalls>,
-    store: Option<floors::StoreCeiling>,
+    store: Option<floors::StoreAppends>,
+    store_one_writer: Option<floors::StoreAppends>,
     cycle: Option<cycle::Cycle>,
     appends: Option<appends::Appends>,
     fanout: Option<fanout::Fanout>,
@@ -155,6 +156,7 @@ impl Results {
         self.rtt.iter().for_each(|r| add(&r.problems));
         self.noop.iter().for_each(|n| add(&n.problems));
         self.store.iter().for_each(|s| add(&s.problems));
+        self.store_one_writer.iter().for_each(|s| add(&s.problems));
         if let Some(cycle) = &self.cycle {
             add(&cycle.problems);
             cycle.levels.iter().for_each(|l| add(&l.problems));
@@ -248,8 +250,13 @@ async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
             let noop = floors::noop_calls(&pool, WRITERS, plan.noop_calls, plan.limit).await;
             results.noop = Some(noop);
             eprintln!("aaa bench: store ceiling, {WRITERS} writers");
-            let store = floors::store_ceiling(WRITERS, plan.store_appends, plan.limit).await;
+            let store = floors::store_appends(WRITERS, plan.store_appends, plan.limit).await;
             results.store = results.record("store ceiling", store);
+        }
+        if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
+            eprintln!("aaa bench: store commits, one writer");
+            let one = floors::store_appends(1, plan.rtt_calls, plan.limit).await;
+            results.store_one_writer = results.record("store commits, one writer", one);
         }
         if wanted(Scenario::Cycle) {
             let levels = &plan.cycle_levels;

@@ -147,6 +147,19 @@ pub fn table(results: &Results) -> Table {
         );
         t.add("floor", "store commit p50 / p99", store.latency.text());
     }
+    if let Some(one) = &results.store_one_writer {
+        t.add(
+            "floor",
+            "store commit, one writer: p50 / p99",
+            one.latency.text(),
+        );
+    }
+    // A cycle is three commits in sequence and three round trips (StartRun
+    // -> approval seen, Signal -> task, CompleteTask -> completed seen).
+    let cycle_floor = match (rtt_p50, &results.store_one_writer) {
+        (Some(rtt), Some(one)) => Some(3.0 * (rtt + one.latency.p50_ms)),
+        _ => None,
+    };
 
     for level in results.cycle.iter().flat_map(|c| &c.levels) {
         let scenario = format!("cycle x{}", level.in_flight);
@@ -176,6 +189,13 @@ pub fn table(results: &Results) -> Table {
             &target,
             pass,
         );
+        if let (1, Some(floor)) = (level.in_flight, cycle_floor) {
+            t.add(
+                &scenario,
+                "floor: 3 x (round trip + one-writer commit) p50",
+                format!("{} ms", ms(floor)),
+            );
+        }
     }
 
     if let Some(a) = &results.appends {
