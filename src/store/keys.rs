@@ -25,6 +25,11 @@ pub fn event(run: RunId, seq: u64) -> Vec<u8> {
     k
 }
 
+/// The seq of an [`event`] key.
+pub fn event_seq(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.get(17..25)?.try_into().ok()?))
+}
+
 /// `L ‖ position`: the log offset of the record whose last event has this
 /// position.
 pub fn log(position: u64) -> Vec<u8> {

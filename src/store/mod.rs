@@ -439,12 +439,7 @@ impl Store {
         let end = keys::prefix_end(&start);
         if let Some(entry) = self.inner.tree.range(start..end).next_back() {
             let (key, value) = entry?;
-            let seq = key
-                .get(17..25)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_be_bytes);
-            let span = log::Span::decode(&value);
-            let (Some(seq), Some(span)) = (seq, span) else {
+            let (Some(seq), Some(span)) = (keys::event_seq(&key), log::Span::decode(&value)) else {
                 return Err(StoreError::Corrupt(key.to_vec(), "bad span".into()));
             };
             record.last_seq = seq;
