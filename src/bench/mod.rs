@@ -63,7 +63,8 @@ pub struct BenchArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
-    /// No-op gRPC round trip, no-op calls/s with 64 in flight, and the store's group-commit ceiling.
+    /// No-op gRPC round trip and calls/s with 64 in flight, the store's
+    /// group-commit ceiling and its commit latency with one writer.
     Floors,
     /// The approval cycle at 1, 16 and 64 runs in flight.
     Cycle,
