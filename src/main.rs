@@ -201,11 +201,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let address = listener.local_addr().map_or(listen, |a| a);
-    println!(
-        "aaa serving on {address} with data in {}",
-        data_dir.display()
-    );
-    match aaa::serve(listener, config, stop_signal()).await {
+    // Printed once the store is open: test harnesses and the SDKs' test
+    // servers wait for this line.
+    let ready = move || {
+        println!(
+            "aaa serving on {address} with data in {}",
+            data_dir.display()
+        )
+    };
+    match aaa::serve(listener, config, ready, stop_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("aaa: {e}");

@@ -35,10 +35,13 @@ pub enum ServeError {
 /// Serves aaa on `listener` until `shutdown` completes, then stops
 /// gracefully: health turns NOT_SERVING, streams and long polls end,
 /// in-flight calls get `config.shutdown_grace` to finish, and the store
-/// commits what it has and closes.
+/// commits what it has and closes. `ready` runs once the store is open and
+/// the services are about to take calls (connections made before wait in
+/// the listener's backlog).
 pub async fn serve(
     listener: TcpListener,
     config: Config,
+    ready: impl FnOnce() + Send,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     // Transport settings first: a bad TLS key fails before the store opens.
@@ -100,6 +103,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    ready();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let signal = {
         let stopping = stopping.clone();

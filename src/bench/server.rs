@@ -74,8 +74,8 @@ impl ChildServer {
     }
 
     /// Starts the server on the data dir, on a new ephemeral port, and
-    /// returns once it printed where it listens (the store may still be
-    /// opening: see [`wait_serving`]).
+    /// returns once it printed where it listens, which it does once its
+    /// store is open (then [`wait_serving`] checks it answers).
     pub async fn resume(&mut self) -> anyhow::Result<()> {
         if self.child.is_some() {
             bail!("the server is already running");

@@ -167,3 +167,25 @@ async fn application_events_move_the_runs_head() {
     assert_eq!(get_run(&mut runs, &run_id).await.updated_at, newest.time);
     drop(server);
 }
+
+/// A data directory of an older layout is refused by name, and the server
+/// never says it serves (the line test harnesses wait for comes after the
+/// store opened).
+#[test]
+fn a_data_dir_of_an_older_layout_is_refused_before_serving() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("wal"), b"").expect("an old layout's file");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .env_remove("AAA_AUTH_CONFIG")
+        .output()
+        .expect("run aaa serve");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the data directory has layout version 1; this aaa reads version 3 only"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{output:?}");
+}

@@ -152,7 +152,7 @@ impl TestServer {
             configure(&mut config);
         }
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(aaa::serve(listener, config, async move {
+        let task = tokio::spawn(aaa::serve(listener, config, || {}, async move {
             let _ = rx.await;
         }));
         self.running = Some((tx, task));
