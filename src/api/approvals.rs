@@ -65,7 +65,7 @@ impl Filter {
         let Some(id) = RunId::from_slice(run) else {
             return Ok(false);
         };
-        let record = store.run(id).map_err(|e| to_status(e.into()))?;
+        let record = store.run_start(id).map_err(|e| to_status(e.into()))?;
         Ok(record.is_some_and(|r| labels_match(&self.labels, &r.labels)))
     }
 }
@@ -293,7 +293,7 @@ fn approval_item(
         APPROVAL_REQUESTED => {
             let data: ApprovalRequested = serde_json::from_str(&event.data_json).map_err(bad)?;
             let run = match RunId::from_slice(&event.run_id) {
-                Some(run) => store.run(run).map_err(|e| to_status(e.into()))?,
+                Some(run) => store.run_start(run).map_err(|e| to_status(e.into()))?,
                 None => None,
             };
             let (labels, task) = run.map(|r| (r.labels, r.task)).unwrap_or_default();

@@ -426,10 +426,18 @@ impl Store {
     /// run's newest span: the engine rewrites the stored summary only when
     /// the run's status changes, not for every appended event.
     pub fn run(&self, run: RunId) -> Result<Option<RunRecord>> {
-        match self.get(&keys::run_scoped(keys::RUN, run))? {
+        match self.run_start(run)? {
             Some(record) => self.with_head(record).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// The summary as stored, one point read: exact for what the run
+    /// started with (task, model, tools, labels, times), its head not
+    /// filled in. For readers of labels on a hot path; [`Store::run`] for
+    /// the rest.
+    pub fn run_start(&self, run: RunId) -> Result<Option<RunRecord>> {
+        self.get(&keys::run_scoped(keys::RUN, run))
     }
 
     fn with_head(&self, mut record: RunRecord) -> Result<RunRecord> {

@@ -37,7 +37,9 @@ pub struct EventRecord {
     pub actor_name: String,
 }
 
-/// A run's summary, rewritten with every append to the run.
+/// A run's summary, written when its status changes. `last_seq` and
+/// `updated_ms` are as of that write; [`super::Store::run`] fills in the
+/// current ones.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RunRecord {
     #[prost(bytes = "vec", tag = "1")]

@@ -309,7 +309,11 @@ impl Group {
         if record.labels.is_empty() {
             return Ok(true);
         }
-        let labels = self.store.run(run)?.map(|r| r.labels).unwrap_or_default();
+        let labels = self
+            .store
+            .run_start(run)?
+            .map(|r| r.labels)
+            .unwrap_or_default();
         Ok(record.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
     }
 
