@@ -91,10 +91,9 @@ struct Member {
     in_flight: usize,
 }
 
-/// An event the group has not finished with.
+/// An event the group has not finished with, as read from the log.
 struct Entry {
-    run: RunId,
-    seq: u64,
+    event: EventRecord,
     /// Deliveries made so far (since this server started, or the replay).
     attempts: u32,
     /// A dead letter put back by a replay: below the cursor.
@@ -168,7 +167,7 @@ impl Group {
             let Some(last) = letters.last() else { break };
             after = last.position;
             for letter in letters.into_iter().filter(|l| l.replaying) {
-                group.enqueue_replay(&letter);
+                group.enqueue_replay(&letter)?;
             }
         }
         Ok((commands, group.run(receiver, shutdown)))
@@ -281,8 +280,7 @@ impl Group {
                     continue;
                 }
                 let entry = Entry {
-                    run,
-                    seq: event.seq,
+                    event,
                     attempts: 0,
                     replay: false,
                     lease: None,
@@ -352,22 +350,7 @@ impl Group {
             };
             self.ready.pop_first();
             let entry = self.entries.get_mut(&position).expect("ready entry");
-            let event = match self.store.event(entry.run, entry.seq) {
-                Ok(Some(event)) => event,
-                Ok(None) => {
-                    tracing::error!(
-                        "group {}: no event at position {position}",
-                        self.record.name
-                    );
-                    self.entries.remove(&position);
-                    continue;
-                }
-                Err(e) => {
-                    tracing::error!("group {}: reading an event failed: {e}", self.record.name);
-                    self.ready.insert(position);
-                    return;
-                }
-            };
+            let event = entry.event.clone();
             entry.attempts += 1;
             let attempt = entry.attempts;
             let serial = self.next_serial;
@@ -476,8 +459,8 @@ impl Group {
         let entry = self.entries.remove(&position).expect("entry");
         self.ready.remove(&position);
         let letter = DeadLetterRecord {
-            run_id: entry.run.as_bytes().to_vec(),
-            seq: entry.seq,
+            run_id: entry.event.run_id,
+            seq: entry.event.seq,
             position,
             deliveries: entry.attempts,
             last_error: reason.to_string(),
@@ -520,26 +503,36 @@ impl Group {
                 }
                 letter.replaying = true;
                 self.batch.put_dead_letter(&self.record.name, &letter);
-                self.enqueue_replay(&letter);
+                self.enqueue_replay(&letter)?;
                 count += 1;
             }
         }
         Ok(count)
     }
 
-    fn enqueue_replay(&mut self, letter: &DeadLetterRecord) {
+    /// Queues a replayed dead letter again, with its event read back from
+    /// the log (it is below the read cursor).
+    fn enqueue_replay(&mut self, letter: &DeadLetterRecord) -> Result<(), Error> {
         let Some(run) = RunId::from_slice(&letter.run_id) else {
-            return;
+            return Ok(());
+        };
+        let Some(event) = self.store.event(run, letter.seq)? else {
+            tracing::error!(
+                "group {}: no event at position {}",
+                self.record.name,
+                letter.position
+            );
+            return Ok(());
         };
         let entry = Entry {
-            run,
-            seq: letter.seq,
+            event,
             attempts: 0,
             replay: true,
             lease: None,
         };
         self.entries.insert(letter.position, entry);
         self.ready.insert(letter.position);
+        Ok(())
     }
 
     /// Below the first unfinished log entry; replays are below it already.
