@@ -24,9 +24,10 @@
 //! Record: `len: u32 LE ‖ crc32(payload): u32 LE ‖ payload`; payload:
 //! `first_position: u64 LE` then entries, each
 //! `1 ‖ key ‖ value` (put), `2 ‖ key` (delete) or
-//! `3 ‖ run: 16 ‖ first_seq: u64 LE ‖ count: u32 LE ‖ events` (a run's
-//! events, consecutive seqs), where key, value and events are
-//! `len: u32 LE ‖ bytes` and events is a sequence of such encoded events.
+//! `3 ‖ run: 16 ‖ first_seq: u64 LE ‖ count: u32 LE ‖ last_time_ms: i64 LE
+//! ‖ events` (a run's events, consecutive seqs), where key, value and
+//! events are `len: u32 LE ‖ bytes` and events is a sequence of such
+//! encoded events.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -352,9 +353,7 @@ impl Log {
                 SegmentEnd::Clean if index + 1 < found.len() => {
                     // Records go on in the next segment, or the log ends here.
                     let next = &found[index + 1];
-                    let mut header = [0; HEADER as usize];
-                    next.file.read_exact_at(&mut header, 0)?;
-                    if header == [0; HEADER as usize] {
+                    if !has_record(next)? {
                         break;
                     }
                     index += 1;
@@ -496,6 +495,7 @@ fn zero(file: &File, mut from: u64, to: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether the segment's first record header is written.
 fn has_record(segment: &Segment) -> std::io::Result<bool> {
     let mut header = [0; HEADER as usize];
     segment.file.read_exact_at(&mut header, 0)?;

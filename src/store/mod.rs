@@ -83,7 +83,7 @@ pub enum StoreError {
     Corrupt(Vec<u8>, String),
     #[error("the store is closed")]
     Closed,
-    #[error("the data directory has layout version {0}; this aaa reads version 3 only (start with an empty --data-dir)")]
+    #[error("the data directory has layout version {0}; this aaa reads version {LAYOUT} only (start with an empty --data-dir)")]
     Format(String),
 }
 
@@ -200,19 +200,35 @@ struct Inner {
 /// and had a `wal` file; version 2 had event pointers without their last
 /// event's time (and rewrote the run summary on every append). Nothing
 /// converts either.
-const FORMAT: &[u8] = b"3";
+const LAYOUT: &str = "3";
+
+/// How the store opens sled in `dir`.
+fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
+    sled::Config::new()
+        .path(dir)
+        // We flush ourselves, at the committer's checkpoints; sled's
+        // background flusher would only add concurrent flushes (STACK.md,
+        // trap 1).
+        .flush_every_ms(None)
+        .cache_capacity(cache_bytes)
+        // Pages bigger than a quarter segment go to blob files that sled
+        // never fsyncs. 8 MiB segments keep every page we write (records are
+        // capped at 64 KiB of data, leaves split at 17 entries) in the main
+        // file, which the committer does fsync.
+        .segment_size(8 * 1024 * 1024)
+}
 
 /// Refuses a database of another layout; marks a new one as ours.
 fn check_format(tree: &sled::Db, dir: &Path) -> Result<()> {
     let name = keys::meta("format");
     match tree.get(&name)? {
-        Some(format) if format == FORMAT => Ok(()),
+        Some(format) if format == LAYOUT.as_bytes() => Ok(()),
         Some(format) => Err(StoreError::Format(String::from_utf8_lossy(&format).into())),
         None if tree.first()?.is_some() || dir.join("wal").exists() => {
             Err(StoreError::Format("1".into()))
         }
         None => {
-            tree.insert(&name, FORMAT)?;
+            tree.insert(&name, LAYOUT.as_bytes())?;
             Ok(())
         }
     }
@@ -242,19 +258,7 @@ impl Store {
     /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Store> {
         std::fs::create_dir_all(dir)?;
-        let tree = sled::Config::new()
-            .path(dir)
-            // We flush ourselves, at the committer's checkpoints; sled's
-            // background flusher would only add concurrent flushes (STACK.md,
-            // trap 1).
-            .flush_every_ms(None)
-            .cache_capacity(cache_bytes)
-            // Pages bigger than a quarter segment go to blob files that sled
-            // never fsyncs. 8 MiB segments keep every page we write (records
-            // are capped at 64 KiB of data, leaves split at 17 entries) in
-            // the main file, which the committer does fsync.
-            .segment_size(8 * 1024 * 1024)
-            .open()?;
+        let tree = sled_config(dir, cache_bytes).open()?;
         check_format(&tree, dir)?;
         // Before anything reads the tree: it may hold less than the log.
         let opened = log::Log::open(&dir.join("log"), &tree)?;
@@ -576,11 +580,7 @@ mod tests {
     #[test]
     fn a_data_dir_of_the_second_layout_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = sled::Config::new()
-            .path(dir.path())
-            .segment_size(8 * 1024 * 1024)
-            .open()
-            .unwrap();
+        let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
         tree.insert(keys::meta("format"), b"2").unwrap();
         tree.flush().unwrap();
         drop(tree);
