@@ -449,13 +449,7 @@ async fn with_separation_of_duties_the_starter_may_not_decide_its_runs_calls() {
 #[tokio::test(flavor = "multi_thread")]
 async fn without_auth_a_public_address_needs_insecure() {
     let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
-        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .env_remove("AAA_INSECURE")
-        .env_remove("AAA_AUTH_CONFIG")
-        .output()
-        .expect("run aaa serve");
+    let output = serve_refused(&dir.path().join("data"), &["--listen", "0.0.0.0:0"]);
     assert_eq!(output.status.code(), Some(64), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(
@@ -482,13 +476,9 @@ async fn a_bad_auth_config_file_exits_64_with_the_reason() {
         "[[principal]]\nname = \"ci\"\nroles = [\"runner\"]\ntoken_sha256 = \"abc\"\n",
     )
     .unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--auth-config")
-        .arg(&file)
-        .output()
-        .expect("run aaa serve");
+    let file = file.to_str().expect("a UTF-8 temp path");
+    let args = ["--listen", "127.0.0.1:0", "--auth-config", file];
+    let output = serve_refused(&dir.path().join("data"), &args);
     assert_eq!(output.status.code(), Some(64), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

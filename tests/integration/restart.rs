@@ -175,12 +175,7 @@ async fn application_events_move_the_runs_head() {
 fn a_data_dir_of_an_older_layout_is_refused_before_serving() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("wal"), b"").expect("an old layout's file");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
-        .env_remove("AAA_AUTH_CONFIG")
-        .output()
-        .expect("run aaa serve");
+    let output = serve_refused(dir.path(), &["--listen", "127.0.0.1:0"]);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

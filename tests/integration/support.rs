@@ -190,6 +190,37 @@ impl Server for ChildServer {
     }
 }
 
+/// Runs `aaa serve ARGS --data-dir DATA_DIR`, without the auth settings of
+/// the environment, for a server that must refuse to start: returns its
+/// output once it exits. One that goes on serving is killed after [`WAIT`]
+/// and the test fails.
+pub fn serve_refused(data_dir: &Path, args: &[&str]) -> std::process::Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env_remove("AAA_INSECURE")
+        .env_remove("AAA_AUTH_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn aaa serve");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(WAIT) {
+        Ok(output) => output.expect("wait for aaa serve"),
+        Err(_) => {
+            // SAFETY: kill takes plain integers; the child is not reaped
+            // yet (its waiting thread still holds it), so the pid is its own.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("aaa serve {args:?} did not exit within {WAIT:?}");
+        }
+    }
+}
+
 impl ChildServer {
     pub async fn start(dir: &Path) -> Self {
         Self::start_args(dir, &["--listen", "127.0.0.1:0"]).await
