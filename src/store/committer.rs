@@ -1,10 +1,12 @@
 //! Group commit: one thread takes every batch that is waiting, writes them
 //! to the log as one record and fdatasyncs it (see [`super::log`]), applies
-//! the index writes to sled, and only then answers the writers and moves the
+//! the index writes to sled and the spans to the recent ones (see
+//! [`super::spans`]), and only then answers the writers and moves the
 //! durable position. It is also the only caller of sled's flush (STACK.md,
 //! trap 1), at checkpoints: when the log has grown [`CHECKPOINT_BYTES`]
-//! since the last one, sled is flushed with a mark saying how far it holds
-//! the log, and its file fsynced (flush alone is not an fsync, trap 2).
+//! since the last one, the recent spans go to sled, sled is flushed with a
+//! mark saying how far it holds the log, and its file fsynced (flush alone
+//! is not an fsync, trap 2).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::log::{self, Log, Mark, Round};
 use super::records::STAMPED_POSITION_TAG;
+use super::spans::Recent;
 use super::{Op, Result, RunId, StoreError, WriteBatch};
 
 /// Most batches folded into one round.
@@ -30,6 +33,7 @@ pub(super) struct Committer {
     pub tree: sled::Db,
     pub data_file: File,
     pub log: Log,
+    pub recent: Arc<Recent>,
     /// Log offset of the last checkpoint.
     pub checkpointed: u64,
     pub next_position: u64,
@@ -93,7 +97,7 @@ impl Committer {
         let last_position = self.next_position - 1;
         let written = (|| -> Result<()> {
             let at = self.log.append(&writes)?;
-            log::apply(&writes, at, &self.tree)?;
+            log::apply(&writes, at, &self.tree, &self.recent)?;
             if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
                 self.checkpoint()?;
             }
@@ -159,12 +163,14 @@ impl Committer {
         positions
     }
 
-    /// Makes sled hold every applied record durably, with a mark saying so.
+    /// Makes sled hold every applied record durably, spans included, with a
+    /// mark saying so.
     fn checkpoint(&mut self) -> Result<()> {
         let mark = Mark {
             offset: self.log.end(),
             next_position: self.next_position,
         };
+        self.recent.write_out(&self.tree)?;
         mark.save(&self.tree)?;
         self.tree.flush()?;
         self.data_file.sync_data()?;

@@ -15,19 +15,14 @@ pub const GROUP: u8 = b'G';
 pub const DEAD_LETTER: u8 = b'D';
 pub const META: u8 = b'M';
 
-/// `E ‖ run ‖ seq`: where the run's events up to `seq` (one span of a
-/// record, ending at `seq`) sit in the log.
+/// `E ‖ run ‖ seq`: a list of the run's spans in the log, the last one
+/// ending at `seq` (see [`super::spans`]).
 pub fn event(run: RunId, seq: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(25);
     k.push(EVENT);
     k.extend_from_slice(run.as_bytes());
     k.extend_from_slice(&seq.to_be_bytes());
     k
-}
-
-/// The seq of an [`event`] key.
-pub fn event_seq(key: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(key.get(17..25)?.try_into().ok()?))
 }
 
 /// `L ‖ position`: the log offset of the record whose last event has this

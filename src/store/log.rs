@@ -3,16 +3,15 @@
 //! Each round of the committer is one record, written in place into a
 //! segment file and `fdatasync`ed. A record holds the round's events
 //! (encoded once, here, and never copied into sled) and its index writes
-//! (run summaries, approvals, timers, ...). Applying a record to sled puts
-//! those index writes plus two kinds of pointers into the log: `E ‖ run ‖
-//! last seq` → the bytes of a run's events in the record, and `L ‖ last
-//! position` → the record. Keyed by the last, the span or record that holds
-//! a seq or position is the first key at or after it: a forward seek (sled's
-//! reverse iteration was a tenth of a cycle's CPU in one profile). sled
-//! reaches the disk only at checkpoints (see [`super::committer`]), which
-//! note how far the log was applied; at open the records after that are
-//! applied again. They are absolute puts and deletes in commit order, so
-//! applying one twice ends in the same state.
+//! (run summaries, approvals, timers, ...). Applying a record puts those
+//! index writes into sled, each run's events as a span into the span index
+//! (see [`super::spans`]), and `L ‖ last position` → the record into sled.
+//! Keyed by the last, the record that holds a position is the first key at
+//! or after it: a forward seek. sled reaches the disk only at checkpoints
+//! (see [`super::committer`]), which note how far the log was applied; at
+//! open the records after that are applied again. They are absolute puts
+//! and deletes in commit order, so applying one twice ends in the same
+//! state.
 //!
 //! Segments are files named by the log offset they start at, zero-filled
 //! to their full size before the first write: overwriting allocated blocks
@@ -39,6 +38,7 @@ use std::thread::JoinHandle;
 
 use prost::Message;
 
+use super::spans::{Recent, Span};
 use super::{keys, EventRecord, Result, RunId, StoreError};
 
 const PUT: u8 = 1;
@@ -110,34 +110,6 @@ fn decode_events(mut block: &[u8], offset: u64) -> Result<Vec<EventRecord>> {
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(bytes);
-}
-
-/// Where a run's events sit in the log: the value of an `E` key. It also
-/// carries the time of its last event, so the run's newest span tells its
-/// head (last seq and time) without reading the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    pub offset: u64,
-    pub len: u32,
-    pub last_time_ms: i64,
-}
-
-impl Span {
-    pub fn encode(&self) -> [u8; 20] {
-        let mut out = [0; 20];
-        out[..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..12].copy_from_slice(&self.len.to_le_bytes());
-        out[12..].copy_from_slice(&self.last_time_ms.to_le_bytes());
-        out
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Span> {
-        Some(Span {
-            offset: u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?),
-            len: u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?),
-            last_time_ms: i64::from_le_bytes(bytes.get(12..20)?.try_into().ok()?),
-        })
-    }
 }
 
 /// The segment files, shared by the committer (which adds them) and readers.
@@ -243,6 +215,8 @@ pub struct Log {
 pub struct Opened {
     pub log: Log,
     pub segments: Arc<Segments>,
+    /// The spans of the records applied again.
+    pub recent: Arc<Recent>,
     /// The last checkpoint's mark.
     pub mark: Mark,
     /// Position the next event gets.
@@ -294,10 +268,11 @@ impl Mark {
 }
 
 impl Log {
-    /// Opens the log in `dir` and applies to `tree` the records after the
-    /// last checkpoint's mark.
+    /// Opens the log in `dir` and applies the records after the last
+    /// checkpoint's mark again, to `tree` and to the returned recent spans.
     pub fn open(dir: &Path, tree: &sled::Db) -> Result<Opened> {
         let mark = Mark::load(tree)?;
+        let recent = Arc::new(Recent::default());
         std::fs::create_dir_all(dir)?;
         let segments = Arc::new(Segments::default());
         let mut found = Vec::new();
@@ -339,6 +314,7 @@ impl Log {
 
         let mut replay = Replay {
             tree,
+            recent: &recent,
             at: mark.offset,
             next_position: mark.next_position.max(1),
             replayed: 0,
@@ -392,6 +368,7 @@ impl Log {
         Ok(Opened {
             log,
             segments,
+            recent,
             mark,
             next_position,
             replayed,
@@ -511,6 +488,7 @@ enum SegmentEnd {
 
 struct Replay<'a> {
     tree: &'a sled::Db,
+    recent: &'a Recent,
     at: u64,
     next_position: u64,
     replayed: usize,
@@ -541,7 +519,7 @@ impl Replay<'_> {
             }
             match entries(payload) {
                 Some(parsed) if parsed.first_position == self.next_position => {
-                    self.next_position = apply_entries(&parsed, self.at, self.tree)?;
+                    self.next_position = apply_entries(&parsed, self.at, self.tree, self.recent)?;
                 }
                 _ => return Ok(SegmentEnd::Torn),
             }
@@ -616,16 +594,17 @@ fn entries(payload: &[u8]) -> Option<Entries<'_>> {
     })
 }
 
-/// Applies the round written at log offset `at` to sled, one key at a time
-/// (the log made the round durable and atomic already). Returns the
-/// position after its events.
-pub fn apply(round: &Round, at: u64, tree: &sled::Db) -> Result<u64> {
+/// Applies the round written at log offset `at` to sled and `recent`, one
+/// key at a time (the log made the round durable and atomic already).
+/// Returns the position after its events.
+pub fn apply(round: &Round, at: u64, tree: &sled::Db, recent: &Recent) -> Result<u64> {
     let parsed = entries(&round.payload).expect("a round encodes its own entries");
-    apply_entries(&parsed, at, tree)
+    apply_entries(&parsed, at, tree, recent)
 }
 
-fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db) -> Result<u64> {
+fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent) -> Result<u64> {
     let mut position = parsed.first_position;
+    let mut spans = Vec::new();
     for entry in &parsed.entries {
         match *entry {
             Entry::Put(key, value) => {
@@ -643,17 +622,20 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db) -> Result<u64> 
                 block,
             } => {
                 let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
-                let span = Span {
-                    offset: at + HEADER + block_at as u64,
-                    len: block.len() as u32,
-                    last_time_ms,
-                };
-                let last_seq = first_seq + u64::from(count.max(1)) - 1;
-                tree.insert(keys::event(run, last_seq), &span.encode()[..])?;
+                spans.push((
+                    run,
+                    Span {
+                        last_seq: first_seq + u64::from(count.max(1)) - 1,
+                        offset: at + HEADER + block_at as u64,
+                        len: block.len() as u32,
+                        last_time_ms,
+                    },
+                ));
                 position += count as u64;
             }
         }
     }
+    recent.add(&spans);
     if position > parsed.first_position {
         tree.insert(keys::log(position - 1), &at.to_le_bytes()[..])?;
     }
@@ -686,7 +668,7 @@ mod tests {
         round.events(RunId::from_slice(&events[0].run_id).unwrap(), events);
         round.put(key.as_bytes(), b"v");
         let at = log.append(&round).unwrap();
-        apply(&round, at, tree).unwrap();
+        apply(&round, at, tree, &Recent::default()).unwrap();
         at
     }
 
@@ -694,9 +676,10 @@ mod tests {
         sled::Config::new().temporary(true).open().unwrap()
     }
 
-    fn span_events(opened: &Opened, tree: &sled::Db, run: RunId, seq: u64) -> Vec<u64> {
-        let (_, value) = tree.range(keys::event(run, seq)..).next().unwrap().unwrap();
-        let span = Span::decode(&value).unwrap();
+    /// The seqs of the recent span that holds `seq`.
+    fn span_events(opened: &Opened, run: RunId, seq: u64) -> Vec<u64> {
+        let spans = opened.recent.of(run);
+        let span = *spans.iter().find(|s| s.last_seq >= seq).unwrap();
         opened
             .segments
             .events(span)
@@ -741,8 +724,8 @@ mod tests {
         let tree = scratch();
         let opened = Log::open(dir.path(), &tree).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
-        assert_eq!(span_events(&opened, &tree, run, 1), [1, 2]);
-        assert_eq!(span_events(&opened, &tree, run, 3), [3]);
+        assert_eq!(span_events(&opened, run, 1), [1, 2]);
+        assert_eq!(span_events(&opened, run, 3), [3]);
         assert!(tree.get("k1").unwrap().is_some() && tree.get("k2").unwrap().is_some());
         let mut torn = [1; 10];
         segment.read_exact_at(&mut torn, end).unwrap();
@@ -756,7 +739,7 @@ mod tests {
         let opened = Log::open(dir.path(), &tree).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
-        assert_eq!(span_events(&opened, &tree, run, 3), [3]);
+        assert_eq!(span_events(&opened, run, 3), [3]);
     }
 
     #[test]

@@ -5,19 +5,21 @@
 //! Events live in the log (see [`log`]): segment files of records, one per
 //! group commit, in position order. Everything else (run summaries, pending
 //! approvals, timers, cursors, and pointers into the log) lives in one sled
-//! tree (see [`keys`]). An event and the index entries it implies are made
-//! durable together, by one record.
+//! tree (see [`keys`]), except the newest pointers to each run's events,
+//! which stay in memory until a checkpoint (see [`spans`]). An event and the
+//! index entries it implies are made durable together, by one record.
 //! Appends go through one committer thread (see [`committer`]): it gathers
 //! the batches waiting, writes them to the log as one record and fdatasyncs
-//! it, applies the index writes to sled, then answers all of them. sled
-//! itself is flushed and fsynced at checkpoints. Readers never see past the
-//! durable position.
+//! it, applies the index writes, then answers all of them. sled itself is
+//! flushed and fsynced at checkpoints. Readers never see past the durable
+//! position.
 
 mod committer;
 mod groups;
 mod keys;
 mod log;
 mod records;
+mod spans;
 
 use std::fmt;
 use std::path::Path;
@@ -189,6 +191,7 @@ pub struct Store {
 struct Inner {
     tree: sled::Db,
     segments: Arc<log::Segments>,
+    recent: Arc<spans::Recent>,
     commits: mpsc::Sender<committer::Message>,
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
@@ -198,9 +201,10 @@ struct Inner {
 
 /// The layout this version reads and writes. Version 1 kept events in sled
 /// and had a `wal` file; version 2 had event pointers without their last
-/// event's time (and rewrote the run summary on every append). Nothing
-/// converts either.
-const LAYOUT: &str = "3";
+/// event's time (and rewrote the run summary on every append); version 3
+/// had one pointer per span, written at every append, where version 4 has
+/// lists written at checkpoints. Nothing converts any of them.
+const LAYOUT: &str = "4";
 
 /// How the store opens sled in `dir`.
 fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
@@ -275,6 +279,7 @@ impl Store {
             tree: tree.clone(),
             data_file,
             log: opened.log,
+            recent: opened.recent.clone(),
             checkpointed: opened.mark.offset,
             next_position: opened.next_position,
             durable: durable_tx,
@@ -287,6 +292,7 @@ impl Store {
             inner: Arc::new(Inner {
                 tree,
                 segments: opened.segments,
+                recent: opened.recent,
                 commits,
                 durable,
                 durable_position,
@@ -344,8 +350,8 @@ impl Store {
     pub fn run_events(&self, run: RunId, after_seq: u64, limit: usize) -> Result<Vec<EventRecord>> {
         let durable = self.durable_position();
         let mut out = Vec::new();
-        for events in self.spans_from(run, after_seq.saturating_add(1)) {
-            for event in events? {
+        for span in self.spans_from(run, after_seq.saturating_add(1)) {
+            for event in self.inner.segments.events(span?)? {
                 if event.seq <= after_seq {
                     continue;
                 }
@@ -361,35 +367,55 @@ impl Store {
     /// Every event of `run`, durable or not (the engine folds its own writes).
     pub fn all_run_events(&self, run: RunId) -> Result<Vec<EventRecord>> {
         let mut out = Vec::new();
-        for events in self.spans_from(run, 1) {
-            out.extend(events?);
+        for span in self.spans_from(run, 1) {
+            out.extend(self.inner.segments.events(span?)?);
         }
         Ok(out)
     }
 
     pub fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
         match self.spans_from(run, seq).next() {
-            Some(events) => Ok(events?.into_iter().find(|e| e.seq == seq)),
+            Some(span) => Ok(self
+                .inner
+                .segments
+                .events(span?)?
+                .into_iter()
+                .find(|e| e.seq == seq)),
             None => Ok(None),
         }
     }
 
-    /// The run's events in spans (see [`log::Span`]), from the one that
-    /// holds `seq` on.
-    fn spans_from(
-        &self,
-        run: RunId,
-        seq: u64,
-    ) -> impl Iterator<Item = Result<Vec<EventRecord>>> + '_ {
+    /// The run's spans in seq order, from the one that holds `seq` on: the
+    /// lists in sled, then the recent spans. The recent ones are read first:
+    /// a checkpoint that moves them to sled between the two reads leaves
+    /// them in both, never in neither, and a span whose seqs were passed
+    /// already is skipped.
+    fn spans_from(&self, run: RunId, seq: u64) -> impl Iterator<Item = Result<spans::Span>> + '_ {
+        let recent = self.inner.recent.of(run);
         let end = keys::prefix_end(&keys::run_scoped(keys::EVENT, run));
-        self.inner
+        let lists = self
+            .inner
             .tree
             .range(keys::event(run, seq)..end)
             .map(|entry| {
                 let (key, value) = entry?;
-                let span = log::Span::decode(&value)
-                    .ok_or_else(|| StoreError::Corrupt(key.to_vec(), "bad span".into()))?;
-                self.inner.segments.events(span)
+                spans::decode(&value)
+                    .ok_or_else(|| StoreError::Corrupt(key.to_vec(), "bad span list".into()))
+            })
+            .chain(std::iter::once(Ok(recent)));
+        let mut passed = seq.saturating_sub(1);
+        lists
+            .flat_map(|list| match list {
+                Ok(spans) => spans.into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e)],
+            })
+            .filter(move |span| match span {
+                Ok(span) if span.last_seq <= passed => false,
+                Ok(span) => {
+                    passed = span.last_seq;
+                    true
+                }
+                Err(_) => true,
             })
     }
 
@@ -447,14 +473,25 @@ impl Store {
     fn with_head(&self, mut record: RunRecord) -> Result<RunRecord> {
         let run = RunId::from_slice(&record.run_id)
             .ok_or_else(|| StoreError::Corrupt(record.run_id.clone(), "bad run id".into()))?;
-        let start = keys::run_scoped(keys::EVENT, run);
-        let end = keys::prefix_end(&start);
-        if let Some(entry) = self.inner.tree.range(start..end).next_back() {
-            let (key, value) = entry?;
-            let (Some(seq), Some(span)) = (keys::event_seq(&key), log::Span::decode(&value)) else {
-                return Err(StoreError::Corrupt(key.to_vec(), "bad span".into()));
-            };
-            record.last_seq = seq;
+        let newest = match self.inner.recent.newest(run) {
+            Some(span) => Some(span),
+            None => {
+                let start = keys::run_scoped(keys::EVENT, run);
+                let end = keys::prefix_end(&start);
+                match self.inner.tree.range(start..end).next_back() {
+                    Some(entry) => {
+                        let (key, value) = entry?;
+                        let list = spans::decode(&value).ok_or_else(|| {
+                            StoreError::Corrupt(key.to_vec(), "bad span list".into())
+                        })?;
+                        list.last().copied()
+                    }
+                    None => None,
+                }
+            }
+        };
+        if let Some(span) = newest {
+            record.last_seq = span.last_seq;
             record.updated_ms = span.last_time_ms;
         }
         Ok(record)
@@ -578,20 +615,79 @@ mod tests {
     }
 
     #[test]
-    fn a_data_dir_of_the_second_layout_is_refused_by_name() {
+    fn data_dirs_of_the_second_and_third_layouts_are_refused_by_name() {
+        for old in ["2", "3"] {
+            let dir = tempfile::tempdir().unwrap();
+            let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
+            tree.insert(keys::meta("format"), old.as_bytes()).unwrap();
+            tree.flush().unwrap();
+            drop(tree);
+            let error = Store::open(dir.path(), 1 << 20).err().expect("refused");
+            assert!(
+                matches!(error, StoreError::Format(ref v) if v == old),
+                "{error}"
+            );
+            let expected = format!("layout version {old}; this aaa reads version {LAYOUT} only");
+            assert!(error.to_string().contains(&expected), "{error}");
+        }
+    }
+
+    /// A crash during a checkpoint leaves span lists in sled that the replay
+    /// makes again and the next checkpoint writes again, longer; recent
+    /// spans follow the lists. Every read sees each event once, in order.
+    #[tokio::test]
+    async fn reads_merge_overlapping_span_lists_and_recent_spans() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
-        tree.insert(keys::meta("format"), b"2").unwrap();
-        tree.flush().unwrap();
-        drop(tree);
-        let error = Store::open(dir.path(), 1 << 20).err().expect("refused");
-        assert!(
-            matches!(error, StoreError::Format(ref v) if v == "2"),
-            "{error}"
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let run = RunId::new();
+        let append = |seq: u64| {
+            let mut batch = WriteBatch::default();
+            if seq == 1 {
+                batch.put_run(&RunRecord {
+                    run_id: run.as_bytes().to_vec(),
+                    ..Default::default()
+                });
+            }
+            batch.push_event(EventRecord {
+                run_id: run.as_bytes().to_vec(),
+                seq,
+                event_type: "app.test".into(),
+                time_ms: 1000 + seq as i64,
+                ..Default::default()
+            });
+            store.commit(batch)
+        };
+        let (tree, recent) = (&store.inner.tree, &store.inner.recent);
+        for seq in 1..=3 {
+            append(seq).await.unwrap();
+        }
+        let written = recent.of(run);
+        recent.write_out(tree).unwrap();
+        // The replay after the crash: the same spans again, then more.
+        recent.add(&written.iter().map(|&s| (run, s)).collect::<Vec<_>>());
+        append(4).await.unwrap();
+        recent.write_out(tree).unwrap();
+        append(5).await.unwrap();
+        assert_eq!(
+            tree.scan_prefix(keys::run_scoped(keys::EVENT, run)).count(),
+            2
         );
-        assert!(
-            error.to_string().contains("reads version 3 only"),
-            "{error}"
-        );
+        assert_eq!(recent.of(run).len(), 1);
+
+        let seqs = |events: Vec<EventRecord>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(store.all_run_events(run).unwrap()), [1, 2, 3, 4, 5]);
+        assert_eq!(seqs(store.run_events(run, 2, 10).unwrap()), [3, 4, 5]);
+        assert_eq!(seqs(store.run_events(run, 0, 2).unwrap()), [1, 2]);
+        for seq in 1..=5 {
+            assert_eq!(store.event(run, seq).unwrap().unwrap().seq, seq);
+        }
+        assert!(store.event(run, 6).unwrap().is_none());
+        let head = store.run(run).unwrap().unwrap();
+        assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
+        recent.write_out(tree).unwrap();
+        let head = store.run(run).unwrap().unwrap();
+        assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
+        assert_eq!(seqs(store.run_events(run, 3, 10).unwrap()), [4, 5]);
+        store.close().await;
     }
 }
