@@ -166,15 +166,22 @@ impl Committer {
     /// Makes sled hold every applied record durably, spans included, with a
     /// mark saying so.
     fn checkpoint(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
         let mark = Mark {
             offset: self.log.end(),
             next_position: self.next_position,
         };
-        self.recent.write_out(&self.tree)?;
+        let lists = self.recent.write_out(&self.tree)?;
+        let written = started.elapsed();
         mark.save(&self.tree)?;
         self.tree.flush()?;
         self.data_file.sync_data()?;
         self.checkpointed = mark.offset;
+        tracing::debug!(
+            "checkpoint at log offset {}: {lists} span lists in {written:?}, flushed in {:?}",
+            mark.offset,
+            started.elapsed() - written
+        );
         Ok(())
     }
 }

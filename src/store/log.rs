@@ -603,8 +603,35 @@ pub fn apply(round: &Round, at: u64, tree: &sled::Db, recent: &Recent) -> Result
 }
 
 fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent) -> Result<u64> {
+    // The spans first: a reader that sees a run's summary or approval from
+    // this record must find the events it came with (a finished run's
+    // stream ends at its last seq).
     let mut position = parsed.first_position;
     let mut spans = Vec::new();
+    for entry in &parsed.entries {
+        if let Entry::Events {
+            run,
+            first_seq,
+            count,
+            last_time_ms,
+            block_at,
+            block,
+        } = *entry
+        {
+            let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
+            spans.push((
+                run,
+                Span {
+                    last_seq: first_seq + u64::from(count.max(1)) - 1,
+                    offset: at + HEADER + block_at as u64,
+                    len: block.len() as u32,
+                    last_time_ms,
+                },
+            ));
+            position += count as u64;
+        }
+    }
+    recent.add(&spans);
     for entry in &parsed.entries {
         match *entry {
             Entry::Put(key, value) => {
@@ -613,29 +640,9 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent
             Entry::Delete(key) => {
                 tree.remove(key)?;
             }
-            Entry::Events {
-                run,
-                first_seq,
-                count,
-                last_time_ms,
-                block_at,
-                block,
-            } => {
-                let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
-                spans.push((
-                    run,
-                    Span {
-                        last_seq: first_seq + u64::from(count.max(1)) - 1,
-                        offset: at + HEADER + block_at as u64,
-                        len: block.len() as u32,
-                        last_time_ms,
-                    },
-                ));
-                position += count as u64;
-            }
+            Entry::Events { .. } => {}
         }
     }
-    recent.add(&spans);
     if position > parsed.first_position {
         tree.insert(keys::log(position - 1), &at.to_le_bytes()[..])?;
     }

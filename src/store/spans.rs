@@ -99,8 +99,10 @@ impl Recent {
 
     /// Puts every run's recent spans into sled, then forgets them: a
     /// reader always finds a span in one place or the other. For the
-    /// checkpoint, whose flush makes them durable.
-    pub fn write_out(&self, tree: &sled::Db) -> Result<()> {
+    /// checkpoint, whose flush makes them durable. Returns how many
+    /// values it wrote.
+    pub fn write_out(&self, tree: &sled::Db) -> Result<usize> {
+        let mut lists = 0;
         {
             // Only the committer adds spans, and it is here.
             let runs = self.runs.read().expect("recent spans lock");
@@ -108,12 +110,13 @@ impl Recent {
                 for list in spans.chunks(MAX_LIST) {
                     let last = list.last().expect("chunks are not empty");
                     tree.insert(keys::event(run, last.last_seq), encode(list))?;
+                    lists += 1;
                 }
             }
         }
         // A new map, not clear(): give back what a busy interval grew.
         *self.runs.write().expect("recent spans lock") = HashMap::new();
-        Ok(())
+        Ok(lists)
     }
 }
 
