@@ -4,16 +4,14 @@
 //! applied since the last checkpoint are kept in memory ([`Recent`]); a
 //! checkpoint writes each run's recent spans to sled as one value under
 //! `E ‖ run ‖ last seq`, a list of at most [`MAX_LIST`] spans, and forgets
-//! them. So an append writes nothing to sled for its events: one insert per
-//! event was most of a commit's CPU (a store ceiling of ~75,000 appends/s
-//! with it, ~160,000 without it, in `aaa bench`). A restart rebuilds the
-//! recent spans by applying the log after the checkpoint's mark again.
+//! them. So an append writes nothing to sled for its events: a sled insert
+//! per run and round was most of a commit's CPU (store ceiling in `aaa
+//! bench`: 81-85k appends/s with it, 151-166k without). A restart rebuilds
+//! the recent spans by applying the log after the checkpoint's mark again.
 //!
 //! A crash during a checkpoint can leave lists in sled that the next
-//! checkpoint writes again, longer; [`Store::spans_from`] skips a span it
-//! has already passed, so overlap is harmless.
-//!
-//! [`Store::spans_from`]: super::Store
+//! checkpoint writes again, longer; the store's readers skip a span whose
+//! seqs they have passed, so overlap is harmless.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
