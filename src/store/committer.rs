@@ -2,16 +2,18 @@
 //! to the log as one record and fdatasyncs it (see [`super::log`]), applies
 //! the index writes to sled and the spans to the recent ones (see
 //! [`super::spans`]), and only then answers the writers and moves the
-//! durable position. When the log has grown [`CHECKPOINT_BYTES`] since the
-//! last checkpoint, it starts one between two rounds (see
-//! [`super::checkpoint`]), and goes on committing while it runs.
+//! durable position. It is also the only caller of sled's flush (STACK.md,
+//! trap 1), at checkpoints: when the log has grown [`CHECKPOINT_BYTES`]
+//! since the last one, the recent spans go to sled, sled is flushed with a
+//! mark saying how far it holds the log, and its file fsynced (flush alone
+//! is not an fsync, trap 2).
 
+use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::checkpoint::Checkpointer;
 use super::log::{self, Log, Mark, Round};
 use super::records::STAMPED_POSITION_TAG;
 use super::spans::Recent;
@@ -29,10 +31,10 @@ pub(super) struct Request {
 
 pub(super) struct Committer {
     pub tree: sled::Db,
+    pub data_file: File,
     pub log: Log,
     pub recent: Arc<Recent>,
-    pub checkpointer: Checkpointer,
-    /// Log offset of the last checkpoint begun.
+    /// Log offset of the last checkpoint.
     pub checkpointed: u64,
     pub next_position: u64,
     pub durable: watch::Sender<u64>,
@@ -70,8 +72,7 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
     }
     // Refuse what comes after: its senders get StoreError::Closed.
     messages.close();
-    let mark = committer.mark();
-    if let Err(e) = committer.checkpointer.finish(mark) {
+    if let Err(e) = committer.checkpoint() {
         tracing::error!("final checkpoint failed (the log keeps the writes): {e}");
     }
     // Release our handle on the database before saying we are done, so the
@@ -86,16 +87,6 @@ impl Committer {
     /// Commits and answers every request of the round. Returns false when the
     /// store failed: later appends must not be acknowledged.
     fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
-        let checkpointing = match self.checkpointer.running() {
-            Ok(running) => running,
-            Err(e) => {
-                tracing::error!("checkpoint failed, the store stops taking writes: {e}");
-                for request in round.drain(..) {
-                    let _ = request.reply.send(Err(StoreError::Closed));
-                }
-                return false;
-            }
-        };
         let first_position = self.next_position;
         let mut writes = Round::new(first_position);
         let mut answers = Vec::with_capacity(round.len());
@@ -107,10 +98,8 @@ impl Committer {
         let written = (|| -> Result<()> {
             let at = self.log.append(&writes)?;
             log::apply(&writes, at, &self.tree, &self.recent)?;
-            if !checkpointing && self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
-                let mark = self.mark();
-                self.checkpointer.begin(mark)?;
-                self.checkpointed = mark.offset;
+            if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
+                self.checkpoint()?;
             }
             Ok(())
         })();
@@ -174,11 +163,25 @@ impl Committer {
         positions
     }
 
-    /// The mark of a checkpoint that starts after the last round.
-    fn mark(&self) -> Mark {
-        Mark {
+    /// Makes sled hold every applied record durably, spans included, with a
+    /// mark saying so.
+    fn checkpoint(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let mark = Mark {
             offset: self.log.end(),
             next_position: self.next_position,
-        }
+        };
+        let lists = self.recent.write_out(&self.tree)?;
+        let written = started.elapsed();
+        mark.save(&self.tree)?;
+        self.tree.flush()?;
+        self.data_file.sync_data()?;
+        self.checkpointed = mark.offset;
+        tracing::debug!(
+            "checkpoint at log offset {}: {lists} span lists in {written:?}, flushed in {:?}",
+            mark.offset,
+            started.elapsed() - written
+        );
+        Ok(())
     }
 }

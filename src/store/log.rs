@@ -8,7 +8,7 @@
 //! (see [`super::spans`]), and `L ‖ last position` → the record into sled.
 //! Keyed by the last, the record that holds a position is the first key at
 //! or after it: a forward seek. sled reaches the disk only at checkpoints
-//! (see [`super::checkpoint`]), which note how far the log was applied; at
+//! (see [`super::committer`]), which note how far the log was applied; at
 //! open the records after that are applied again. They are absolute puts
 //! and deletes in commit order, so applying one twice ends in the same
 //! state.

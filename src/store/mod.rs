@@ -14,7 +14,6 @@
 //! flushed and fsynced at checkpoints. Readers never see past the durable
 //! position.
 
-mod checkpoint;
 mod committer;
 mod groups;
 mod keys;
@@ -276,13 +275,11 @@ impl Store {
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
         let (commits, messages) = mpsc::channel(4096);
-        let checkpointer =
-            checkpoint::Checkpointer::start(tree.clone(), data_file, opened.recent.clone())?;
         let committer = committer::Committer {
             tree: tree.clone(),
+            data_file,
             log: opened.log,
             recent: opened.recent.clone(),
-            checkpointer,
             checkpointed: opened.mark.offset,
             next_position: opened.next_position,
             durable: durable_tx,
@@ -665,11 +662,11 @@ mod tests {
             append(seq).await.unwrap();
         }
         let written = recent.of(run);
-        recent.write_out(&recent.seal(), tree).unwrap();
+        recent.write_out(tree).unwrap();
         // The replay after the crash: the same spans again, then more.
         recent.add(&written.iter().map(|&s| (run, s)).collect::<Vec<_>>());
         append(4).await.unwrap();
-        recent.write_out(&recent.seal(), tree).unwrap();
+        recent.write_out(tree).unwrap();
         append(5).await.unwrap();
         assert_eq!(
             tree.scan_prefix(keys::run_scoped(keys::EVENT, run)).count(),
@@ -687,7 +684,7 @@ mod tests {
         assert!(store.event(run, 6).unwrap().is_none());
         let head = store.run(run).unwrap().unwrap();
         assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
-        recent.write_out(&recent.seal(), tree).unwrap();
+        recent.write_out(tree).unwrap();
         let head = store.run(run).unwrap().unwrap();
         assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
         assert_eq!(seqs(store.run_events(run, 3, 10).unwrap()), [4, 5]);

@@ -14,7 +14,7 @@
 //! seqs they have passed, so overlap is harmless.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 use super::{keys, Result, RunId};
 
@@ -64,21 +64,11 @@ pub fn decode(bytes: &[u8]) -> Option<Vec<Span>> {
     Some(spans)
 }
 
-/// Spans of one run each, in seq order.
-pub type Spans = HashMap<RunId, Vec<Span>>;
-
 /// Spans applied since the last checkpoint, per run in seq order. The
 /// committer (and the replay at open) adds them; readers copy a run's.
 #[derive(Default)]
 pub struct Recent {
-    maps: RwLock<Maps>,
-}
-
-#[derive(Default)]
-struct Maps {
-    current: Spans,
-    /// Spans a checkpoint is writing to sled, older than `current`'s.
-    sealed: Option<Arc<Spans>>,
+    runs: RwLock<HashMap<RunId, Vec<Span>>>,
 }
 
 impl Recent {
@@ -87,74 +77,43 @@ impl Recent {
         if spans.is_empty() {
             return;
         }
-        let mut maps = self.maps.write().expect("recent spans lock");
+        let mut runs = self.runs.write().expect("recent spans lock");
         for &(run, span) in spans {
-            maps.current.entry(run).or_default().push(span);
+            runs.entry(run).or_default().push(span);
         }
     }
 
     /// The run's recent spans.
     pub fn of(&self, run: RunId) -> Vec<Span> {
-        let maps = self.maps.read().expect("recent spans lock");
-        let sealed = maps.sealed.as_ref().and_then(|sealed| sealed.get(&run));
-        let current = maps.current.get(&run);
-        [sealed, current]
-            .into_iter()
-            .flatten()
-            .flatten()
-            .copied()
-            .collect()
+        let runs = self.runs.read().expect("recent spans lock");
+        runs.get(&run).cloned().unwrap_or_default()
     }
 
     /// The run's newest recent span.
     pub fn newest(&self, run: RunId) -> Option<Span> {
-        let maps = self.maps.read().expect("recent spans lock");
-        let sealed = maps.sealed.as_ref().and_then(|sealed| sealed.get(&run));
-        let newest = [maps.current.get(&run), sealed]
-            .into_iter()
-            .flatten()
-            .find_map(|spans| spans.last().copied());
-        newest
+        let runs = self.runs.read().expect("recent spans lock");
+        runs.get(&run).and_then(|spans| spans.last().copied())
     }
 
-    /// Seals the spans added so far, for a checkpoint to [`write_out`]; later
-    /// ones go on being added. The committer seals between rounds, when no
-    /// checkpoint is running. Spans a failed checkpoint left sealed stay
-    /// sealed, ahead of the new ones.
-    ///
-    /// [`write_out`]: Recent::write_out
-    pub fn seal(&self) -> Arc<Spans> {
-        let mut maps = self.maps.write().expect("recent spans lock");
-        let current = std::mem::take(&mut maps.current);
-        let sealed = match maps.sealed.take() {
-            None => current,
-            Some(left) => {
-                let mut sealed = Arc::unwrap_or_clone(left);
-                for (run, spans) in current {
-                    sealed.entry(run).or_default().extend(spans);
-                }
-                sealed
-            }
-        };
-        let sealed = Arc::new(sealed);
-        maps.sealed = Some(sealed.clone());
-        sealed
-    }
-
-    /// Puts the sealed spans into sled, each run's as lists of at most
-    /// [`MAX_LIST`], then forgets them: a reader always finds a span in one
-    /// place or the other. For the checkpoint, whose flush makes them
-    /// durable. Returns how many values it wrote.
-    pub fn write_out(&self, sealed: &Spans, tree: &sled::Db) -> Result<usize> {
+    /// Puts every run's recent spans into sled, then forgets them: a
+    /// reader always finds a span in one place or the other. For the
+    /// checkpoint, whose flush makes them durable. Returns how many
+    /// values it wrote.
+    pub fn write_out(&self, tree: &sled::Db) -> Result<usize> {
         let mut lists = 0;
-        for (&run, spans) in sealed {
-            for list in spans.chunks(MAX_LIST) {
-                let last = list.last().expect("chunks are not empty");
-                tree.insert(keys::event(run, last.last_seq), encode(list))?;
-                lists += 1;
+        {
+            // Only the committer adds spans, and it is here.
+            let runs = self.runs.read().expect("recent spans lock");
+            for (&run, spans) in runs.iter() {
+                for list in spans.chunks(MAX_LIST) {
+                    let last = list.last().expect("chunks are not empty");
+                    tree.insert(keys::event(run, last.last_seq), encode(list))?;
+                    lists += 1;
+                }
             }
         }
-        self.maps.write().expect("recent spans lock").sealed = None;
+        // A new map, not clear(): give back what a busy interval grew.
+        *self.runs.write().expect("recent spans lock") = HashMap::new();
         Ok(lists)
     }
 }
@@ -185,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn sealed_spans_move_to_sled_in_lists_while_new_ones_are_added() {
+    fn write_out_moves_recent_spans_to_sled_in_lists() {
         let tree = sled::Config::new().temporary(true).open().unwrap();
         let recent = Recent::default();
         let run = RunId::new();
@@ -195,51 +154,18 @@ mod tests {
             len: 10,
             last_time_ms: seq as i64,
         };
-        let added: Vec<_> = (1..=MAX_LIST as u64 + 5).map(|s| (run, span(s))).collect();
-        recent.add(&added[..3]);
-        let sealed = recent.seal();
-        recent.add(&added[3..]);
-        let newest = Some(span(MAX_LIST as u64 + 5));
-        assert_eq!(recent.newest(run), newest);
-        assert_eq!(
-            recent.of(run),
-            added.iter().map(|&(_, s)| s).collect::<Vec<_>>()
-        );
-        assert_eq!(recent.write_out(&sealed, &tree).unwrap(), 1);
-        assert_eq!(recent.of(run).len(), MAX_LIST + 2);
-        assert_eq!(recent.write_out(&recent.seal(), &tree).unwrap(), 2);
+        let added: Vec<_> = (1..=MAX_LIST as u64 + 2).map(|s| (run, span(s))).collect();
+        recent.add(&added);
+        assert_eq!(recent.newest(run), Some(span(MAX_LIST as u64 + 2)));
+        recent.write_out(&tree).unwrap();
         assert!(recent.of(run).is_empty());
-        assert_eq!(recent.newest(run), None);
         let lists: Vec<Vec<Span>> = tree
             .scan_prefix(keys::run_scoped(keys::EVENT, run))
             .map(|entry| decode(&entry.unwrap().1).unwrap())
             .collect();
-        let lengths: Vec<usize> = lists.iter().map(Vec::len).collect();
-        assert_eq!(lengths, [3, MAX_LIST, 2]);
+        assert_eq!(lists.len(), 2);
+        assert_eq!(lists[0].len(), MAX_LIST);
         let all: Vec<Span> = lists.concat();
         assert_eq!(all, added.iter().map(|&(_, s)| s).collect::<Vec<_>>());
-    }
-
-    /// A checkpoint that failed leaves its spans sealed; the next seal keeps
-    /// them, ahead of the spans added since.
-    #[test]
-    fn a_seal_after_a_failed_checkpoint_keeps_what_it_left() {
-        let recent = Recent::default();
-        let run = RunId::new();
-        let span = |seq: u64| Span {
-            last_seq: seq,
-            offset: seq,
-            len: 1,
-            last_time_ms: 0,
-        };
-        recent.add(&[(run, span(1)), (run, span(2))]);
-        let failed = recent.seal();
-        recent.add(&[(run, span(3))]);
-        drop(failed);
-        let sealed = recent.seal();
-        assert_eq!(sealed[&run], [span(1), span(2), span(3)]);
-        recent.add(&[(run, span(4))]);
-        assert_eq!(recent.of(run), [span(1), span(2), span(3), span(4)]);
-        assert_eq!(recent.newest(run), Some(span(4)));
     }
 }
