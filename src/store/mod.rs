@@ -399,8 +399,7 @@ impl Store {
             .range(keys::event(run, seq)..end)
             .map(|entry| {
                 let (key, value) = entry?;
-                spans::decode(&value)
-                    .ok_or_else(|| StoreError::Corrupt(key.to_vec(), "bad span list".into()))
+                spans::decode(&key, &value)
             })
             .chain(std::iter::once(Ok(recent)));
         let mut passed = seq.saturating_sub(1);
@@ -481,10 +480,7 @@ impl Store {
                 match self.inner.tree.range(start..end).next_back() {
                     Some(entry) => {
                         let (key, value) = entry?;
-                        let list = spans::decode(&value).ok_or_else(|| {
-                            StoreError::Corrupt(key.to_vec(), "bad span list".into())
-                        })?;
-                        list.last().copied()
+                        spans::decode(&key, &value)?.last().copied()
                     }
                     None => None,
                 }

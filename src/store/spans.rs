@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use super::{keys, Result, RunId};
+use super::{keys, Result, RunId, StoreError};
 
 /// Most spans in one sled value (7 KiB).
 const MAX_LIST: usize = 256;
@@ -46,10 +46,10 @@ fn encode(spans: &[Span]) -> Vec<u8> {
     out
 }
 
-/// The spans of one sled value; None if it is malformed.
-pub fn decode(bytes: &[u8]) -> Option<Vec<Span>> {
+/// The spans of the sled value under `key`.
+pub fn decode(key: &[u8], bytes: &[u8]) -> Result<Vec<Span>> {
     if bytes.is_empty() || bytes.len() % ENCODED != 0 {
-        return None;
+        return Err(StoreError::Corrupt(key.to_vec(), "bad span list".into()));
     }
     let field = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
     let spans = bytes
@@ -61,7 +61,7 @@ pub fn decode(bytes: &[u8]) -> Option<Vec<Span>> {
             last_time_ms: field(b, 20) as i64,
         })
         .collect();
-    Some(spans)
+    Ok(spans)
 }
 
 /// Spans applied since the last checkpoint, per run in seq order. The
@@ -138,9 +138,9 @@ mod tests {
                 last_time_ms: 1_700_000_000_000,
             },
         ];
-        assert_eq!(decode(&encode(&spans)).unwrap(), spans);
-        assert_eq!(decode(&encode(&spans)[..ENCODED + 3]), None);
-        assert_eq!(decode(&[]), None);
+        assert_eq!(decode(b"E", &encode(&spans)).unwrap(), spans);
+        assert!(decode(b"E", &encode(&spans)[..ENCODED + 3]).is_err());
+        assert!(decode(b"E", &[]).is_err());
     }
 
     #[test]
@@ -161,7 +161,10 @@ mod tests {
         assert!(recent.of(run).is_empty());
         let lists: Vec<Vec<Span>> = tree
             .scan_prefix(keys::run_scoped(keys::EVENT, run))
-            .map(|entry| decode(&entry.unwrap().1).unwrap())
+            .map(|entry| {
+                let (key, value) = entry.unwrap();
+                decode(&key, &value).unwrap()
+            })
             .collect();
         assert_eq!(lists.len(), 2);
         assert_eq!(lists[0].len(), MAX_LIST);
