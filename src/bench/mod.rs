@@ -89,6 +89,8 @@ struct Plan {
     rtt_calls: usize,
     noop_calls: usize,
     store_appends: usize,
+    /// Commits of the one-writer floor, one at a time.
+    one_writer_commits: usize,
     /// (runs in flight, most cycles) per level.
     cycle_levels: [(usize, usize); 3],
     appends: usize,
@@ -112,6 +114,7 @@ impl Plan {
                 rtt_calls: 200,
                 noop_calls: 2_000,
                 store_appends: 2_000,
+                one_writer_commits: 200,
                 cycle_levels: [(1, 20), (16, 20), (64, 64)],
                 appends: 200,
                 followers: 20,
@@ -123,6 +126,7 @@ impl Plan {
                 rtt_calls: 5_000,
                 noop_calls: 500_000,
                 store_appends: 500_000,
+                one_writer_commits: 5_000,
                 cycle_levels: [(1, 2_000), (16, 20_000), (64, 50_000)],
                 appends: 500_000,
                 followers: 1_000,
@@ -256,7 +260,7 @@ async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
         }
         if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
             eprintln!("aaa bench: store commits, one writer");
-            let one = floors::store_appends(1, plan.rtt_calls, plan.limit).await;
+            let one = floors::store_appends(1, plan.one_writer_commits, plan.limit).await;
             results.store_one_writer = results.record("store commits, one writer", one);
         }
         if wanted(Scenario::Cycle) {
