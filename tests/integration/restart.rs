@@ -84,12 +84,7 @@ async fn events_before_and_after_a_checkpoint_survive_kill_9() {
     const EVENTS: usize = 300;
     let check = |events: &[aaa::proto::Event], filler: &str| {
         assert_dense(events, 1);
-        let bulk: Vec<u64> = events
-            .iter()
-            .filter(|e| e.r#type == "app.bulk")
-            .map(|e| data(e)["n"].as_u64().unwrap())
-            .collect();
-        assert_eq!(bulk, (0..EVENTS as u64).collect::<Vec<_>>());
+        assert_eq!(bulk_numbers(events), (0..EVENTS as u64).collect::<Vec<_>>());
         assert_eq!(data(events.last().unwrap())["filler"], filler);
     };
     let dir = tempfile::tempdir().expect("temp dir");
@@ -157,7 +152,9 @@ async fn acknowledged_events_survive_kill_9_in_the_middle_of_appends() {
             }
         }));
     }
-    enough.notified().await;
+    // A writer that failed before the kill would leave this waiting.
+    let reached = tokio::time::timeout(WAIT, enough.notified()).await;
+    reached.expect("the writers were acknowledged KILL_AFTER events");
     server.kill9();
     let mut written = Vec::new();
     for writer in writers {
@@ -169,11 +166,7 @@ async fn acknowledged_events_survive_kill_9_in_the_middle_of_appends() {
     for (run_id, acked) in written {
         let events = history(&mut runs, &run_id).await;
         assert_dense(&events, 1);
-        let bulk: Vec<u64> = events
-            .iter()
-            .filter(|e| e.r#type == "app.bulk")
-            .map(|e| data(e)["n"].as_u64().unwrap())
-            .collect();
+        let bulk = bulk_numbers(&events);
         let kept = bulk.len() as u64;
         assert!(
             kept == acked || kept == acked + 1,
@@ -184,6 +177,15 @@ async fn acknowledged_events_survive_kill_9_in_the_middle_of_appends() {
         assert_eq!(head.last_seq, events.last().unwrap().seq);
     }
     drop(server);
+}
+
+/// The `n` of each `app.bulk` event, in order.
+fn bulk_numbers(events: &[aaa::proto::Event]) -> Vec<u64> {
+    events
+        .iter()
+        .filter(|e| e.r#type == "app.bulk")
+        .map(|e| data(e)["n"].as_u64().unwrap())
+        .collect()
 }
 
 /// Application events move a run's head without changing its status: GetRun
