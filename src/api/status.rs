@@ -1,7 +1,13 @@
 //! The one mapping from engine errors to gRPC statuses, each with a
 //! google.rpc.ErrorInfo (domain "aaa.v1") whose reason SDKs branch on.
-//! Internal errors are logged here and reach clients without their details;
-//! auth refusals (`refused`) are logged by the auth layer.
+//! Reasons are the names of the proto's `ErrorReason` enum, so a reason the
+//! proto does not declare cannot be sent. Internal errors are logged here
+//! and reach clients without their details; auth refusals (`refused`) are
+//! logged by the auth layer.
+//!
+//! Every client value an error carries (ids, names, fields) is clipped to a
+//! short prefix with its length: an error must stay a few hundred bytes, or
+//! clients refuse the trailer it travels in (grpcio's limit is 8 KiB).
 
 use std::collections::HashMap;
 
@@ -10,68 +16,127 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::Refusal;
 use crate::engine::Error;
+use crate::proto::ErrorReason;
 
 pub const DOMAIN: &str = "aaa.v1";
 
+/// Longest client value an error quotes whole, in bytes.
+const CLIP_BYTES: usize = 64;
+/// Longest message a status carries, in bytes.
+const MAX_MESSAGE_BYTES: usize = 512;
+
+/// `value`, or its first [`CLIP_BYTES`] (on a char boundary) and its length.
+pub fn clip(value: &str) -> String {
+    if value.len() <= CLIP_BYTES {
+        return value.to_string();
+    }
+    format!("{}... ({} bytes)", prefix(value, CLIP_BYTES), value.len())
+}
+
+/// The longest prefix of `value` of at most `max` bytes.
+fn prefix(value: &str, max: usize) -> &str {
+    let mut end = max.min(value.len());
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
+}
+
+/// A status with an ErrorInfo; the message is cut at [`MAX_MESSAGE_BYTES`]
+/// and metadata values clipped, whatever the caller built them from.
+pub fn error_status(
+    code: Code,
+    reason: ErrorReason,
+    message: &str,
+    metadata: HashMap<String, String>,
+) -> Status {
+    let metadata: HashMap<String, String> = metadata
+        .into_iter()
+        .map(|(key, value)| (key, clip(&value)))
+        .collect();
+    let message = if message.len() > MAX_MESSAGE_BYTES {
+        format!("{}...", prefix(message, MAX_MESSAGE_BYTES))
+    } else {
+        message.to_string()
+    };
+    let details = ErrorDetails::with_error_info(reason.as_str_name(), DOMAIN, metadata);
+    Status::with_error_details(code, message, details)
+}
+
 pub fn to_status(error: Error) -> Status {
+    let error = error.clipped();
     let mut metadata = HashMap::new();
     let (code, reason) = match &error {
         Error::RunNotFound(run) => {
             metadata.insert("run_id".to_string(), run.clone());
-            (Code::NotFound, "RUN_NOT_FOUND")
+            (Code::NotFound, ErrorReason::RunNotFound)
         }
         Error::CallNotFound { run, call } => {
             metadata.insert("run_id".to_string(), run.clone());
             metadata.insert("call_id".to_string(), call.clone());
-            (Code::NotFound, "CALL_NOT_FOUND")
+            (Code::NotFound, ErrorReason::CallNotFound)
         }
         Error::InvalidField { field, .. } => {
             metadata.insert("field".to_string(), field.clone());
-            (Code::InvalidArgument, "INVALID_FIELD")
+            (Code::InvalidArgument, ErrorReason::InvalidField)
         }
         Error::PayloadTooLarge { field, limit, .. } => {
             metadata.insert("field".to_string(), field.clone());
             metadata.insert("limit".to_string(), limit.to_string());
-            (Code::InvalidArgument, "PAYLOAD_TOO_LARGE")
+            (Code::InvalidArgument, ErrorReason::PayloadTooLarge)
         }
         Error::ReservedEventType(_) => {
             metadata.insert("field".to_string(), "type".to_string());
-            (Code::InvalidArgument, "RESERVED_EVENT_TYPE")
+            (Code::InvalidArgument, ErrorReason::ReservedEventType)
         }
         Error::RunFinished(run) => {
             metadata.insert("run_id".to_string(), run.clone());
-            (Code::FailedPrecondition, "RUN_FINISHED")
+            (Code::FailedPrecondition, ErrorReason::RunFinished)
         }
         Error::StaleAttempt { call, attempt } => {
             metadata.insert("call_id".to_string(), call.clone());
             metadata.insert("attempt".to_string(), attempt.to_string());
-            (Code::FailedPrecondition, "STALE_ATTEMPT")
+            (Code::FailedPrecondition, ErrorReason::StaleAttempt)
         }
         Error::ArgumentsMismatch { call, .. } => {
             metadata.insert("call_id".to_string(), call.clone());
-            (Code::FailedPrecondition, "ARGUMENTS_MISMATCH")
+            (Code::FailedPrecondition, ErrorReason::ArgumentsMismatch)
         }
         Error::ToolNotRegistered { field, .. } => {
             metadata.insert("field".to_string(), field.clone());
-            (Code::InvalidArgument, "TOOL_NOT_REGISTERED")
+            (Code::InvalidArgument, ErrorReason::ToolNotRegistered)
         }
         Error::InvalidToken => {
             metadata.insert("field".to_string(), "token".to_string());
-            (Code::InvalidArgument, "INVALID_TOKEN")
+            (Code::InvalidArgument, ErrorReason::InvalidToken)
         }
-        Error::ShuttingDown => (Code::Unavailable, "SHUTTING_DOWN"),
+        Error::ShuttingDown => (Code::Unavailable, ErrorReason::ShuttingDown),
+        Error::StorageUnavailable(cause) => {
+            tracing::warn!("refused a write: the store is unavailable: {cause}");
+            (Code::Unavailable, ErrorReason::StorageUnavailable)
+        }
         Error::Internal(detail) => {
             tracing::error!("internal error: {detail}");
-            let details = ErrorDetails::with_error_info("INTERNAL_ERROR", DOMAIN, metadata);
-            return Status::with_error_details(
+            return error_status(
                 Code::Internal,
+                ErrorReason::InternalError,
                 "internal error; the server log has the details",
-                details,
+                metadata,
             );
         }
     };
-    let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
-    Status::with_error_details(code, error.to_string(), details)
+    error_status(code, reason, &error.to_string(), metadata)
+}
+
+/// A request whose bytes did not decode as the method's message. tonic
+/// answers those INTERNAL without an ErrorInfo; the fault is the client's.
+pub fn malformed(detail: &str) -> Status {
+    error_status(
+        Code::InvalidArgument,
+        ErrorReason::MalformedRequest,
+        &format!("the request is not a valid message of the method's type: {detail}"),
+        HashMap::new(),
+    )
 }
 
 /// A refusal of the auth layer or of Signal's role check. UNAUTHENTICATED
@@ -81,24 +146,23 @@ pub fn refused(refusal: &Refusal) -> Status {
     let mut metadata = HashMap::new();
     let (code, reason) = match refusal {
         Refusal::MissingCredentials | Refusal::UnknownCredentials => {
-            (Code::Unauthenticated, "UNAUTHENTICATED")
+            (Code::Unauthenticated, ErrorReason::Unauthenticated)
         }
         Refusal::MissingRole { needed, method, .. } => {
             metadata.insert("roles".to_string(), needed.join(","));
             metadata.insert("method".to_string(), method.clone());
-            (Code::PermissionDenied, "PERMISSION_DENIED")
+            (Code::PermissionDenied, ErrorReason::PermissionDenied)
         }
         Refusal::NotRunOwner { run, .. } => {
             metadata.insert("run_id".to_string(), run.clone());
-            (Code::PermissionDenied, "NOT_RUN_OWNER")
+            (Code::PermissionDenied, ErrorReason::NotRunOwner)
         }
         Refusal::SeparationOfDuties { run, .. } => {
             metadata.insert("run_id".to_string(), run.clone());
-            (Code::PermissionDenied, "SEPARATION_OF_DUTIES")
+            (Code::PermissionDenied, ErrorReason::SeparationOfDuties)
         }
     };
-    let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
-    Status::with_error_details(code, refusal.to_string(), details)
+    error_status(code, reason, &refusal.to_string(), metadata)
 }
 
 impl From<Refusal> for Status {
@@ -110,5 +174,26 @@ impl From<Refusal> for Status {
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         to_status(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_client_values_are_clipped_in_message_and_metadata() {
+        let id = "r".repeat(60_000);
+        let status = to_status(Error::CallNotFound {
+            run: id.clone(),
+            call: "é".repeat(5_000),
+        });
+        assert!(status.message().len() < 400, "{}", status.message());
+        assert!(status.message().contains("(60000 bytes)"));
+        let info = status.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(info.reason, "CALL_NOT_FOUND");
+        assert!(info.metadata["run_id"].len() < 100);
+        assert!(info.metadata["call_id"].ends_with("(10000 bytes)"));
+        assert_eq!(clip("short"), "short");
     }
 }

@@ -9,13 +9,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
-use tonic_types::{ErrorDetails, StatusExt};
 
 use super::runs::page_size;
 use super::{convert, status, STREAM_BUFFER};
 use crate::engine::{Engine, Error};
 use crate::proto::subscription_service_server::SubscriptionService;
-use crate::proto::{self, subscribe_request, subscribe_response};
+use crate::proto::{self, subscribe_request, subscribe_response, ErrorReason};
 use crate::subscriptions::{
     self, Definition, Membership, Outbound, Start, Subscriptions, WebhookConfig,
 };
@@ -51,7 +50,7 @@ impl From<subscriptions::Error> for Status {
             subscriptions::Error::Engine(inner) => return status::to_status(inner),
             subscriptions::Error::GroupNotFound(ref group) => {
                 metadata.insert("group".to_string(), group.clone());
-                (Code::NotFound, "GROUP_NOT_FOUND")
+                (Code::NotFound, ErrorReason::GroupNotFound)
             }
             subscriptions::Error::GroupMismatch {
                 ref group,
@@ -60,12 +59,13 @@ impl From<subscriptions::Error> for Status {
             } => {
                 metadata.insert("group".to_string(), group.clone());
                 metadata.insert("field".to_string(), field.clone());
-                (Code::FailedPrecondition, "GROUP_MISMATCH")
+                (Code::FailedPrecondition, ErrorReason::GroupMismatch)
             }
-            subscriptions::Error::MemberTooSlow => (Code::ResourceExhausted, "MEMBER_TOO_SLOW"),
+            subscriptions::Error::MemberTooSlow => {
+                (Code::ResourceExhausted, ErrorReason::MemberTooSlow)
+            }
         };
-        let details = ErrorDetails::with_error_info(reason, status::DOMAIN, metadata);
-        Status::with_error_details(code, error.to_string(), details)
+        status::error_status(code, reason, &error.to_string(), metadata)
     }
 }
 

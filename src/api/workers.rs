@@ -96,7 +96,7 @@ impl WorkerService for WorkerApi {
         self.engine
             .report(&request.token, report, &identity)
             .await?;
-        Ok(Response::new(proto::CompleteTaskResponse {}))
+        Ok(Response::new(proto::CompleteTaskResponse::default()))
     }
 
     async fn fail_task(
@@ -112,7 +112,7 @@ impl WorkerService for WorkerApi {
         self.engine
             .report(&request.token, report, &identity)
             .await?;
-        Ok(Response::new(proto::FailTaskResponse {}))
+        Ok(Response::new(proto::FailTaskResponse::default()))
     }
 }
 

@@ -34,6 +34,8 @@ pub enum Error {
     InvalidToken,
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("the store cannot take writes ({0}); nothing of this call was written, retry later")]
+    StorageUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -47,10 +49,55 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The same error with every client value clipped to a short prefix
+    /// (see `api::status::clip`), for messages that stay small.
+    pub fn clipped(self) -> Self {
+        use crate::api::status::clip;
+        match self {
+            Error::RunNotFound(run) => Error::RunNotFound(clip(&run)),
+            Error::CallNotFound { run, call } => Error::CallNotFound {
+                run: clip(&run),
+                call: clip(&call),
+            },
+            Error::InvalidField { field, message } => Error::InvalidField {
+                field: clip(&field),
+                message,
+            },
+            Error::PayloadTooLarge { field, size, limit } => Error::PayloadTooLarge {
+                field: clip(&field),
+                size,
+                limit,
+            },
+            Error::ReservedEventType(kind) => Error::ReservedEventType(clip(&kind)),
+            Error::RunFinished(run) => Error::RunFinished(clip(&run)),
+            Error::StaleAttempt { call, attempt } => Error::StaleAttempt {
+                call: clip(&call),
+                attempt,
+            },
+            Error::ArgumentsMismatch {
+                call,
+                expected,
+                actual,
+            } => Error::ArgumentsMismatch {
+                call: clip(&call),
+                expected: clip(&expected),
+                actual,
+            },
+            Error::ToolNotRegistered { field, name } => Error::ToolNotRegistered {
+                field: clip(&field),
+                name: clip(&name),
+            },
+            other => other,
+        }
+    }
+}
+
 impl From<crate::store::StoreError> for Error {
     fn from(e: crate::store::StoreError) -> Self {
         match e {
             crate::store::StoreError::Closed => Error::ShuttingDown,
+            crate::store::StoreError::Io(e) => Error::StorageUnavailable(e.to_string()),
             other => Error::Internal(other.to_string()),
         }
     }
