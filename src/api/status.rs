@@ -21,13 +21,16 @@ use crate::proto::ErrorReason;
 pub const DOMAIN: &str = "aaa.v1";
 
 /// Longest client value an error quotes whole, in bytes.
+const WHOLE_BYTES: usize = 96;
+/// How much of a longer one it quotes. A clipped value is itself shorter
+/// than [`WHOLE_BYTES`], so clipping twice changes nothing.
 const CLIP_BYTES: usize = 64;
 /// Longest message a status carries, in bytes.
 const MAX_MESSAGE_BYTES: usize = 512;
 
 /// `value`, or its first [`CLIP_BYTES`] (on a char boundary) and its length.
 pub fn clip(value: &str) -> String {
-    if value.len() <= CLIP_BYTES {
+    if value.len() <= WHOLE_BYTES {
         return value.to_string();
     }
     format!("{}... ({} bytes)", prefix(value, CLIP_BYTES), value.len())
@@ -195,5 +198,6 @@ mod tests {
         assert!(info.metadata["run_id"].len() < 100);
         assert!(info.metadata["call_id"].ends_with("(10000 bytes)"));
         assert_eq!(clip("short"), "short");
+        assert_eq!(clip(&clip(&id)), clip(&id));
     }
 }
