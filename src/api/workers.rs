@@ -93,10 +93,13 @@ impl WorkerService for WorkerApi {
             }
             Some(Outcome::Reply(reply)) => convert::model_reply(reply)?,
         };
-        self.engine
+        let already_recorded = self
+            .engine
             .report(&request.token, report, &identity)
             .await?;
-        Ok(Response::new(proto::CompleteTaskResponse::default()))
+        Ok(Response::new(proto::CompleteTaskResponse {
+            already_recorded,
+        }))
     }
 
     async fn fail_task(
@@ -109,10 +112,11 @@ impl WorkerService for WorkerApi {
             error: convert::error_detail(request.error)?,
             retryable: !request.non_retryable,
         };
-        self.engine
+        let already_recorded = self
+            .engine
             .report(&request.token, report, &identity)
             .await?;
-        Ok(Response::new(proto::FailTaskResponse::default()))
+        Ok(Response::new(proto::FailTaskResponse { already_recorded }))
     }
 }
 

@@ -13,6 +13,7 @@ pub mod error;
 pub mod event;
 mod heads;
 mod leases;
+mod recorded;
 pub mod state;
 
 use std::collections::VecDeque;
@@ -104,6 +105,7 @@ pub enum Work {
 }
 
 /// What a worker reports for a task.
+#[derive(Debug, Clone)]
 pub enum Report {
     ToolOutput(Value),
     ModelReply {
@@ -957,15 +959,46 @@ impl Engine {
 
     /// CompleteTask / FailTask. The event names the worker holding the
     /// attempt's lease, or `fallback_identity` when no lease is known.
+    /// Answers true when the log holds this very result already (a retry
+    /// after a lost answer); another result for a finished attempt stays
+    /// refused.
     pub async fn report(
         &self,
         token: &str,
         report: Report,
         fallback_identity: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let token = Token::decode(token, self.inner.store.token_key())?;
         let holder = self.inner.leases.holder(token.run, &token.call_id);
         let actor = Actor::Worker(holder.unwrap_or_else(|| fallback_identity.to_string()));
+        let refusal = match self.record_report(&token, &report, actor).await {
+            Ok(()) => {
+                self.inner.leases.release(token.run, &token.call_id);
+                return Ok(false);
+            }
+            Err(refusal @ (Error::StaleAttempt { .. } | Error::RunFinished(_))) => refusal,
+            Err(other) => return Err(other),
+        };
+        let events = self.inner.store.all_run_events(token.run)?;
+        match recorded::compare(&events, token.kind, &token.call_id, token.attempt, &report)? {
+            recorded::Recorded::Same => Ok(true),
+            // The attempt's result that counts is another one, also when
+            // the run has finished since.
+            recorded::Recorded::Different => Err(Error::StaleAttempt {
+                call: token.call_id,
+                attempt: token.attempt,
+            }),
+            recorded::Recorded::Nothing => Err(refusal),
+        }
+    }
+
+    async fn record_report(
+        &self,
+        token: &Token,
+        report: &Report,
+        actor: Actor,
+    ) -> Result<(), Error> {
+        let report = report.clone();
         self.update(token.run, |state, _| {
             let event = match (token.kind, report) {
                 (LeaseKind::Tool, Report::ToolOutput(output)) => state.decide_tool_outcome(
@@ -1001,7 +1034,6 @@ impl Engine {
             Ok((vec![event], ()))
         })
         .await?;
-        self.inner.leases.release(token.run, &token.call_id);
         Ok(())
     }
 

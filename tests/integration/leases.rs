@@ -208,3 +208,125 @@ async fn heartbeats_keep_the_lease() {
     assert_eq!(completed_text(&events), "quote");
     server.shutdown().await;
 }
+
+async fn complete(
+    workers: &mut WorkerClient,
+    token: &str,
+    output_json: &str,
+) -> Result<bool, tonic::Status> {
+    workers
+        .complete_task(aaa::proto::CompleteTaskRequest {
+            token: token.into(),
+            result: Some(aaa::proto::complete_task_request::Result::OutputJson(
+                output_json.into(),
+            )),
+        })
+        .await
+        .map(|r| r.into_inner().already_recorded)
+}
+
+async fn fail(
+    workers: &mut WorkerClient,
+    token: &str,
+    message: &str,
+) -> Result<bool, tonic::Status> {
+    workers
+        .fail_task(aaa::proto::FailTaskRequest {
+            token: token.into(),
+            error: Some(aaa::proto::ErrorDetail {
+                r#type: "QuoteServiceDown".into(),
+                message: message.into(),
+            }),
+            non_retryable: false,
+        })
+        .await
+        .map(|r| r.into_inner().already_recorded)
+}
+
+/// A worker whose CompleteTask or FailTask answer was lost sends it again:
+/// the same result is answered OK and `already_recorded`, with nothing
+/// appended, also once the run has finished; another result for that
+/// attempt stays refused as stale.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_sent_again_after_a_lost_answer_is_recorded_once() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let mut workers = server.workers().await;
+    let mut tool = fetch_quote(2);
+    tool.heartbeat_timeout_s = 30.0;
+    register(&mut workers, vec![tool], &[]).await;
+    let run_id = start_run(
+        &mut runs,
+        scripted_run("fetch_quote", r#"{"symbol":"ACME"}"#),
+    )
+    .await;
+
+    // Attempt 1 fails (retryable), and the failure is sent twice.
+    let first = poll_until_task(&mut workers, "w", &["fetch_quote"], &[]).await;
+    assert!(!fail(&mut workers, &first.token, "timeout").await.unwrap());
+    assert!(fail(&mut workers, &first.token, "timeout").await.unwrap());
+    let status = expect_err(fail(&mut workers, &first.token, "another message").await);
+    assert_error(&status, Code::FailedPrecondition, "STALE_ATTEMPT");
+    let status = expect_err(complete(&mut workers, &first.token, r#""late""#).await);
+    assert_error(&status, Code::FailedPrecondition, "STALE_ATTEMPT");
+
+    // Attempt 2 completes; the run finishes; the completion is sent again.
+    let second = poll_until_task(&mut workers, "w", &["fetch_quote"], &[]).await;
+    assert_eq!(second.attempt, 2);
+    assert!(!complete(&mut workers, &second.token, r#"{"price": 250}"#)
+        .await
+        .unwrap());
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(
+        get_run(&mut runs, &run_id).await.status,
+        RunStatus::Completed as i32
+    );
+    // The same JSON value, spelled another way, is the same result.
+    assert!(complete(&mut workers, &second.token, r#"{ "price":250 }"#)
+        .await
+        .unwrap());
+    let status = expect_err(complete(&mut workers, &second.token, r#"{"price": 251}"#).await);
+    assert_error(&status, Code::FailedPrecondition, "STALE_ATTEMPT");
+    let status = expect_err(fail(&mut workers, &second.token, "timeout").await);
+    assert_error(&status, Code::FailedPrecondition, "STALE_ATTEMPT");
+
+    let after = history(&mut runs, &run_id).await;
+    assert_eq!(after.len(), events.len(), "retries appended nothing");
+    assert_eq!(count(&after, "aaa.tool.retrying"), 1);
+    assert_eq!(count(&after, "aaa.tool.completed"), 1);
+}
+
+/// The same for a model attempt served by a worker.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_reply_sent_again_is_recorded_once() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &["seed"]).await;
+    let run_id = start_run(&mut runs, seed_reference_run()).await;
+    let task = poll_until_task(&mut workers, "m", &[], &["seed"]).await;
+    let reply = seed_reply(model_task(&task));
+    let again = |reply| {
+        let mut workers = workers.clone();
+        let token = task.token.clone();
+        async move {
+            workers
+                .complete_task(aaa::proto::CompleteTaskRequest {
+                    token,
+                    result: Some(aaa::proto::complete_task_request::Result::Reply(reply)),
+                })
+                .await
+                .map(|r| r.into_inner().already_recorded)
+        }
+    };
+    assert!(!again(reply.clone()).await.unwrap());
+    wait_for_approval(&mut runs, &run_id).await;
+    assert!(again(reply.clone()).await.unwrap());
+    let mut other = reply;
+    other.tool_calls[0].arguments_json = r#"{"amount": 1, "to": "EVIL"}"#.into();
+    let status = expect_err(again(other).await);
+    assert_error(&status, Code::FailedPrecondition, "STALE_ATTEMPT");
+    let events = history(&mut runs, &run_id).await;
+    assert_eq!(count(&events, "aaa.llm.completed"), 1);
+    assert_eq!(count(&events, "aaa.tool.requested"), 1);
+}
