@@ -18,7 +18,9 @@
  * Each task is one exclusive attempt. The worker runs the tool's handler (or
  * the model handler), sends heartbeats at a third of the task's
  * `heartbeat_timeout_s` while it runs, and reports the result with
- * CompleteTask. A thrown error becomes FailTask with the error's name as type
+ * CompleteTask. A result whose reply is lost (`Unavailable`, `Timeout`: each
+ * try waits 10 s) is sent again with the same token, with backoff, for up to
+ * 30 s in all; the server records it once. A thrown error becomes FailTask with the error's name as type
  * and its message: the server retries per the tool's policy, then gives the
  * failure to the model. Throw {@link NonRetryable} to skip the retries. When
  * a heartbeat answers that the run no longer wants the attempt (cancelled,
@@ -33,8 +35,9 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { CompleteTaskRequestSchema, FailTaskRequestSchema, Task } from "./gen/aaa/v1/worker_pb.js";
 import type { ToolDefinitionSchema } from "./gen/aaa/v1/types_pb.js";
-import type { Client } from "./client.js";
-import { AaaError, FailedPrecondition, InvalidArgument, NonRetryable, NotFound, toAaaError } from "./errors.js";
+import type { CallOptions } from "@connectrpc/connect";
+import { Backoff, type Client } from "./client.js";
+import { FailedPrecondition, InvalidArgument, NonRetryable, NotFound, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { parseObject, stringify, type JsonObject } from "./json.js";
 import { Reply, modelRequestFromProto, optionalDate, replyToProto, type ModelRequest, type ToolInfo } from "./types.js";
 
@@ -160,8 +163,15 @@ export type ReplyLike = Reply | string | readonly ReplyLike[];
 /** A model: from the conversation and tools to a reply. */
 export type ModelHandler = (request: ModelRequest, task: TaskContext) => ReplyLike | Promise<ReplyLike>;
 
+/** How long a worker keeps sending a result whose reply was lost, in all (ms). */
+const REPORT_RETRY_MS = 30_000;
+/** How long one try of CompleteTask or FailTask waits for its reply (ms). */
+const REPORT_TRY_MS = 10_000;
+
 /** Where the worker reports what happens in the background. */
 export interface Logger {
+  /** Details (a result sent again after a lost reply, and the server's "recorded already"). */
+  debug?(message: string): void;
   /** Routine events (an abandoned attempt, a refused stale result). */
   info(message: string): void;
   /** Trouble it recovers from (a failed poll it retries). */
@@ -393,7 +403,7 @@ export class Worker {
       const error = { type: "WorkerStopped", message: reason.message };
       report = { kind: "fail", request: { token: task.token, error } };
     }
-    if (report !== undefined) await this.report(report);
+    if (report !== undefined) await this.report(task, report);
   }
 
   /** Heartbeats until `stop` aborts; aborts the task when the server no longer wants it. */
@@ -453,16 +463,36 @@ export class Worker {
     }
   }
 
-  /** Sends CompleteTask or FailTask; a refused report (stale attempt, finished run) is only logged. */
-  private async report(report: Report): Promise<void> {
+  /**
+   * Sends CompleteTask or FailTask. While the reply is lost (`Unavailable`: a
+   * dropped connection, a stopping server, STORAGE_UNAVAILABLE; or `Timeout`)
+   * it sends the same token and result again, with backoff, for up to 30 s in
+   * all: the server records a result once and answers a repeat with
+   * `alreadyRecorded`. Any other refusal (stale attempt, finished run) is only logged.
+   */
+  private async report(task: Task, report: Report): Promise<void> {
     const worker = this.client.services.worker;
-    try {
-      if (report.kind === "complete") await this.client.call((o) => worker.completeTask(report.request, o));
-      else await this.client.call((o) => worker.failTask(report.request, o));
-    } catch (err) {
-      const error = toAaaError(err);
-      if (error instanceof FailedPrecondition) this.logger.info(`the result of a task was refused: ${error}`);
-      else if (error instanceof AaaError) this.logger.warn(`the result of a task was refused: ${error}`);
+    const send = (o: CallOptions): Promise<{ alreadyRecorded: boolean }> =>
+      report.kind === "complete" ? worker.completeTask(report.request, o) : worker.failTask(report.request, o);
+    const what = `attempt ${task.attempt} of ${task.callId}`;
+    const deadline = Date.now() + REPORT_RETRY_MS;
+    const backoff = new Backoff(REPORT_RETRY_MS);
+    for (;;) {
+      const timeoutMs = Math.max(1, Math.min(REPORT_TRY_MS, deadline - Date.now()));
+      try {
+        const response = await this.client.call(send, { timeoutMs, retry: false });
+        if (response.alreadyRecorded) this.logger.debug?.(`${what}: recorded already (an earlier reply was lost)`);
+        return;
+      } catch (err) {
+        const error = toAaaError(err);
+        if ((error instanceof Unavailable || error instanceof Timeout) && (await backoff.wait())) {
+          this.logger.debug?.(`reporting ${what} failed (${error}); sending it again`);
+          continue;
+        }
+        if (error instanceof FailedPrecondition) this.logger.info(`the result of ${what} was refused: ${error}`);
+        else this.logger.warn(`the result of ${what} was refused: ${error}`);
+        return;
+      }
     }
   }
 }

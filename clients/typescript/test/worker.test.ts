@@ -1,15 +1,18 @@
-/** The worker: failover after a killed worker, fenced attempts, heartbeats, failures, cancellation, concurrency, stop. */
+/** The worker: failover after a killed worker, fenced attempts, results sent again after a lost reply, heartbeats, failures, cancellation, concurrency, stop. */
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
+import { ConnectError, type CallOptions } from "@connectrpc/connect";
 import {
+  Code,
   InvalidArgument,
   NonRetryable,
   StaleAttempt,
   FailedPrecondition,
+  connect,
   echo,
   text,
   toAaaError,
@@ -276,4 +279,53 @@ test("a forged token is InvalidToken", async () => {
   );
   assert.ok(err instanceof InvalidArgument);
   assert.equal((err as InvalidArgument).reason, "INVALID_TOKEN");
+});
+
+/** `call` that reaches the server, but whose first reply is lost (it fails with `code`); `answers` gets each reply's alreadyRecorded. */
+function losesFirstReply<Q, R extends { alreadyRecorded: boolean }>(
+  call: (request: Q, options?: CallOptions) => Promise<R>,
+  code: Code,
+  answers: boolean[],
+): (request: Q, options?: CallOptions) => Promise<R> {
+  return async (request, options) => {
+    const response = await call(request, options);
+    answers.push(response.alreadyRecorded);
+    if (answers.length === 1) throw new ConnectError("reply lost", code);
+    return response;
+  };
+}
+
+test("a result whose reply was lost is sent again", async () => {
+  const id = uid();
+  const works = tool({ name: `works_${id}`, handler: ({ x }: { x: number }) => x });
+  const refuses = tool({
+    name: `refuses_${id}`,
+    handler: ({ x }: { x: number }) => {
+      throw new NonRetryable(`not ${x}`);
+    },
+  });
+  const workerClient = await connect(server.address);
+  const services = workerClient.services.worker;
+  const completed: boolean[] = [];
+  const failed: boolean[] = [];
+  services.completeTask = losesFirstReply(services.completeTask.bind(services), Code.DeadlineExceeded, completed);
+  services.failTask = losesFirstReply(services.failTask.bind(services), Code.Unavailable, failed);
+  const debug: string[] = [];
+  const worker = workerClient.worker({ tools: [works, refuses], logger: { debug: (m) => debug.push(m), info: () => {}, warn: () => {} } });
+  await worker.start();
+  let run;
+  try {
+    run = await client.startRun("go", { model: [toolCall(works, { x: 1 }).and(toolCall(refuses, { x: 2 })), text("done")], tools: [works, refuses] });
+    assert.equal((await run.result({ timeoutMs: WAIT_MS })).text, "done");
+  } finally {
+    await worker.stop(); // waits for the reports, which may still be sending again
+    workerClient.close();
+  }
+  // Sent again with the same token and result: the server had it, and says so.
+  assert.deepEqual(completed, [false, true]);
+  assert.deepEqual(failed, [false, true]);
+  const events = await collect(run);
+  assert.deepEqual(ofType(events, "aaa.tool.completed").map((e) => [e.data.attempt, e.data.output]), [[1, 1]]);
+  assert.deepEqual(ofType(events, "aaa.tool.failed").map((e) => (e.data.error as { message: string }).message), ["not 2"]);
+  assert.equal(debug.filter((m) => m.includes("recorded already")).length, 2);
 });
