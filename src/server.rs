@@ -4,12 +4,12 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use crate::api::{ApprovalApi, RunApi, SubscriptionApi, WorkerApi};
+use crate::api::{malformed, ApprovalApi, RunApi, SubscriptionApi, WorkerApi};
 use crate::auth::AuthLayer;
 use crate::config::Config;
+use crate::connections;
 use crate::engine::Engine;
 use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
@@ -20,8 +20,11 @@ use crate::store::Store;
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot open the data directory: {0}")]
-    Store(#[from] crate::store::StoreError),
+    #[error("cannot open the data directory {}: {source}", dir.display())]
+    Store {
+        dir: std::path::PathBuf,
+        source: crate::store::StoreError,
+    },
     #[error("cannot recover runs: {0}")]
     Engine(#[from] crate::engine::Error),
     #[error("gRPC transport: {0}")]
@@ -45,15 +48,28 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     // Transport settings first: a bad TLS key fails before the store opens.
-    let mut builder =
-        Server::builder().max_concurrent_streams(Some(config.max_streams_per_connection));
-    if let Some(tls) = config.auth.as_ref().and_then(|auth| auth.tls.as_ref()) {
+    // Keepalive pings close an established connection whose client stopped
+    // answering; `connections` closes one that never finished its handshake.
+    let mut builder = Server::builder()
+        .max_concurrent_streams(Some(config.max_streams_per_connection))
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_interval));
+    let tls = config.auth.as_ref().and_then(|auth| auth.tls.as_ref());
+    let limits = connections::Limits {
+        max_connections: config.max_connections,
+        handshake_timeout: config.handshake_timeout,
+        tls: tls.is_some(),
+    };
+    if let Some(tls) = tls {
         builder = builder.tls_config(tls.server_config())?;
     }
-    // One check in front of every service: authentication and roles.
-    let mut builder = builder.layer(tower::util::option_layer(
-        config.auth.clone().map(AuthLayer::new),
-    ));
+    // In front of every service: authentication and roles, and the one
+    // answer to requests that do not decode.
+    let mut builder = builder
+        .layer(tower::util::option_layer(
+            config.auth.clone().map(AuthLayer::new),
+        ))
+        .layer(malformed::layer());
     let separation_of_duties = config
         .auth
         .as_ref()
@@ -65,7 +81,13 @@ pub async fn serve(
     }
 
     let webhooks = config.webhooks.clone();
-    let store = Store::open(&config.data_dir, config.store_cache_bytes)?;
+    let store =
+        Store::open(&config.data_dir, config.store_cache_bytes).map_err(|source| {
+            ServeError::Store {
+                dir: config.data_dir.clone(),
+                source,
+            }
+        })?;
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
     let engine = match Engine::start(store.clone(), config, stopping.clone()) {
@@ -104,7 +126,7 @@ pub async fn serve(
         .build_v1alpha()?;
 
     ready();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = connections::incoming(listener, limits, stopping.clone());
     let signal = {
         let stopping = stopping.clone();
         let health = health.clone();

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::seconds;
 use crate::store::RunId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +55,7 @@ impl Leases {
             worker: worker.to_string(),
             kind,
             timeout,
-            expires: Instant::now() + timeout,
+            expires: seconds::instant_after(Instant::now(), timeout),
         };
         self.leases
             .lock()
@@ -67,7 +68,7 @@ impl Leases {
         let mut leases = self.leases.lock().expect("poisoned");
         match leases.get_mut(&(run, call_id.to_string())) {
             Some(lease) if lease.attempt == attempt => {
-                lease.expires = Instant::now() + lease.timeout;
+                lease.expires = seconds::instant_after(Instant::now(), lease.timeout);
                 true
             }
             _ => false,

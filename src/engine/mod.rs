@@ -309,7 +309,7 @@ impl Engine {
     fn heartbeat_timeout(&self, spec: Option<&ToolSpec>) -> Duration {
         match spec {
             Some(spec) if spec.heartbeat_timeout_s > 0.0 => {
-                Duration::from_secs_f64(spec.heartbeat_timeout_s)
+                crate::seconds::duration(spec.heartbeat_timeout_s)
             }
             _ => self.inner.config.default_heartbeat_timeout,
         }
@@ -591,7 +591,7 @@ impl Engine {
         let tools = self.resolve_tools(&start.tools)?;
         let now = now_ms();
         let deadline_at_ms = (start.budget.deadline_s > 0.0)
-            .then(|| now + (start.budget.deadline_s * 1000.0) as i64);
+            .then(|| crate::seconds::after_ms(now, start.budget.deadline_s));
         let started = RunStarted {
             task: start.task,
             system: start.system,
@@ -756,7 +756,7 @@ impl Engine {
         wait: Duration,
     ) -> Result<Option<Task>, Error> {
         let wait = wait.min(self.inner.config.poll_wait_cap);
-        let until = Instant::now() + wait;
+        let until = crate::seconds::instant_after(Instant::now(), wait);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             let Some(delivery) = self
