@@ -50,17 +50,17 @@ struct ServeArgs {
     data_dir: PathBuf,
     /// Longest PollTask wait, in seconds (> 0, at most 3600).
     #[arg(long, env = "AAA_POLL_WAIT_CAP_S", default_value_t = 30.0,
-          value_parser = seconds_in(aaa::seconds::SERVER_WAIT))]
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_WAIT))]
     poll_wait_cap_s: f64,
     /// Lease of task attempts whose tool sets no heartbeat timeout, in
     /// seconds (> 0, at most 21600).
     #[arg(long, env = "AAA_HEARTBEAT_TIMEOUT_S", default_value_t = 30.0,
-          value_parser = seconds_in(aaa::seconds::SERVER_HEARTBEAT))]
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_HEARTBEAT))]
     heartbeat_timeout_s: f64,
     /// How long a graceful stop waits for in-flight calls, in seconds (> 0,
     /// at most 3600).
     #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0,
-          value_parser = seconds_in(aaa::seconds::SERVER_WAIT))]
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_WAIT))]
     shutdown_grace_s: f64,
     /// Memory for sled's page cache, in MiB (1 to 65536).
     #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = aaa::config::DEFAULT_STORE_CACHE_MIB,

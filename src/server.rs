@@ -81,13 +81,12 @@ pub async fn serve(
     }
 
     let webhooks = config.webhooks.clone();
-    let store =
-        Store::open(&config.data_dir, config.store_cache_bytes).map_err(|source| {
-            ServeError::Store {
-                dir: config.data_dir.clone(),
-                source,
-            }
-        })?;
+    let store = Store::open(&config.data_dir, config.store_cache_bytes).map_err(|source| {
+        ServeError::Store {
+            dir: config.data_dir.clone(),
+            source,
+        }
+    })?;
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
     let engine = match Engine::start(store.clone(), config, stopping.clone()) {

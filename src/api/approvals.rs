@@ -139,14 +139,11 @@ impl ApprovalService for ApprovalApi {
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let request = request.into_inner();
         let filter = Filter::new(request.tool, &request.run_id, request.labels)?;
-        let heartbeat = match convert::seconds(
-            "heartbeat_s",
-            request.heartbeat_s,
-            seconds::WATCH_HEARTBEAT,
-        )? {
-            0.0 => DEFAULT_HEARTBEAT,
-            s => seconds::duration(s.max(0.05)),
-        };
+        let heartbeat =
+            match convert::seconds("heartbeat_s", request.heartbeat_s, seconds::WATCH_HEARTBEAT)? {
+                0.0 => DEFAULT_HEARTBEAT,
+                s => seconds::duration(s.max(0.05)),
+            };
         let head = self.engine.store().durable_position();
         if let Some(after) = request.after_position.filter(|after| *after > head) {
             return Err(Error::invalid(

@@ -10,6 +10,7 @@ mod deadline;
 mod errors;
 mod fold;
 mod gate;
+mod hardening;
 mod health;
 mod leases;
 mod restart;

@@ -255,6 +255,9 @@ fn a_data_dir_of_an_older_layout_is_refused_before_serving() {
         stderr.contains("the data directory has layout version 1; this aaa reads version 4 only"),
         "{stderr}"
     );
-    assert!(stderr.contains(&dir.path().display().to_string()), "{stderr}");
+    assert!(
+        stderr.contains(&dir.path().display().to_string()),
+        "{stderr}"
+    );
     assert!(output.stdout.is_empty(), "{output:?}");
 }
