@@ -1066,6 +1066,10 @@ mod tests {
 
     /// A run of the scripted reference scenario, folded up to its approval request.
     fn started(gated: bool) -> (RunState, Vec<String>, Vec<Action>) {
+        started_with(wire_money(gated))
+    }
+
+    fn started_with(tool: ToolSpec) -> (RunState, Vec<String>, Vec<Action>) {
         let steps = vec![
             ScriptStep::ToolCalls(vec![ProposedCall {
                 name: "wire_money".into(),
@@ -1079,7 +1083,7 @@ mod tests {
                 task: "Pay ACME $250".into(),
                 system: String::new(),
                 model: ModelChoice::Scripted(steps),
-                tools: vec![wire_money(gated)],
+                tools: vec![tool],
                 budget: Budget {
                     deadline_s: 0.0,
                     max_model_calls: 5,
@@ -1100,6 +1104,24 @@ mod tests {
             .collect();
         let effects = fold(&mut state, follow_ups, &mut log);
         (state, log, effects)
+    }
+
+    /// A snapshot an older version accepted (no upper bound then) arms its
+    /// timer far ahead, instead of wrapping it into the past.
+    #[test]
+    fn a_huge_stored_approval_timeout_saturates_instead_of_wrapping() {
+        let mut tool = wire_money(true);
+        tool.approval_timeout_s = 1e300;
+        let (_, log, effects) = started_with(tool);
+        assert_eq!(log.last().map(String::as_str), Some(APPROVAL_REQUESTED));
+        let due = effects
+            .iter()
+            .find_map(|a| match a {
+                Action::ArmTimer { due_ms, .. } => Some(*due_ms),
+                _ => None,
+            })
+            .expect("an approval timer");
+        assert!(due > 1_000 + 3_000_000_000_000, "due at {due}");
     }
 
     #[test]
