@@ -34,28 +34,12 @@ async fn seconds_out_of_range_are_refused_by_field_and_range() {
     for huge in [1e19, 1e308] {
         let mut tool = wire_money();
         tool.heartbeat_timeout_s = huge;
-        let status = expect_err(
-            workers
-                .register_worker(RegisterWorkerRequest {
-                    identity: "w".into(),
-                    tools: vec![tool],
-                    models: vec![],
-                })
-                .await,
-        );
+        let status = expect_err(register_one(&mut workers, tool).await);
         assert_out_of_range(&status, "tools[0].heartbeat_timeout_s", "<= 21600");
     }
     let mut tool = wire_money();
     tool.approval_timeout_s = 1e16;
-    let status = expect_err(
-        workers
-            .register_worker(RegisterWorkerRequest {
-                identity: "w".into(),
-                tools: vec![tool],
-                models: vec![],
-            })
-            .await,
-    );
+    let status = expect_err(register_one(&mut workers, tool).await);
     assert_out_of_range(&status, "tools[0].approval_timeout_s", "<= 315576000");
 
     register(&mut workers, vec![wire_money()], &[]).await;
@@ -118,6 +102,19 @@ async fn seconds_out_of_range_are_refused_by_field_and_range() {
         completed_text(&wait_for_end(&mut runs, &run_id).await),
         REFERENCE_TEXT
     );
+}
+
+async fn register_one(
+    workers: &mut WorkerClient,
+    tool: aaa::proto::ToolDefinition,
+) -> Result<tonic::Response<aaa::proto::RegisterWorkerResponse>, tonic::Status> {
+    workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "w".into(),
+            tools: vec![tool],
+            models: vec![],
+        })
+        .await
 }
 
 async fn list_runs_count(runs: &mut RunClient) -> usize {
