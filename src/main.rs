@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// glibc's malloc was a tenth of the server's CPU under load, with lock
-/// waits between its arenas (perf, README "Performance"). mimalloc asks for
+/// waits between its arenas (perf, docs/performance.md). mimalloc asks for
 /// transparent huge pages, which [`main`] turns off.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -66,7 +66,7 @@ struct ServeArgs {
     #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = aaa::config::DEFAULT_STORE_CACHE_MIB,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     store_cache_mib: u64,
-    /// Principals, roles and TLS (a TOML file; see the README). Without it
+    /// Principals, roles and TLS (a TOML file; see docs/auth.md). Without it
     /// anyone who reaches the server may call every RPC.
     #[arg(long, env = "AAA_AUTH_CONFIG")]
     auth_config: Option<PathBuf>,
@@ -86,7 +86,7 @@ struct ServeArgs {
     #[arg(long, env = "AAA_MAX_CONNECTIONS", default_value_t = aaa::config::DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_connections: u32,
-    /// Webhooks to POST events to (a TOML file; see the README).
+    /// Webhooks to POST events to (a TOML file; see docs/subscriptions.md).
     #[arg(long, env = "AAA_WEBHOOKS")]
     webhooks: Option<PathBuf>,
 }
