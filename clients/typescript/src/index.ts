@@ -95,6 +95,8 @@ export {
   RunFinished,
   RunNotFound,
   ShuttingDown,
+  StorageUnavailable,
+  MalformedRequest,
   StaleAttempt,
   Timeout,
   ToolNotRegistered,
