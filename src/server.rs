@@ -16,6 +16,9 @@ use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
 use crate::store::Store;
+use tonic::server::NamedService;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -105,14 +108,12 @@ pub async fn serve(
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RunServiceServer<RunApi>>().await;
-    health
-        .set_serving::<ApprovalServiceServer<ApprovalApi>>()
-        .await;
-    health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
-    health
-        .set_serving::<SubscriptionServiceServer<SubscriptionApi>>()
-        .await;
+    set_health(&health, ServingStatus::Serving).await;
+    tokio::spawn(follow_store(
+        store.watch_writable(),
+        health.clone(),
+        stopping.clone(),
+    ));
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -132,21 +133,11 @@ pub async fn serve(
         async move {
             shutdown.await;
             tracing::info!("shutting down");
-            health.set_not_serving::<RunServiceServer<RunApi>>().await;
-            health
-                .set_not_serving::<ApprovalServiceServer<ApprovalApi>>()
-                .await;
-            health
-                .set_not_serving::<WorkerServiceServer<WorkerApi>>()
-                .await;
-            health
-                .set_not_serving::<SubscriptionServiceServer<SubscriptionApi>>()
-                .await;
-            health
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-            // Ends streams and long polls so the graceful stop is quick.
+            // Cancelled first, so the store's follower cannot say SERVING
+            // again; this also ends streams and long polls, so the graceful
+            // stop is quick.
             stopping.cancel();
+            set_health(&health, ServingStatus::NotServing).await;
         }
     };
     let server = builder
@@ -189,4 +180,53 @@ pub async fn serve(
     store.close().await;
     served?;
     Ok(())
+}
+
+/// Sets the status of every aaa service and of the server as a whole ("").
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health
+        .set_service_status(<RunServiceServer<RunApi> as NamedService>::NAME, status)
+        .await;
+    health
+        .set_service_status(
+            <ApprovalServiceServer<ApprovalApi> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <WorkerServiceServer<WorkerApi> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <SubscriptionServiceServer<SubscriptionApi> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health.set_service_status("", status).await;
+}
+
+/// NOT_SERVING while the store refuses writes (disk full, an I/O error),
+/// SERVING again once it takes them; until shutdown.
+async fn follow_store(
+    mut writable: tokio::sync::watch::Receiver<bool>,
+    health: HealthReporter,
+    stopping: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = writable.changed() => if changed.is_err() { return },
+            _ = stopping.cancelled() => return,
+        }
+        let status = if *writable.borrow_and_update() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        if !stopping.is_cancelled() {
+            set_health(&health, status).await;
+        }
+    }
 }

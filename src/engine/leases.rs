@@ -33,6 +33,7 @@ pub struct Expired {
     pub call_id: String,
     pub attempt: u32,
     pub kind: LeaseKind,
+    pub worker: String,
 }
 
 #[derive(Default)]
@@ -117,6 +118,7 @@ impl Leases {
                     call_id: key.1,
                     attempt: lease.attempt,
                     kind: lease.kind,
+                    worker: lease.worker,
                 })
             })
             .collect()

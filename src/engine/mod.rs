@@ -44,6 +44,9 @@ pub const MAX_EVENT_BYTES: usize = 64 * 1024;
 /// Most events one input may cause (a guard against a runaway fold).
 const MAX_EVENTS_PER_BATCH: usize = 4096;
 const RUN_LOCK_STRIPES: usize = 1024;
+/// When recording a lost attempt failed (the store refused the write), how
+/// soon it is tried again.
+const LOST_LEASE_RETRY: Duration = Duration::from_secs(1);
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -1147,6 +1150,16 @@ impl Engine {
             .await;
         if let Err(e) = result {
             tracing::error!(run = %lost.run, call = %lost.call_id, "recording a lost attempt failed: {e}");
+            // The attempt is still running in the log: expire it again
+            // soon, or it would wait for a result that never comes.
+            self.inner.leases.grant(
+                lost.run,
+                &lost.call_id,
+                lost.attempt,
+                &lost.worker,
+                lost.kind,
+                LOST_LEASE_RETRY,
+            );
         }
     }
 }

@@ -15,6 +15,7 @@ mod health;
 mod leases;
 mod restart;
 mod scenario;
+mod storage;
 mod stream;
 mod subscriptions;
 mod watch;
