@@ -47,15 +47,6 @@ const (
 	ErrInvalidToken Reason = "INVALID_TOKEN"
 	// ErrShuttingDown (UNAVAILABLE): the server is stopping.
 	ErrShuttingDown Reason = "SHUTTING_DOWN"
-	// ErrStorageUnavailable (UNAVAILABLE): the server's store cannot write (disk
-	// full, an I/O error); nothing of the call was written: retry with backoff.
-	ErrStorageUnavailable Reason = "STORAGE_UNAVAILABLE"
-	// ErrMalformedRequest (INVALID_ARGUMENT): the request's bytes did not decode
-	// as the method's message.
-	ErrMalformedRequest Reason = "MALFORMED_REQUEST"
-	// ErrMemberTooSlow (RESOURCE_EXHAUSTED): a subscriber read none of its
-	// deliveries while they piled up; its stream was ended.
-	ErrMemberTooSlow Reason = "MEMBER_TOO_SLOW"
 	// ErrInternal (INTERNAL): the server failed; details are in its log.
 	ErrInternal Reason = "INTERNAL_ERROR"
 	// ErrGroupNotFound (NOT_FOUND): a consumer group that does not exist.
@@ -74,17 +65,6 @@ const (
 	// its calls while the server enforces separation of duties.
 	ErrSeparationOfDuties Reason = "SEPARATION_OF_DUTIES"
 )
-
-// Reasons lists every reason above; a test checks it against the proto's
-// ErrorReason enum, so a reason added there cannot be missed here.
-var Reasons = []Reason{
-	ErrRunNotFound, ErrCallNotFound, ErrInvalidField, ErrPayloadTooLarge,
-	ErrReservedEventType, ErrRunFinished, ErrStaleAttempt, ErrArgumentsMismatch,
-	ErrToolNotRegistered, ErrInvalidToken, ErrShuttingDown, ErrStorageUnavailable,
-	ErrMalformedRequest, ErrInternal, ErrGroupNotFound, ErrGroupMismatch,
-	ErrMemberTooSlow, ErrUnauthenticated, ErrPermissionDenied, ErrNotRunOwner,
-	ErrSeparationOfDuties,
-}
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends
 // before its terminal event.

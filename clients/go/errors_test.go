@@ -140,20 +140,3 @@ func TestErrorsWithoutServer(t *testing.T) {
 		t.Fatalf("reason message: %s", aaa.ErrRunNotFound)
 	}
 }
-
-// A reason added to types.proto's ErrorReason must be a Reason here too.
-func TestEveryProtoReasonIsAReason(t *testing.T) {
-	known := map[string]bool{}
-	for _, r := range aaa.Reasons {
-		known[string(r)] = true
-	}
-	for number, name := range aaav1.ErrorReason_name {
-		if number != 0 && !known[name] {
-			t.Errorf("reason %s of the proto is not in aaa.Reasons", name)
-		}
-		delete(known, name)
-	}
-	for name := range known {
-		t.Errorf("aaa.Reasons has %s, which the proto does not", name)
-	}
-}

@@ -122,11 +122,6 @@ export class Unavailable extends AaaError {}
 /** The server is shutting down (reason SHUTTING_DOWN). */
 export class ShuttingDown extends Unavailable {}
 
-/** The server's store cannot write (disk full, an I/O error; reason STORAGE_UNAVAILABLE): nothing was written, retry with backoff. */
-export class StorageUnavailable extends Unavailable {}
-/** The request's bytes did not decode as the method's message (reason MALFORMED_REQUEST). */
-export class MalformedRequest extends InvalidArgument {}
-
 /** INTERNAL: the server failed; its log has the details (reason INTERNAL_ERROR). */
 export class InternalError extends AaaError {}
 
@@ -138,20 +133,7 @@ export class Timeout extends AaaError {}
 
 type ErrorClass = new (message: string, options?: AaaErrorOptions) => AaaError;
 
-/**
- * Reasons that get their status code's class: the code says all a program
- * branches on, and the reason stays in `.reason`.
- */
-export const BY_CODE_ONLY: readonly string[] = [
-  "UNAUTHENTICATED",
-  "PERMISSION_DENIED",
-  "NOT_RUN_OWNER",
-  "SEPARATION_OF_DUTIES",
-  "MEMBER_TOO_SLOW",
-];
-
-/** The reasons with a class of their own. */
-export const BY_REASON: Readonly<Record<string, ErrorClass>> = {
+const BY_REASON: Record<string, ErrorClass> = {
   RUN_NOT_FOUND: RunNotFound,
   CALL_NOT_FOUND: CallNotFound,
   INVALID_FIELD: InvalidField,
@@ -163,8 +145,6 @@ export const BY_REASON: Readonly<Record<string, ErrorClass>> = {
   TOOL_NOT_REGISTERED: ToolNotRegistered,
   INVALID_TOKEN: InvalidToken,
   SHUTTING_DOWN: ShuttingDown,
-  STORAGE_UNAVAILABLE: StorageUnavailable,
-  MALFORMED_REQUEST: MalformedRequest,
   INTERNAL_ERROR: InternalError,
   GROUP_NOT_FOUND: GroupNotFound,
   GROUP_MISMATCH: GroupMismatch,

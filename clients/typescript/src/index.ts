@@ -95,8 +95,6 @@ export {
   RunFinished,
   RunNotFound,
   ShuttingDown,
-  StorageUnavailable,
-  MalformedRequest,
   StaleAttempt,
   Timeout,
   ToolNotRegistered,

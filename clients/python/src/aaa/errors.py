@@ -148,15 +148,6 @@ class ShuttingDown(Unavailable):
     """The server is shutting down (reason SHUTTING_DOWN)."""
 
 
-class StorageUnavailable(Unavailable):
-    """The server's store cannot write (disk full, an I/O error; reason STORAGE_UNAVAILABLE).
-    Nothing of the call was written: retry with backoff."""
-
-
-class MalformedRequest(InvalidArgument):
-    """The request's bytes did not decode as the method's message (reason MALFORMED_REQUEST)."""
-
-
 class InternalError(AaaError):
     """INTERNAL: the server failed; its log has the details."""
 
@@ -173,18 +164,10 @@ _BY_REASON: dict[str, type[AaaError]] = {
     "TOOL_NOT_REGISTERED": ToolNotRegistered,
     "INVALID_TOKEN": InvalidToken,
     "SHUTTING_DOWN": ShuttingDown,
-    "STORAGE_UNAVAILABLE": StorageUnavailable,
-    "MALFORMED_REQUEST": MalformedRequest,
     "INTERNAL_ERROR": InternalError,
     "GROUP_NOT_FOUND": GroupNotFound,
     "GROUP_MISMATCH": GroupMismatch,
 }
-
-# Reasons that get their status code's class: the code says all a program
-# branches on, and the reason stays in ``.reason``.
-BY_CODE_ONLY = frozenset(
-    {"UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_RUN_OWNER", "SEPARATION_OF_DUTIES", "MEMBER_TOO_SLOW"}
-)
 
 _BY_CODE: dict[grpc.StatusCode, type[AaaError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
