@@ -8,6 +8,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"aaa.dev/clients/go/aaav1"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo that the server
@@ -15,55 +17,71 @@ import (
 const ErrorDomain = "aaa.v1"
 
 // Reason is the reason the server gives for an error: the name of a value of
-// the ErrorReason enum in types.proto. The constants below are errors, so
-// errors.Is(err, aaa.ErrRunNotFound) tells whether a call failed for that
-// reason.
+// the ErrorReason enum in types.proto (aaav1.ErrorReason). The variables below
+// are errors, so errors.Is(err, aaa.ErrRunNotFound) tells whether a call
+// failed for that reason. A reason newer than this SDK still arrives in
+// Error.Reason; compare it with Reason(aaav1.ErrorReason_X.String()).
 type Reason string
 
 // Error returns the reason with an "aaa: " prefix.
 func (r Reason) Error() string { return "aaa: " + string(r) }
 
+// reasonOf is the Reason of a value of the generated enum: the names below
+// cannot drift from the proto (a test checks that every value has one).
+func reasonOf(r aaav1.ErrorReason) Reason { return Reason(r.String()) }
+
 // The reasons the server gives (google.rpc.ErrorInfo.reason, domain "aaa.v1").
-const (
+var (
 	// ErrRunNotFound (NOT_FOUND): the run id is unknown.
-	ErrRunNotFound Reason = "RUN_NOT_FOUND"
+	ErrRunNotFound = reasonOf(aaav1.ErrorReason_RUN_NOT_FOUND)
 	// ErrCallNotFound (NOT_FOUND): the run has no such call, or no approval request for it.
-	ErrCallNotFound Reason = "CALL_NOT_FOUND"
+	ErrCallNotFound = reasonOf(aaav1.ErrorReason_CALL_NOT_FOUND)
 	// ErrInvalidField (INVALID_ARGUMENT): a field is missing or malformed; Error.Field names it.
-	ErrInvalidField Reason = "INVALID_FIELD"
+	ErrInvalidField = reasonOf(aaav1.ErrorReason_INVALID_FIELD)
 	// ErrPayloadTooLarge (INVALID_ARGUMENT): a payload is over its limit (Metadata["limit"]).
-	ErrPayloadTooLarge Reason = "PAYLOAD_TOO_LARGE"
+	ErrPayloadTooLarge = reasonOf(aaav1.ErrorReason_PAYLOAD_TOO_LARGE)
 	// ErrReservedEventType (INVALID_ARGUMENT): Signal with an event type only the engine may append.
-	ErrReservedEventType Reason = "RESERVED_EVENT_TYPE"
+	ErrReservedEventType = reasonOf(aaav1.ErrorReason_RESERVED_EVENT_TYPE)
 	// ErrRunFinished (FAILED_PRECONDITION): the run has finished.
-	ErrRunFinished Reason = "RUN_FINISHED"
+	ErrRunFinished = reasonOf(aaav1.ErrorReason_RUN_FINISHED)
 	// ErrStaleAttempt (FAILED_PRECONDITION): the task token names an attempt that is no longer current.
-	ErrStaleAttempt Reason = "STALE_ATTEMPT"
+	ErrStaleAttempt = reasonOf(aaav1.ErrorReason_STALE_ATTEMPT)
 	// ErrArgumentsMismatch (FAILED_PRECONDITION): a grant's arguments_sha256 does not match the request.
-	ErrArgumentsMismatch Reason = "ARGUMENTS_MISMATCH"
+	ErrArgumentsMismatch = reasonOf(aaav1.ErrorReason_ARGUMENTS_MISMATCH)
 	// ErrToolNotRegistered (INVALID_ARGUMENT): StartRun names a tool no worker has registered.
-	ErrToolNotRegistered Reason = "TOOL_NOT_REGISTERED"
+	ErrToolNotRegistered = reasonOf(aaav1.ErrorReason_TOOL_NOT_REGISTERED)
 	// ErrInvalidToken (INVALID_ARGUMENT): the task token is not one the server minted.
-	ErrInvalidToken Reason = "INVALID_TOKEN"
+	ErrInvalidToken = reasonOf(aaav1.ErrorReason_INVALID_TOKEN)
 	// ErrShuttingDown (UNAVAILABLE): the server is stopping.
-	ErrShuttingDown Reason = "SHUTTING_DOWN"
+	ErrShuttingDown = reasonOf(aaav1.ErrorReason_SHUTTING_DOWN)
 	// ErrInternal (INTERNAL): the server failed; details are in its log.
-	ErrInternal Reason = "INTERNAL_ERROR"
-	// ErrGroupNotFound (NOT_FOUND): a consumer group that does not exist.
-	ErrGroupNotFound Reason = "GROUP_NOT_FOUND"
-	// ErrGroupMismatch (FAILED_PRECONDITION): Subscribe asked a group for another
-	// definition than it was created with; Error.Field says which part differs.
-	ErrGroupMismatch Reason = "GROUP_MISMATCH"
+	ErrInternal = reasonOf(aaav1.ErrorReason_INTERNAL_ERROR)
 	// ErrUnauthenticated (UNAUTHENTICATED): no token or client certificate, or one the server does not know.
-	ErrUnauthenticated Reason = "UNAUTHENTICATED"
+	ErrUnauthenticated = reasonOf(aaav1.ErrorReason_UNAUTHENTICATED)
 	// ErrPermissionDenied (PERMISSION_DENIED): the caller lacks the role;
 	// Metadata["roles"] lists the roles that would do, comma-separated.
-	ErrPermissionDenied Reason = "PERMISSION_DENIED"
+	ErrPermissionDenied = reasonOf(aaav1.ErrorReason_PERMISSION_DENIED)
 	// ErrNotRunOwner (PERMISSION_DENIED): a runner touched a run it did not start.
-	ErrNotRunOwner Reason = "NOT_RUN_OWNER"
+	ErrNotRunOwner = reasonOf(aaav1.ErrorReason_NOT_RUN_OWNER)
 	// ErrSeparationOfDuties (PERMISSION_DENIED): the run's starter decided one of
 	// its calls while the server enforces separation of duties.
-	ErrSeparationOfDuties Reason = "SEPARATION_OF_DUTIES"
+	ErrSeparationOfDuties = reasonOf(aaav1.ErrorReason_SEPARATION_OF_DUTIES)
+	// ErrGroupNotFound (NOT_FOUND): a consumer group that does not exist.
+	ErrGroupNotFound = reasonOf(aaav1.ErrorReason_GROUP_NOT_FOUND)
+	// ErrGroupMismatch (FAILED_PRECONDITION): Subscribe asked a group for another
+	// definition than it was created with; Error.Field says which part differs.
+	ErrGroupMismatch = reasonOf(aaav1.ErrorReason_GROUP_MISMATCH)
+	// ErrMemberTooSlow (RESOURCE_EXHAUSTED): a subscriber read none of its
+	// deliveries while they piled up and the server ended its stream;
+	// Subscribe joins again by itself.
+	ErrMemberTooSlow = reasonOf(aaav1.ErrorReason_MEMBER_TOO_SLOW)
+	// ErrStorageUnavailable (UNAVAILABLE): the server's store cannot take
+	// writes (disk full, I/O error, database unreachable) and wrote nothing of
+	// the call; retried like any UNAVAILABLE.
+	ErrStorageUnavailable = reasonOf(aaav1.ErrorReason_STORAGE_UNAVAILABLE)
+	// ErrMalformedRequest (INVALID_ARGUMENT): the request bytes are not a valid
+	// message of the method's type: a bug of the client that sent them.
+	ErrMalformedRequest = reasonOf(aaav1.ErrorReason_MALFORMED_REQUEST)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

@@ -10,6 +10,7 @@ import (
 
 	aaa "aaa.dev/clients/go"
 	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -138,5 +139,44 @@ func TestErrorsWithoutServer(t *testing.T) {
 	}
 	if aaa.ErrRunNotFound.Error() != "aaa: RUN_NOT_FOUND" {
 		t.Fatalf("reason message: %s", aaa.ErrRunNotFound)
+	}
+}
+
+// TestEveryErrorReasonHasASentinel fails when the proto's ErrorReason gains a
+// value that the SDK has no Err variable for.
+func TestEveryErrorReasonHasASentinel(t *testing.T) {
+	sentinels := []aaa.Reason{
+		aaa.ErrRunNotFound, aaa.ErrCallNotFound, aaa.ErrInvalidField, aaa.ErrPayloadTooLarge,
+		aaa.ErrReservedEventType, aaa.ErrRunFinished, aaa.ErrStaleAttempt, aaa.ErrArgumentsMismatch,
+		aaa.ErrToolNotRegistered, aaa.ErrInvalidToken, aaa.ErrShuttingDown, aaa.ErrInternal,
+		aaa.ErrUnauthenticated, aaa.ErrPermissionDenied, aaa.ErrNotRunOwner, aaa.ErrSeparationOfDuties,
+		aaa.ErrGroupNotFound, aaa.ErrGroupMismatch, aaa.ErrMemberTooSlow, aaa.ErrStorageUnavailable,
+		aaa.ErrMalformedRequest,
+	}
+	known := map[string]aaa.Reason{}
+	for _, r := range sentinels {
+		known[string(r)] = r
+	}
+	for value, name := range aaav1.ErrorReason_name {
+		if value == int32(aaav1.ErrorReason_ERROR_REASON_UNSPECIFIED) {
+			continue
+		}
+		sentinel, ok := known[name]
+		if !ok {
+			t.Errorf("ErrorReason %s has no Err variable", name)
+			continue
+		}
+		delete(known, name)
+		info := &errdetails.ErrorInfo{Reason: name, Domain: aaa.ErrorDomain}
+		st, err := status.New(codes.Unknown, "refused").WithDetails(info)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := aaa.FromGRPC(st.Err()); !errors.Is(got, sentinel) {
+			t.Errorf("FromGRPC of reason %s: %v, not %v", name, got, sentinel)
+		}
+	}
+	for name := range known {
+		t.Errorf("Err variable %s names no value of ErrorReason", name)
 	}
 }

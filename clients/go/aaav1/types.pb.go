@@ -193,6 +193,14 @@ const (
 	// RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they
 	// piled up; its stream is ended and its deliveries go to other members.
 	ErrorReason_MEMBER_TOO_SLOW ErrorReason = 22
+	// UNAVAILABLE: the store cannot take writes (disk full, an I/O error, the
+	// database unreachable); the message names the cause. Nothing of the call
+	// was written: retry with backoff. Health reports NOT_SERVING meanwhile,
+	// and the server takes writes again by itself once the cause is gone.
+	ErrorReason_STORAGE_UNAVAILABLE ErrorReason = 23
+	// INVALID_ARGUMENT: the request bytes are not a valid message of the
+	// method's type (a string that is not UTF-8, a truncated field, ...).
+	ErrorReason_MALFORMED_REQUEST ErrorReason = 24
 )
 
 // Enum value maps for ErrorReason.
@@ -218,6 +226,8 @@ var (
 		20: "GROUP_NOT_FOUND",
 		21: "GROUP_MISMATCH",
 		22: "MEMBER_TOO_SLOW",
+		23: "STORAGE_UNAVAILABLE",
+		24: "MALFORMED_REQUEST",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -240,6 +250,8 @@ var (
 		"GROUP_NOT_FOUND":          20,
 		"GROUP_MISMATCH":           21,
 		"MEMBER_TOO_SLOW":          22,
+		"STORAGE_UNAVAILABLE":      23,
+		"MALFORMED_REQUEST":        24,
 	}
 )
 
@@ -913,7 +925,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xbc\x03\n" +
+	"\tROLE_TOOL\x10\x04*\xec\x03\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -935,7 +947,9 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x14SEPARATION_OF_DUTIES\x10\x10\x12\x13\n" +
 	"\x0fGROUP_NOT_FOUND\x10\x14\x12\x12\n" +
 	"\x0eGROUP_MISMATCH\x10\x15\x12\x13\n" +
-	"\x0fMEMBER_TOO_SLOW\x10\x16Bq\n" +
+	"\x0fMEMBER_TOO_SLOW\x10\x16\x12\x17\n" +
+	"\x13STORAGE_UNAVAILABLE\x10\x17\x12\x15\n" +
+	"\x11MALFORMED_REQUEST\x10\x18Bq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

@@ -816,9 +816,14 @@ func (*CompleteTaskRequest_Reply) isCompleteTaskRequest_Result() {}
 
 // CompleteTask's answer.
 type CompleteTaskResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when this attempt's result was recorded already, by an earlier
+	// call with the same token and the same result whose answer was lost:
+	// the retry changed nothing. (The same token with a different result is
+	// refused with STALE_ATTEMPT.)
+	AlreadyRecorded bool `protobuf:"varint,1,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CompleteTaskResponse) Reset() {
@@ -849,6 +854,13 @@ func (x *CompleteTaskResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use CompleteTaskResponse.ProtoReflect.Descriptor instead.
 func (*CompleteTaskResponse) Descriptor() ([]byte, []int) {
 	return file_aaa_v1_worker_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *CompleteTaskResponse) GetAlreadyRecorded() bool {
+	if x != nil {
+		return x.AlreadyRecorded
+	}
+	return false
 }
 
 // FailTask's request.
@@ -917,9 +929,12 @@ func (x *FailTaskRequest) GetNonRetryable() bool {
 
 // FailTask's answer.
 type FailTaskResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when this attempt's failure was recorded already, by an earlier
+	// call with the same token and the same error (see CompleteTaskResponse).
+	AlreadyRecorded bool `protobuf:"varint,1,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *FailTaskResponse) Reset() {
@@ -950,6 +965,13 @@ func (x *FailTaskResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use FailTaskResponse.ProtoReflect.Descriptor instead.
 func (*FailTaskResponse) Descriptor() ([]byte, []int) {
 	return file_aaa_v1_worker_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *FailTaskResponse) GetAlreadyRecorded() bool {
+	if x != nil {
+		return x.AlreadyRecorded
+	}
+	return false
 }
 
 var File_aaa_v1_worker_proto protoreflect.FileDescriptor
@@ -1005,13 +1027,15 @@ const file_aaa_v1_worker_proto_rawDesc = "" +
 	"\voutput_json\x18\x02 \x01(\tH\x00R\n" +
 	"outputJson\x12*\n" +
 	"\x05reply\x18\x03 \x01(\v2\x12.aaa.v1.ModelReplyH\x00R\x05replyB\b\n" +
-	"\x06result\"\x16\n" +
-	"\x14CompleteTaskResponse\"w\n" +
+	"\x06result\"A\n" +
+	"\x14CompleteTaskResponse\x12)\n" +
+	"\x10already_recorded\x18\x01 \x01(\bR\x0falreadyRecorded\"w\n" +
 	"\x0fFailTaskRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12)\n" +
 	"\x05error\x18\x02 \x01(\v2\x13.aaa.v1.ErrorDetailR\x05error\x12#\n" +
-	"\rnon_retryable\x18\x03 \x01(\bR\fnonRetryable\"\x12\n" +
-	"\x10FailTaskResponse2\xf7\x02\n" +
+	"\rnon_retryable\x18\x03 \x01(\bR\fnonRetryable\"=\n" +
+	"\x10FailTaskResponse\x12)\n" +
+	"\x10already_recorded\x18\x01 \x01(\bR\x0falreadyRecorded2\xf7\x02\n" +
 	"\rWorkerService\x12O\n" +
 	"\x0eRegisterWorker\x12\x1d.aaa.v1.RegisterWorkerRequest\x1a\x1e.aaa.v1.RegisterWorkerResponse\x12=\n" +
 	"\bPollTask\x12\x17.aaa.v1.PollTaskRequest\x1a\x18.aaa.v1.PollTaskResponse\x12L\n" +

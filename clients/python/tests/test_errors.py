@@ -6,10 +6,12 @@ import asyncio
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 
 import aaa
+import aaa.errors
 from aaa import echo, text, tool, tool_call
-from aaa.pb import worker_pb2
+from aaa.pb import types_pb2, worker_pb2
 
 from helpers import WAIT_S
 
@@ -80,3 +82,37 @@ async def test_bad_tokens(client):
 async def test_unreachable_server():
     with pytest.raises(aaa.Unavailable):
         await aaa.connect("127.0.0.1:1", timeout=0.5)
+
+
+class _FakeRpcError(grpc.RpcError):
+    """A failed call as grpc.aio reports it: a code and the status-details trailer."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        info = error_details_pb2.ErrorInfo(reason=reason, domain=aaa.errors.DOMAIN)
+        status = status_pb2.Status(code=code.value[0], message="refused")
+        status.details.add().Pack(info)
+        self._code, self._trailers = code, (("grpc-status-details-bin", status.SerializeToString()),)
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return "refused"
+
+    def trailing_metadata(self):
+        return self._trailers
+
+
+def test_every_error_reason_of_the_proto_has_its_class():
+    reasons = set(types_pb2.ErrorReason.keys()) - {"ERROR_REASON_UNSPECIFIED"}
+    assert reasons == set(aaa.errors._BY_REASON)
+    for reason in reasons:
+        err = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.UNKNOWN, reason))
+        assert type(err) is aaa.errors._BY_REASON[reason] and err.reason == reason
+    storage = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "STORAGE_UNAVAILABLE"))
+    assert isinstance(storage, aaa.StorageUnavailable) and isinstance(storage, aaa.Unavailable)
+    malformed = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST"))
+    assert isinstance(malformed, aaa.MalformedRequest) and isinstance(malformed, aaa.InvalidArgument)
+    # A reason newer than the SDK falls back to the class of its status code.
+    newer = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.NOT_FOUND, "SOMETHING_NEW"))
+    assert type(newer) is aaa.NotFound and newer.reason == "SOMETHING_NEW"

@@ -11,6 +11,7 @@ import aaa
 from aaa import text, tool, tool_call
 from aaa.pb import subscription_pb2
 
+from conftest import start_server, stop_process
 from helpers import WAIT_S
 
 
@@ -102,3 +103,71 @@ async def test_bad_subscriptions_are_refused(client, uid):
         assert mismatch.value.metadata["field"] == "open.event_types"
     finally:
         first.cancel()
+
+
+class EndsFirstStream:
+    """A SubscriptionService stub whose first Subscribe stream ends cleanly after its first
+    delivery, as when the server ends it; later streams are the real ones."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.streams = 0
+
+    def Subscribe(self, requests):
+        self.streams += 1
+        call = self.real.Subscribe(requests)
+        return call if self.streams > 1 else _EndsAfterADelivery(call)
+
+
+class _EndsAfterADelivery:
+    def __init__(self, call) -> None:
+        self.call = call
+
+    def cancel(self) -> bool:
+        return self.call.cancel()
+
+    async def __aiter__(self):
+        async for response in self.call:
+            yield response
+            if response.WhichOneof("item") == "delivery":
+                return
+
+
+async def test_a_subscriber_joins_again_after_the_server_ends_its_stream(tmp_path, uid):
+    server = start_server(tmp_path / "data", tmp_path / "server.log")
+    # retry_s=0: calls do not retry, but a subscription joins again all the same.
+    subscriber = await aaa.connect(server.address, retry_s=0)
+    subscriber.stubs.subscription = EndsFirstStream(subscriber.stubs.subscription)
+    client = await aaa.connect(server.address)
+    labels = {"test": uid}
+    started: asyncio.Queue[str] = asyncio.Queue()
+
+    async def next_run_started(run: aaa.Run) -> None:
+        """Waits for the delivery of ``run``'s aaa.run.started (skipping redeliveries of earlier ones)."""
+        while await asyncio.wait_for(started.get(), WAIT_S) != run.id:
+            pass
+
+    try:
+        async with subscribed(
+            subscriber,
+            "aaa.run.started",
+            lambda d: started.put_nowait(d.event.run_id),
+            group=f"restart-{uid}",
+            labels=labels,
+            start_from="beginning",
+        ) as subscription:
+            before = await client.start_run("one", model=[text("1")], labels=labels)
+            await next_run_started(before)  # and the first stream ends
+            after_end = await client.start_run("two", model=[text("2")], labels=labels)
+            await next_run_started(after_end)
+            assert subscriber.stubs.subscription.streams >= 2
+
+            stop_process(server.process)  # SIGTERM: the stream ends with UNAVAILABLE (SHUTTING_DOWN)
+            server = start_server(tmp_path / "data", tmp_path / "server.log", listen=server.address)
+            after_restart = await client.start_run("three", model=[text("3")], labels=labels)
+            await next_run_started(after_restart)
+            assert not subscription.done()
+    finally:
+        await subscriber.close()
+        await client.close()
+        stop_process(server.process)

@@ -22,6 +22,7 @@
 
 import { Code, ConnectError } from "@connectrpc/connect";
 import { BinaryReader } from "@bufbuild/protobuf/wire";
+import { ErrorReason } from "./gen/aaa/v1/types_pb.js";
 
 export { Code };
 
@@ -92,6 +93,8 @@ export class ReservedEventType extends InvalidArgument {}
 export class ToolNotRegistered extends InvalidArgument {}
 /** A task token this server did not mint (reason INVALID_TOKEN). */
 export class InvalidToken extends InvalidArgument {}
+/** The request bytes are not a valid message (reason MALFORMED_REQUEST): a bug of the client that sent them. */
+export class MalformedRequest extends InvalidArgument {}
 
 /** FAILED_PRECONDITION: the run or attempt is in the wrong state. */
 export class FailedPrecondition extends AaaError {}
@@ -116,11 +119,26 @@ export class Unauthenticated extends AaaError {}
  * under separation of duties (reason SEPARATION_OF_DUTIES).
  */
 export class PermissionDenied extends AaaError {}
+/** A runner (without the reader role) acts on a run another principal started (reason NOT_RUN_OWNER). */
+export class NotRunOwner extends PermissionDenied {}
+/** With separation of duties on, the principal that started the run decides one of its calls (reason SEPARATION_OF_DUTIES). */
+export class SeparationOfDuties extends PermissionDenied {}
+
+/**
+ * RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they piled up and the server
+ * ended its stream (reason MEMBER_TOO_SLOW); `client.subscribe` joins again by itself.
+ */
+export class MemberTooSlow extends AaaError {}
 
 /** UNAVAILABLE: the server cannot be reached or is not serving. */
 export class Unavailable extends AaaError {}
 /** The server is shutting down (reason SHUTTING_DOWN). */
 export class ShuttingDown extends Unavailable {}
+/**
+ * The server's store cannot take writes (disk full, I/O error, database unreachable) and wrote
+ * nothing of the call (reason STORAGE_UNAVAILABLE): retried with backoff like any `Unavailable`.
+ */
+export class StorageUnavailable extends Unavailable {}
 
 /** INTERNAL: the server failed; its log has the details (reason INTERNAL_ERROR). */
 export class InternalError extends AaaError {}
@@ -133,7 +151,15 @@ export class Timeout extends AaaError {}
 
 type ErrorClass = new (message: string, options?: AaaErrorOptions) => AaaError;
 
-const BY_REASON: Record<string, ErrorClass> = {
+/** A value of the `ErrorReason` enum of types.proto, by name. */
+export type ReasonName = Exclude<keyof typeof ErrorReason, "ERROR_REASON_UNSPECIFIED">;
+
+/**
+ * The class of each reason. Typed by the generated enum: a reason added to the
+ * proto that has no class here fails the type-check. A reason newer than the
+ * SDK gets the class of its status code.
+ */
+const BY_REASON: Record<ReasonName, ErrorClass> = {
   RUN_NOT_FOUND: RunNotFound,
   CALL_NOT_FOUND: CallNotFound,
   INVALID_FIELD: InvalidField,
@@ -146,9 +172,21 @@ const BY_REASON: Record<string, ErrorClass> = {
   INVALID_TOKEN: InvalidToken,
   SHUTTING_DOWN: ShuttingDown,
   INTERNAL_ERROR: InternalError,
+  UNAUTHENTICATED: Unauthenticated,
+  PERMISSION_DENIED: PermissionDenied,
+  NOT_RUN_OWNER: NotRunOwner,
+  SEPARATION_OF_DUTIES: SeparationOfDuties,
   GROUP_NOT_FOUND: GroupNotFound,
   GROUP_MISMATCH: GroupMismatch,
+  MEMBER_TOO_SLOW: MemberTooSlow,
+  STORAGE_UNAVAILABLE: StorageUnavailable,
+  MALFORMED_REQUEST: MalformedRequest,
 };
+
+/** The class of a reason the server sent, if this SDK knows it. */
+function reasonClass(reason: string): ErrorClass | undefined {
+  return Object.hasOwn(BY_REASON, reason) ? BY_REASON[reason as ReasonName] : undefined;
+}
 
 const BY_CODE: Partial<Record<Code, ErrorClass>> = {
   [Code.NotFound]: NotFound,
@@ -252,7 +290,7 @@ export function toAaaError(err: unknown): AaaError {
   if (info === undefined && ce.code !== Code.Canceled && lostConnection(ce)) {
     return new Unavailable(`connection lost: ${ce.rawMessage}`, { code: Code.Unavailable, cause: err });
   }
-  const cls = (info && BY_REASON[info.reason]) ?? BY_CODE[ce.code] ?? AaaError;
+  const cls = (info && reasonClass(info.reason)) ?? BY_CODE[ce.code] ?? AaaError;
   return new cls(ce.rawMessage, { code: ce.code, reason: info?.reason, metadata: info?.metadata, cause: err });
 }
 

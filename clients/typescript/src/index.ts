@@ -87,15 +87,20 @@ export {
   InvalidArgument,
   InvalidField,
   InvalidToken,
+  MalformedRequest,
+  MemberTooSlow,
   NonRetryable,
   NotFound,
+  NotRunOwner,
   PayloadTooLarge,
   PermissionDenied,
   ReservedEventType,
   RunFinished,
   RunNotFound,
+  SeparationOfDuties,
   ShuttingDown,
   StaleAttempt,
+  StorageUnavailable,
   Timeout,
   ToolNotRegistered,
   Unauthenticated,
@@ -104,6 +109,7 @@ export {
   toAaaError,
   type AaaErrorOptions,
   type ErrorInfo,
+  type ReasonName,
 } from "./errors.js";
 export { type Delivery, type DeliveryHandler, type SubscribeOptions } from "./subscriptions.js";
 export { parse, parseObject, stringify, type JsonObject, type JsonValue } from "./json.js";

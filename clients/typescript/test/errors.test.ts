@@ -2,6 +2,8 @@
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
+import { ConnectError } from "@connectrpc/connect";
+import { BinaryWriter, WireType } from "@bufbuild/protobuf/wire";
 import {
   AaaError,
   ArgumentsMismatch,
@@ -10,17 +12,21 @@ import {
   FailedPrecondition,
   InvalidArgument,
   InvalidField,
+  MalformedRequest,
   NotFound,
   ReservedEventType,
   RunFinished,
   RunNotFound,
+  StorageUnavailable,
   ToolNotRegistered,
   Unavailable,
   connect,
   decodeErrorInfo,
   echo,
+  pb,
   text,
   tool,
+  toAaaError,
   toolCall,
   type Client,
 } from "../src/index.js";
@@ -120,4 +126,34 @@ test("ErrorInfo is decoded from its protobuf bytes", () => {
     Buffer.from([0x48, 1]),
   ]);
   assert.deepEqual(decodeErrorInfo(bytes), { reason: "RUN_NOT_FOUND", domain: "aaa.v1", metadata: { field: "run_id" } });
+});
+
+/** A failed call as connect reports it: a code and an aaa ErrorInfo with this reason. */
+function refusal(code: Code, reason: string): ConnectError {
+  const info = new BinaryWriter()
+    .tag(1, WireType.LengthDelimited).string(reason)
+    .tag(2, WireType.LengthDelimited).string("aaa.v1")
+    .finish();
+  const err = new ConnectError("refused", code);
+  err.details.push({ type: "google.rpc.ErrorInfo", value: info }); // as parsed from the trailer
+  return err;
+}
+
+test("every ErrorReason of the proto has its error class", () => {
+  const names = Object.keys(pb.types.ErrorReason).filter((k) => Number.isNaN(Number(k)) && k !== "ERROR_REASON_UNSPECIFIED");
+  assert.ok(names.includes("STORAGE_UNAVAILABLE") && names.includes("MALFORMED_REQUEST"));
+  for (const reason of names) {
+    // Code.Unknown has no class of its own: only the reason can choose one.
+    const err = toAaaError(refusal(Code.Unknown, reason));
+    assert.notEqual(err.constructor, AaaError, `${reason} has no class`);
+    assert.equal(err.reason, reason);
+  }
+  const storage = toAaaError(refusal(Code.Unavailable, "STORAGE_UNAVAILABLE"));
+  assert.ok(storage instanceof StorageUnavailable && storage instanceof Unavailable);
+  const malformed = toAaaError(refusal(Code.InvalidArgument, "MALFORMED_REQUEST"));
+  assert.ok(malformed instanceof MalformedRequest && malformed instanceof InvalidArgument);
+  // A reason newer than the SDK gets the class of its status code.
+  const newer = toAaaError(refusal(Code.NotFound, "SOMETHING_NEW"));
+  assert.equal(newer.constructor, NotFound);
+  assert.equal(newer.reason, "SOMETHING_NEW");
 });

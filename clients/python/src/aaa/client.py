@@ -31,12 +31,13 @@ from ._proto.aaa.v1 import (
     approval_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
+    subscription_pb2,
     subscription_pb2_grpc,
     worker_pb2_grpc,
 )
 from .errors import AaaError, Unavailable, from_rpc_error
 from .models import Reply
-from .subscriptions import Handler, subscribe
+from .subscriptions import _START_FROM, Handler, _follow_group
 from .tools import Tool
 from .types import (
     TERMINAL_EVENT_TYPES,
@@ -73,10 +74,11 @@ _CHANNEL_OPTIONS = [
 
 
 class _Backoff:
-    """Exponential backoff within a time budget, for retrying UNAVAILABLE."""
+    """Exponential backoff (50 ms doubling up to ``cap_s``) within a time budget (None: no end)."""
 
-    def __init__(self, budget_s: float | None) -> None:
+    def __init__(self, budget_s: float | None, cap_s: float = 1.0) -> None:
         self.budget_s = budget_s
+        self.cap_s = cap_s
         self.reset()
 
     def reset(self) -> None:
@@ -90,7 +92,7 @@ class _Backoff:
         if self.deadline is not None and loop.time() + self.delay > self.deadline:
             return False
         await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, 1.0)
+        self.delay = min(self.delay * 2, self.cap_s)
         return True
 
 
@@ -324,7 +326,13 @@ class Client:
         (``delivery.attempt`` + 1) until the group's ``max_deliveries`` move it
         to the dead-letter list. Deliveries are handled concurrently, at most
         ``max_in_flight`` at a time. Delivery is at least once: deduplicate on
-        ``(event.run_id, event.seq)``. A dropped connection is re-joined.
+        ``(event.run_id, event.seq)``.
+
+        When the stream ends for a reason that passes (the server ended it,
+        stopped, restarted or was unreachable: UNAVAILABLE; or dropped this
+        member as too slow: MEMBER_TOO_SLOW), the group is joined again after
+        a backoff of 50 ms doubling up to 5 s, for as long as it takes
+        (``retry_s`` does not apply); deliveries not acked come again.
 
         Args:
             group: the group's name; the first member creates it.
@@ -335,21 +343,24 @@ class Client:
             max_deliveries: attempts before dead-lettering (0: group's, 5).
             max_in_flight: unacked deliveries this member holds at most (0: 16).
 
-        Raises ``InvalidField`` for a bad pattern or group name, and
-        ``GroupMismatch`` when the group exists with another definition.
+        Any other refusal ends it: ``InvalidField`` for a bad pattern or group
+        name, ``GroupMismatch`` when the group exists with another definition,
+        ``PermissionDenied``, ``Unauthenticated``...
         """
-        await subscribe(
-            self,
-            event_types,
-            handler,
+        opening = subscription_pb2.SubscriptionOpen(
             group=group,
-            labels=labels,
-            start_from=start_from,
-            start_after_position=start_after_position,
+            event_types=[event_types] if isinstance(event_types, str) else list(event_types),
+            labels=dict(labels or {}),
             ack_timeout_s=ack_timeout_s,
             max_deliveries=max_deliveries,
             max_in_flight=max_in_flight,
         )
+        if start_after_position is not None:
+            opening.start_from = subscription_pb2.START_FROM_AFTER_POSITION
+            opening.start_after_position = start_after_position
+        else:
+            opening.start_from = _START_FROM[start_from]
+        await _follow_group(self, opening, handler)
 
     def worker(
         self,

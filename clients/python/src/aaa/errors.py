@@ -22,6 +22,8 @@ from typing import Any, Mapping
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from ._proto.aaa.v1 import types_pb2
+
 #: The ErrorInfo domain of errors raised by aaa servers.
 DOMAIN = "aaa.v1"
 
@@ -94,6 +96,11 @@ class ReservedEventType(InvalidArgument):
     """Signal with an event type only the engine may append (reason RESERVED_EVENT_TYPE)."""
 
 
+class MalformedRequest(InvalidArgument):
+    """The request bytes are not a valid message (reason MALFORMED_REQUEST): a bug of the
+    client that sent them, not something a retry fixes."""
+
+
 class ToolNotRegistered(InvalidArgument):
     """StartRun names a tool no worker has registered (reason TOOL_NOT_REGISTERED)."""
 
@@ -140,6 +147,20 @@ class PermissionDenied(AaaError):
     run it started under separation of duties (reason SEPARATION_OF_DUTIES)."""
 
 
+class NotRunOwner(PermissionDenied):
+    """A runner (without the reader role) acts on a run another principal started (reason NOT_RUN_OWNER)."""
+
+
+class SeparationOfDuties(PermissionDenied):
+    """With separation of duties on, the principal that started the run decides one of its calls
+    (reason SEPARATION_OF_DUTIES)."""
+
+
+class MemberTooSlow(AaaError):
+    """RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they piled up, and the
+    server ended its stream (reason MEMBER_TOO_SLOW); ``Client.subscribe`` joins again by itself."""
+
+
 class Unavailable(AaaError):
     """UNAVAILABLE: the server cannot be reached or is not serving."""
 
@@ -148,25 +169,44 @@ class ShuttingDown(Unavailable):
     """The server is shutting down (reason SHUTTING_DOWN)."""
 
 
+class StorageUnavailable(Unavailable):
+    """The server's store cannot take writes (disk full, I/O error, database unreachable) and
+    wrote nothing of the call (reason STORAGE_UNAVAILABLE): retry with backoff, as the SDK does."""
+
+
 class InternalError(AaaError):
     """INTERNAL: the server failed; its log has the details."""
 
 
+_R = types_pb2.ErrorReason
+
+#: The class of each ``ErrorReason`` of types.proto (all but ERROR_REASON_UNSPECIFIED; a test
+#: checks that none is missing). A reason newer than this SDK gets the class of its status code.
 _BY_REASON: dict[str, type[AaaError]] = {
-    "RUN_NOT_FOUND": RunNotFound,
-    "CALL_NOT_FOUND": CallNotFound,
-    "INVALID_FIELD": InvalidField,
-    "PAYLOAD_TOO_LARGE": PayloadTooLarge,
-    "RESERVED_EVENT_TYPE": ReservedEventType,
-    "RUN_FINISHED": RunFinished,
-    "STALE_ATTEMPT": StaleAttempt,
-    "ARGUMENTS_MISMATCH": ArgumentsMismatch,
-    "TOOL_NOT_REGISTERED": ToolNotRegistered,
-    "INVALID_TOKEN": InvalidToken,
-    "SHUTTING_DOWN": ShuttingDown,
-    "INTERNAL_ERROR": InternalError,
-    "GROUP_NOT_FOUND": GroupNotFound,
-    "GROUP_MISMATCH": GroupMismatch,
+    _R.Name(reason): cls
+    for reason, cls in {
+        types_pb2.RUN_NOT_FOUND: RunNotFound,
+        types_pb2.CALL_NOT_FOUND: CallNotFound,
+        types_pb2.INVALID_FIELD: InvalidField,
+        types_pb2.PAYLOAD_TOO_LARGE: PayloadTooLarge,
+        types_pb2.RESERVED_EVENT_TYPE: ReservedEventType,
+        types_pb2.RUN_FINISHED: RunFinished,
+        types_pb2.STALE_ATTEMPT: StaleAttempt,
+        types_pb2.ARGUMENTS_MISMATCH: ArgumentsMismatch,
+        types_pb2.TOOL_NOT_REGISTERED: ToolNotRegistered,
+        types_pb2.INVALID_TOKEN: InvalidToken,
+        types_pb2.SHUTTING_DOWN: ShuttingDown,
+        types_pb2.INTERNAL_ERROR: InternalError,
+        types_pb2.UNAUTHENTICATED: Unauthenticated,
+        types_pb2.PERMISSION_DENIED: PermissionDenied,
+        types_pb2.NOT_RUN_OWNER: NotRunOwner,
+        types_pb2.SEPARATION_OF_DUTIES: SeparationOfDuties,
+        types_pb2.GROUP_NOT_FOUND: GroupNotFound,
+        types_pb2.GROUP_MISMATCH: GroupMismatch,
+        types_pb2.MEMBER_TOO_SLOW: MemberTooSlow,
+        types_pb2.STORAGE_UNAVAILABLE: StorageUnavailable,
+        types_pb2.MALFORMED_REQUEST: MalformedRequest,
+    }.items()
 }
 
 _BY_CODE: dict[grpc.StatusCode, type[AaaError]] = {

@@ -12,24 +12,33 @@ returning acks the delivery; the handler raising nacks it, so it is delivered
 again (``attempt`` + 1), to this or another member, until the group's
 ``max_deliveries`` move it to the dead-letter list. Delivery is at least
 once: deduplicate on ``(event.run_id, event.seq)``.
+
+When the stream ends for a reason that passes (the server ended it, stopped,
+restarted or was unreachable, or dropped the member as too slow), the group
+is joined again with a backoff (50 ms doubling up to ``REJOIN_CAP_S``), until
+the caller cancels; refusals that cannot get better (a bad pattern,
+GROUP_MISMATCH, PERMISSION_DENIED...) end it with their error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Union
 
 import grpc.aio
 
 from ._proto.aaa.v1 import subscription_pb2
-from .errors import from_rpc_error
+from .errors import AaaError, MemberTooSlow, Unavailable, from_rpc_error
 from .types import Event, _time
 
 if TYPE_CHECKING:
     from .client import Client
+
+log = logging.getLogger("aaa.subscriptions")
 
 _START_FROM = {
     "now": subscription_pb2.START_FROM_NOW,
@@ -70,39 +79,22 @@ class Delivery:
 Handler = Callable[[Delivery], Union[Awaitable[None], None]]
 
 
-async def subscribe(
-    client: Client,
-    event_types: str | Sequence[str],
-    handler: Handler,
-    *,
-    group: str,
-    labels: Mapping[str, str] | None = None,
-    start_from: str = "now",
-    start_after_position: int | None = None,
-    ack_timeout_s: float = 0.0,
-    max_deliveries: int = 0,
-    max_in_flight: int = 0,
-) -> None:
-    """Join ``group`` and call ``handler`` for each delivery, until cancelled.
+#: The longest wait between two joins of a group whose stream ended.
+REJOIN_CAP_S = 5.0
 
-    See ``Client.subscribe``.
-    """
-    from .client import _Backoff, _transient
 
-    opening = subscription_pb2.SubscriptionOpen(
-        group=group,
-        event_types=[event_types] if isinstance(event_types, str) else list(event_types),
-        labels=dict(labels or {}),
-        ack_timeout_s=ack_timeout_s,
-        max_deliveries=max_deliveries,
-        max_in_flight=max_in_flight,
-    )
-    if start_after_position is not None:
-        opening.start_from = subscription_pb2.START_FROM_AFTER_POSITION
-        opening.start_after_position = start_after_position
-    else:
-        opening.start_from = _START_FROM[start_from]
-    backoff = _Backoff(client.retry_s)
+def _rejoin(err: AaaError) -> bool:
+    """True for ends of a Subscribe stream that pass: the server going away,
+    unreachable or refusing writes (UNAVAILABLE), or this member dropped as too slow."""
+    return isinstance(err, (Unavailable, MemberTooSlow))
+
+
+async def _follow_group(client: Client, opening: subscription_pb2.SubscriptionOpen, handler: Handler) -> None:
+    """Join the group of ``opening`` and handle its deliveries, joining again after
+    every end that passes, until cancelled (the loop of ``Client.subscribe``)."""
+    from .client import _Backoff
+
+    backoff = _Backoff(None, cap_s=REJOIN_CAP_S)
     while True:
         # Acks and nacks from the handlers' tasks, written by the call in order.
         outgoing: asyncio.Queue[subscription_pb2.SubscribeRequest] = asyncio.Queue()
@@ -122,16 +114,17 @@ async def subscribe(
                     task = asyncio.create_task(_handle(handler, delivery, outgoing))
                     handling.add(task)
                     task.add_done_callback(handling.discard)
-            return
-        except grpc.aio.AioRpcError as err:
-            # After a dropped connection the unacked deliveries come again.
-            if _transient(err) and await backoff.wait():
-                continue
-            raise from_rpc_error(err) from err
+            log.info("the server ended the stream of group %s; joining it again", opening.group)
+        except grpc.aio.AioRpcError as rpc_error:
+            err = from_rpc_error(rpc_error)
+            if not _rejoin(err):
+                raise err from rpc_error
+            log.info("the stream of group %s ended (%s); joining it again", opening.group, err)
         finally:
             call.cancel()
             for task in handling:
                 task.cancel()
+        await backoff.wait()  # unacked deliveries come again after the join
 
 
 async def _handle(handler: Handler, delivery: Delivery, outgoing: asyncio.Queue[Any]) -> None:

@@ -47,6 +47,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GROUP_NOT_FOUND: _ClassVar[ErrorReason]
     GROUP_MISMATCH: _ClassVar[ErrorReason]
     MEMBER_TOO_SLOW: _ClassVar[ErrorReason]
+    STORAGE_UNAVAILABLE: _ClassVar[ErrorReason]
+    MALFORMED_REQUEST: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
@@ -76,6 +78,8 @@ SEPARATION_OF_DUTIES: ErrorReason
 GROUP_NOT_FOUND: ErrorReason
 GROUP_MISMATCH: ErrorReason
 MEMBER_TOO_SLOW: ErrorReason
+STORAGE_UNAVAILABLE: ErrorReason
+MALFORMED_REQUEST: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")

@@ -121,8 +121,10 @@ class CompleteTaskRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., output_json: _Optional[str] = ..., reply: _Optional[_Union[ModelReply, _Mapping]] = ...) -> None: ...
 
 class CompleteTaskResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("already_recorded",)
+    ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    already_recorded: bool
+    def __init__(self, already_recorded: _Optional[bool] = ...) -> None: ...
 
 class FailTaskRequest(_message.Message):
     __slots__ = ("token", "error", "non_retryable")
@@ -135,5 +137,7 @@ class FailTaskRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., error: _Optional[_Union[_types_pb2.ErrorDetail, _Mapping]] = ..., non_retryable: _Optional[bool] = ...) -> None: ...
 
 class FailTaskResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("already_recorded",)
+    ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    already_recorded: bool
+    def __init__(self, already_recorded: _Optional[bool] = ...) -> None: ...
