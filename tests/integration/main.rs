@@ -9,6 +9,7 @@ mod concurrency;
 mod deadline;
 mod errors;
 mod fold;
+mod fuzz;
 mod gate;
 mod hardening;
 mod health;
