@@ -188,11 +188,8 @@ fn calls(seeds: &Seeds) -> impl Strategy<Value = Call> {
                 ..Default::default()
             })
         }),
-        (text(&s), text(&s)).prop_map(|(run_id, reason)| Call::CancelRun(CancelRunRequest {
-            run_id,
-            reason,
-            ..Default::default()
-        })),
+        (text(&s), text(&s))
+            .prop_map(|(run_id, reason)| Call::CancelRun(CancelRunRequest { run_id, reason })),
         (text(&s), text(&s), any::<u32>()).prop_map(|(tool, run_id, page_size)| {
             Call::ListApprovals(ListApprovalsRequest {
                 tool,
