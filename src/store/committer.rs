@@ -23,6 +23,10 @@ use super::{Op, Result, RunId, StoreError, WriteBatch};
 const MAX_ROUND: usize = 4096;
 /// Log growth that triggers a checkpoint. It bounds the replay at startup.
 const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
+/// While the log cannot be written, how often the committer tries on its
+/// own: from this, doubling, up to [`PROBE_MAX`].
+const PROBE_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+const PROBE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(super) struct Request {
     pub batch: WriteBatch,
@@ -58,8 +62,27 @@ pub(super) enum Message {
 pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
     let mut round = Vec::new();
     let mut closed = None;
+    let mut backoff = PROBE_FIRST;
     while closed.is_none() {
-        match messages.blocking_recv() {
+        let message = if committer.probing() {
+            // Writes are failing: look for the cause to be gone on our own,
+            // so health says SERVING again even if no client writes (a load
+            // balancer that follows health sends none).
+            match messages.try_recv() {
+                Ok(message) => Some(message),
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(PROBE_MAX);
+                    committer.probe();
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            }
+        } else {
+            backoff = PROBE_FIRST;
+            messages.blocking_recv()
+        };
+        match message {
             Some(Message::Commit(request)) => round.push(request),
             Some(Message::Close(done)) => closed = Some(done),
             None => break,
@@ -87,6 +110,22 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
     drop(committer);
     if let Some(done) = closed {
         let _ = done.send(());
+    }
+}
+
+impl Committer {
+    /// Writes fail for a cause the log may see go away (not sled's).
+    fn probing(&self) -> bool {
+        !*self.writable.borrow() && self.index_failed.is_none()
+    }
+
+    /// Tries to make the segment whose making failed; says SERVING again
+    /// when it could.
+    fn probe(&mut self) {
+        if self.log.prepare_now().is_ok() {
+            tracing::info!("the log can be written again");
+            self.writable.send_replace(true);
+        }
     }
 }
 

@@ -417,15 +417,18 @@ impl Log {
         Ok(at)
     }
 
-    /// The offset the next record goes to: a checkpoint's mark.
-    pub fn end(&self) -> u64 {
-        self.end
+    /// Makes the next segment now, if it is not made or being made; waits
+    /// for one being made. A failure leaves none, for the next try.
+    pub fn prepare_now(&mut self) -> Result<()> {
+        let segment = self.take_next()?;
+        self.next = Some(Next::Ready(segment));
+        Ok(())
     }
 
-    /// Moves on to the next segment. One whose preparation failed (disk
-    /// full) is made again here, so a later append retries it.
-    fn switch(&mut self) -> Result<()> {
-        let next = match self.next.take() {
+    /// The next segment: prepared, being prepared (waited for), or made
+    /// here when its preparation failed before (disk full).
+    fn take_next(&mut self) -> Result<Segment> {
+        Ok(match self.next.take() {
             Some(Next::Ready(segment)) => segment,
             Some(Next::Preparing(thread)) => thread
                 .join()
@@ -439,7 +442,17 @@ impl Log {
                     file: Arc::new(make_segment(&self.dir, start, capacity)?),
                 }
             }
-        };
+        })
+    }
+
+    /// The offset the next record goes to: a checkpoint's mark.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Moves on to the next segment (see [`Log::take_next`]).
+    fn switch(&mut self) -> Result<()> {
+        let next = self.take_next()?;
         self.segments.insert(next.start, next.file.clone());
         self.end = next.start;
         self.current = next;

@@ -1,8 +1,9 @@
 //! A full disk, for real: the data dir on a small tmpfs, filled to the last
 //! byte while the server serves. Writes are refused with
 //! STORAGE_UNAVAILABLE naming the cause (not "shutting down"), health says
-//! NOT_SERVING, reads still answer; once space is freed, writes succeed
-//! again with no restart, and nothing acknowledged is lost or doubled.
+//! NOT_SERVING, reads still answer; once space is freed, health says
+//! SERVING again by itself and writes succeed with no restart, and nothing
+//! acknowledged is lost or doubled.
 //! Needs root (mount); CI runs as root.
 
 use std::io::Write;
@@ -138,12 +139,14 @@ async fn a_full_disk_refuses_writes_by_name_and_they_resume_when_space_is_freed(
     let again = expect_err(bulk(&mut runs, &bulk_run, acknowledged).await);
     assert_error(&again, Code::Unavailable, "STORAGE_UNAVAILABLE");
 
+    // Once space is freed the store sees it on its own, with no write to
+    // try (a load balancer that follows health would send none).
     std::fs::remove_file(filler).expect("free the space");
+    wait_for_health(&server, ServingStatus::Serving).await;
     bulk(&mut runs, &bulk_run, acknowledged)
         .await
         .expect("a write once space is back");
     acknowledged += 1;
-    wait_for_health(&server, ServingStatus::Serving).await;
 
     // The run that waited through it all finishes its approval cycle.
     grant(&mut runs, &waiting, &call_id).await;
