@@ -812,17 +812,22 @@ func transient(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
-// retryBackoff is an exponential backoff within a time budget.
+// retryBackoff is an exponential backoff (50 ms doubling up to maxDelay)
+// within a time budget.
 type retryBackoff struct {
 	budget   time.Duration
+	maxDelay time.Duration
 	delay    time.Duration
 	deadline time.Time
 }
 
-func (c *Client) newBackoff() *retryBackoff { return newBackoff(c.retryTimeout) }
+// forever is a budget that does not run out.
+const forever = 100 * 365 * 24 * time.Hour
 
-func newBackoff(budget time.Duration) *retryBackoff {
-	b := &retryBackoff{budget: budget}
+func (c *Client) newBackoff() *retryBackoff { return newBackoff(c.retryTimeout, time.Second) }
+
+func newBackoff(budget, maxDelay time.Duration) *retryBackoff {
+	b := &retryBackoff{budget: budget, maxDelay: maxDelay}
 	b.reset()
 	return b
 }
@@ -845,7 +850,7 @@ func (b *retryBackoff) sleep(ctx context.Context) bool {
 		return false
 	case <-t.C:
 	}
-	b.delay = min(2*b.delay, time.Second)
+	b.delay = min(2*b.delay, b.maxDelay)
 	return true
 }
 

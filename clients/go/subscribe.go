@@ -3,7 +3,6 @@ package aaa
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -53,6 +52,10 @@ func (c *Client) SubscriptionService() aaav1.SubscriptionServiceClient {
 	return c.subscriptions
 }
 
+// rejoinMaxDelay is the longest wait between two joins of a group whose
+// stream ended.
+const rejoinMaxDelay = 5 * time.Second
+
 // Subscribe joins a consumer group and calls handler for each delivery,
 // concurrently (at most MaxInFlight at a time), until ctx ends; it then waits
 // for the handlers running and returns ctx's error. Each event matching
@@ -60,10 +63,16 @@ func (c *Client) SubscriptionService() aaav1.SubscriptionServiceClient {
 // one member of the group at a time. The handler returning nil acks it; an
 // error nacks it, and it comes again (Attempt + 1) until the group's
 // MaxDeliveries dead-letter it. Delivery is at least once: deduplicate on
-// (Event.RunID, Event.Seq). A dropped connection is joined again.
+// (Event.RunID, Event.Seq).
 //
-// It fails with ErrInvalidField for a bad pattern or group name, and with
-// ErrGroupMismatch when the group exists with another definition.
+// When the stream ends for a reason that passes (the server ended it, is
+// stopping or restarting, cannot be reached or cannot write: UNAVAILABLE; or
+// dropped this member as too slow: ErrMemberTooSlow), Subscribe joins the
+// group again, waiting 50 ms, then twice as long after each failed try up to
+// 5 s, for as long as it takes (the client's retry timeout does not apply).
+// Deliveries not acked come again. Any other refusal ends it with its error:
+// ErrInvalidField for a bad pattern or group name, ErrGroupMismatch when the
+// group exists with another definition, ErrPermissionDenied...
 func (c *Client) Subscribe(ctx context.Context, eventTypes []string, handler DeliveryHandler, opts SubscribeOptions) error {
 	open := &aaav1.SubscriptionOpen{
 		Group:         opts.Group,
@@ -83,20 +92,23 @@ func (c *Client) Subscribe(ctx context.Context, eventTypes []string, handler Del
 	}
 	var handlers sync.WaitGroup
 	defer handlers.Wait()
-	wait := c.newBackoff()
+	wait := newBackoff(forever, rejoinMaxDelay)
 	for {
 		err := c.subscribeOnce(ctx, open, handler, &handlers, wait)
-		if ctx.Err() != nil {
+		if ctx.Err() == nil && !rejoin(err) {
+			return FromGRPC(err)
+		}
+		if !wait.sleep(ctx) {
 			return FromGRPC(status.FromContextError(ctx.Err()).Err())
 		}
-		if errors.Is(err, io.EOF) {
-			err = fmt.Errorf("the server ended the subscription: %w", io.EOF)
-		}
-		if transient(err) && wait.sleep(ctx) {
-			continue
-		}
-		return giveUp(ctx, err)
 	}
+}
+
+// rejoin reports whether a Subscribe stream that ended with err is worth
+// joining again: the server ended it (io.EOF), went away or cannot write
+// (UNAVAILABLE), or dropped the member as too slow.
+func rejoin(err error) bool {
+	return errors.Is(err, io.EOF) || transient(err) || errors.Is(FromGRPC(err), ErrMemberTooSlow)
 }
 
 // subscribeOnce runs one Subscribe stream until it fails.

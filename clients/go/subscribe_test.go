@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,8 @@ import (
 
 	aaa "aaa.dev/clients/go"
 	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // subscribed runs Subscribe until the returned stop is called, which checks
@@ -124,5 +127,89 @@ func TestBadSubscriptionsAreRefused(t *testing.T) {
 	err = e.client.Subscribe(e.ctx, []string{"app.two"}, nothing, aaa.SubscribeOptions{Group: "g"})
 	if !errors.Is(err, aaa.ErrGroupMismatch) {
 		t.Fatalf("mismatch: %v", err)
+	}
+}
+
+// endsFirstStream is a connection whose first Subscribe stream ends cleanly
+// (io.EOF) after its first delivery, as when the server ends it; the rest
+// goes to the real connection.
+type endsFirstStream struct {
+	grpc.ClientConnInterface
+	streams atomic.Int32
+}
+
+func (c *endsFirstStream) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	stream, err := c.ClientConnInterface.NewStream(ctx, desc, method, opts...)
+	if err != nil || method != aaav1.SubscriptionService_Subscribe_FullMethodName || c.streams.Add(1) > 1 {
+		return stream, err
+	}
+	return &endsAfterADelivery{ClientStream: stream}, nil
+}
+
+type endsAfterADelivery struct {
+	grpc.ClientStream
+	delivered bool
+}
+
+func (s *endsAfterADelivery) RecvMsg(m any) error {
+	if s.delivered {
+		return io.EOF
+	}
+	err := s.ClientStream.RecvMsg(m)
+	s.delivered = err == nil && m.(*aaav1.SubscribeResponse).GetDelivery() != nil
+	return err
+}
+
+func TestSubscriberJoinsAgainAfterTheServerEndsItsStream(t *testing.T) {
+	e := setup(t)
+	conn, err := grpc.NewClient(e.server.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	wrapped := &endsFirstStream{ClientConnInterface: conn}
+	// No retry timeout: calls do not retry, but a subscription joins again all the same.
+	subscriber := aaa.NewClient(wrapped, aaa.WithRetryTimeout(0))
+	labels := map[string]string{"test": t.Name()}
+	started := make(chan string, 100)
+	note := func(ctx context.Context, d aaa.Delivery) error {
+		started <- d.Event.RunID
+		return nil
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- subscriber.Subscribe(ctx, []string{aaa.EventRunStarted}, note, aaa.SubscribeOptions{Group: "restart", Labels: labels, FromBeginning: true})
+	}()
+	// delivered waits for the delivery of a run's aaa.run.started, skipping
+	// redeliveries of earlier ones.
+	delivered := func(runID string) {
+		t.Helper()
+		for {
+			select {
+			case got := <-started:
+				if got == runID {
+					return
+				}
+			case err := <-done:
+				t.Fatalf("Subscribe ended: %v", err)
+			case <-e.ctx.Done():
+				t.Fatalf("no delivery of %s", runID)
+			}
+		}
+	}
+	run := func(text string) string {
+		return e.start(t, aaa.StartRunRequest{Task: text, Model: aaa.ScriptedModel(aaa.TextStep(text)), Labels: labels})
+	}
+	delivered(run("one")) // and the first stream ends
+	delivered(run("two"))
+	if n := wrapped.streams.Load(); n < 2 {
+		t.Fatalf("%d Subscribe streams, want a second one", n)
+	}
+	e.server.Restart() // SIGTERM: the stream ends with UNAVAILABLE (SHUTTING_DOWN)
+	delivered(run("three"))
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Subscribe after cancel: %v", err)
 	}
 }

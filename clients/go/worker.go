@@ -289,7 +289,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer stopTasks(nil)
 	var running sync.WaitGroup
 	slots := make(chan struct{}, w.opts.Concurrency)
-	wait := newBackoff(100 * 365 * 24 * time.Hour) // a worker keeps trying
+	wait := newBackoff(forever, time.Second) // a worker keeps trying
 poll:
 	for {
 		select {
