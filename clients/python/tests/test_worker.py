@@ -1,13 +1,16 @@
-"""The worker: retries after a killed worker, fenced attempts, heartbeats, failures, concurrency, stop."""
+"""The worker: retries after a killed worker, fenced attempts, results sent again after a lost reply,
+heartbeats, failures, concurrency, stop."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
 import aaa
@@ -191,3 +194,65 @@ async def test_graceful_stop_lets_the_running_task_finish(client, uid):
     await asyncio.wait_for(stopping, WAIT_S)
     outcome = await run.result(timeout=WAIT_S)
     assert outcome.value == {"text": "7"}
+
+
+class LosesFirstReplies:
+    """A WorkerService stub that sends the first CompleteTask and the first FailTask to the
+    server, then fails them as if the reply were lost (``lost`` gives the code of each);
+    it keeps the server's answers."""
+
+    def __init__(self, real, lost: dict[str, grpc.StatusCode]) -> None:
+        self.real = real
+        self.lost = lost
+        self.answers: dict[str, list] = {name: [] for name in lost}
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def CompleteTask(self, request, **kwargs):
+        return self._send("CompleteTask", request, **kwargs)
+
+    def FailTask(self, request, **kwargs):
+        return self._send("FailTask", request, **kwargs)
+
+    async def _send(self, name: str, request, **kwargs):
+        response = await getattr(self.real, name)(request, **kwargs)
+        self.answers[name].append(response)
+        if len(self.answers[name]) == 1:
+            raise grpc.aio.AioRpcError(self.lost[name], grpc.aio.Metadata(), grpc.aio.Metadata(), "reply lost")
+        return response
+
+
+async def test_a_result_whose_reply_was_lost_is_sent_again(server, client, uid, caplog):
+    @tool(name=f"works_{uid}")
+    def works(x: int) -> int:
+        """Returns x."""
+        return x
+
+    @tool(name=f"refuses_{uid}")
+    def refuses(x: int) -> int:
+        """Fails for good."""
+        raise aaa.NonRetryable(f"not {x}")
+
+    caplog.set_level(logging.DEBUG, logger="aaa.worker")
+    worker_client = await aaa.connect(server.address)
+    stub = LosesFirstReplies(
+        worker_client.stubs.worker,
+        {"CompleteTask": grpc.StatusCode.DEADLINE_EXCEEDED, "FailTask": grpc.StatusCode.UNAVAILABLE},
+    )
+    worker_client.stubs.worker = stub
+    try:
+        async with worker_client.worker(tools=[works, refuses]):
+            calls = tool_call(works, x=1) + tool_call(refuses, x=2)
+            run = await client.start_run("go", model=[calls, text("done")], tools=[works, refuses])
+            outcome = await run.result(timeout=WAIT_S)
+    finally:
+        await worker_client.close()
+    assert outcome.value == {"text": "done"}
+    # Sent again with the same token and result: the server had it, and says so.
+    assert [a.already_recorded for a in stub.answers["CompleteTask"]] == [False, True]
+    assert [a.already_recorded for a in stub.answers["FailTask"]] == [False, True]
+    events = await collect(run)
+    assert [(e.data["attempt"], e.data["output"]) for e in of_type(events, "aaa.tool.completed")] == [(1, 1)]
+    assert [e.data["error"]["message"] for e in of_type(events, "aaa.tool.failed")] == ["not 2"]
+    assert sum("recorded already" in r.getMessage() for r in caplog.records) == 2

@@ -28,7 +28,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
 import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
 import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
-import { AaaError, Cancelled, Code, Timeout, Unavailable, toAaaError } from "./errors.js";
+import { AaaError, Cancelled, Code, MemberTooSlow, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { stringify, type JsonObject } from "./json.js";
 import {
   Echo,
@@ -56,6 +56,9 @@ import { Outbox, deliveryFromProto, handle, openRequest, type DeliveryHandler, t
 
 /** The address used when none is given and env AAA_SERVER is not set. */
 export const DEFAULT_ADDRESS = "127.0.0.1:50051";
+
+/** The longest wait between two joins of a group whose stream ended (ms). */
+const REJOIN_MAX_DELAY_MS = 5000;
 
 /** Options of {@link connect}. */
 export interface ConnectOptions {
@@ -185,12 +188,15 @@ export async function connect(address?: string, options: ConnectOptions = {}): P
   }
 }
 
-/** Exponential backoff within a time budget, for retrying UNAVAILABLE. */
-class Backoff {
+/** Exponential backoff (50 ms doubling up to `maxDelayMs`) within a time budget (`Infinity`: no end). */
+export class Backoff {
   private delay = 50;
   private deadline = 0;
 
-  constructor(private readonly budgetMs: number) {
+  constructor(
+    private readonly budgetMs: number,
+    private readonly maxDelayMs = 1000,
+  ) {
     this.reset();
   }
 
@@ -208,7 +214,7 @@ class Backoff {
     } catch {
       throw cancelledBy(signal);
     }
-    this.delay = Math.min(this.delay * 2, 1000);
+    this.delay = Math.min(this.delay * 2, this.maxDelayMs);
     return true;
   }
 }
@@ -325,17 +331,25 @@ export class Client {
    * the handler resolving acks it, throwing nacks it (it comes again with
    * `attempt` + 1 until the group's `maxDeliveries` dead-letter it).
    * Deliveries are handled concurrently, at most `maxInFlight` at a time.
-   * Delivery is at least once: deduplicate on `(event.runId, event.seq)`. A
-   * dropped connection is joined again; unacked deliveries then come again.
+   * Delivery is at least once: deduplicate on `(event.runId, event.seq)`.
    *
-   * @throws InvalidField for a bad pattern or group name; GroupMismatch when
-   * the group exists with another definition.
+   * When the stream ends for a reason that passes (the server ended it, is
+   * stopping or restarting, cannot be reached or cannot write: `Unavailable`;
+   * or dropped this member as too slow: `MemberTooSlow`), the group is joined
+   * again after 50 ms, then twice as long after each failed try up to 5 s, for
+   * as long as it takes (`retryMs` does not apply); deliveries not acked come
+   * again.
+   *
+   * @throws any other refusal, which cannot get better: InvalidField for a bad
+   * pattern or group name, GroupMismatch when the group exists with another
+   * definition, PermissionDenied...
    */
   async subscribe(eventTypes: string | string[], handler: DeliveryHandler, options: SubscribeOptions): Promise<void> {
-    const backoff = new Backoff(this.retryMs);
+    const backoff = new Backoff(Infinity, REJOIN_MAX_DELAY_MS);
+    const leave = anySignal(this.closing.signal, options.signal);
     for (;;) {
       const stream = new AbortController();
-      const signal = anySignal(stream.signal, this.closing.signal, options.signal);
+      const signal = anySignal(stream.signal, leave);
       const outbox = new Outbox(openRequest(eventTypes, options));
       try {
         for await (const response of this.services.subscription.subscribe(outbox.drain(signal), { signal })) {
@@ -344,17 +358,15 @@ export class Client {
             void handle(handler, deliveryFromProto(response.item.value), outbox);
           }
         }
-        if (!(await backoff.wait(signal))) {
-          throw new Unavailable("the server ended the subscription", { code: Code.Unavailable });
-        }
+        // The server ended the stream: join again.
       } catch (err) {
         if (signal.aborted) throw cancelledBy(signal);
         const error = toAaaError(err);
-        if (error instanceof Unavailable && (await backoff.wait(signal))) continue;
-        throw error;
+        if (!(error instanceof Unavailable || error instanceof MemberTooSlow)) throw error;
       } finally {
         stream.abort();
       }
+      await backoff.wait(leave); // unacked deliveries come again after the join
     }
   }
 

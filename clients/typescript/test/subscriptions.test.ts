@@ -1,9 +1,21 @@
-/** Consumer groups: a subscriber reacts to approval requests (the seed's notify), a failing handler gets the event again. */
+/** Consumer groups: a subscriber reacts to approval requests (the seed's notify), a failing handler gets the event again, a subscriber joins again after its stream ends. */
 
 import assert from "node:assert/strict";
+import { rmSync } from "node:fs";
 import { after, before, test } from "node:test";
-import { Cancelled, GroupMismatch, InvalidField, text, tool, toolCall, type Client, type Delivery, type ModelHandler } from "../src/index.js";
-import { WAIT_MS, setUp, uid } from "./helpers.js";
+import {
+  Cancelled,
+  GroupMismatch,
+  InvalidField,
+  connect,
+  text,
+  tool,
+  toolCall,
+  type Client,
+  type Delivery,
+  type ModelHandler,
+} from "../src/index.js";
+import { WAIT_MS, setUp, startServer, uid, within, type Server } from "./helpers.js";
 
 let client: Client;
 let tearDown: () => Promise<void>;
@@ -123,5 +135,65 @@ test("bad subscriptions are refused", async () => {
     await assert.rejects(client.subscribe("app.two", () => undefined, { group: `g-${id}` }), GroupMismatch);
   } finally {
     first.abort();
+  }
+});
+
+test("a subscriber joins again after the server ends its stream", async () => {
+  const id = uid();
+  const first = await startServer({ keep: true });
+  let second: Server | undefined;
+  // retryMs 0: calls do not retry, but a subscription joins again all the same.
+  const subscriber = await connect(first.address, { retryMs: 0 });
+  const starter = await connect(first.address);
+  // The first Subscribe stream ends cleanly after its first delivery, as when the server ends it.
+  const services = subscriber.services.subscription;
+  const real = services.subscribe.bind(services);
+  let streams = 0;
+  services.subscribe = (requests, options) => {
+    const stream = real(requests, options);
+    streams += 1;
+    if (streams > 1) return stream;
+    return (async function* () {
+      for await (const response of stream) {
+        yield response;
+        if (response.item.case === "delivery") return;
+      }
+    })();
+  };
+  const labels = { test: id };
+  const started: string[] = [];
+  let arrived = () => {};
+  const leave = new AbortController();
+  const running = subscriber.subscribe("aaa.run.started", (d: Delivery) => {
+    started.push(d.event.runId);
+    arrived();
+  }, { group: `restart-${id}`, labels, startFrom: "beginning", signal: leave.signal });
+  running.catch(() => {}); // awaited by delivered() and at the end
+  /** Waits for the delivery of this run's aaa.run.started; fails if subscribe ends first. */
+  const delivered = (runId: string) => {
+    const arrival = new Promise<void>((resolve) => {
+      arrived = () => started.includes(runId) && resolve();
+      arrived();
+    });
+    const ended = running.then(() => assert.fail("subscribe returned"));
+    return within(Promise.race([arrival, ended]), WAIT_MS, `the delivery of ${runId}`);
+  };
+  const run = async (task: string) => (await starter.startRun(task, { model: [text(task)], labels })).id;
+  try {
+    await delivered(await run("one")); // and the first stream ends
+    await delivered(await run("two"));
+    assert.ok(streams >= 2, `${streams} Subscribe streams`);
+    await first.stop(); // SIGTERM: the stream ends with UNAVAILABLE (SHUTTING_DOWN)
+    second = await startServer({ listen: first.address, dir: first.dir });
+    await delivered(await run("three"));
+    leave.abort();
+    await assert.rejects(running, Cancelled);
+  } finally {
+    leave.abort();
+    subscriber.close();
+    starter.close();
+    await first.stop();
+    await second?.stop();
+    rmSync(first.dir, { recursive: true, force: true });
   }
 });

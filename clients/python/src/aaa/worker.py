@@ -10,7 +10,10 @@ The worker calls RegisterWorker, then loops on PollTask. Each task is one
 exclusive attempt: the worker runs the tool (async functions on the event
 loop, sync ones in a thread pool) or the model handler, sends heartbeats at a
 third of the task's ``heartbeat_timeout_s`` while it runs, and reports the
-result with CompleteTask. An exception becomes FailTask with the exception's
+result with CompleteTask. A result whose reply is lost (UNAVAILABLE, including
+STORAGE_UNAVAILABLE, or DEADLINE_EXCEEDED: each try waits 10 s) is sent again
+with the same token, with backoff, for up to 30 s in all; the server records it
+once and answers a repeat with ``already_recorded``. An exception becomes FailTask with the exception's
 class name as error type and its text as message: the server retries per the
 tool's policy, then gives the failure to the model. Raise ``NonRetryable``
 (or a subclass) to skip the retries. When a heartbeat answers that the run no
@@ -49,6 +52,13 @@ if TYPE_CHECKING:
     from .client import Client
 
 log = logging.getLogger("aaa.worker")
+
+#: How long a worker keeps sending a result whose reply was lost, in all.
+REPORT_RETRY_S = 30.0
+#: How long one try of CompleteTask or FailTask waits for its reply.
+REPORT_TRY_TIMEOUT_S = 10.0
+# Failures after which the server may or may not have the result: send it again.
+_LOST_REPLY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class NonRetryable(Exception):
@@ -215,11 +225,11 @@ class Worker:
                 return  # the server no longer wants this attempt
             work.cancel()
             error = types_pb2.ErrorDetail(type="WorkerStopped", message=f"worker {self.identity} stopped")
-            await self._report(worker_pb2.FailTaskRequest(token=task.token, error=error))
+            await self._report(task, worker_pb2.FailTaskRequest(token=task.token, error=error))
             raise
         finally:
             heartbeat.cancel()
-        await self._report(report)
+        await self._report(task, report)
 
     async def _heartbeat(self, task: worker_pb2.Task, work: asyncio.Task[Any]) -> bool:
         """Heartbeat until cancelled; cancel ``work`` and return True if the server gives up on it."""
@@ -280,13 +290,41 @@ class Worker:
             result = await result
         return result
 
-    async def _report(self, request: worker_pb2.CompleteTaskRequest | worker_pb2.FailTaskRequest) -> None:
-        """Send CompleteTask or FailTask; a refused report (stale attempt, finished run) is only logged."""
-        stub = self.client.stubs.worker
-        method = stub.CompleteTask if isinstance(request, worker_pb2.CompleteTaskRequest) else stub.FailTask
+    async def _report(
+        self, task: worker_pb2.Task, request: worker_pb2.CompleteTaskRequest | worker_pb2.FailTaskRequest
+    ) -> None:
+        """Send CompleteTask or FailTask, again with the same token and result while the reply
+        is lost (for up to ``REPORT_RETRY_S``); a refused report (stale attempt, finished run)
+        is only logged."""
         try:
-            await self.client._call(method, request)
+            await asyncio.wait_for(self._send_report(task, request), REPORT_RETRY_S)
+        except asyncio.TimeoutError:
+            log.warning("gave up reporting attempt %s of %s after %gs", task.attempt, task.call_id, REPORT_RETRY_S)
         except FailedPrecondition as err:  # superseded attempt or finished run: nothing to do
             log.info("result of a task was refused: %s", err)
         except AaaError as err:
             log.warning("result of a task was refused: %s", err)
+
+    async def _send_report(
+        self, task: worker_pb2.Task, request: worker_pb2.CompleteTaskRequest | worker_pb2.FailTaskRequest
+    ) -> None:
+        from .client import _Backoff
+
+        stub = self.client.stubs.worker
+        method = stub.CompleteTask if isinstance(request, worker_pb2.CompleteTaskRequest) else stub.FailTask
+        backoff = _Backoff(None)  # _report bounds the whole
+        while True:
+            try:
+                response = await method(request, timeout=REPORT_TRY_TIMEOUT_S)
+            except grpc.aio.AioRpcError as err:
+                # The reply was lost (or the server could not write): the server
+                # takes the same token and result again, and says if it had it.
+                if err.code() in _LOST_REPLY:
+                    log.debug("reporting attempt %s of %s failed (%s); sending it again",
+                              task.attempt, task.call_id, from_rpc_error(err))
+                    await backoff.wait()
+                    continue
+                raise from_rpc_error(err) from err
+            if response.already_recorded:
+                log.debug("attempt %s of %s: recorded already (an earlier reply was lost)", task.attempt, task.call_id)
+            return
