@@ -361,19 +361,51 @@ func (w *Worker) handle(parent context.Context, task *aaav1.Task) {
 		fail.Error = &aaav1.ErrorDetail{Type: "WorkerStopped", Message: "worker " + w.opts.Identity + " stopped"}
 	}
 	// Report even when the worker is stopping: the result is done work.
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(parent), 30*time.Second)
-	defer rcancel()
-	err := w.client.retry(rctx, func(ctx context.Context) (err error) {
-		if complete != nil {
-			_, err = w.client.workers.CompleteTask(ctx, complete)
-		} else {
-			_, err = w.client.workers.FailTask(ctx, fail)
-		}
-		return err
-	})
-	if err != nil {
+	recorded, err := w.report(context.WithoutCancel(parent), complete, fail)
+	switch {
+	case err != nil:
 		// A superseded attempt or a finished run: nothing more to do.
 		w.log.Info("aaa worker: result refused", "run", info.RunID, "call", info.CallID, "attempt", info.Attempt, "err", err)
+	case recorded:
+		w.log.Debug("aaa worker: result recorded already (an earlier reply was lost)", "run", info.RunID, "call", info.CallID, "attempt", info.Attempt)
+	}
+}
+
+const (
+	// reportTimeout bounds the sending of one result, tries and waits between them.
+	reportTimeout = 30 * time.Second
+	// reportTryTimeout bounds one try of CompleteTask or FailTask.
+	reportTryTimeout = 10 * time.Second
+)
+
+// report sends CompleteTask (complete) or FailTask (fail). While the reply is
+// lost (UNAVAILABLE, DEADLINE_EXCEEDED) it sends the same token and result
+// again, with backoff, for up to reportTimeout: the server records a result
+// once and answers a repeat with already_recorded, which report returns.
+func (w *Worker) report(ctx context.Context, complete *aaav1.CompleteTaskRequest, fail *aaav1.FailTaskRequest) (alreadyRecorded bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, reportTimeout)
+	defer cancel()
+	wait := newBackoff(forever, time.Second) // ctx bounds it
+	for {
+		try, cancelTry := context.WithTimeout(ctx, reportTryTimeout)
+		if complete != nil {
+			var resp *aaav1.CompleteTaskResponse
+			resp, err = w.client.workers.CompleteTask(try, complete)
+			alreadyRecorded = resp.GetAlreadyRecorded()
+		} else {
+			var resp *aaav1.FailTaskResponse
+			resp, err = w.client.workers.FailTask(try, fail)
+			alreadyRecorded = resp.GetAlreadyRecorded()
+		}
+		cancelTry()
+		if err == nil {
+			return alreadyRecorded, nil
+		}
+		code := status.Code(err)
+		lost := code == codes.Unavailable || code == codes.DeadlineExceeded
+		if !lost || !wait.sleep(ctx) {
+			return false, FromGRPC(err)
+		}
 	}
 }
 

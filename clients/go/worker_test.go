@@ -5,17 +5,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	aaa "aaa.dev/clients/go"
 	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // doomedWorkerEnv, set to a tool name, makes the test binary a worker process
@@ -353,4 +359,95 @@ func TestStaleAttemptIsRefused(t *testing.T) {
 	if out := e.result(t, runID); string(out.Value) != `{"text":"1"}` {
 		t.Fatalf("outcome: %+v", out)
 	}
+}
+
+// losesFirstReplies is a connection that sends the first CompleteTask and the
+// first FailTask to the server, then fails them as if the reply were lost
+// (lost gives the code of each); it keeps the server's answers.
+type losesFirstReplies struct {
+	grpc.ClientConnInterface
+	lost    map[string]codes.Code
+	mu      sync.Mutex
+	answers map[string][]bool // already_recorded of each answer, by method
+}
+
+func (c *losesFirstReplies) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	code, watched := c.lost[method]
+	err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if !watched || err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answers[method] = append(c.answers[method], reply.(interface{ GetAlreadyRecorded() bool }).GetAlreadyRecorded())
+	if len(c.answers[method]) == 1 {
+		return status.Error(code, "reply lost")
+	}
+	return nil
+}
+
+func TestResultWhoseReplyWasLostIsSentAgain(t *testing.T) {
+	e := setup(t)
+	conn, err := grpc.NewClient(e.server.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	complete, fail := aaav1.WorkerService_CompleteTask_FullMethodName, aaav1.WorkerService_FailTask_FullMethodName
+	wrapped := &losesFirstReplies{
+		ClientConnInterface: conn,
+		lost:                map[string]codes.Code{complete: codes.DeadlineExceeded, fail: codes.Unavailable},
+		answers:             map[string][]bool{},
+	}
+	works := aaa.Tool{Name: "works", Handler: func(ctx context.Context, task *aaa.ToolTask) (any, error) { return 1, nil }}
+	refuses := aaa.Tool{Name: "refuses", Handler: func(ctx context.Context, task *aaa.ToolTask) (any, error) {
+		return nil, &aaa.TaskError{Type: "No", Message: "not 2", NonRetryable: true}
+	}}
+	var logs lockedLog
+	stop := serveWith(t, e.ctx, aaa.NewClient(wrapped), aaa.WorkerOptions{
+		Tools:  []aaa.Tool{works, refuses},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	runID := e.start(t, aaa.StartRunRequest{
+		Task:  "go",
+		Model: aaa.ScriptedModel(aaa.CallStep(aaa.ToolCallRequest{Name: "works"}, aaa.ToolCallRequest{Name: "refuses"}), aaa.TextStep("done")),
+		Tools: []aaa.ToolRef{{Name: "works"}, {Name: "refuses"}},
+	})
+	if outcome := e.result(t, runID); outcome.Text != "done" {
+		t.Fatalf("outcome: %+v", outcome)
+	}
+	stop() // waits for the reports, which may still be sending again
+	// Sent again with the same token and result: the server had it, and says so.
+	wrapped.mu.Lock()
+	for _, method := range []string{complete, fail} {
+		if got := wrapped.answers[method]; !slices.Equal(got, []bool{false, true}) {
+			t.Errorf("%s answers (already_recorded): %v, want [false true]", method, got)
+		}
+	}
+	wrapped.mu.Unlock()
+	events := e.events(t, runID)
+	if n, m := len(ofType(events, aaa.EventToolCompleted)), len(ofType(events, aaa.EventToolFailed)); n != 1 || m != 1 {
+		t.Fatalf("%d tool.completed and %d tool.failed, want one each: %v", n, m, types(events))
+	}
+	if n := strings.Count(logs.String(), "result recorded already"); n != 2 {
+		t.Errorf("%d debug lines about a result recorded already, want 2:\n%s", n, logs.String())
+	}
+}
+
+// lockedLog collects a worker's log lines.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
