@@ -13,6 +13,9 @@ use crate::subscriptions::WebhookConfig;
 /// measured the same with 40 as with 64 (sled's file stays in the OS cache).
 pub const DEFAULT_STORE_CACHE_MIB: u64 = 40;
 
+/// Open client connections served at once (see [`Config::max_connections`]).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+
 /// Everything `serve` needs besides its listener. Build it with
 /// [`Config::new`] and adjust the public fields.
 #[derive(Debug, Clone)]
@@ -35,6 +38,15 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Concurrent calls (streams) one HTTP/2 connection may have open.
     pub max_streams_per_connection: u32,
+    /// Open client connections; one more is told so (HTTP/2 GOAWAY) and
+    /// closed. A connection counts from its accept to its close.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its HTTP/2 preface and
+    /// settings before it is closed (a stalled or half-open client).
+    pub handshake_timeout: Duration,
+    /// Interval of HTTP/2 keepalive pings on an idle connection; one not
+    /// answered within the same time closes the connection.
+    pub keepalive_interval: Duration,
     /// Webhooks: consumer groups whose member POSTs each event to a URL.
     pub webhooks: Vec<WebhookConfig>,
 }
@@ -52,6 +64,9 @@ impl Config {
             auth: None,
             max_message_bytes: 4 * 1024 * 1024,
             max_streams_per_connection: 200,
+            max_connections: DEFAULT_MAX_CONNECTIONS as usize,
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(30),
             webhooks: Vec::new(),
         }
     }

@@ -4,12 +4,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
 /// glibc's malloc was a tenth of the server's CPU under load, with lock
-/// waits between its arenas (perf, README "Performance"). mimalloc asks for
+/// waits between its arenas (perf, docs/performance.md). mimalloc asks for
 /// transparent huge pages, which [`main`] turns off.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -49,32 +48,45 @@ struct ServeArgs {
     /// Directory of the database; created if missing.
     #[arg(long, env = "AAA_DATA_DIR", default_value = "./aaa-data")]
     data_dir: PathBuf,
-    /// Longest PollTask wait, in seconds.
-    #[arg(long, env = "AAA_POLL_WAIT_CAP_S", default_value_t = 30.0)]
+    /// Longest PollTask wait, in seconds (> 0, at most 3600).
+    #[arg(long, env = "AAA_POLL_WAIT_CAP_S", default_value_t = 30.0,
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_WAIT))]
     poll_wait_cap_s: f64,
-    /// Lease of task attempts whose tool sets no heartbeat timeout, in seconds.
-    #[arg(long, env = "AAA_HEARTBEAT_TIMEOUT_S", default_value_t = 30.0)]
+    /// Lease of task attempts whose tool sets no heartbeat timeout, in
+    /// seconds (> 0, at most 21600).
+    #[arg(long, env = "AAA_HEARTBEAT_TIMEOUT_S", default_value_t = 30.0,
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_HEARTBEAT))]
     heartbeat_timeout_s: f64,
-    /// How long a graceful stop waits for in-flight calls, in seconds.
-    #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0)]
+    /// How long a graceful stop waits for in-flight calls, in seconds (> 0,
+    /// at most 3600).
+    #[arg(long, env = "AAA_SHUTDOWN_GRACE_S", default_value_t = 10.0,
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_WAIT))]
     shutdown_grace_s: f64,
-    /// Memory for sled's page cache, in MiB.
-    #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = aaa::config::DEFAULT_STORE_CACHE_MIB)]
+    /// Memory for sled's page cache, in MiB (1 to 65536).
+    #[arg(long, env = "AAA_STORE_CACHE_MIB", default_value_t = aaa::config::DEFAULT_STORE_CACHE_MIB,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
     store_cache_mib: u64,
-    /// Principals, roles and TLS (a TOML file; see the README). Without it
+    /// Principals, roles and TLS (a TOML file; see docs/auth.md). Without it
     /// anyone who reaches the server may call every RPC.
     #[arg(long, env = "AAA_AUTH_CONFIG")]
     auth_config: Option<PathBuf>,
     /// Serve without --auth-config on an address other than loopback.
     #[arg(long, env = "AAA_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     insecure: bool,
-    /// Largest request message, in MiB.
-    #[arg(long, env = "AAA_MAX_MESSAGE_MIB", default_value_t = 4)]
+    /// Largest request message, in MiB (1 to 64).
+    #[arg(long, env = "AAA_MAX_MESSAGE_MIB", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
     max_message_mib: u32,
-    /// Concurrent calls one client connection may have open.
-    #[arg(long, env = "AAA_MAX_STREAMS_PER_CONNECTION", default_value_t = 200)]
+    /// Concurrent calls one client connection may have open (1 to 10000).
+    #[arg(long, env = "AAA_MAX_STREAMS_PER_CONNECTION", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
     max_streams_per_connection: u32,
-    /// Webhooks to POST events to (a TOML file; see the README).
+    /// Open client connections the server keeps (1 to 100000); more are
+    /// refused with an HTTP/2 GOAWAY that says why.
+    #[arg(long, env = "AAA_MAX_CONNECTIONS", default_value_t = aaa::config::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_connections: u32,
+    /// Webhooks to POST events to (a TOML file; see docs/subscriptions.md).
     #[arg(long, env = "AAA_WEBHOOKS")]
     webhooks: Option<PathBuf>,
 }
@@ -82,14 +94,33 @@ struct ServeArgs {
 /// Exit code for bad configuration (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 
-fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
-    if value.is_finite() && value > 0.0 && value < 1e9 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        Err(format!(
-            "--{flag}: {value} is not a positive number of seconds"
-        ))
+/// A clap parser for a seconds flag in `range`.
+fn seconds_in(range: aaa::seconds::Range) -> impl Fn(&str) -> Result<f64, String> + Clone {
+    move |text| {
+        let value: f64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("not a number of seconds ({})", range.describe()))?;
+        range.check(value)
     }
+}
+
+/// Parses the command line. A bad `aaa serve` flag exits 64 with one line
+/// naming it (scripts and service managers read one line); the client
+/// commands keep clap's exit 2 for usage errors, as their help says.
+fn parse() -> Cli {
+    let error = match Cli::try_parse() {
+        Ok(cli) => return cli,
+        Err(error) => error,
+    };
+    let serving = std::env::args().nth(1).as_deref() == Some("serve");
+    if !serving || !error.use_stderr() {
+        error.exit();
+    }
+    let text = error.to_string();
+    let first = text.lines().next().unwrap_or("bad arguments");
+    eprintln!("aaa serve: {}", first.trim_start_matches("error: "));
+    std::process::exit(EXIT_CONFIG.into());
 }
 
 /// Logs to stderr: `info` by default for the server and the bench; client
@@ -111,7 +142,7 @@ fn main() -> ExitCode {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag
     // of this process.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    let command = Cli::parse().command;
+    let command = parse().command;
     init_logging(match command {
         Command::Client(_) => "off",
         _ => "info",
@@ -151,16 +182,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
         insecure,
         max_message_mib,
         max_streams_per_connection,
+        max_connections,
         webhooks,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
-    config.store_cache_bytes = store_cache_mib.saturating_mul(1024 * 1024);
-    config.max_message_bytes = (max_message_mib as usize).saturating_mul(1024 * 1024);
+    config.store_cache_bytes = store_cache_mib * 1024 * 1024;
+    config.max_message_bytes = max_message_mib as usize * 1024 * 1024;
     config.max_streams_per_connection = max_streams_per_connection;
-    if max_message_mib == 0 || max_streams_per_connection == 0 {
-        eprintln!("aaa: --max-message-mib and --max-streams-per-connection must be at least 1");
-        return ExitCode::from(EXIT_CONFIG);
-    }
+    config.max_connections = max_connections as usize;
+    config.poll_wait_cap = aaa::seconds::duration(poll_wait_cap_s);
+    config.default_heartbeat_timeout = aaa::seconds::duration(heartbeat_timeout_s);
+    config.shutdown_grace = aaa::seconds::duration(shutdown_grace_s);
     if let Some(path) = auth_config {
         match aaa::auth::AuthConfig::load(&path) {
             Ok(auth) => config.auth = Some(std::sync::Arc::new(auth)),
@@ -180,16 +212,6 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     }
     if let Err(message) = aaa::config::check_exposure(listen, config.auth.is_some(), insecure) {
-        eprintln!("aaa: {message}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
-    let durations = (|| {
-        config.poll_wait_cap = seconds("poll-wait-cap-s", poll_wait_cap_s)?;
-        config.default_heartbeat_timeout = seconds("heartbeat-timeout-s", heartbeat_timeout_s)?;
-        config.shutdown_grace = seconds("shutdown-grace-s", shutdown_grace_s)?;
-        Ok::<_, String>(())
-    })();
-    if let Err(message) = durations {
         eprintln!("aaa: {message}");
         return ExitCode::from(EXIT_CONFIG);
     }
@@ -213,7 +235,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("aaa: {e}");
-            ExitCode::FAILURE
+            match e {
+                aaa::ServeError::Store { .. } => ExitCode::from(EXIT_CONFIG),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -4,24 +4,30 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use crate::api::{ApprovalApi, RunApi, SubscriptionApi, WorkerApi};
+use crate::api::{malformed, ApprovalApi, RunApi, SubscriptionApi, WorkerApi};
 use crate::auth::AuthLayer;
 use crate::config::Config;
+use crate::connections;
 use crate::engine::Engine;
 use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
 use crate::store::Store;
+use tonic::server::NamedService;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot open the data directory: {0}")]
-    Store(#[from] crate::store::StoreError),
+    #[error("cannot open the data directory {}: {source}", dir.display())]
+    Store {
+        dir: std::path::PathBuf,
+        source: crate::store::StoreError,
+    },
     #[error("cannot recover runs: {0}")]
     Engine(#[from] crate::engine::Error),
     #[error("gRPC transport: {0}")]
@@ -45,15 +51,28 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     // Transport settings first: a bad TLS key fails before the store opens.
-    let mut builder =
-        Server::builder().max_concurrent_streams(Some(config.max_streams_per_connection));
-    if let Some(tls) = config.auth.as_ref().and_then(|auth| auth.tls.as_ref()) {
+    // Keepalive pings close an established connection whose client stopped
+    // answering; `connections` closes one that never finished its handshake.
+    let mut builder = Server::builder()
+        .max_concurrent_streams(Some(config.max_streams_per_connection))
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_interval));
+    let tls = config.auth.as_ref().and_then(|auth| auth.tls.as_ref());
+    let limits = connections::Limits {
+        max_connections: config.max_connections,
+        handshake_timeout: config.handshake_timeout,
+        tls: tls.is_some(),
+    };
+    if let Some(tls) = tls {
         builder = builder.tls_config(tls.server_config())?;
     }
-    // One check in front of every service: authentication and roles.
-    let mut builder = builder.layer(tower::util::option_layer(
-        config.auth.clone().map(AuthLayer::new),
-    ));
+    // In front of every service: authentication and roles, and the one
+    // answer to requests that do not decode.
+    let mut builder = builder
+        .layer(tower::util::option_layer(
+            config.auth.clone().map(AuthLayer::new),
+        ))
+        .layer(malformed::layer());
     let separation_of_duties = config
         .auth
         .as_ref()
@@ -65,7 +84,12 @@ pub async fn serve(
     }
 
     let webhooks = config.webhooks.clone();
-    let store = Store::open(&config.data_dir, config.store_cache_bytes)?;
+    let store = Store::open(&config.data_dir, config.store_cache_bytes).map_err(|source| {
+        ServeError::Store {
+            dir: config.data_dir.clone(),
+            source,
+        }
+    })?;
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
     let engine = match Engine::start(store.clone(), config, stopping.clone()) {
@@ -84,14 +108,12 @@ pub async fn serve(
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RunServiceServer<RunApi>>().await;
-    health
-        .set_serving::<ApprovalServiceServer<ApprovalApi>>()
-        .await;
-    health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
-    health
-        .set_serving::<SubscriptionServiceServer<SubscriptionApi>>()
-        .await;
+    set_health(&health, ServingStatus::Serving).await;
+    tokio::spawn(follow_store(
+        store.watch_writable(),
+        health.clone(),
+        stopping.clone(),
+    ));
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -104,28 +126,18 @@ pub async fn serve(
         .build_v1alpha()?;
 
     ready();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = connections::incoming(listener, limits, stopping.clone());
     let signal = {
         let stopping = stopping.clone();
         let health = health.clone();
         async move {
             shutdown.await;
             tracing::info!("shutting down");
-            health.set_not_serving::<RunServiceServer<RunApi>>().await;
-            health
-                .set_not_serving::<ApprovalServiceServer<ApprovalApi>>()
-                .await;
-            health
-                .set_not_serving::<WorkerServiceServer<WorkerApi>>()
-                .await;
-            health
-                .set_not_serving::<SubscriptionServiceServer<SubscriptionApi>>()
-                .await;
-            health
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-            // Ends streams and long polls so the graceful stop is quick.
+            // Cancelled first, so the store's follower cannot say SERVING
+            // again; this also ends streams and long polls, so the graceful
+            // stop is quick.
             stopping.cancel();
+            set_health(&health, ServingStatus::NotServing).await;
         }
     };
     let server = builder
@@ -168,4 +180,53 @@ pub async fn serve(
     store.close().await;
     served?;
     Ok(())
+}
+
+/// Sets the status of every aaa service and of the server as a whole ("").
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health
+        .set_service_status(<RunServiceServer<RunApi> as NamedService>::NAME, status)
+        .await;
+    health
+        .set_service_status(
+            <ApprovalServiceServer<ApprovalApi> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <WorkerServiceServer<WorkerApi> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health
+        .set_service_status(
+            <SubscriptionServiceServer<SubscriptionApi> as NamedService>::NAME,
+            status,
+        )
+        .await;
+    health.set_service_status("", status).await;
+}
+
+/// NOT_SERVING while the store refuses writes (disk full, an I/O error),
+/// SERVING again once it takes them; until shutdown.
+async fn follow_store(
+    mut writable: tokio::sync::watch::Receiver<bool>,
+    health: HealthReporter,
+    stopping: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = writable.changed() => if changed.is_err() { return },
+            _ = stopping.cancelled() => return,
+        }
+        let status = if *writable.borrow_and_update() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        if !stopping.is_cancelled() {
+            set_health(&health, status).await;
+        }
+    }
 }

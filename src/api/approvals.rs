@@ -13,6 +13,7 @@ use super::{convert, status::to_status, unavailable, STREAM_BUFFER};
 use crate::engine::event::*;
 use crate::engine::{Engine, Error};
 use crate::proto::{self, approval_service_server::ApprovalService};
+use crate::seconds;
 use crate::store::{EventRecord, RunId, Store};
 
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
@@ -138,17 +139,11 @@ impl ApprovalService for ApprovalApi {
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let request = request.into_inner();
         let filter = Filter::new(request.tool, &request.run_id, request.labels)?;
-        let heartbeat = match request.heartbeat_s {
-            s if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s.max(0.05)),
-            0.0 => DEFAULT_HEARTBEAT,
-            s => {
-                return Err(Error::invalid(
-                    "heartbeat_s",
-                    format!("{s} is not a number of seconds > 0"),
-                )
-                .into())
-            }
-        };
+        let heartbeat =
+            match convert::seconds("heartbeat_s", request.heartbeat_s, seconds::WATCH_HEARTBEAT)? {
+                0.0 => DEFAULT_HEARTBEAT,
+                s => seconds::duration(s.max(0.05)),
+            };
         let head = self.engine.store().durable_position();
         if let Some(after) = request.after_position.filter(|after| *after > head) {
             return Err(Error::invalid(

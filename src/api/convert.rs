@@ -9,6 +9,7 @@ use crate::engine::event::{
 use crate::engine::state::Message;
 use crate::engine::{self, Error, MAX_EVENT_BYTES};
 use crate::proto;
+use crate::seconds;
 use crate::store::{ApprovalRecord, EventRecord, RunId, RunRecord};
 
 /// Longest name (tool, model, event type, label key, request id).
@@ -130,14 +131,11 @@ pub fn json_object(field: &str, text: &str) -> Result<Value, Error> {
     Ok(value)
 }
 
-fn finite_non_negative(field: &str, value: f64) -> Result<f64, Error> {
-    if !value.is_finite() || value < 0.0 {
-        return Err(Error::invalid(
-            field,
-            format!("{value} is not a number of seconds >= 0"),
-        ));
-    }
-    Ok(value)
+/// A seconds field, checked against its range (see [`crate::seconds`]).
+pub fn seconds(field: &str, value: f64, range: seconds::Range) -> Result<f64, Error> {
+    range
+        .check(value)
+        .map_err(|message| Error::invalid(field, message))
 }
 
 pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Error> {
@@ -170,16 +168,17 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
             Ok(engine::ToolRef {
                 name: tool.name,
                 requires_approval: tool.requires_approval,
-                approval_timeout_s: finite_non_negative(
+                approval_timeout_s: seconds(
                     &format!("tools[{i}].approval_timeout_s"),
                     tool.approval_timeout_s,
+                    seconds::APPROVAL_TIMEOUT,
                 )?,
             })
         })
         .collect::<Result<_, Error>>()?;
     let budget = request.budget.unwrap_or_default();
     let budget = Budget {
-        deadline_s: finite_non_negative("budget.deadline_s", budget.deadline_s)?,
+        deadline_s: seconds("budget.deadline_s", budget.deadline_s, seconds::DEADLINE)?,
         max_model_calls: match budget.max_model_calls {
             0 => DEFAULT_MAX_MODEL_CALLS,
             n => n,
@@ -275,9 +274,19 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
     let parameters = json_object(&field("parameters_json"), &tool.parameters_json)?;
     let retry = tool.retry.unwrap_or_default();
     let default_attempts = if tool.requires_approval { 1 } else { 3 };
-    let or = |value: f64, f: &str, default: f64| -> Result<f64, Error> {
-        let value = finite_non_negative(&field(f), value)?;
+    let backoff = |value: f64, f: &str, default: f64| -> Result<f64, Error> {
+        let value = seconds(&field(f), value, seconds::BACKOFF)?;
         Ok(if value == 0.0 { default } else { value })
+    };
+    let coefficient = match retry.backoff_coefficient {
+        0.0 => 2.0,
+        c if (1.0..=100.0).contains(&c) => c,
+        c => {
+            return Err(Error::invalid(
+                &field("retry.backoff_coefficient"),
+                format!("{c} is out of range: a number >= 1 and <= 100, or 0 for the default (2)"),
+            ))
+        }
     };
     Ok(ToolSpec {
         name: tool.name.clone(),
@@ -289,17 +298,19 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
                 0 => default_attempts,
                 n => n,
             },
-            initial_backoff_s: or(retry.initial_backoff_s, "retry.initial_backoff_s", 1.0)?,
-            backoff_coefficient: or(retry.backoff_coefficient, "retry.backoff_coefficient", 2.0)?,
-            max_backoff_s: or(retry.max_backoff_s, "retry.max_backoff_s", 60.0)?,
+            initial_backoff_s: backoff(retry.initial_backoff_s, "retry.initial_backoff_s", 1.0)?,
+            backoff_coefficient: coefficient,
+            max_backoff_s: backoff(retry.max_backoff_s, "retry.max_backoff_s", 60.0)?,
         },
-        heartbeat_timeout_s: finite_non_negative(
+        heartbeat_timeout_s: seconds(
             &field("heartbeat_timeout_s"),
             tool.heartbeat_timeout_s,
+            seconds::HEARTBEAT_TIMEOUT,
         )?,
-        approval_timeout_s: finite_non_negative(
+        approval_timeout_s: seconds(
             &field("approval_timeout_s"),
             tool.approval_timeout_s,
+            seconds::APPROVAL_TIMEOUT,
         )?,
     })
 }

@@ -3,6 +3,7 @@
 
 mod approvals;
 mod convert;
+pub mod malformed;
 mod runs;
 pub mod status;
 mod subscriptions;

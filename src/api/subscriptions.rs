@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::runs::page_size;
-use super::{convert, status, STREAM_BUFFER};
+use super::{convert, malformed, status, STREAM_BUFFER};
 use crate::engine::{Engine, Error};
 use crate::proto::subscription_service_server::SubscriptionService;
 use crate::proto::{self, subscribe_request, subscribe_response, ErrorReason};
@@ -137,7 +137,7 @@ impl SubscriptionService for SubscriptionApi {
         request: Request<Streaming<proto::SubscribeRequest>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let mut inbound = request.into_inner();
-        let first = inbound.message().await?;
+        let first = inbound.message().await.map_err(malformed::from_stream)?;
         let Some(subscribe_request::Kind::Open(opening)) = first.and_then(|r| r.kind) else {
             return Err(Error::invalid("open", "the first message must be `open`").into());
         };
@@ -274,7 +274,12 @@ async fn serve_member(
                         reading = false;
                         Ok(())
                     }
-                    Err(_) => return,
+                    Err(failed) => {
+                        // A message that does not decode is the client's
+                        // fault and told so; a reset stream has no one to tell.
+                        let _ = sender.send(Err(malformed::from_stream(failed))).await;
+                        return;
+                    }
                 };
                 if let Err(error) = answer {
                     let _ = sender.send(Err(error.into())).await;

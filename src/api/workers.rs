@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 use super::{convert, peer_name};
 use crate::engine::{Engine, Error, QueueKey, Report};
 use crate::proto::{self, worker_service_server::WorkerService};
+use crate::seconds;
 
 pub struct WorkerApi {
     pub engine: Engine,
@@ -52,12 +53,10 @@ impl WorkerService for WorkerApi {
         if keys.is_empty() {
             return Err(Error::invalid("tools", "name at least one tool or model to serve").into());
         }
-        if !request.wait_s.is_finite() || request.wait_s < 0.0 {
-            return Err(Error::invalid("wait_s", "must be a number of seconds >= 0").into());
-        }
-        let wait = match request.wait_s {
+        // Any wait is cut to the server's cap.
+        let wait = match convert::seconds("wait_s", request.wait_s, seconds::POLL_WAIT)? {
             0.0 => Duration::MAX,
-            s => Duration::from_secs_f64(s.min(1e6)),
+            s => seconds::duration(s),
         };
         let task = self.engine.poll_task(&identity, &keys, wait).await?;
         Ok(Response::new(proto::PollTaskResponse {

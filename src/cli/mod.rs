@@ -75,7 +75,7 @@ pub struct Connection {
     )]
     server: String,
     /// Sent on every call as `authorization: Bearer TOKEN`; the server maps
-    /// it to a principal and its roles (see the README's auth section).
+    /// it to a principal and its roles (see docs/auth.md).
     #[arg(
         long,
         global = true,

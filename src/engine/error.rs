@@ -98,6 +98,7 @@ impl From<crate::store::StoreError> for Error {
         match e {
             crate::store::StoreError::Closed => Error::ShuttingDown,
             crate::store::StoreError::Io(e) => Error::StorageUnavailable(e.to_string()),
+            crate::store::StoreError::Unavailable(cause) => Error::StorageUnavailable(cause),
             other => Error::Internal(other.to_string()),
         }
     }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::seconds;
 use crate::store::RunId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,7 @@ pub struct Expired {
     pub call_id: String,
     pub attempt: u32,
     pub kind: LeaseKind,
+    pub worker: String,
 }
 
 #[derive(Default)]
@@ -54,7 +56,7 @@ impl Leases {
             worker: worker.to_string(),
             kind,
             timeout,
-            expires: Instant::now() + timeout,
+            expires: seconds::instant_after(Instant::now(), timeout),
         };
         self.leases
             .lock()
@@ -67,7 +69,7 @@ impl Leases {
         let mut leases = self.leases.lock().expect("poisoned");
         match leases.get_mut(&(run, call_id.to_string())) {
             Some(lease) if lease.attempt == attempt => {
-                lease.expires = Instant::now() + lease.timeout;
+                lease.expires = seconds::instant_after(Instant::now(), lease.timeout);
                 true
             }
             _ => false,
@@ -116,6 +118,7 @@ impl Leases {
                     call_id: key.1,
                     attempt: lease.attempt,
                     kind: lease.kind,
+                    worker: lease.worker,
                 })
             })
             .collect()

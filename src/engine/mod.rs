@@ -44,6 +44,9 @@ pub const MAX_EVENT_BYTES: usize = 64 * 1024;
 /// Most events one input may cause (a guard against a runaway fold).
 const MAX_EVENTS_PER_BATCH: usize = 4096;
 const RUN_LOCK_STRIPES: usize = 1024;
+/// When recording a lost attempt failed (the store refused the write), how
+/// soon it is tried again.
+const LOST_LEASE_RETRY: Duration = Duration::from_secs(1);
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -309,7 +312,7 @@ impl Engine {
     fn heartbeat_timeout(&self, spec: Option<&ToolSpec>) -> Duration {
         match spec {
             Some(spec) if spec.heartbeat_timeout_s > 0.0 => {
-                Duration::from_secs_f64(spec.heartbeat_timeout_s)
+                crate::seconds::duration(spec.heartbeat_timeout_s)
             }
             _ => self.inner.config.default_heartbeat_timeout,
         }
@@ -591,7 +594,7 @@ impl Engine {
         let tools = self.resolve_tools(&start.tools)?;
         let now = now_ms();
         let deadline_at_ms = (start.budget.deadline_s > 0.0)
-            .then(|| now + (start.budget.deadline_s * 1000.0) as i64);
+            .then(|| crate::seconds::after_ms(now, start.budget.deadline_s));
         let started = RunStarted {
             task: start.task,
             system: start.system,
@@ -756,7 +759,7 @@ impl Engine {
         wait: Duration,
     ) -> Result<Option<Task>, Error> {
         let wait = wait.min(self.inner.config.poll_wait_cap);
-        let until = Instant::now() + wait;
+        let until = crate::seconds::instant_after(Instant::now(), wait);
         loop {
             let left = until.saturating_duration_since(Instant::now());
             let Some(delivery) = self
@@ -1147,6 +1150,16 @@ impl Engine {
             .await;
         if let Err(e) = result {
             tracing::error!(run = %lost.run, call = %lost.call_id, "recording a lost attempt failed: {e}");
+            // The attempt is still running in the log: expire it again
+            // soon, or it would wait for a result that never comes.
+            self.inner.leases.grant(
+                lost.run,
+                &lost.call_id,
+                lost.attempt,
+                &lost.worker,
+                lost.kind,
+                LOST_LEASE_RETRY,
+            );
         }
     }
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::error::Error;
 use super::event::*;
+use crate::seconds;
 use crate::store::{EventRecord, RunId, RunRecord};
 
 /// Attempts a model call gets before the run fails.
@@ -423,7 +424,7 @@ impl RunState {
                     Some(spec) if e.requires_approval || spec.requires_approval => {
                         call.phase = Phase::AwaitingApproval;
                         let timeout_due = (spec.approval_timeout_s > 0.0)
-                            .then(|| now + (spec.approval_timeout_s * 1000.0) as i64);
+                            .then(|| seconds::after_ms(now, spec.approval_timeout_s));
                         let expires_at_ms = match (timeout_due, self.spec.deadline_at_ms) {
                             (Some(a), Some(b)) => Some(a.min(b)),
                             (a, b) => a.or(b),
@@ -452,7 +453,7 @@ impl RunState {
                 call.approval_seq = event.seq;
                 let timeout = call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s);
                 if timeout > 0.0 {
-                    let due_ms = now + (timeout * 1000.0) as i64;
+                    let due_ms = seconds::after_ms(now, timeout);
                     call.approval_timer_ms = Some(due_ms);
                     actions.push(Action::ArmTimer {
                         due_ms,
@@ -524,7 +525,7 @@ impl RunState {
             TOOL_RETRYING => {
                 let e: ToolRetrying = decode(event)?;
                 let call = self.call_mut(&e.call_id)?;
-                let until_ms = now + (e.delay_s * 1000.0) as i64;
+                let until_ms = seconds::after_ms(now, e.delay_s);
                 call.phase = Phase::Backoff { until_ms };
                 actions.push(Action::ArmTimer {
                     due_ms: until_ms,
@@ -1065,6 +1066,10 @@ mod tests {
 
     /// A run of the scripted reference scenario, folded up to its approval request.
     fn started(gated: bool) -> (RunState, Vec<String>, Vec<Action>) {
+        started_with(wire_money(gated))
+    }
+
+    fn started_with(tool: ToolSpec) -> (RunState, Vec<String>, Vec<Action>) {
         let steps = vec![
             ScriptStep::ToolCalls(vec![ProposedCall {
                 name: "wire_money".into(),
@@ -1078,7 +1083,7 @@ mod tests {
                 task: "Pay ACME $250".into(),
                 system: String::new(),
                 model: ModelChoice::Scripted(steps),
-                tools: vec![wire_money(gated)],
+                tools: vec![tool],
                 budget: Budget {
                     deadline_s: 0.0,
                     max_model_calls: 5,
@@ -1099,6 +1104,24 @@ mod tests {
             .collect();
         let effects = fold(&mut state, follow_ups, &mut log);
         (state, log, effects)
+    }
+
+    /// A snapshot an older version accepted (no upper bound then) arms its
+    /// timer far ahead, instead of wrapping it into the past.
+    #[test]
+    fn a_huge_stored_approval_timeout_saturates_instead_of_wrapping() {
+        let mut tool = wire_money(true);
+        tool.approval_timeout_s = 1e300;
+        let (_, log, effects) = started_with(tool);
+        assert_eq!(log.last().map(String::as_str), Some(APPROVAL_REQUESTED));
+        let due = effects
+            .iter()
+            .find_map(|a| match a {
+                Action::ArmTimer { due_ms, .. } => Some(*due_ms),
+                _ => None,
+            })
+            .expect("an approval timer");
+        assert!(due > 1_000 + 3_000_000_000_000, "due at {due}");
     }
 
     #[test]

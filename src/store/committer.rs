@@ -23,6 +23,10 @@ use super::{Op, Result, RunId, StoreError, WriteBatch};
 const MAX_ROUND: usize = 4096;
 /// Log growth that triggers a checkpoint. It bounds the replay at startup.
 const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
+/// While the log cannot be written, how often the committer tries on its
+/// own: from this, doubling, up to [`PROBE_MAX`].
+const PROBE_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+const PROBE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(super) struct Request {
     pub batch: WriteBatch,
@@ -39,6 +43,11 @@ pub(super) struct Committer {
     pub next_position: u64,
     pub durable: watch::Sender<u64>,
     pub durable_position: Arc<AtomicU64>,
+    /// False while writes fail; see [`Committer::commit_round`].
+    pub writable: watch::Sender<bool>,
+    /// Why sled failed, once it has: sled keeps an I/O error for good (its
+    /// "global error"), so writes are refused until a restart replays the log.
+    pub index_failed: Option<String>,
 }
 
 /// What the committer thread is asked to do.
@@ -53,8 +62,27 @@ pub(super) enum Message {
 pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
     let mut round = Vec::new();
     let mut closed = None;
+    let mut backoff = PROBE_FIRST;
     while closed.is_none() {
-        match messages.blocking_recv() {
+        let message = if committer.probing() {
+            // Writes are failing: look for the cause to be gone on our own,
+            // so health says SERVING again even if no client writes (a load
+            // balancer that follows health sends none).
+            match messages.try_recv() {
+                Ok(message) => Some(message),
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(PROBE_MAX);
+                    committer.probe();
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            }
+        } else {
+            backoff = PROBE_FIRST;
+            messages.blocking_recv()
+        };
+        match message {
             Some(Message::Commit(request)) => round.push(request),
             Some(Message::Close(done)) => closed = Some(done),
             None => break,
@@ -66,13 +94,15 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
                 Err(_) => break,
             }
         }
-        if !round.is_empty() && !committer.commit_round(&mut round) {
-            break;
+        if !round.is_empty() {
+            committer.commit_round(&mut round);
         }
     }
     // Refuse what comes after: its senders get StoreError::Closed.
     messages.close();
-    if let Err(e) = committer.checkpoint() {
+    if committer.index_failed.is_some() {
+        // sled cannot write; the log holds everything for the next start.
+    } else if let Err(e) = committer.checkpoint() {
         tracing::error!("final checkpoint failed (the log keeps the writes): {e}");
     }
     // Release our handle on the database before saying we are done, so the
@@ -84,9 +114,45 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
 }
 
 impl Committer {
-    /// Commits and answers every request of the round. Returns false when the
-    /// store failed: later appends must not be acknowledged.
-    fn commit_round(&mut self, round: &mut Vec<Request>) -> bool {
+    /// Writes fail for a cause the log may see go away (not sled's).
+    fn probing(&self) -> bool {
+        !*self.writable.borrow() && self.index_failed.is_none()
+    }
+
+    /// Tries to make the segment whose making failed; says SERVING again
+    /// when it could.
+    fn probe(&mut self) {
+        if self.log.prepare_now().is_ok() {
+            tracing::info!("the log can be written again");
+            self.writable.send_replace(true);
+        }
+    }
+}
+
+/// Answers every request of the round: nothing of it was written.
+fn refuse(round: &mut Vec<Request>, cause: &str) {
+    for request in round.drain(..) {
+        let _ = request
+            .reply
+            .send(Err(StoreError::Unavailable(cause.to_string())));
+    }
+}
+
+impl Committer {
+    /// Commits and answers every request of the round.
+    ///
+    /// A round the log could not take (disk full, an I/O error) is refused
+    /// whole, its positions are given out again, and the next round tries
+    /// again: once space is back, writes succeed with no restart. A round
+    /// the log took is durable and acknowledged even if sled then fails; but
+    /// sled keeps such an error for good, so every later round is refused
+    /// until a restart rebuilds sled from the log.
+    fn commit_round(&mut self, round: &mut Vec<Request>) {
+        if let Some(cause) = &self.index_failed {
+            let cause = format!("the index store failed ({cause}); restart the server");
+            refuse(round, &cause);
+            return;
+        }
         let first_position = self.next_position;
         let mut writes = Round::new(first_position);
         let mut answers = Vec::with_capacity(round.len());
@@ -95,34 +161,44 @@ impl Committer {
             answers.push(positions);
         }
         let last_position = self.next_position - 1;
-        let written = (|| -> Result<()> {
-            let at = self.log.append(&writes)?;
+        let at = match self.log.append(&writes) {
+            Ok(at) => at,
+            Err(e) => {
+                self.next_position = first_position;
+                let cause = format!("the log cannot be written: {e}");
+                if self.writable.send_replace(false) {
+                    tracing::error!("{cause}; writes are refused until one succeeds");
+                }
+                refuse(round, &cause);
+                return;
+            }
+        };
+        if !self.writable.send_replace(true) {
+            tracing::info!("the log takes writes again");
+        }
+        let indexed = (|| -> Result<()> {
             log::apply(&writes, at, &self.tree, &self.recent)?;
             if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
                 self.checkpoint()?;
             }
             Ok(())
         })();
-        let ok = written.is_ok();
-        match written {
-            Ok(()) => {
-                if last_position >= first_position {
-                    self.durable_position
-                        .store(last_position, Ordering::Release);
-                    self.durable.send_replace(last_position);
-                }
-                for (request, positions) in round.drain(..).zip(answers) {
-                    let _ = request.reply.send(Ok(positions));
-                }
-            }
-            Err(e) => {
-                tracing::error!("commit failed, the store stops taking writes: {e}");
-                for request in round.drain(..) {
-                    let _ = request.reply.send(Err(StoreError::Closed));
-                }
-            }
+        if last_position >= first_position {
+            self.durable_position
+                .store(last_position, Ordering::Release);
+            self.durable.send_replace(last_position);
         }
-        ok
+        for (request, positions) in round.drain(..).zip(answers) {
+            let _ = request.reply.send(Ok(positions));
+        }
+        if let Err(e) = indexed {
+            tracing::error!(
+                "sled failed after the log took a round (which is durable): {e}; \
+                 writes are refused until a restart"
+            );
+            self.writable.send_replace(false);
+            self.index_failed = Some(e.to_string());
+        }
     }
 
     /// Assigns positions to the batch's events and adds its writes to the

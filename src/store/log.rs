@@ -388,15 +388,27 @@ impl Log {
             self.switch()?;
         }
         let at = self.end;
-        self.current
-            .file
-            .write_all_at(&record, at - self.current.start)?;
+        let written = (|| {
+            self.current
+                .file
+                .write_all_at(&record, at - self.current.start)?;
+            if at + len > self.current.end() {
+                // A record bigger than a whole segment grew this (empty) one.
+                self.current.file.sync_all()
+            } else {
+                self.current.file.sync_data()
+            }
+        })();
+        if let Err(e) = written {
+            // Not acknowledged, and the end stays: the next record goes to
+            // the same offset and overwrites what was written of this one
+            // (a torn tail, as after a crash). A segment this record grew
+            // is cut back to its size, to give the space back.
+            let _ = self.current.file.set_len(self.current.capacity);
+            return Err(e.into());
+        }
         if at + len > self.current.end() {
-            // A record bigger than a whole segment grew this (empty) one.
-            self.current.file.sync_all()?;
             self.current.capacity = at + len - self.current.start;
-        } else {
-            self.current.file.sync_data()?;
         }
         self.end = at + len;
         if self.next.is_none() {
@@ -405,19 +417,42 @@ impl Log {
         Ok(at)
     }
 
+    /// Makes the next segment now, if it is not made or being made; waits
+    /// for one being made. A failure leaves none, for the next try.
+    pub fn prepare_now(&mut self) -> Result<()> {
+        let segment = self.take_next()?;
+        self.next = Some(Next::Ready(segment));
+        Ok(())
+    }
+
+    /// The next segment: prepared, being prepared (waited for), or made
+    /// here when its preparation failed before (disk full).
+    fn take_next(&mut self) -> Result<Segment> {
+        Ok(match self.next.take() {
+            Some(Next::Ready(segment)) => segment,
+            Some(Next::Preparing(thread)) => thread
+                .join()
+                .map_err(|_| corrupt(self.current.end(), "preparing a segment panicked"))??,
+            None => {
+                let start = self.current.end();
+                let capacity = start.clamp(MIN_SEGMENT, MAX_SEGMENT);
+                Segment {
+                    start,
+                    capacity,
+                    file: Arc::new(make_segment(&self.dir, start, capacity)?),
+                }
+            }
+        })
+    }
+
     /// The offset the next record goes to: a checkpoint's mark.
     pub fn end(&self) -> u64 {
         self.end
     }
 
-    /// Moves on to the next segment.
+    /// Moves on to the next segment (see [`Log::take_next`]).
     fn switch(&mut self) -> Result<()> {
-        let next = match self.next.take().expect("a next segment is always prepared") {
-            Next::Ready(segment) => segment,
-            Next::Preparing(thread) => thread
-                .join()
-                .map_err(|_| corrupt(self.current.end(), "preparing a segment panicked"))??,
-        };
+        let next = self.take_next()?;
         self.segments.insert(next.start, next.file.clone());
         self.end = next.start;
         self.current = next;
@@ -441,15 +476,24 @@ impl Log {
 }
 
 /// A segment file of `capacity` zero bytes, complete before it gets its name.
+/// One that cannot be made (disk full) leaves no file behind.
 fn make_segment(dir: &Path, start: u64, capacity: u64) -> std::io::Result<File> {
     let name = format!("{start:020}");
     let temporary = dir.join(format!("{name}.tmp"));
+    let made = fill_segment(dir, &name, &temporary, capacity);
+    if made.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    made
+}
+
+fn fill_segment(dir: &Path, name: &str, temporary: &Path, capacity: u64) -> std::io::Result<File> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
-        .open(&temporary)?;
+        .open(temporary)?;
     let mut left = capacity;
     while left > 0 {
         let n = left.min(ZEROS.len() as u64) as usize;
@@ -457,7 +501,7 @@ fn make_segment(dir: &Path, start: u64, capacity: u64) -> std::io::Result<File> 
         left -= n as u64;
     }
     file.sync_all()?;
-    std::fs::rename(&temporary, dir.join(format!("{name}.seg")))?;
+    std::fs::rename(temporary, dir.join(format!("{name}.seg")))?;
     File::open(dir)?.sync_all()?;
     Ok(file)
 }

@@ -85,6 +85,10 @@ pub enum StoreError {
     Corrupt(Vec<u8>, String),
     #[error("the store is closed")]
     Closed,
+    /// A write failed (disk full, an I/O error) and nothing of it was
+    /// written; the text names the cause.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the data directory has layout version {0}; this aaa reads version {LAYOUT} only (start with an empty --data-dir)")]
     Format(String),
 }
@@ -196,6 +200,8 @@ struct Inner {
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
     durable_position: Arc<AtomicU64>,
+    /// False while writes are refused (see [`Store::watch_writable`]).
+    writable: watch::Receiver<bool>,
     token_key: [u8; 32],
 }
 
@@ -275,6 +281,7 @@ impl Store {
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
         let (commits, messages) = mpsc::channel(4096);
+        let (writable_tx, writable) = watch::channel(true);
         let committer = committer::Committer {
             tree: tree.clone(),
             data_file,
@@ -284,6 +291,8 @@ impl Store {
             next_position: opened.next_position,
             durable: durable_tx,
             durable_position: durable_position.clone(),
+            writable: writable_tx,
+            index_failed: None,
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
@@ -296,6 +305,7 @@ impl Store {
                 commits,
                 durable,
                 durable_position,
+                writable,
                 token_key,
             }),
         })
@@ -333,6 +343,12 @@ impl Store {
         {
             let _ = closed.await;
         }
+    }
+
+    /// True while the store takes writes; false after a write failed, until
+    /// one succeeds again (health follows it).
+    pub fn watch_writable(&self) -> watch::Receiver<bool> {
+        self.inner.writable.clone()
     }
 
     /// The last position known to be on disk.

@@ -241,18 +241,22 @@ async fn application_events_move_the_runs_head() {
     drop(server);
 }
 
-/// A data directory of an older layout is refused by name, and the server
-/// never says it serves (the line test harnesses wait for comes after the
-/// store opened).
+/// A data directory of an older layout is refused by name and path (exit
+/// 64, bad configuration), and the server never says it serves (the line
+/// test harnesses wait for comes after the store opened).
 #[test]
 fn a_data_dir_of_an_older_layout_is_refused_before_serving() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("wal"), b"").expect("an old layout's file");
     let output = serve_refused(dir.path(), &["--listen", "127.0.0.1:0"]);
-    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("the data directory has layout version 1; this aaa reads version 4 only"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&dir.path().display().to_string()),
         "{stderr}"
     );
     assert!(output.stdout.is_empty(), "{output:?}");
