@@ -434,13 +434,5 @@ async fn random_and_mutated_requests_get_clean_answers_and_change_nothing_they_r
     let mut workers = server.workers().await;
     let fresh = start_run(&mut runs, scripted_reference_run()).await;
     let call_id = wait_for_approval(&mut runs, &fresh).await;
-    grant(&mut runs, &fresh, &call_id).await;
-    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
-    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
-        .await
-        .expect("CompleteTask");
-    assert_eq!(
-        completed_text(&wait_for_end(&mut runs, &fresh).await),
-        REFERENCE_TEXT
-    );
+    grant_and_finish(&mut runs, &mut workers, &fresh, &call_id).await;
 }

@@ -93,15 +93,7 @@ async fn seconds_out_of_range_are_refused_by_field_and_range() {
         .unwrap()
         .as_secs() as i64;
     assert!(expires > now + 300_000_000, "the due time did not wrap");
-    grant(&mut runs, &run_id, &call_id).await;
-    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
-    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
-        .await
-        .expect("CompleteTask");
-    assert_eq!(
-        completed_text(&wait_for_end(&mut runs, &run_id).await),
-        REFERENCE_TEXT
-    );
+    grant_and_finish(&mut runs, &mut workers, &run_id, &call_id).await;
 }
 
 async fn register_one(

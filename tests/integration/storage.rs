@@ -149,15 +149,7 @@ async fn a_full_disk_refuses_writes_by_name_and_they_resume_when_space_is_freed(
     acknowledged += 1;
 
     // The run that waited through it all finishes its approval cycle.
-    grant(&mut runs, &waiting, &call_id).await;
-    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
-    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
-        .await
-        .expect("CompleteTask");
-    assert_eq!(
-        completed_text(&wait_for_end(&mut runs, &waiting).await),
-        REFERENCE_TEXT
-    );
+    grant_and_finish(&mut runs, &mut workers, &waiting, &call_id).await;
 
     // Every acknowledged append is there once, in order, also after a restart.
     for round in 0..2 {

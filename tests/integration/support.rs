@@ -593,6 +593,25 @@ pub async fn signal(
     .map(|r| r.into_inner())
 }
 
+/// Grants the reference run's waiting call, serves it as a worker, and
+/// checks the run completes with the reference text.
+pub async fn grant_and_finish(
+    runs: &mut RunClient,
+    workers: &mut WorkerClient,
+    run_id: &str,
+    call_id: &str,
+) {
+    grant(runs, run_id, call_id).await;
+    let task = poll_until_task(workers, "w", &["wire_money"], &[]).await;
+    complete_tool(workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("CompleteTask");
+    assert_eq!(
+        completed_text(&wait_for_end(runs, run_id).await),
+        REFERENCE_TEXT
+    );
+}
+
 pub async fn grant(runs: &mut RunClient, run_id: &str, call_id: &str) -> SignalResponse {
     signal(
         runs,
