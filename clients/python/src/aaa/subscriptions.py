@@ -100,11 +100,11 @@ async def _follow_group(client: Client, opening: subscription_pb2.SubscriptionOp
         outgoing: asyncio.Queue[subscription_pb2.SubscribeRequest] = asyncio.Queue()
         outgoing.put_nowait(subscription_pb2.SubscribeRequest(open=opening))
 
-        async def requests() -> AsyncIterator[subscription_pb2.SubscribeRequest]:
+        async def requests(queue: asyncio.Queue[Any]) -> AsyncIterator[subscription_pb2.SubscribeRequest]:
             while True:
-                yield await outgoing.get()
+                yield await queue.get()
 
-        call = client.stubs.subscription.Subscribe(requests())
+        call = client.stubs.subscription.Subscribe(requests(outgoing))  # this join's queue, not the next one's
         handling: set[asyncio.Task[None]] = set()
         try:
             async for response in call:
