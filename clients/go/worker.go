@@ -272,9 +272,13 @@ func (w *Worker) Register(ctx context.Context) ([]Tool, error) {
 // Run registers the worker, then serves tasks until ctx is done. Then it
 // stops polling, lets running tasks finish for up to StopTimeout, cancels
 // those still running (reporting them failed with type "WorkerStopped"),
-// and returns nil. It returns an error only when registration fails.
+// and returns nil. It returns an error only when registration fails; ctx
+// ending during registration is a stop like any other (nil).
 func (w *Worker) Run(ctx context.Context) error {
 	if _, err := w.Register(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	req := &aaav1.PollTaskRequest{Identity: w.opts.Identity, WaitS: w.opts.PollWait.Seconds()}

@@ -451,3 +451,16 @@ func (l *lockedLog) String() string {
 	defer l.mu.Unlock()
 	return l.buf.String()
 }
+
+// A worker stopped while it registers has stopped, not failed (a test's
+// cleanup could cancel Run before its registration answered).
+func TestRunStoppedDuringRegistrationReturnsNil(t *testing.T) {
+	e := setup(t)
+	var ran atomic.Int32
+	ctx, cancel := context.WithCancel(e.ctx)
+	cancel()
+	worker := aaa.NewWorker(e.client, aaa.WorkerOptions{Identity: "stopped", Tools: []aaa.Tool{wireMoney(&ran)}})
+	if err := worker.Run(ctx); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
