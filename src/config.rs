@@ -20,8 +20,12 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
 /// [`Config::new`] and adjust the public fields.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Directory of the sled database; created if missing.
+    /// Directory of the embedded store; created if missing. Unused when
+    /// `store_url` names a database.
     pub data_dir: PathBuf,
+    /// Where the store is: `None` for the embedded store in `data_dir`, or
+    /// a `postgres://` URL (see docs/postgres.md).
+    pub store_url: Option<String>,
     /// Longest a PollTask waits for a task before answering empty.
     pub poll_wait_cap: Duration,
     /// Lease of a task attempt whose tool sets no heartbeat timeout.
@@ -56,6 +60,7 @@ impl Config {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Config {
             data_dir: data_dir.into(),
+            store_url: None,
             poll_wait_cap: Duration::from_secs(30),
             default_heartbeat_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),

@@ -5,7 +5,8 @@
 //! api (tonic services: wire types <-> domain, one error mapping)
 //!   -> engine (per-run pure fold + driver: tool loop, approval gate,
 //!              leases, durable timers, task dispatch)
-//!     -> store (sled, one tree, group commit with fsync)
+//!     -> store (a trait in domain terms; backends: embedded = sled + a
+//!               segment log with group commit and fdatasync, postgres)
 //!   -> subscriptions (consumer groups: a dispatcher task per group follows
 //!                     the durable global log; cursors and dead letters go
 //!                     through the store's group commit)
@@ -26,6 +27,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod connections;
+pub mod domain;
 pub mod engine;
 pub mod proto;
 pub mod seconds;

@@ -15,7 +15,6 @@ use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
-use crate::store::Store;
 use tonic::server::NamedService;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -23,9 +22,10 @@ use tonic_health::ServingStatus;
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot open the data directory {}: {source}", dir.display())]
+    #[error("cannot open the store ({place}): {source}")]
     Store {
-        dir: std::path::PathBuf,
+        /// The data directory, or the database URL without its password.
+        place: String,
         source: crate::store::StoreError,
     },
     #[error("cannot recover runs: {0}")]
@@ -84,15 +84,18 @@ pub async fn serve(
     }
 
     let webhooks = config.webhooks.clone();
-    let store = Store::open(&config.data_dir, config.store_cache_bytes).map_err(|source| {
-        ServeError::Store {
-            dir: config.data_dir.clone(),
+    let store = crate::store::open(&config)
+        .await
+        .map_err(|source| ServeError::Store {
+            place: match &config.store_url {
+                Some(url) => crate::store::redact(url),
+                None => config.data_dir.display().to_string(),
+            },
             source,
-        }
-    })?;
+        })?;
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
-    let engine = match Engine::start(store.clone(), config, stopping.clone()) {
+    let engine = match Engine::start(store.clone(), config, stopping.clone()).await {
         Ok(engine) => engine,
         Err(e) => {
             store.close().await;

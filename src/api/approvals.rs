@@ -1,6 +1,6 @@
 //! ApprovalService: list pending approvals and watch them change.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -8,16 +8,18 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::runs::{labels_match, page_size};
+use super::runs::page_size;
 use super::{convert, status::to_status, unavailable, STREAM_BUFFER};
 use crate::engine::event::*;
 use crate::engine::{Engine, Error};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
-use crate::store::{EventRecord, RunId, Store};
+use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId, SharedStore};
 
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
 const LOG_CHUNK: usize = 512;
+/// Pending approvals read at once for a watch's snapshot.
+const SNAPSHOT_CHUNK: usize = 512;
 
 pub struct ApprovalApi {
     pub engine: Engine,
@@ -27,7 +29,7 @@ pub struct ApprovalApi {
 struct Filter {
     tool: String,
     run: Option<RunId>,
-    labels: HashMap<String, String>,
+    labels: BTreeMap<String, String>,
 }
 
 impl Filter {
@@ -39,16 +41,25 @@ impl Filter {
                     .ok_or_else(|| Error::invalid("run_id", format!("'{text}' is not a run id")))?,
             ),
         };
+        let labels = labels.into_iter().collect();
         Ok(Filter { tool, run, labels })
     }
 
-    fn matches(
-        &self,
-        store: &Store,
-        run: &[u8],
-        tool: &str,
-        labels: Option<&std::collections::BTreeMap<String, String>>,
-    ) -> Result<bool, Status> {
+    /// The store query for pending approvals these filters pass.
+    fn query(&self, after: Option<(RunId, String)>, limit: usize) -> ApprovalQuery {
+        ApprovalQuery {
+            after,
+            run: self.run,
+            tool: self.tool.clone(),
+            labels: self.labels.clone(),
+            at_or_below: None,
+            limit,
+        }
+    }
+
+    /// Whether a logged approval event (of `run`, for `tool`) passes; the
+    /// labels are the run's.
+    async fn passes(&self, store: &SharedStore, run: &[u8], tool: &str) -> Result<bool, Status> {
         if !self.tool.is_empty() && self.tool != tool {
             return Ok(false);
         }
@@ -60,13 +71,10 @@ impl Filter {
         if self.labels.is_empty() {
             return Ok(true);
         }
-        if let Some(labels) = labels {
-            return Ok(labels_match(&self.labels, labels));
-        }
         let Some(id) = RunId::from_slice(run) else {
             return Ok(false);
         };
-        let record = store.run_start(id).map_err(|e| to_status(e.into()))?;
+        let record = store.run(id).await.map_err(|e| to_status(e.into()))?;
         Ok(record.is_some_and(|r| labels_match(&self.labels, &r.labels)))
     }
 }
@@ -96,35 +104,21 @@ impl ApprovalService for ApprovalApi {
                 )
             }
         };
-        let store = self.engine.store();
         let limit = page_size(request.page_size);
-        let mut approvals = Vec::new();
-        let mut next_page_token = String::new();
-        let start = match (&after, filter.run) {
-            (Some((run, call)), _) => Some((*run, call.as_str())),
-            (None, Some(run)) => Some((run, "")),
-            (None, None) => None,
+        // One more than a page: whether there is a next page.
+        let mut records = self
+            .engine
+            .store()
+            .approvals(&filter.query(after, limit + 1))
+            .await
+            .map_err(|e| to_status(e.into()))?;
+        let more = records.len() > limit;
+        records.truncate(limit);
+        let approvals: Vec<proto::Approval> = records.into_iter().map(convert::approval).collect();
+        let next_page_token = match (more, approvals.last()) {
+            (true, Some(last)) => format!("{}/{}", last.run_id, last.call_id),
+            _ => String::new(),
         };
-        for record in store.approvals_after(start) {
-            let record = record.map_err(|e| to_status(e.into()))?;
-            if let Some(run) = filter.run {
-                if run.as_bytes().as_slice() != record.run_id.as_slice() {
-                    if record.run_id.as_slice() > run.as_bytes().as_slice() {
-                        break;
-                    }
-                    continue;
-                }
-            }
-            if !filter.matches(store, &record.run_id, &record.tool, Some(&record.labels))? {
-                continue;
-            }
-            if approvals.len() == limit {
-                let last: &proto::Approval = approvals.last().expect("limit > 0");
-                next_page_token = format!("{}/{}", last.run_id, last.call_id);
-                break;
-            }
-            approvals.push(convert::approval(record));
-        }
         Ok(Response::new(proto::ListApprovalsResponse {
             approvals,
             next_page_token,
@@ -191,27 +185,26 @@ async fn watch(
             // Everything pending up to a durable position, then changes after it.
             let snapshot_position = store.durable_position();
             let mut pending = 0;
-            for record in store.approvals_after(filter.run.map(|run| (run, ""))) {
-                let record = record.map_err(|e| to_status(e.into()))?;
-                if let Some(run) = filter.run {
-                    if run.as_bytes().as_slice() != record.run_id.as_slice() {
-                        break;
+            let mut after = None;
+            loop {
+                let mut query = filter.query(after.take(), SNAPSHOT_CHUNK);
+                query.at_or_below = Some(snapshot_position);
+                let page = store
+                    .approvals(&query)
+                    .await
+                    .map_err(|e| to_status(e.into()))?;
+                let full = page.len() == SNAPSHOT_CHUNK;
+                for record in page {
+                    pending += 1;
+                    after = RunId::from_slice(&record.run_id).map(|r| (r, record.call_id.clone()));
+                    let position = record.position;
+                    let item = Item::Requested(convert::approval(record));
+                    if !send(sender, position, item).await {
+                        return Ok(());
                     }
                 }
-                if record.position > snapshot_position
-                    || !filter.matches(store, &record.run_id, &record.tool, Some(&record.labels))?
-                {
-                    continue;
-                }
-                pending += 1;
-                if !send(
-                    sender,
-                    record.position,
-                    Item::Requested(convert::approval(record)),
-                )
-                .await
-                {
-                    return Ok(());
+                if !full || after.is_none() {
+                    break;
                 }
             }
             let done = Item::SnapshotComplete(proto::SnapshotComplete { pending });
@@ -225,6 +218,7 @@ async fn watch(
         durable.borrow_and_update();
         let entries = store
             .log_after(cursor, LOG_CHUNK)
+            .await
             .map_err(|e| to_status(e.into()))?;
         let full = entries.len() == LOG_CHUNK;
         for event in entries {
@@ -234,10 +228,10 @@ async fn watch(
                 continue;
             }
             let run_id = event.run_id.clone();
-            let Some((tool, item)) = approval_item(store, event)? else {
+            let Some((tool, item)) = approval_item(store, event).await? else {
                 continue;
             };
-            if !filter.matches(store, &run_id, &tool, None)? {
+            if !filter.passes(store, &run_id, &tool).await? {
                 continue;
             }
             if !send(sender, position, item).await {
@@ -261,8 +255,8 @@ async fn watch(
 }
 
 /// The watch item an approval event stands for, with its tool's name.
-fn approval_item(
-    store: &Store,
+async fn approval_item(
+    store: &SharedStore,
     event: EventRecord,
 ) -> Result<Option<(String, proto::watch_approvals_response::Item)>, Status> {
     use proto::watch_approvals_response::Item;
@@ -288,7 +282,7 @@ fn approval_item(
         APPROVAL_REQUESTED => {
             let data: ApprovalRequested = serde_json::from_str(&event.data_json).map_err(bad)?;
             let run = match RunId::from_slice(&event.run_id) {
-                Some(run) => store.run_start(run).map_err(|e| to_status(e.into()))?,
+                Some(run) => store.run(run).await.map_err(|e| to_status(e.into()))?,
                 None => None,
             };
             let (labels, task) = run.map(|r| (r.labels, r.task)).unwrap_or_default();

@@ -11,7 +11,7 @@ use crate::auth::{self, Principal, Refusal};
 use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
 use crate::engine::{Engine, Error};
 use crate::proto::{self, run_service_server::RunService};
-use crate::store::{RunId, RunRecord};
+use crate::store::{RunId, RunQuery, RunRecord};
 
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 1000;
@@ -34,25 +34,23 @@ pub fn page_size(requested: u32) -> usize {
     size as usize
 }
 
-pub fn labels_match(
-    wanted: &std::collections::HashMap<String, String>,
-    have: &std::collections::BTreeMap<String, String>,
-) -> bool {
-    wanted.iter().all(|(k, v)| have.get(k) == Some(v))
-}
-
 fn is_terminal(event_type: &str) -> bool {
     matches!(event_type, RUN_COMPLETED | RUN_FAILED | RUN_CANCELLED)
 }
 
 impl RunApi {
     /// The run as the API shows it, with the approvals it waits for.
-    fn run_with_approvals(&self, run: RunId, record: RunRecord) -> Result<proto::Run, Status> {
+    async fn run_with_approvals(
+        &self,
+        run: RunId,
+        record: RunRecord,
+    ) -> Result<proto::Run, Status> {
         let mut out = convert::run(record);
         out.pending_approvals = self
             .engine
             .store()
             .run_approvals(run)
+            .await
             .map_err(|e| to_status(e.into()))?
             .into_iter()
             .map(convert::approval)
@@ -60,12 +58,13 @@ impl RunApi {
         Ok(out)
     }
 
-    fn known_run(&self, text: &str) -> Result<(RunId, RunRecord), Error> {
+    async fn known_run(&self, text: &str) -> Result<(RunId, RunRecord), Error> {
         let run = convert::run_id("run_id", text)?;
         let record = self
             .engine
             .store()
-            .run(run)?
+            .run(run)
+            .await?
             .ok_or_else(|| Error::RunNotFound(text.to_string()))?;
         Ok((run, record))
     }
@@ -73,11 +72,12 @@ impl RunApi {
     /// The client that started the run, from its first event (seq 1,
     /// aaa.run.started); `None` for an unknown run (its handler answers
     /// NOT_FOUND).
-    fn starter(&self, run: RunId) -> Result<Option<String>, Status> {
+    async fn starter(&self, run: RunId) -> Result<Option<String>, Status> {
         let first = self
             .engine
             .store()
             .event(run, 1)
+            .await
             .map_err(|e| to_status(e.into()))?;
         Ok(first
             .filter(|e| e.actor_kind == proto::ActorKind::Client as i32)
@@ -85,7 +85,7 @@ impl RunApi {
     }
 
     /// Runners read (`read`), signal and cancel only the runs they started.
-    fn check_owner(
+    async fn check_owner(
         &self,
         principal: Option<&Principal>,
         run: RunId,
@@ -97,7 +97,7 @@ impl RunApi {
         if principal.sees_every_run(read) {
             return Ok(());
         }
-        match self.starter(run)? {
+        match self.starter(run).await? {
             Some(starter) if starter != principal.name => Err(Refusal::NotRunOwner {
                 principal: principal.name.clone(),
                 run: run.to_string(),
@@ -109,8 +109,8 @@ impl RunApi {
 
     /// The separation-of-duties policy: the principal that started a run may
     /// not decide its approvals.
-    fn check_separation(&self, principal: &Principal, run: RunId) -> Result<(), Status> {
-        if self.separation_of_duties && self.starter(run)?.as_ref() == Some(&principal.name) {
+    async fn check_separation(&self, principal: &Principal, run: RunId) -> Result<(), Status> {
+        if self.separation_of_duties && self.starter(run).await?.as_ref() == Some(&principal.name) {
             return Err(Refusal::SeparationOfDuties {
                 principal: principal.name.clone(),
                 run: run.to_string(),
@@ -140,9 +140,9 @@ impl RunService for RunApi {
         &self,
         request: Request<proto::GetRunRequest>,
     ) -> Result<Response<proto::GetRunResponse>, Status> {
-        let (run, record) = self.known_run(&request.get_ref().run_id)?;
-        self.check_owner(principal(&request), run, true)?;
-        let out = self.run_with_approvals(run, record)?;
+        let (run, record) = self.known_run(&request.get_ref().run_id).await?;
+        self.check_owner(principal(&request), run, true).await?;
+        let out = self.run_with_approvals(run, record).await?;
         Ok(Response::new(proto::GetRunResponse { run: Some(out) }))
     }
 
@@ -163,32 +163,32 @@ impl RunService for RunApi {
             ),
         };
         let limit = page_size(request.page_size);
-        let mut runs = Vec::new();
-        let mut next_page_token = String::new();
-        for record in self.engine.store().runs_newest_first(before) {
-            let record = record.map_err(|e| to_status(e.into()))?;
-            if request.status != 0 && record.status != request.status {
-                continue;
-            }
-            if !labels_match(&request.labels, &record.labels) {
-                continue;
-            }
+        // One more than a page: whether there is a next page.
+        let query = RunQuery {
+            before,
+            status: request.status,
+            labels: request.labels.into_iter().collect(),
+            started_by: only_started_by,
+            limit: limit + 1,
+        };
+        let mut records = self
+            .engine
+            .store()
+            .list_runs(&query)
+            .await
+            .map_err(|e| to_status(e.into()))?;
+        let more = records.len() > limit;
+        records.truncate(limit);
+        let mut runs = Vec::with_capacity(records.len());
+        for record in records {
             let run = RunId::from_slice(&record.run_id)
                 .ok_or_else(|| Error::Internal("run record with a bad id".into()))?;
-            if let Some(name) = &only_started_by {
-                if self.starter(run)?.as_ref() != Some(name) {
-                    continue;
-                }
-            }
-            if runs.len() == limit {
-                next_page_token = runs
-                    .last()
-                    .map(|r: &proto::Run| r.run_id.clone())
-                    .unwrap_or_default();
-                break;
-            }
-            runs.push(self.run_with_approvals(run, record)?);
+            runs.push(self.run_with_approvals(run, record).await?);
         }
+        let next_page_token = match (more, runs.last()) {
+            (true, Some(last)) => last.run_id.clone(),
+            _ => String::new(),
+        };
         Ok(Response::new(proto::ListRunsResponse {
             runs,
             next_page_token,
@@ -203,8 +203,8 @@ impl RunService for RunApi {
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let principal = principal(&request).cloned();
         let request = request.into_inner();
-        let (run, record) = self.known_run(&request.run_id)?;
-        self.check_owner(principal.as_ref(), run, true)?;
+        let (run, record) = self.known_run(&request.run_id).await?;
+        self.check_owner(principal.as_ref(), run, true).await?;
         if request.after_seq > record.last_seq {
             return Err(Error::invalid(
                 "after_seq",
@@ -240,9 +240,9 @@ impl RunService for RunApi {
         let run = convert::run_id("run_id", &request.run_id)?;
         match &principal {
             Some(principal) if auth::is_decision(&request.r#type) => {
-                self.check_separation(principal, run)?
+                self.check_separation(principal, run).await?
             }
-            principal => self.check_owner(principal.as_ref(), run, false)?,
+            principal => self.check_owner(principal.as_ref(), run, false).await?,
         }
         if request.r#type.is_empty() {
             return Err(Error::invalid("type", "required").into());
@@ -271,7 +271,7 @@ impl RunService for RunApi {
         let principal = principal(&request).cloned();
         let request = request.into_inner();
         let run = convert::run_id("run_id", &request.run_id)?;
-        self.check_owner(principal.as_ref(), run, false)?;
+        self.check_owner(principal.as_ref(), run, false).await?;
         let reason = if request.reason.is_empty() {
             "cancelled by a client".to_string()
         } else {
@@ -299,6 +299,7 @@ async fn follow_events(
         let events = engine
             .store()
             .run_events(run, cursor, READ_CHUNK)
+            .await
             .map_err(|e| to_status(e.into()))?;
         let full = events.len() == READ_CHUNK;
         for record in events {
@@ -332,7 +333,7 @@ async fn follow_events(
             if sender.send(Ok(message)).await.is_err() || !request.follow {
                 return Ok(());
             }
-            if request.stop_at_end && finished_at_or_before(engine, run, cursor)? {
+            if request.stop_at_end && finished_at_or_before(engine, run, cursor).await? {
                 // The terminal event was at or before the cursor the client
                 // gave, so no read shows it. One appended later is read like
                 // any other (also when type_prefix filters it out) and ends
@@ -349,8 +350,12 @@ async fn follow_events(
 }
 
 /// Has the run finished, with its terminal event at or before `cursor`?
-fn finished_at_or_before(engine: &Engine, run: RunId, cursor: u64) -> Result<bool, Status> {
-    let record = engine.store().run(run).map_err(|e| to_status(e.into()))?;
+async fn finished_at_or_before(engine: &Engine, run: RunId, cursor: u64) -> Result<bool, Status> {
+    let record = engine
+        .store()
+        .run(run)
+        .await
+        .map_err(|e| to_status(e.into()))?;
     Ok(record
         .is_some_and(|r| r.status >= proto::RunStatus::Completed as i32 && r.last_seq <= cursor))
 }

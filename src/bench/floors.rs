@@ -13,7 +13,7 @@ use tonic_health::pb::HealthCheckRequest;
 
 use super::server::{Pool, ScratchDir};
 use super::stats::{closed_loop, Problems, Summary};
-use crate::store::{EventRecord, RunId, Store, WriteBatch};
+use crate::store::{EventRecord, RunId, WriteBatch};
 
 #[derive(Debug, Serialize)]
 pub struct Rtt {
@@ -96,7 +96,7 @@ pub async fn store_appends(
     limit: Duration,
 ) -> anyhow::Result<StoreAppends> {
     let dir = ScratchDir::new("store")?;
-    let store = Store::open(dir.path(), crate::Config::new(dir.path()).store_cache_bytes)?;
+    let store = crate::store::open(&crate::Config::new(dir.path())).await?;
     let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
     let writer_store = store.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {

@@ -36,7 +36,7 @@ use leases::{LeaseKind, Leases};
 use state::{Action, DecisionOutcome, Message, RunState, ToolOutcome};
 
 use crate::config::Config;
-use crate::store::{ApprovalRecord, EventRecord, RunId, Store, WriteBatch};
+use crate::store::{ApprovalRecord, EventRecord, RunId, SharedStore, WriteBatch};
 
 /// Largest event data (JSON text) the engine appends. sled keeps pages up to
 /// a quarter segment in its main file; see `Store::open`.
@@ -216,7 +216,7 @@ pub struct Engine {
 }
 
 struct Inner {
-    store: Store,
+    store: SharedStore,
     config: Config,
     run_locks: Box<[Arc<tokio::sync::Mutex<()>>]>,
     request_locks: Box<[Arc<tokio::sync::Mutex<()>>]>,
@@ -246,8 +246,8 @@ fn locks(n: usize) -> Box<[Arc<tokio::sync::Mutex<()>>]> {
 impl Engine {
     /// Starts the engine on an open store: recovers in-flight work and starts
     /// the timer task. Everything stops when `shutdown` fires.
-    pub fn start(
-        store: Store,
+    pub async fn start(
+        store: SharedStore,
         config: Config,
         shutdown: CancellationToken,
     ) -> Result<Engine, Error> {
@@ -266,12 +266,12 @@ impl Engine {
                 shutdown,
             }),
         };
-        engine.recover()?;
+        engine.recover().await?;
         tokio::spawn(engine.clone().run_timers());
         Ok(engine)
     }
 
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &SharedStore {
         &self.inner.store
     }
 
@@ -286,10 +286,10 @@ impl Engine {
 
     /// Re-offers the work of runs that were active when the server stopped,
     /// and gives their running attempts a fresh lease.
-    fn recover(&self) -> Result<(), Error> {
+    async fn recover(&self) -> Result<(), Error> {
         let now = now_ms();
-        for run in self.inner.store.active_runs()? {
-            let state = self.load(run)?;
+        for run in self.inner.store.active_runs().await? {
+            let state = self.load(run).await?;
             for call in &state.calls {
                 if call.phase == state::Phase::Running {
                     let timeout = self.heartbeat_timeout(call.spec.as_ref());
@@ -328,11 +328,11 @@ impl Engine {
     }
 
     /// The run's state; the caller holds the run's lock and puts it back.
-    fn load(&self, run: RunId) -> Result<RunState, Error> {
+    async fn load(&self, run: RunId) -> Result<RunState, Error> {
         if let Some(state) = self.inner.cache.lock().expect("poisoned").pop(&run) {
             return Ok(state);
         }
-        let events = self.inner.store.all_run_events(run)?;
+        let events = self.inner.store.run_events(run, 0, usize::MAX).await?;
         RunState::replay(run, &events)
     }
 
@@ -347,7 +347,7 @@ impl Engine {
     /// Reads a run's state under its lock without changing it.
     async fn read_run<T>(&self, run: RunId, read: impl FnOnce(&RunState) -> T) -> Result<T, Error> {
         let _guard = self.lock_run(run).await;
-        let state = self.load(run)?;
+        let state = self.load(run).await?;
         let answer = read(&state);
         self.cache_put(state);
         Ok(answer)
@@ -363,7 +363,7 @@ impl Engine {
         decide: impl FnOnce(&RunState, &mut WriteBatch) -> Result<(Vec<NewEvent>, T), Error>,
     ) -> Result<(T, u64), Error> {
         let guard = self.lock_run(run).await;
-        let state = self.load(run)?;
+        let state = self.load(run).await?;
         let mut batch = WriteBatch::default();
         let (events, answer) = match decide(&state, &mut batch) {
             Ok(decided) => decided,
@@ -585,13 +585,13 @@ impl Engine {
             ),
         };
         if !start.request_id.is_empty() {
-            if let Some(bytes) = self.inner.store.request(SCOPE, &start.request_id)? {
+            if let Some(bytes) = self.inner.store.request(SCOPE, &start.request_id).await? {
                 let run = RunId::from_slice(&bytes)
                     .ok_or_else(|| Error::Internal("bad idempotency record".into()))?;
                 return Ok((run, false));
             }
         }
-        let tools = self.resolve_tools(&start.tools)?;
+        let tools = self.resolve_tools(&start.tools).await?;
         let now = now_ms();
         let deadline_at_ms = (start.budget.deadline_s > 0.0)
             .then(|| crate::seconds::after_ms(now, start.budget.deadline_s));
@@ -623,7 +623,7 @@ impl Engine {
         Ok((run, true))
     }
 
-    fn resolve_tools(&self, refs: &[ToolRef]) -> Result<Vec<ToolSpec>, Error> {
+    async fn resolve_tools(&self, refs: &[ToolRef]) -> Result<Vec<ToolSpec>, Error> {
         let mut specs: Vec<ToolSpec> = Vec::with_capacity(refs.len());
         for (i, tool) in refs.iter().enumerate() {
             let field = format!("tools[{i}].name");
@@ -633,14 +633,12 @@ impl Engine {
                     format!("tool '{}' is listed twice", tool.name),
                 ));
             }
-            let bytes =
-                self.inner
-                    .store
-                    .tool(&tool.name)?
-                    .ok_or_else(|| Error::ToolNotRegistered {
-                        field,
-                        name: tool.name.clone(),
-                    })?;
+            let bytes = self.inner.store.tool(&tool.name).await?.ok_or_else(|| {
+                Error::ToolNotRegistered {
+                    field,
+                    name: tool.name.clone(),
+                }
+            })?;
             let mut spec: ToolSpec = serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Internal(format!("stored tool {}: {e}", tool.name)))?;
             spec.requires_approval |= tool.requires_approval;
@@ -663,15 +661,24 @@ impl Engine {
     ) -> Result<SignalAnswer, Error> {
         let scope = [b"signal".as_slice(), run.as_bytes()].concat();
         let decision = event_type == APPROVAL_GRANTED || event_type == APPROVAL_DENIED;
+        // Retries of one request wait for each other here, so the second
+        // reads the answer the first recorded.
+        let _request_guard = match request_id.is_empty() {
+            true => None,
+            false => Some(
+                self.inner.request_locks[stripe(&(&scope, request_id), RUN_LOCK_STRIPES)]
+                    .lock()
+                    .await,
+            ),
+        };
+        if !request_id.is_empty() {
+            if let Some(bytes) = self.inner.store.request(&scope, request_id).await? {
+                return serde_json::from_slice(&bytes)
+                    .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")));
+            }
+        }
         let (answer, _) = self
             .update(run, |state, batch| {
-                if !request_id.is_empty() {
-                    if let Some(bytes) = self.inner.store.request(&scope, request_id)? {
-                        let answer: SignalAnswer = serde_json::from_slice(&bytes)
-                            .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")))?;
-                        return Ok((Vec::new(), answer));
-                    }
-                }
                 let seq = state.last_seq + 1;
                 let (events, answer) = if decision {
                     match state.decide_approval(event_type, &data, actor)? {
@@ -739,7 +746,7 @@ impl Engine {
         let mut stored = Vec::with_capacity(tools.len());
         let mut batch = WriteBatch::default();
         for mut tool in tools {
-            if let Some(bytes) = self.inner.store.tool(&tool.name)? {
+            if let Some(bytes) = self.inner.store.tool(&tool.name).await? {
                 if let Ok(previous) = serde_json::from_slice::<ToolSpec>(&bytes) {
                     tool.requires_approval |= previous.requires_approval;
                 }
@@ -912,7 +919,7 @@ impl Engine {
             attempt,
             call_id: call_id.clone(),
         }
-        .encode(self.inner.store.token_key());
+        .encode(&self.inner.store.token_key());
         Task {
             token,
             run,
@@ -926,7 +933,7 @@ impl Engine {
 
     /// Renews the attempt's lease; answers whether the run wants it stopped.
     pub async fn heartbeat(&self, token: &str) -> Result<bool, Error> {
-        let token = Token::decode(token, self.inner.store.token_key())?;
+        let token = Token::decode(token, &self.inner.store.token_key())?;
         let current = self
             .read_run(token.run, |state| {
                 if state.is_finished() {
@@ -971,7 +978,7 @@ impl Engine {
         report: Report,
         fallback_identity: &str,
     ) -> Result<bool, Error> {
-        let token = Token::decode(token, self.inner.store.token_key())?;
+        let token = Token::decode(token, &self.inner.store.token_key())?;
         let holder = self.inner.leases.holder(token.run, &token.call_id);
         let actor = Actor::Worker(holder.unwrap_or_else(|| fallback_identity.to_string()));
         let refusal = match self.record_report(&token, &report, actor).await {
@@ -982,7 +989,11 @@ impl Engine {
             Err(refusal @ (Error::StaleAttempt { .. } | Error::RunFinished(_))) => refusal,
             Err(other) => return Err(other),
         };
-        let events = self.inner.store.all_run_events(token.run)?;
+        let events = self
+            .inner
+            .store
+            .run_events(token.run, 0, usize::MAX)
+            .await?;
         match recorded::compare(&events, token.kind, &token.call_id, token.attempt, &report)? {
             recorded::Recorded::Same => Ok(true),
             // The attempt's result that counts is another one, also when
@@ -1046,7 +1057,7 @@ impl Engine {
         loop {
             let now = Instant::now();
             let next_lease = self.inner.leases.next_expiry();
-            let next_durable = match self.inner.store.first_timer() {
+            let next_durable = match self.inner.store.next_timer().await {
                 Ok(timer) => timer,
                 Err(e) => {
                     tracing::error!("reading timers failed: {e}");

@@ -137,6 +137,8 @@ pub struct RunState {
     pub last_seq: u64,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// The client principal that started the run (empty for others).
+    pub started_by: String,
     pub spec: RunStarted,
     pub status: Status,
     pub messages: Vec<Message>,
@@ -188,6 +190,10 @@ impl RunState {
             last_seq: 1,
             created_ms: first.time_ms,
             updated_ms: first.time_ms,
+            started_by: match first.actor_kind == crate::proto::ActorKind::Client as i32 {
+                true => first.actor_name.clone(),
+                false => String::new(),
+            },
             spec,
             status: Status::Running,
             messages,
@@ -295,6 +301,7 @@ impl RunState {
             result_json,
             error_type: error.error_type,
             error_message: error.message,
+            started_by: self.started_by.clone(),
         }
     }
 

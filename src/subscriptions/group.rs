@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{pattern_matches, Error};
 use crate::engine::now_ms;
-use crate::store::{DeadLetterRecord, EventRecord, GroupRecord, RunId, Store, WriteBatch};
+use crate::store::{DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, WriteBatch};
 
 /// Matching events a group keeps in memory; reading the log waits below it.
 const MAX_BUFFERED: usize = 1024;
@@ -110,7 +110,7 @@ struct Lease {
 }
 
 pub struct Group {
-    store: Store,
+    store: SharedStore,
     /// The definition, and the cursor of the latest commit.
     record: GroupRecord,
     ack_timeout: Duration,
@@ -138,8 +138,8 @@ pub struct Group {
 impl Group {
     /// Loads the group's replays in progress; returns its command sender
     /// and the task to spawn.
-    pub fn load(
-        store: Store,
+    pub async fn load(
+        store: SharedStore,
         record: GroupRecord,
         shutdown: CancellationToken,
     ) -> Result<(mpsc::Sender<Command>, impl Future<Output = ()>), Error> {
@@ -163,11 +163,14 @@ impl Group {
         };
         let mut after = 0;
         loop {
-            let letters = group.store.dead_letters(&group.record.name, after, 1000)?;
+            let letters = group
+                .store
+                .dead_letters(&group.record.name, after, 1000)
+                .await?;
             let Some(last) = letters.last() else { break };
             after = last.position;
             for letter in letters.into_iter().filter(|l| l.replaying) {
-                group.enqueue_replay(&letter)?;
+                group.enqueue_replay(&letter).await?;
             }
         }
         Ok((commands, group.run(receiver, shutdown)))
@@ -178,7 +181,7 @@ impl Group {
         let mut durable = self.store.watch_durable();
         loop {
             durable.borrow_and_update();
-            if let Err(e) = self.fill() {
+            if let Err(e) = self.fill().await {
                 tracing::error!("group {name}: reading the log failed: {e}");
                 break;
             }
@@ -202,10 +205,10 @@ impl Group {
                 }
             };
             let Some(command) = command else { break };
-            let mut stop = !self.handle(command);
+            let mut stop = !self.handle(command).await;
             for _ in 1..COMMANDS_PER_TURN {
                 match commands.try_recv() {
-                    Ok(command) if !stop => stop = !self.handle(command),
+                    Ok(command) if !stop => stop = !self.handle(command).await,
                     _ => break,
                 }
             }
@@ -220,7 +223,7 @@ impl Group {
     }
 
     /// Handles a command; false when the group must stop (its store failed).
-    fn handle(&mut self, command: Command) -> bool {
+    async fn handle(&mut self, command: Command) -> bool {
         match command {
             Command::Join {
                 max_in_flight,
@@ -243,7 +246,7 @@ impl Group {
                 delivery_id,
                 nack,
             } => self.answer(member, delivery_id, nack),
-            Command::Replay { positions, reply } => match self.replay(&positions) {
+            Command::Replay { positions, reply } => match self.replay(&positions).await {
                 Ok(count) => self.replies.push((reply, count)),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -266,9 +269,9 @@ impl Group {
     }
 
     /// Reads matching events from the durable log into `entries`.
-    fn fill(&mut self) -> Result<(), Error> {
+    async fn fill(&mut self) -> Result<(), Error> {
         while self.entries.len() < MAX_BUFFERED {
-            let chunk = self.store.log_after(self.read_to, LOG_CHUNK)?;
+            let chunk = self.store.log_after(self.read_to, LOG_CHUNK).await?;
             let full = chunk.len() == LOG_CHUNK;
             for event in chunk {
                 let position = event.position;
@@ -276,7 +279,7 @@ impl Group {
                 let Some(run) = RunId::from_slice(&event.run_id) else {
                     continue;
                 };
-                if !self.wants(run, &event.event_type)? {
+                if !self.wants(run, &event.event_type).await? {
                     continue;
                 }
                 let entry = Entry {
@@ -295,7 +298,7 @@ impl Group {
         Ok(())
     }
 
-    fn wants(&self, run: RunId, event_type: &str) -> Result<bool, Error> {
+    async fn wants(&self, run: RunId, event_type: &str) -> Result<bool, Error> {
         let record = &self.record;
         if !record
             .event_types
@@ -309,7 +312,8 @@ impl Group {
         }
         let labels = self
             .store
-            .run_start(run)?
+            .run(run)
+            .await?
             .map(|r| r.labels)
             .unwrap_or_default();
         Ok(record.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
@@ -487,12 +491,15 @@ impl Group {
     }
 
     /// Marks dead letters as replaying and queues them; returns how many.
-    fn replay(&mut self, positions: &[u64]) -> Result<u32, Error> {
+    async fn replay(&mut self, positions: &[u64]) -> Result<u32, Error> {
         let wanted: BTreeSet<u64> = positions.iter().copied().collect();
         let mut count = 0;
         let mut after = 0;
         loop {
-            let letters = self.store.dead_letters(&self.record.name, after, 1000)?;
+            let letters = self
+                .store
+                .dead_letters(&self.record.name, after, 1000)
+                .await?;
             let Some(last) = letters.last() else { break };
             after = last.position;
             for mut letter in letters {
@@ -503,7 +510,7 @@ impl Group {
                 }
                 letter.replaying = true;
                 self.batch.put_dead_letter(&self.record.name, &letter);
-                self.enqueue_replay(&letter)?;
+                self.enqueue_replay(&letter).await?;
                 count += 1;
             }
         }
@@ -512,11 +519,11 @@ impl Group {
 
     /// Queues a replayed dead letter again, with its event read back from
     /// the log (it is below the read cursor).
-    fn enqueue_replay(&mut self, letter: &DeadLetterRecord) -> Result<(), Error> {
+    async fn enqueue_replay(&mut self, letter: &DeadLetterRecord) -> Result<(), Error> {
         let Some(run) = RunId::from_slice(&letter.run_id) else {
             return Ok(());
         };
-        let Some(event) = self.store.event(run, letter.seq)? else {
+        let Some(event) = self.store.event(run, letter.seq).await? else {
             tracing::error!(
                 "group {}: no event at position {}",
                 self.record.name,

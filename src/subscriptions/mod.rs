@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{self, now_ms};
 use crate::store::{
-    DeadLetterRecord, EventRecord, GroupRecord, RunId, Store, StoreError, WriteBatch,
+    DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, StoreError, WriteBatch,
 };
 
 pub use group::Outbound;
@@ -177,7 +177,7 @@ pub struct Subscriptions {
 }
 
 struct Inner {
-    store: Store,
+    store: SharedStore,
     shutdown: CancellationToken,
     /// Running group tasks by name. A tokio mutex: creating a group awaits
     /// its durable record, and two creators of one name must not race.
@@ -192,7 +192,7 @@ struct GroupHandle {
 }
 
 impl Subscriptions {
-    pub fn new(store: Store, shutdown: CancellationToken) -> Self {
+    pub fn new(store: SharedStore, shutdown: CancellationToken) -> Self {
         Subscriptions {
             inner: Arc::new(Inner {
                 store,
@@ -213,7 +213,7 @@ impl Subscriptions {
         definition.event_types.sort();
         definition.event_types.dedup();
         let mut groups = self.inner.groups.lock().await;
-        let (handle, created) = match self.running(&mut groups, &definition.group)? {
+        let (handle, created) = match self.running(&mut groups, &definition.group).await? {
             Some(handle) => (handle, false),
             None => (self.create(&mut groups, &definition, start).await?, true),
         };
@@ -260,13 +260,11 @@ impl Subscriptions {
             .await?;
         let store = &self.inner.store;
         let mut out = Vec::new();
-        for letter in store.dead_letters(group, after, limit)? {
-            let run = RunId::from_slice(&letter.run_id);
-            if let Some(event) = run
-                .map(|run| store.event(run, letter.seq))
-                .transpose()?
-                .flatten()
-            {
+        for letter in store.dead_letters(group, after, limit).await? {
+            let Some(run) = RunId::from_slice(&letter.run_id) else {
+                continue;
+            };
+            if let Some(event) = store.event(run, letter.seq).await? {
                 out.push((letter, event));
             }
         }
@@ -288,7 +286,8 @@ impl Subscriptions {
     ) -> Result<u32, Error> {
         let mut groups = self.inner.groups.lock().await;
         let handle = self
-            .running(&mut groups, group)?
+            .running(&mut groups, group)
+            .await?
             .ok_or_else(|| Error::GroupNotFound(group.to_string()))?;
         drop(groups);
         let (reply, answer) = oneshot::channel();
@@ -303,7 +302,7 @@ impl Subscriptions {
 
     /// The group's task, started from its stored record if it is not running;
     /// `None` when the group does not exist.
-    fn running(
+    async fn running(
         &self,
         groups: &mut HashMap<String, GroupHandle>,
         name: &str,
@@ -311,10 +310,10 @@ impl Subscriptions {
         if let Some(handle) = groups.get(name).filter(|h| !h.commands.is_closed()) {
             return Ok(Some(handle.clone()));
         }
-        let Some(record) = self.inner.store.group(name)? else {
+        let Some(record) = self.inner.store.group(name).await? else {
             return Ok(None);
         };
-        Ok(Some(self.spawn(groups, record)?))
+        Ok(Some(self.spawn(groups, record).await?))
     }
 
     async fn create(
@@ -352,10 +351,10 @@ impl Subscriptions {
         let mut batch = WriteBatch::default();
         batch.put_group(&record);
         store.commit(batch).await?;
-        self.spawn(groups, record)
+        self.spawn(groups, record).await
     }
 
-    fn spawn(
+    async fn spawn(
         &self,
         groups: &mut HashMap<String, GroupHandle>,
         record: GroupRecord,
@@ -364,7 +363,8 @@ impl Subscriptions {
             self.inner.store.clone(),
             record.clone(),
             self.inner.shutdown.clone(),
-        )?;
+        )
+        .await?;
         tokio::spawn(task);
         let handle = GroupHandle { record, commands };
         groups.insert(handle.record.name.clone(), handle.clone());

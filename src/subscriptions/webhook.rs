@@ -337,7 +337,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::store::{Store, WriteBatch};
+    use crate::store::{SharedStore, WriteBatch};
 
     #[test]
     fn signature_is_hmac_sha256_hex() {
@@ -447,7 +447,7 @@ mod tests {
         (url.parse().unwrap(), rx)
     }
 
-    async fn append(store: &Store, run: RunId, seq: u64, ty: &str, data: &str) {
+    async fn append(store: &SharedStore, run: RunId, seq: u64, ty: &str, data: &str) {
         let mut batch = WriteBatch::default();
         batch.push_event(EventRecord {
             run_id: run.as_bytes().to_vec(),
@@ -469,7 +469,9 @@ mod tests {
     #[tokio::test]
     async fn posts_signed_json_and_retries_a_failure() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), 8 << 20).unwrap();
+        let store = crate::store::open(&crate::Config::new(dir.path()))
+            .await
+            .unwrap();
         let shutdown = CancellationToken::new();
         let subscriptions = Subscriptions::new(store.clone(), shutdown.clone());
         let (url, mut received) = receiver(vec![500]).await;

@@ -250,10 +250,7 @@ impl Mark {
                 offset,
                 next_position,
             }),
-            _ => Err(StoreError::Corrupt(
-                keys::meta(MARK),
-                "bad checkpoint mark".into(),
-            )),
+            _ => Err(super::corrupt(&keys::meta(MARK), "bad checkpoint mark")),
         }
     }
 
@@ -694,7 +691,7 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent
 }
 
 fn corrupt(offset: u64, what: &str) -> StoreError {
-    StoreError::Corrupt(format!("log@{offset}").into_bytes(), what.to_string())
+    StoreError::Corrupt(format!("log at offset {offset}: {what}"))
 }
 
 #[cfg(test)]

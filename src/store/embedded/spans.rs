@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use super::{keys, Result, RunId, StoreError};
+use super::{keys, Result, RunId};
 
 /// Most spans in one sled value (7 KiB).
 const MAX_LIST: usize = 256;
@@ -49,7 +49,7 @@ fn encode(spans: &[Span]) -> Vec<u8> {
 /// The spans of the sled value under `key`.
 pub fn decode(key: &[u8], bytes: &[u8]) -> Result<Vec<Span>> {
     if bytes.is_empty() || bytes.len() % ENCODED != 0 {
-        return Err(StoreError::Corrupt(key.to_vec(), "bad span list".into()));
+        return Err(super::corrupt(key, "bad span list"));
     }
     let field = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
     let spans = bytes

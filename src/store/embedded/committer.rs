@@ -8,16 +8,18 @@
 //! mark saying how far it holds the log, and its file fsynced (flush alone
 //! is not an fsync, trap 2).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use prost::Message as _;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::log::{self, Log, Mark, Round};
-use super::records::STAMPED_POSITION_TAG;
 use super::spans::Recent;
-use super::{Op, Result, RunId, StoreError, WriteBatch};
+use super::{keys, Result, RunId, StoreError, WriteBatch};
+use crate::store::Op;
 
 /// Most batches folded into one round.
 const MAX_ROUND: usize = 4096;
@@ -156,9 +158,12 @@ impl Committer {
         let first_position = self.next_position;
         let mut writes = Round::new(first_position);
         let mut answers = Vec::with_capacity(round.len());
+        let mut heads = HashMap::new();
         for request in round.iter_mut() {
-            let positions = self.stage(&mut request.batch, &mut writes);
-            answers.push(positions);
+            let staged = self
+                .check_heads(&request.batch, &mut heads)
+                .map(|()| self.stage(&mut request.batch, &mut writes));
+            answers.push(staged);
         }
         let last_position = self.next_position - 1;
         let at = match self.log.append(&writes) {
@@ -188,8 +193,8 @@ impl Committer {
                 .store(last_position, Ordering::Release);
             self.durable.send_replace(last_position);
         }
-        for (request, positions) in round.drain(..).zip(answers) {
-            let _ = request.reply.send(Ok(positions));
+        for (request, answer) in round.drain(..).zip(answers) {
+            let _ = request.reply.send(answer);
         }
         if let Err(e) = indexed {
             tracing::error!(
@@ -223,20 +228,74 @@ impl Committer {
         }
         for op in batch.ops.drain(..) {
             match op {
-                Op::Put(key, value) => out.put(&key, &value),
-                Op::PutStamped(key, mut value, seq) => {
-                    let position = batch
+                Op::PutRun(run) => {
+                    let id = RunId::from_slice(&run.run_id).expect("run record with a bad id");
+                    out.put(&keys::run_scoped(keys::RUN, id), &run.encode_to_vec());
+                }
+                Op::PutApproval(mut approval) => {
+                    let id = RunId::from_slice(&approval.run_id).expect("approval with a bad id");
+                    approval.position = batch
                         .events
                         .iter()
-                        .find(|e| e.seq == seq)
+                        .find(|e| e.seq == approval.seq && e.run_id == approval.run_id)
                         .map_or(0, |e| e.position);
-                    prost::encoding::uint64::encode(STAMPED_POSITION_TAG, &position, &mut value);
-                    out.put(&key, &value)
+                    let key = keys::approval(id, &approval.call_id);
+                    out.put(&key, &approval.encode_to_vec());
                 }
-                Op::Delete(key) => out.delete(&key),
+                Op::DeleteApproval { run, call_id } => out.delete(&keys::approval(run, &call_id)),
+                Op::SetActive { run, active: true } => {
+                    out.put(&keys::run_scoped(keys::ACTIVE, run), &[])
+                }
+                Op::SetActive { run, active: false } => {
+                    out.delete(&keys::run_scoped(keys::ACTIVE, run))
+                }
+                Op::PutTimer(t) => out.put(&keys::timer(t.due_ms, t.run, &t.name), &[]),
+                Op::DeleteTimer(t) => out.delete(&keys::timer(t.due_ms, t.run, &t.name)),
+                Op::PutTool { name, definition } => out.put(&keys::tool(&name), &definition),
+                Op::PutRequest {
+                    scope,
+                    request_id,
+                    answer,
+                } => out.put(&keys::request(&scope, &request_id), &answer),
+                Op::PutGroup(group) => out.put(&keys::group(&group.name), &group.encode_to_vec()),
+                Op::PutDeadLetter { group, letter } => out.put(
+                    &keys::dead_letter(&group, letter.position),
+                    &letter.encode_to_vec(),
+                ),
+                Op::DeleteDeadLetter { group, position } => {
+                    out.delete(&keys::dead_letter(&group, position))
+                }
             }
         }
         positions
+    }
+
+    /// Refuses a batch whose runs moved past the seqs it expects (another
+    /// writer appended first), before any of it is staged. `heads` holds the
+    /// last seqs the round's earlier batches staged.
+    fn check_heads(&self, batch: &WriteBatch, heads: &mut HashMap<RunId, u64>) -> Result<()> {
+        let expected = batch.expected_seqs();
+        for &(run, expected) in &expected {
+            let actual = match heads.get(&run) {
+                Some(&seq) => seq,
+                None => {
+                    super::newest_span(&self.tree, &self.recent, run)?.map_or(0, |s| s.last_seq)
+                }
+            };
+            if actual != expected {
+                return Err(StoreError::Conflict {
+                    run,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        for event in &batch.events {
+            if let Some(run) = RunId::from_slice(&event.run_id) {
+                heads.insert(run, event.seq);
+            }
+        }
+        Ok(())
     }
 
     /// Makes sled hold every applied record durably, spans included, with a

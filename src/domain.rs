@@ -1,0 +1,213 @@
+//! The domain types the engine and every store backend share: run ids,
+//! events, run summaries, pending approvals, timers and consumer groups.
+//! They are not the wire types (the api converts at the edge); they derive
+//! prost's encoding because the embedded store keeps them that way.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A run's id: a time-ordered UUID (v7), so id order is start order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(uuid::Uuid);
+
+impl RunId {
+    /// A new id, later than every id minted before it by this process.
+    pub fn new() -> Self {
+        RunId(uuid::Uuid::now_v7())
+    }
+
+    /// Parses the hyphenated text form clients see.
+    pub fn parse(text: &str) -> Option<Self> {
+        uuid::Uuid::try_parse(text).ok().map(RunId)
+    }
+
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        uuid::Uuid::from_slice(bytes).ok().map(RunId)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// A durable timer: due at `due_ms` (Unix milliseconds), for `run`, named
+/// by the engine (an approval timeout, the run's deadline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    pub due_ms: i64,
+    pub run: RunId,
+    pub name: String,
+}
+
+/// One event of a run's log.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EventRecord {
+    /// Run id (16 bytes).
+    #[prost(bytes = "vec", tag = "1")]
+    pub run_id: Vec<u8>,
+    #[prost(uint64, tag = "2")]
+    pub seq: u64,
+    /// Global position; assigned by the committer.
+    #[prost(uint64, tag = "3")]
+    pub position: u64,
+    /// Event id (16 bytes, a UUID).
+    #[prost(bytes = "vec", tag = "4")]
+    pub id: Vec<u8>,
+    #[prost(string, tag = "5")]
+    pub event_type: String,
+    /// JSON object as text.
+    #[prost(string, tag = "6")]
+    pub data_json: String,
+    /// Milliseconds since the Unix epoch.
+    #[prost(int64, tag = "7")]
+    pub time_ms: i64,
+    /// 1 engine, 2 worker, 3 client (the wire ActorKind numbers).
+    #[prost(int32, tag = "8")]
+    pub actor_kind: i32,
+    #[prost(string, tag = "9")]
+    pub actor_name: String,
+}
+
+/// A run's summary, written when its status changes. `last_seq` and
+/// `updated_ms` are as of that write; a store's `run` read fills in the
+/// current ones.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RunRecord {
+    #[prost(bytes = "vec", tag = "1")]
+    pub run_id: Vec<u8>,
+    /// The wire RunStatus number.
+    #[prost(int32, tag = "2")]
+    pub status: i32,
+    #[prost(string, tag = "3")]
+    pub task: String,
+    #[prost(string, tag = "4")]
+    pub model: String,
+    #[prost(string, repeated, tag = "5")]
+    pub tools: Vec<String>,
+    #[prost(btree_map = "string, string", tag = "6")]
+    pub labels: BTreeMap<String, String>,
+    #[prost(int64, tag = "7")]
+    pub created_ms: i64,
+    #[prost(int64, tag = "8")]
+    pub updated_ms: i64,
+    /// 0: no deadline.
+    #[prost(int64, tag = "9")]
+    pub deadline_ms: i64,
+    #[prost(uint64, tag = "10")]
+    pub last_seq: u64,
+    #[prost(string, tag = "11")]
+    pub result_json: String,
+    #[prost(string, tag = "12")]
+    pub error_type: String,
+    #[prost(string, tag = "13")]
+    pub error_message: String,
+    /// The client principal that started the run; empty when the engine or
+    /// an unauthenticated caller did, and in summaries written before this
+    /// field existed (a store then reads the run's first event).
+    #[prost(string, tag = "14")]
+    pub started_by: String,
+}
+
+/// A pending approval request.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ApprovalRecord {
+    #[prost(bytes = "vec", tag = "1")]
+    pub run_id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    pub call_id: String,
+    #[prost(string, tag = "3")]
+    pub tool: String,
+    #[prost(string, tag = "4")]
+    pub arguments_json: String,
+    #[prost(string, tag = "5")]
+    pub arguments_sha256: String,
+    #[prost(int64, tag = "6")]
+    pub requested_ms: i64,
+    /// 0: does not expire.
+    #[prost(int64, tag = "7")]
+    pub expires_ms: i64,
+    #[prost(btree_map = "string, string", tag = "8")]
+    pub labels: BTreeMap<String, String>,
+    /// seq of the aaa.approval.requested event.
+    #[prost(uint64, tag = "9")]
+    pub seq: u64,
+    /// The run's task.
+    #[prost(string, tag = "10")]
+    pub task: String,
+    /// Global position of that event, filled in by the store at commit.
+    #[prost(uint64, tag = "15")]
+    pub position: u64,
+}
+
+/// A consumer group: what it subscribes to, and how far it has got.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GroupRecord {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// Exact types, prefixes ending in ".*", or "*"; sorted, no duplicates.
+    #[prost(string, repeated, tag = "2")]
+    pub event_types: Vec<String>,
+    #[prost(btree_map = "string, string", tag = "3")]
+    pub labels: BTreeMap<String, String>,
+    #[prost(uint64, tag = "4")]
+    pub ack_timeout_ms: u64,
+    #[prost(uint32, tag = "5")]
+    pub max_deliveries: u32,
+    /// Every matching event at or below this global position is acked or
+    /// dead-lettered.
+    #[prost(uint64, tag = "6")]
+    pub cursor: u64,
+    #[prost(int64, tag = "7")]
+    pub created_ms: i64,
+}
+
+/// An event a group gave up on after its max deliveries.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeadLetterRecord {
+    #[prost(bytes = "vec", tag = "1")]
+    pub run_id: Vec<u8>,
+    #[prost(uint64, tag = "2")]
+    pub seq: u64,
+    #[prost(uint64, tag = "3")]
+    pub position: u64,
+    #[prost(uint32, tag = "4")]
+    pub deliveries: u32,
+    #[prost(string, tag = "5")]
+    pub last_error: String,
+    #[prost(int64, tag = "6")]
+    pub dead_ms: i64,
+    /// Put back into delivery by a replay; deleted once acked.
+    #[prost(bool, tag = "7")]
+    pub replaying: bool,
+}
+
+/// 32 random bytes for a new secret (the task-token key): two v4 UUIDs,
+/// 244 bits from the thread's CSPRNG.
+pub fn random_key() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key
+}
