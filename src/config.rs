@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::AuthConfig;
+use crate::clock::Clock;
 use crate::subscriptions::WebhookConfig;
 
 /// sled's page cache, in MiB. With 100,000 runs parked the server's RSS
@@ -53,6 +54,9 @@ pub struct Config {
     pub keepalive_interval: Duration,
     /// Webhooks: consumer groups whose member POSTs each event to a URL.
     pub webhooks: Vec<WebhookConfig>,
+    /// The engine's time: event times, deadlines, timers and leases. Tests
+    /// use a manual clock to move time forward instead of waiting.
+    pub clock: Clock,
 }
 
 impl Config {
@@ -73,6 +77,7 @@ impl Config {
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(30),
             webhooks: Vec::new(),
+            clock: Clock::system(),
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod api;
 pub mod auth;
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod connections;
 pub mod domain;

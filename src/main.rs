@@ -45,7 +45,12 @@ struct ServeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "AAA_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
-    /// Directory of the database; created if missing.
+    /// Where runs are kept: `embedded` (the store in --data-dir, nothing to
+    /// install) or a PostgreSQL URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DB
+    /// (see docs/postgres.md).
+    #[arg(long, env = "AAA_STORE", default_value = "embedded", value_parser = store_location)]
+    store: StoreLocation,
+    /// Directory of the embedded store; created if missing.
     #[arg(long, env = "AAA_DATA_DIR", default_value = "./aaa-data")]
     data_dir: PathBuf,
     /// Longest PollTask wait, in seconds (> 0, at most 3600).
@@ -93,6 +98,23 @@ struct ServeArgs {
 
 /// Exit code for bad configuration (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
+
+/// `--store`: the embedded store, or a database URL.
+#[derive(Clone)]
+enum StoreLocation {
+    Embedded,
+    Url(String),
+}
+
+fn store_location(text: &str) -> Result<StoreLocation, String> {
+    match text.trim() {
+        "embedded" => Ok(StoreLocation::Embedded),
+        url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Ok(StoreLocation::Url(url.to_string()))
+        }
+        _ => Err("expected 'embedded' or a postgres:// URL".into()),
+    }
+}
 
 /// A clap parser for a seconds flag in `range`.
 fn seconds_in(range: aaa::seconds::Range) -> impl Fn(&str) -> Result<f64, String> + Clone {
@@ -173,6 +195,7 @@ fn main() -> ExitCode {
 async fn serve(args: ServeArgs) -> ExitCode {
     let ServeArgs {
         listen,
+        store,
         data_dir,
         poll_wait_cap_s,
         heartbeat_timeout_s,
@@ -186,6 +209,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
         webhooks,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
+    let place = match store {
+        StoreLocation::Embedded => data_dir.display().to_string(),
+        StoreLocation::Url(url) => {
+            let place = aaa::store::redact(&url);
+            config.store_url = Some(url);
+            place
+        }
+    };
     config.store_cache_bytes = store_cache_mib * 1024 * 1024;
     config.max_message_bytes = max_message_mib as usize * 1024 * 1024;
     config.max_streams_per_connection = max_streams_per_connection;
@@ -225,12 +256,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let address = listener.local_addr().map_or(listen, |a| a);
     // Printed once the store is open: test harnesses and the SDKs' test
     // servers wait for this line.
-    let ready = move || {
-        println!(
-            "aaa serving on {address} with data in {}",
-            data_dir.display()
-        )
-    };
+    let ready = move || println!("aaa serving on {address} with data in {place}");
     match aaa::serve(listener, config, ready, stop_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,6 +1,6 @@
 //! Leases of running attempts, in memory. A lease ends when its worker
 //! reports, or expires when no heartbeat came in time; the engine then
-//! records the lost attempt. After a restart every running attempt gets a
+//! records the lost attempt. Times come from the engine's clock. After a restart every running attempt gets a
 //! fresh lease, so a worker that survived the restart can still report.
 
 use std::collections::HashMap;
@@ -50,13 +50,14 @@ impl Leases {
         worker: &str,
         kind: LeaseKind,
         timeout: Duration,
+        now: Instant,
     ) {
         let lease = Lease {
             attempt,
             worker: worker.to_string(),
             kind,
             timeout,
-            expires: seconds::instant_after(Instant::now(), timeout),
+            expires: seconds::instant_after(now, timeout),
         };
         self.leases
             .lock()
@@ -65,11 +66,11 @@ impl Leases {
     }
 
     /// Extends the lease of this attempt; false when it holds none.
-    pub fn renew(&self, run: RunId, call_id: &str, attempt: u32) -> bool {
+    pub fn renew(&self, run: RunId, call_id: &str, attempt: u32, now: Instant) -> bool {
         let mut leases = self.leases.lock().expect("poisoned");
         match leases.get_mut(&(run, call_id.to_string())) {
             Some(lease) if lease.attempt == attempt => {
-                lease.expires = seconds::instant_after(Instant::now(), lease.timeout);
+                lease.expires = seconds::instant_after(now, lease.timeout);
                 true
             }
             _ => false,

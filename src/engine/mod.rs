@@ -19,7 +19,7 @@ pub mod state;
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -48,10 +48,10 @@ const RUN_LOCK_STRIPES: usize = 1024;
 /// soon it is tried again.
 const LOST_LEASE_RETRY: Duration = Duration::from_secs(1);
 
+/// Wall time in Unix milliseconds, for what is not the engine's to time
+/// (subscriptions, the bench); the engine reads its configured clock.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    crate::clock::Clock::system().now_ms()
 }
 
 /// A tool reference in StartRun, resolved against the registry.
@@ -275,6 +275,15 @@ impl Engine {
         &self.inner.store
     }
 
+    /// The engine's clock (see [`crate::clock`]).
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.inner.config.clock
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock().now_ms()
+    }
+
     pub fn shutdown_token(&self) -> &CancellationToken {
         &self.inner.shutdown
     }
@@ -287,7 +296,7 @@ impl Engine {
     /// Re-offers the work of runs that were active when the server stopped,
     /// and gives their running attempts a fresh lease.
     async fn recover(&self) -> Result<(), Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         for run in self.inner.store.active_runs().await? {
             let state = self.load(run).await?;
             for call in &state.calls {
@@ -300,6 +309,7 @@ impl Engine {
                         &call.worker,
                         LeaseKind::Tool,
                         timeout,
+                        self.clock().now(),
                     );
                 }
             }
@@ -426,7 +436,7 @@ impl Engine {
         let was_active = !is_new && state.is_active();
         let status_before = (!is_new).then(|| state.status_code());
         let mut staged = Staged {
-            now: now_ms(),
+            now: self.now_ms(),
             queue: events.into(),
             batch,
             offers: Vec::new(),
@@ -592,7 +602,7 @@ impl Engine {
             }
         }
         let tools = self.resolve_tools(&start.tools).await?;
-        let now = now_ms();
+        let now = self.now_ms();
         let deadline_at_ms = (start.budget.deadline_s > 0.0)
             .then(|| crate::seconds::after_ms(now, start.budget.deadline_s));
         let started = RunStarted {
@@ -792,7 +802,7 @@ impl Engine {
 
     /// Turns a queued call into an attempt, if the run still wants it.
     async fn claim(&self, task: TaskRef, identity: &str) -> Result<Option<Task>, Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         match task.key {
             QueueKey::Tool(_) => {
                 let claimed = self
@@ -853,6 +863,7 @@ impl Engine {
                     identity,
                     LeaseKind::Model,
                     timeout,
+                    self.clock().now(),
                 );
                 self.inner.timers_changed.notify_one();
                 Ok(Some(self.task(
@@ -885,6 +896,7 @@ impl Engine {
             worker,
             LeaseKind::Tool,
             timeout,
+            self.clock().now(),
         );
         self.inner.timers_changed.notify_one();
         let work = Work::Tool {
@@ -955,7 +967,7 @@ impl Engine {
         if !self
             .inner
             .leases
-            .renew(token.run, &token.call_id, token.attempt)
+            .renew(token.run, &token.call_id, token.attempt, self.clock().now())
         {
             // The attempt is current but holds no lease (it expired this
             // very moment and its loss is being recorded): it is over.
@@ -1054,8 +1066,11 @@ impl Engine {
     // ---- timers and leases ----
 
     async fn run_timers(self) {
+        let clock = self.clock().clone();
+        let mut advances = clock.advances();
         loop {
-            let now = Instant::now();
+            advances.mark_seen();
+            let now = clock.now();
             let next_lease = self.inner.leases.next_expiry();
             let next_durable = match self.inner.store.next_timer().await {
                 Ok(timer) => timer,
@@ -1066,7 +1081,7 @@ impl Engine {
             };
             let durable_wait = next_durable
                 .as_ref()
-                .map(|t| Duration::from_millis((t.due_ms - now_ms()).max(0) as u64));
+                .map(|t| Duration::from_millis((t.due_ms - clock.now_ms()).max(0) as u64));
             let lease_wait = next_lease.map(|at| at.saturating_duration_since(now));
             let wait = [durable_wait, lease_wait]
                 .into_iter()
@@ -1077,16 +1092,17 @@ impl Engine {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = self.inner.timers_changed.notified() => continue,
+                    _ = advances.next() => continue,
                     _ = self.inner.shutdown.cancelled() => return,
                 }
             }
             if self.inner.shutdown.is_cancelled() {
                 return;
             }
-            for expired in self.inner.leases.take_expired(Instant::now()) {
+            for expired in self.inner.leases.take_expired(clock.now()) {
                 self.lease_lost(expired).await;
             }
-            if let Some(timer) = next_durable.filter(|t| t.due_ms <= now_ms()) {
+            if let Some(timer) = next_durable.filter(|t| t.due_ms <= clock.now_ms()) {
                 if let Err(e) = self.fire_timer(timer.run, &timer.name, timer.due_ms).await {
                     tracing::error!(run = %timer.run, timer = %timer.name, "timer failed: {e}");
                     if matches!(e, Error::ShuttingDown) {
@@ -1100,7 +1116,7 @@ impl Engine {
     }
 
     async fn fire_timer(&self, run: RunId, name: &str, due_ms: i64) -> Result<(), Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         let result = self
             .update(run, |state, batch| {
                 batch.delete_timer(due_ms, run, name);
@@ -1170,6 +1186,7 @@ impl Engine {
                 &lost.worker,
                 lost.kind,
                 LOST_LEASE_RETRY,
+                self.clock().now(),
             );
         }
     }

@@ -1,4 +1,5 @@
 //! Deadlines apply (DESIGN.md §2.5), also when they pass while the server is down.
+//! The runs have an hour; the tests move the server's clock past it.
 
 use std::time::{Duration, SystemTime};
 
@@ -67,7 +68,7 @@ async fn deadline_expires_the_approval_and_fails_the_run() {
     let server = TestServer::start().await;
     let mut runs = server.runs().await;
     register(&mut server.workers().await, vec![wire_money()], &[]).await;
-    let run_id = start_run(&mut runs, with_deadline(1.0)).await;
+    let run_id = start_run(&mut runs, with_deadline(3600.0)).await;
     let call_id = wait_for_approval(&mut runs, &run_id).await;
 
     let request = WatchApprovalsRequest {
@@ -82,6 +83,7 @@ async fn deadline_expires_the_approval_and_fails_the_run() {
         "the approval should say when it expires"
     );
 
+    server.clock().advance(Duration::from_secs(3601));
     let events = wait_for_end(&mut runs, &run_id).await;
     assert_deadline_failure(&events, &call_id);
     let resolved = next_watch_change(&mut watch).await;
@@ -101,7 +103,7 @@ async fn deadline_that_passed_while_down_fires_at_startup() {
     let mut server = TestServer::start().await;
     let mut runs = server.runs().await;
     register(&mut server.workers().await, vec![wire_money()], &[]).await;
-    let run_id = start_run(&mut runs, with_deadline(2.0)).await;
+    let run_id = start_run(&mut runs, with_deadline(3600.0)).await;
     let call_id = wait_for_approval(&mut runs, &run_id).await;
     let deadline_at = get_run(&mut runs, &run_id)
         .await
@@ -110,16 +112,16 @@ async fn deadline_that_passed_while_down_fires_at_startup() {
     let deadline_at = SystemTime::try_from(deadline_at).expect("deadline_at");
 
     server.stop().await;
-    // The point of this test: wall time passes while the server is down.
-    let left = deadline_at
-        .duration_since(SystemTime::now())
-        .unwrap_or_default();
+    // The point of this test: the deadline passes while the server is down.
+    let now = SystemTime::UNIX_EPOCH + Duration::from_millis(server.clock().now_ms() as u64);
+    let left = deadline_at.duration_since(now).unwrap_or_default();
     assert!(
         left > Duration::ZERO,
         "the deadline passed before the server was down; raise deadline_s"
     );
-    tokio::time::sleep(left + Duration::from_millis(300)).await;
-    let restarted_at = SystemTime::now();
+    server.clock().advance(left + Duration::from_secs(1));
+    let restarted_at =
+        SystemTime::UNIX_EPOCH + Duration::from_millis(server.clock().now_ms() as u64);
     server.resume().await;
 
     let mut runs = server.runs().await;
@@ -133,5 +135,41 @@ async fn deadline_that_passed_while_down_fires_at_startup() {
     );
 
     assert_failed_run(&server, &run_id, &call_id).await;
+    server.shutdown().await;
+}
+
+/// A tool's `approval_timeout_s` denies a call nobody decided in time, with
+/// reason `timeout`; the model reads the denial as the tool's result.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_undecided_approval_times_out_as_a_denial() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let tool = aaa::proto::ToolDefinition {
+        approval_timeout_s: 600.0,
+        ..wire_money()
+    };
+    register(&mut server.workers().await, vec![tool], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let pending = list_approvals(&mut server.approvals().await, Default::default()).await;
+    let expires_at = pending[0].expires_at.clone().expect("Approval.expires_at");
+    let requested_at = pending[0]
+        .requested_at
+        .clone()
+        .expect("Approval.requested_at");
+    assert_eq!(expires_at.seconds - requested_at.seconds, 600);
+
+    server.clock().advance(Duration::from_secs(601));
+    let events = wait_for_end(&mut runs, &run_id).await;
+    let denied = data(find(&events, "aaa.approval.denied"));
+    assert_eq!(denied["call_id"], call_id.as_str());
+    assert_eq!(denied["reason"], "timeout");
+    let failed = data(find(&events, "aaa.tool.failed"));
+    assert_eq!(failed["error"]["type"], "ApprovalDenied", "{failed}");
+    assert_eq!(count(&events, "aaa.tool.started"), 0);
+    assert_eq!(
+        get_run(&mut runs, &run_id).await.status,
+        RunStatus::Completed as i32
+    );
     server.shutdown().await;
 }

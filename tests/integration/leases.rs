@@ -1,5 +1,7 @@
 //! Exclusive, numbered attempts (DESIGN.md §2.6): a lost lease ends the
 //! attempt, retries follow the tool's policy, stale tokens are refused.
+//! Leases last a minute; the tests move the server's clock instead of
+//! waiting.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use tonic::Code;
 
 use crate::support::*;
 
-/// An ungated tool with a short lease.
+/// An ungated tool with a lease of [`LEASE`].
 fn fetch_quote(max_attempts: u32) -> ToolDefinition {
     ToolDefinition {
         name: "fetch_quote".into(),
@@ -21,10 +23,12 @@ fn fetch_quote(max_attempts: u32) -> ToolDefinition {
             initial_backoff_s: 0.1,
             ..Default::default()
         }),
-        heartbeat_timeout_s: 0.5,
+        heartbeat_timeout_s: LEASE.as_secs_f64(),
         approval_timeout_s: 0.0,
     }
 }
+
+const LEASE: Duration = Duration::from_secs(60);
 
 async fn heartbeat(workers: &mut WorkerClient, token: &str) -> Result<bool, tonic::Status> {
     workers
@@ -52,6 +56,7 @@ async fn lost_lease_is_retried_on_another_poller() {
     let first = poll_until_task(&mut worker_a, "worker-a", &["fetch_quote"], &[]).await;
     assert_eq!(first.attempt, 1);
     assert_eq!(tool_task(&first).arguments_json, r#"{"symbol":"ACME"}"#);
+    server.clock().advance(LEASE + Duration::from_secs(1));
 
     // B gets attempt 2 of the same call once A's lease is lost.
     let second = poll_until_task(&mut worker_b, "worker-b", &["fetch_quote"], &[]).await;
@@ -120,7 +125,7 @@ async fn lost_lease_of_a_gated_tool_fails_the_call() {
     // Gated and no retry policy: no automatic retry. The model is served by
     // this test, so the run stays live until the test answers it.
     let tool = ToolDefinition {
-        heartbeat_timeout_s: 0.5,
+        heartbeat_timeout_s: LEASE.as_secs_f64(),
         ..wire_money()
     };
     register(&mut worker_a, vec![tool], &["seed"]).await;
@@ -134,6 +139,7 @@ async fn lost_lease_of_a_gated_tool_fails_the_call() {
 
     let first = poll_until_task(&mut worker_a, "worker-a", &["wire_money"], &[]).await;
     assert_eq!(first.attempt, 1);
+    server.clock().advance(LEASE + Duration::from_secs(1));
     let events = wait_for_event(&mut runs, &run_id, "aaa.tool.failed").await;
     let failed = data(events.last().unwrap());
     assert_eq!(failed["call_id"], call_id.as_str());
@@ -189,9 +195,8 @@ async fn heartbeats_keep_the_lease() {
 
     let task = poll_until_task(&mut workers, "worker-a", &["fetch_quote"], &[]).await;
     // Work for three lease lengths, heartbeating well within each.
-    let mut ticks = tokio::time::interval(Duration::from_millis(150));
-    for _ in 0..10 {
-        ticks.tick().await;
+    for _ in 0..6 {
+        server.clock().advance(LEASE / 2);
         let cancel = heartbeat(&mut workers, &task.token)
             .await
             .expect("HeartbeatTask");

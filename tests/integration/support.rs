@@ -84,9 +84,11 @@ pub trait Server {
     }
 }
 
-/// `aaa::serve` in this process, on an ephemeral port and a temp data dir.
+/// `aaa::serve` in this process, on an ephemeral port and a temp data dir,
+/// with a manual clock the test may move forward (see [`TestServer::clock`]).
 pub struct TestServer {
     dir: tempfile::TempDir,
+    clock: aaa::clock::Clock,
     addr: SocketAddr,
     running: Option<Serving>,
     /// Applied to the config on every (re)start; see [`TestServer::start_with`].
@@ -118,6 +120,7 @@ impl TestServer {
     async fn start_configured(configure: Option<Configure>) -> Self {
         let mut server = TestServer {
             dir: tempfile::tempdir().expect("temp dir"),
+            clock: aaa::clock::Clock::manual(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             running: None,
             configure,
@@ -148,6 +151,7 @@ impl TestServer {
         let mut config = aaa::Config::new(self.dir.path());
         config.poll_wait_cap = Duration::from_secs(5);
         config.shutdown_grace = Duration::from_secs(5);
+        config.clock = self.clock.clone();
         if let Some(configure) = &self.configure {
             configure(&mut config);
         }
@@ -156,6 +160,12 @@ impl TestServer {
             let _ = rx.await;
         }));
         self.running = Some((tx, task));
+    }
+
+    /// The server's clock, kept across restarts: advancing it fires
+    /// deadlines, timeouts and lease expiries without waiting for them.
+    pub fn clock(&self) -> &aaa::clock::Clock {
+        &self.clock
     }
 
     pub async fn restart(&mut self) {
