@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
 use crate::seconds;
 use crate::store::RunId;
 
@@ -36,12 +37,19 @@ pub struct Expired {
     pub worker: String,
 }
 
-#[derive(Default)]
 pub struct Leases {
+    clock: Clock,
     leases: Mutex<HashMap<(RunId, String), Lease>>,
 }
 
 impl Leases {
+    pub fn new(clock: Clock) -> Leases {
+        Leases {
+            clock,
+            leases: Mutex::default(),
+        }
+    }
+
     pub fn grant(
         &self,
         run: RunId,
@@ -50,14 +58,13 @@ impl Leases {
         worker: &str,
         kind: LeaseKind,
         timeout: Duration,
-        now: Instant,
     ) {
         let lease = Lease {
             attempt,
             worker: worker.to_string(),
             kind,
             timeout,
-            expires: seconds::instant_after(now, timeout),
+            expires: seconds::instant_after(self.clock.now(), timeout),
         };
         self.leases
             .lock()
@@ -66,7 +73,8 @@ impl Leases {
     }
 
     /// Extends the lease of this attempt; false when it holds none.
-    pub fn renew(&self, run: RunId, call_id: &str, attempt: u32, now: Instant) -> bool {
+    pub fn renew(&self, run: RunId, call_id: &str, attempt: u32) -> bool {
+        let now = self.clock.now();
         let mut leases = self.leases.lock().expect("poisoned");
         match leases.get_mut(&(run, call_id.to_string())) {
             Some(lease) if lease.attempt == attempt => {
@@ -102,8 +110,9 @@ impl Leases {
             .min()
     }
 
-    /// Removes and returns the leases expired at `now`.
-    pub fn take_expired(&self, now: Instant) -> Vec<Expired> {
+    /// Removes and returns the leases expired by now.
+    pub fn take_expired(&self) -> Vec<Expired> {
+        let now = self.clock.now();
         let mut leases = self.leases.lock().expect("poisoned");
         let expired: Vec<(RunId, String)> = leases
             .iter()

@@ -252,6 +252,7 @@ impl Engine {
         shutdown: CancellationToken,
     ) -> Result<Engine, Error> {
         let cache_size = NonZeroUsize::new(config.run_cache_size.max(1)).expect("non-zero");
+        let leases = Leases::new(config.clock.clone());
         let engine = Engine {
             inner: Arc::new(Inner {
                 store,
@@ -260,7 +261,7 @@ impl Engine {
                 request_locks: locks(RUN_LOCK_STRIPES),
                 cache: Mutex::new(lru::LruCache::new(cache_size)),
                 dispatcher: Dispatcher::default(),
-                leases: Leases::default(),
+                leases,
                 heads: Heads::default(),
                 timers_changed: Notify::new(),
                 shutdown,
@@ -309,7 +310,6 @@ impl Engine {
                         &call.worker,
                         LeaseKind::Tool,
                         timeout,
-                        self.clock().now(),
                     );
                 }
             }
@@ -863,7 +863,6 @@ impl Engine {
                     identity,
                     LeaseKind::Model,
                     timeout,
-                    self.clock().now(),
                 );
                 self.inner.timers_changed.notify_one();
                 Ok(Some(self.task(
@@ -896,7 +895,6 @@ impl Engine {
             worker,
             LeaseKind::Tool,
             timeout,
-            self.clock().now(),
         );
         self.inner.timers_changed.notify_one();
         let work = Work::Tool {
@@ -967,7 +965,7 @@ impl Engine {
         if !self
             .inner
             .leases
-            .renew(token.run, &token.call_id, token.attempt, self.clock().now())
+            .renew(token.run, &token.call_id, token.attempt)
         {
             // The attempt is current but holds no lease (it expired this
             // very moment and its loss is being recorded): it is over.
@@ -1099,7 +1097,7 @@ impl Engine {
             if self.inner.shutdown.is_cancelled() {
                 return;
             }
-            for expired in self.inner.leases.take_expired(clock.now()) {
+            for expired in self.inner.leases.take_expired() {
                 self.lease_lost(expired).await;
             }
             if let Some(timer) = next_durable.filter(|t| t.due_ms <= clock.now_ms()) {
@@ -1186,7 +1184,6 @@ impl Engine {
                 &lost.worker,
                 lost.kind,
                 LOST_LEASE_RETRY,
-                self.clock().now(),
             );
         }
     }

@@ -152,11 +152,8 @@ async fn an_undecided_approval_times_out_as_a_denial() {
     let run_id = start_run(&mut runs, scripted_reference_run()).await;
     let call_id = wait_for_approval(&mut runs, &run_id).await;
     let pending = list_approvals(&mut server.approvals().await, Default::default()).await;
-    let expires_at = pending[0].expires_at.clone().expect("Approval.expires_at");
-    let requested_at = pending[0]
-        .requested_at
-        .clone()
-        .expect("Approval.requested_at");
+    let expires_at = pending[0].expires_at.expect("Approval.expires_at");
+    let requested_at = pending[0].requested_at.expect("Approval.requested_at");
     assert_eq!(expires_at.seconds - requested_at.seconds, 600);
 
     server.clock().advance(Duration::from_secs(601));
