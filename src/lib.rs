@@ -30,6 +30,7 @@ pub mod config;
 pub mod connections;
 pub mod domain;
 pub mod engine;
+pub mod migrate;
 pub mod proto;
 pub mod seconds;
 pub mod server;

@@ -32,6 +32,11 @@ enum Command {
     ///
     /// Example: aaa serve --listen 127.0.0.1:50051 --data-dir ./aaa-data
     Serve(ServeArgs),
+    /// Copy every run, approval, group and setting of one store into
+    /// another, empty one, then verify the copy (stop the server first).
+    ///
+    /// Example: aaa migrate ./aaa-data postgres://aaa@localhost/aaa
+    Migrate(MigrateArgs),
     /// Benchmark a server: approval cycles, appends, fan-out, parked runs.
     ///
     /// Example: aaa bench --smoke
@@ -94,6 +99,16 @@ struct ServeArgs {
     /// Webhooks to POST events to (a TOML file; see docs/subscriptions.md).
     #[arg(long, env = "AAA_WEBHOOKS")]
     webhooks: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The store to copy: a data directory of the embedded store, or a
+    /// postgres:// URL.
+    from: String,
+    /// The empty store to copy into: a data directory (created if missing)
+    /// or a postgres:// URL of an empty database.
+    to: String,
 }
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -181,6 +196,7 @@ fn main() -> ExitCode {
         match command {
             Command::Client(command) => aaa::cli::run(command).await,
             Command::Serve(args) => serve(args).await,
+            Command::Migrate(args) => migrate(args).await,
             Command::Bench(args) => match aaa::bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -265,6 +281,50 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 aaa::ServeError::Store { .. } => ExitCode::from(EXIT_CONFIG),
                 _ => ExitCode::FAILURE,
             }
+        }
+    }
+}
+
+/// A store location as `aaa migrate` takes it: a URL or a directory.
+fn store_config(location: &str) -> aaa::Config {
+    match store_location(location) {
+        Ok(StoreLocation::Url(url)) => {
+            let mut config = aaa::Config::new("");
+            config.store_url = Some(url);
+            config
+        }
+        _ => aaa::Config::new(location),
+    }
+}
+
+async fn migrate(args: MigrateArgs) -> ExitCode {
+    let open = |location: &str| {
+        let config = store_config(location);
+        let place = aaa::store::redact(location);
+        async move {
+            aaa::store::open(&config)
+                .await
+                .map_err(|e| eprintln!("aaa migrate: cannot open {place}: {e}"))
+        }
+    };
+    let Ok(from) = open(&args.from).await else {
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let Ok(to) = open(&args.to).await else {
+        from.close().await;
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let result = aaa::migrate::migrate(&from, &to, |step| eprintln!("aaa migrate: {step}")).await;
+    from.close().await;
+    to.close().await;
+    match result {
+        Ok(counts) => {
+            println!("copied and verified: {counts}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("aaa migrate: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -67,8 +67,9 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub enum Op {
     PutRun(RunRecord),
-    /// A pending approval; its `position` is filled in at commit with the
-    /// position of the batch's event whose seq is the record's `seq`.
+    /// A pending approval. When the batch holds the run's event whose seq is
+    /// the record's `seq`, the record's `position` is set to that event's at
+    /// commit; otherwise it is kept as given (a copy, by `aaa migrate`).
     PutApproval(ApprovalRecord),
     DeleteApproval {
         run: RunId,
@@ -100,6 +101,10 @@ pub enum Op {
         group: String,
         position: u64,
     },
+    /// Replaces the task-token key (`aaa migrate` copies it, so tokens
+    /// handed out before a migration stay valid after it). A running
+    /// server keeps the key it read at open until it restarts.
+    PutTokenKey([u8; 32]),
 }
 
 /// One atomic write: events (of one run, normally) and the index changes
@@ -203,6 +208,10 @@ impl WriteBatch {
             group: group.to_string(),
             letter: letter.clone(),
         });
+    }
+
+    pub fn put_token_key(&mut self, key: [u8; 32]) {
+        self.ops.push(Op::PutTokenKey(key));
     }
 
     pub fn delete_dead_letter(&mut self, group: &str, position: u64) {
@@ -345,6 +354,28 @@ pub trait Store: Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> Result<Vec<DeadLetterRecord>>;
+
+    // What `aaa migrate` copies besides events and the paginated queries
+    // above. Whole lists: a store holds few of each (but see
+    // `list_requests`).
+
+    /// Every durable timer, earliest first.
+    async fn list_timers(&self) -> Result<Vec<Timer>>;
+
+    /// Every registered tool: (name, stored definition).
+    async fn list_tools(&self) -> Result<Vec<(String, Vec<u8>)>>;
+
+    /// Idempotency records after the given (scope, request_id), at most
+    /// `limit`, in an order fixed by the backend: (scope, request_id,
+    /// answer).
+    async fn list_requests(
+        &self,
+        after: Option<(Vec<u8>, String)>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, String, Vec<u8>)>>;
+
+    /// Every consumer group.
+    async fn list_groups(&self) -> Result<Vec<GroupRecord>>;
 }
 
 /// A store shared by the engine, the api and the subscriptions.

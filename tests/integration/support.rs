@@ -118,8 +118,13 @@ impl TestServer {
     }
 
     async fn start_configured(configure: Option<Configure>) -> Self {
+        Self::start_on(tempfile::tempdir().expect("temp dir"), configure).await
+    }
+
+    /// Serves the data already in `dir` (a copy `aaa migrate` made, say).
+    pub async fn start_on(dir: tempfile::TempDir, configure: Option<Configure>) -> Self {
         let mut server = TestServer {
-            dir: tempfile::tempdir().expect("temp dir"),
+            dir,
             clock: aaa::clock::Clock::manual(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             running: None,
@@ -160,6 +165,11 @@ impl TestServer {
             let _ = rx.await;
         }));
         self.running = Some((tx, task));
+    }
+
+    /// The embedded store's directory.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// The server's clock, kept across restarts: advancing it fires

@@ -238,7 +238,7 @@ impl Committer {
                         .events
                         .iter()
                         .find(|e| e.seq == approval.seq && e.run_id == approval.run_id)
-                        .map_or(0, |e| e.position);
+                        .map_or(approval.position, |e| e.position);
                     let key = keys::approval(id, &approval.call_id);
                     out.put(&key, &approval.encode_to_vec());
                 }
@@ -265,6 +265,7 @@ impl Committer {
                 Op::DeleteDeadLetter { group, position } => {
                     out.delete(&keys::dead_letter(&group, position))
                 }
+                Op::PutTokenKey(key) => out.put(&keys::meta("token-key"), &key),
             }
         }
         positions

@@ -86,6 +86,14 @@ pub fn request(scope: &[u8], request_id: &str) -> Vec<u8> {
     k
 }
 
+/// Splits a request key into (scope, request_id).
+pub fn parse_request(key: &[u8]) -> Option<(Vec<u8>, String)> {
+    let len = u16::from_be_bytes(key.get(1..3)?.try_into().ok()?) as usize;
+    let scope = key.get(3..3 + len)?.to_vec();
+    let request_id = String::from_utf8(key.get(3 + len..)?.to_vec()).ok()?;
+    Some((scope, request_id))
+}
+
 /// `M ‖ name`: one of the server's own settings.
 pub fn meta(name: &str) -> Vec<u8> {
     let mut k = vec![META];

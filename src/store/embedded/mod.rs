@@ -513,6 +513,70 @@ impl super::Store for EmbeddedStore {
             })
             .collect()
     }
+
+    async fn list_timers(&self) -> Result<Vec<Timer>> {
+        self.inner
+            .tree
+            .scan_prefix([keys::TIMER])
+            .keys()
+            .map(|key| {
+                let key = key?;
+                let (due_ms, run, name) =
+                    keys::parse_timer(&key).ok_or_else(|| corrupt(&key, "bad timer key"))?;
+                Ok(Timer { due_ms, run, name })
+            })
+            .collect()
+    }
+
+    async fn list_tools(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.inner
+            .tree
+            .scan_prefix([keys::TOOL])
+            .map(|entry| {
+                let (key, value) = entry?;
+                let name = String::from_utf8(key[1..].to_vec())
+                    .map_err(|_| corrupt(&key, "tool name is not UTF-8"))?;
+                Ok((name, value.to_vec()))
+            })
+            .collect()
+    }
+
+    async fn list_requests(
+        &self,
+        after: Option<(Vec<u8>, String)>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, String, Vec<u8>)>> {
+        let start = match after {
+            Some((scope, request_id)) => {
+                let mut key = keys::request(&scope, &request_id);
+                key.push(0);
+                key
+            }
+            None => vec![keys::REQUEST],
+        };
+        self.inner
+            .tree
+            .range(start..vec![keys::REQUEST + 1])
+            .take(limit)
+            .map(|entry| {
+                let (key, value) = entry?;
+                let (scope, request_id) =
+                    keys::parse_request(&key).ok_or_else(|| corrupt(&key, "bad request key"))?;
+                Ok((scope, request_id, value.to_vec()))
+            })
+            .collect()
+    }
+
+    async fn list_groups(&self) -> Result<Vec<GroupRecord>> {
+        self.inner
+            .tree
+            .scan_prefix([keys::GROUP])
+            .map(|entry| {
+                let (key, value) = entry?;
+                decode(&key, &value)
+            })
+            .collect()
+    }
 }
 
 fn decode<T: Message + Default>(key: &[u8], value: &[u8]) -> Result<T> {

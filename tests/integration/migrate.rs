@@ -1,0 +1,75 @@
+//! `aaa migrate`: a copy serves exactly what the original did, and goes on
+//! from there (runs finish, retries keep their answers, positions stay).
+
+use std::process::Command;
+
+use aaa::proto::{RunStatus, StartRunRequest};
+
+use crate::support::*;
+
+/// Runs `aaa migrate FROM TO`; returns (success, stdout, stderr).
+fn migrate(from: &str, to: &str) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .args(["migrate", from, to])
+        .output()
+        .expect("run aaa migrate");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into(),
+        String::from_utf8_lossy(&output.stderr).into(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_migrated_store_serves_what_the_original_did() {
+    let mut original = TestServer::start().await;
+    let mut runs = original.runs().await;
+    let mut workers = original.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let with_id = StartRunRequest {
+        request_id: "start-1".into(),
+        ..scripted_reference_run()
+    };
+    let finished = start_run(&mut runs, with_id.clone()).await;
+    let call = wait_for_approval(&mut runs, &finished).await;
+    grant_and_finish(&mut runs, &mut workers, &finished, &call).await;
+    let waiting = start_run(&mut runs, scripted_reference_run()).await;
+    let waiting_call = wait_for_approval(&mut runs, &waiting).await;
+    let pending = list_approvals(&mut original.approvals().await, Default::default()).await;
+    let history_before = history(&mut runs, &finished).await;
+    original.stop().await;
+
+    let copy = tempfile::tempdir().unwrap();
+    let from = original.data_dir().to_str().unwrap();
+    let to = copy.path().to_str().unwrap();
+    let (ok, stdout, stderr) = migrate(from, to);
+    assert!(ok, "aaa migrate failed: {stderr}");
+    assert!(stdout.contains("copied and verified:"), "{stdout}");
+    assert!(stdout.contains(" 2 runs, 1 pending approvals"), "{stdout}");
+
+    // Into a store that is not empty: refused, by name.
+    let (ok, _, stderr) = migrate(from, to);
+    assert!(!ok);
+    assert!(stderr.contains("the destination is not empty"), "{stderr}");
+
+    let server = TestServer::start_on(copy, None).await;
+    let mut runs = server.runs().await;
+    let mut workers = server.workers().await;
+    assert_eq!(history(&mut runs, &finished).await, history_before);
+    assert_eq!(
+        list_approvals(&mut server.approvals().await, Default::default()).await,
+        pending
+    );
+    // A retried start gets the original run; the waiting run goes on.
+    let retried = runs.start_run(with_id).await.unwrap().into_inner();
+    assert_eq!(
+        (retried.run_id.as_str(), retried.created),
+        (finished.as_str(), false)
+    );
+    grant_and_finish(&mut runs, &mut workers, &waiting, &waiting_call).await;
+    assert_eq!(
+        get_run(&mut runs, &waiting).await.status,
+        RunStatus::Completed as i32
+    );
+    server.shutdown().await;
+}
