@@ -39,20 +39,37 @@ async fn a_migrated_store_serves_what_the_original_did() {
     let history_before = history(&mut runs, &finished).await;
     original.stop().await;
 
-    let copy = tempfile::tempdir().unwrap();
-    let from = original.data_dir().to_str().unwrap();
-    let to = copy.path().to_str().unwrap();
-    let (ok, stdout, stderr) = migrate(from, to);
-    assert!(ok, "aaa migrate failed: {stderr}");
-    assert!(stdout.contains("copied and verified:"), "{stdout}");
-    assert!(stdout.contains(" 2 runs, 1 pending approvals"), "{stdout}");
+    // Across the two kinds of store and back, when this run has a
+    // PostgreSQL: embedded -> PostgreSQL -> embedded, or (with every server
+    // on PostgreSQL) PostgreSQL -> embedded -> PostgreSQL.
+    let (between, last) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir_of = |dir: &tempfile::TempDir| dir.path().display().to_string();
+    let between = match on_postgres() {
+        true => dir_of(&between),
+        false => fresh_postgres_store().unwrap_or_else(|| dir_of(&between)),
+    };
+    let last_store = match on_postgres() {
+        true => {
+            let url = fresh_postgres_store().unwrap();
+            std::fs::write(last.path().join("store-url"), &url).unwrap();
+            url
+        }
+        false => dir_of(&last),
+    };
+    let from = original.store_location();
+    for (from, to) in [(&from, &between), (&between, &last_store)] {
+        let (ok, stdout, stderr) = migrate(from, to);
+        assert!(ok, "aaa migrate failed: {stderr}");
+        assert!(stdout.contains("copied and verified:"), "{stdout}");
+        assert!(stdout.contains(" 2 runs, 1 pending approvals"), "{stdout}");
+    }
 
     // Into a store that is not empty: refused, by name.
-    let (ok, _, stderr) = migrate(from, to);
+    let (ok, _, stderr) = migrate(&from, &between);
     assert!(!ok);
     assert!(stderr.contains("the destination is not empty"), "{stderr}");
 
-    let server = TestServer::start_on(copy, None).await;
+    let server = TestServer::start_on(last, None).await;
     let mut runs = server.runs().await;
     let mut workers = server.workers().await;
     assert_eq!(history(&mut runs, &finished).await, history_before);

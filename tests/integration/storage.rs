@@ -107,7 +107,12 @@ async fn bulk(runs: &mut RunClient, run_id: &str, n: usize) -> Result<(), tonic:
 async fn a_full_disk_refuses_writes_by_name_and_they_resume_when_space_is_freed() {
     let disk = SmallDisk::mount(24);
     let data_dir = disk.path().join("data");
-    let mut server = TestServer::start_with(move |config| config.data_dir = data_dir.clone()).await;
+    // The embedded store's disk, also when the suite runs on PostgreSQL.
+    let mut server = TestServer::start_with(move |config| {
+        config.data_dir = data_dir.clone();
+        config.store_url = None;
+    })
+    .await;
     let mut runs = server.runs().await;
     let mut workers = server.workers().await;
     register(&mut workers, vec![wire_money()], &[]).await;

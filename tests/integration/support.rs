@@ -84,10 +84,54 @@ pub trait Server {
     }
 }
 
-/// `aaa::serve` in this process, on an ephemeral port and a temp data dir,
-/// with a manual clock the test may move forward (see [`TestServer::clock`]).
+// ---------------------------------------------------------------- stores
+
+/// The PostgreSQL server of this run (an admin URL), when there is one:
+/// `.ci/run` starts one and sets `AAA_TEST_POSTGRES`.
+pub fn postgres() -> Option<String> {
+    std::env::var("AAA_TEST_POSTGRES")
+        .ok()
+        .filter(|url| !url.is_empty())
+}
+
+/// True when every test server is to keep its data in PostgreSQL
+/// (`AAA_TEST_STORE=postgres`): `.ci/run` runs the suite once on the
+/// embedded store and once so.
+pub fn on_postgres() -> bool {
+    std::env::var("AAA_TEST_STORE").as_deref() == Ok("postgres")
+}
+
+/// A store URL of a new, empty schema on the run's PostgreSQL (aaa
+/// creates the schema its search_path names), or `None` without one.
+pub fn fresh_postgres_store() -> Option<String> {
+    let base = postgres()?;
+    let schema = format!("aaa_test_{}", uuid::Uuid::new_v4().simple());
+    let separator = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{separator}options=-csearch_path%3D{schema}"))
+}
+
+/// The store a test server in `dir` keeps its data in: `None` for the
+/// embedded one in its data dir, or the PostgreSQL URL chosen at its first
+/// start (kept in `dir`, so a restart finds the same data).
+fn store_url_for(dir: &Path) -> Option<String> {
+    if !on_postgres() {
+        return None;
+    }
+    let file = dir.join("store-url");
+    if let Ok(url) = std::fs::read_to_string(&file) {
+        return Some(url);
+    }
+    let url = fresh_postgres_store().expect("AAA_TEST_STORE=postgres needs AAA_TEST_POSTGRES");
+    std::fs::write(&file, &url).expect("write store-url");
+    Some(url)
+}
+
+/// `aaa::serve` in this process, on an ephemeral port and a temp data dir
+/// (or, with `AAA_TEST_STORE=postgres`, a fresh PostgreSQL schema), with a
+/// manual clock the test may move forward (see [`TestServer::clock`]).
 pub struct TestServer {
     dir: tempfile::TempDir,
+    store_url: Option<String>,
     clock: aaa::clock::Clock,
     addr: SocketAddr,
     running: Option<Serving>,
@@ -124,6 +168,7 @@ impl TestServer {
     /// Serves the data already in `dir` (a copy `aaa migrate` made, say).
     pub async fn start_on(dir: tempfile::TempDir, configure: Option<Configure>) -> Self {
         let mut server = TestServer {
+            store_url: store_url_for(dir.path()),
             dir,
             clock: aaa::clock::Clock::manual(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -157,6 +202,7 @@ impl TestServer {
         config.poll_wait_cap = Duration::from_secs(5);
         config.shutdown_grace = Duration::from_secs(5);
         config.clock = self.clock.clone();
+        config.store_url = self.store_url.clone();
         if let Some(configure) = &self.configure {
             configure(&mut config);
         }
@@ -167,9 +213,13 @@ impl TestServer {
         self.running = Some((tx, task));
     }
 
-    /// The embedded store's directory.
-    pub fn data_dir(&self) -> &Path {
-        self.dir.path()
+    /// Where the server keeps its data, as `aaa migrate` takes it: the
+    /// PostgreSQL URL, or the embedded store's directory.
+    pub fn store_location(&self) -> String {
+        match &self.store_url {
+            Some(url) => url.clone(),
+            None => self.dir.path().display().to_string(),
+        }
     }
 
     /// The server's clock, kept across restarts: advancing it fires
@@ -246,8 +296,9 @@ impl ChildServer {
         Self::start_args(dir, &["--listen", "127.0.0.1:0"]).await
     }
 
-    /// Runs `aaa serve ARGS --data-dir dir/data`; ARGS must include
-    /// `--listen`. An unspecified address (0.0.0.0) is reached on loopback.
+    /// Runs `aaa serve ARGS --data-dir dir/data` (and `--store URL` with
+    /// `AAA_TEST_STORE=postgres`); ARGS must include `--listen`. An
+    /// unspecified address (0.0.0.0) is reached on loopback.
     pub async fn start_args(dir: &Path, args: &[&str]) -> Self {
         let log_path = dir.join("server.log");
         let log = std::fs::OpenOptions::new()
@@ -260,6 +311,7 @@ impl ChildServer {
             .args(args)
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .args(store_url_for(dir).map(|url| format!("--store={url}")))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
