@@ -59,6 +59,19 @@ def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
             process.wait()
 
 
+def store_args(data_dir: Path) -> list[str]:
+    """``--store URL`` when the suite runs on PostgreSQL (AAA_TEST_STORE=postgres): a fresh schema of
+    AAA_TEST_POSTGRES per data dir, remembered beside it so a restart finds the same data."""
+    if os.environ.get("AAA_TEST_STORE") != "postgres":
+        return []
+    remembered = data_dir.parent / f"{data_dir.name}.store-url"
+    if not remembered.exists():
+        base = os.environ["AAA_TEST_POSTGRES"]
+        separator = "&" if "?" in base else "?"
+        remembered.write_text(f"{base}{separator}options=-csearch_path%3Daaa_test_{uuid.uuid4().hex}")
+    return [f"--store={remembered.read_text()}"]
+
+
 def start_server(data_dir: Path, log_path: Path, listen: str = "127.0.0.1:0", extra_args: tuple[str, ...] = ()) -> Server:
     """Start the binary (with ``extra_args`` after its flags) and wait for its "serving on HOST:PORT" line."""
     binary = binary_path()
@@ -69,7 +82,7 @@ def start_server(data_dir: Path, log_path: Path, listen: str = "127.0.0.1:0", ex
         )
     log = open(log_path, "ab")
     process = subprocess.Popen(
-        [str(binary), "serve", "--listen", listen, "--data-dir", str(data_dir), *extra_args],
+        [str(binary), "serve", "--listen", listen, "--data-dir", str(data_dir), *store_args(data_dir), *extra_args],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,

@@ -9,7 +9,8 @@
  */
 
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync } from "node:fs";
+import { randomUUID } from "node:crypto";
+import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -59,6 +60,22 @@ export async function stopProcess(child: ChildProcess, graceMs = 10_000): Promis
 }
 
 /**
+ * `--store URL` when the suite runs on PostgreSQL (AAA_TEST_STORE=postgres): a fresh schema of
+ * AAA_TEST_POSTGRES per server directory, remembered in it so a restart finds the same data.
+ */
+function storeArgs(dir: string): string[] {
+  if (process.env.AAA_TEST_STORE !== "postgres") return [];
+  const remembered = path.join(dir, "store-url");
+  if (!existsSync(remembered)) {
+    const base = process.env.AAA_TEST_POSTGRES ?? "";
+    const separator = base.includes("?") ? "&" : "?";
+    const schema = `aaa_test_${randomUUID().replaceAll("-", "")}`;
+    writeFileSync(remembered, `${base}${separator}options=-csearch_path%3D${schema}`);
+  }
+  return [`--store=${readFileSync(remembered, "utf8")}`];
+}
+
+/**
  * Starts the binary (by default on 127.0.0.1:0 with a new temporary
  * directory; `args` are more `aaa serve` flags) and waits for its "serving on HOST:PORT" line. `stop()` removes
  * the directory unless `keep` is set (to restart on the same data).
@@ -74,7 +91,7 @@ export async function startServer(
   const logPath = path.join(dir, "server.log");
   const log = openSync(logPath, "a");
   const listen = options.listen ?? "127.0.0.1:0";
-  const args = ["serve", "--listen", listen, "--data-dir", path.join(dir, "data"), ...(options.args ?? [])];
+  const args = ["serve", "--listen", listen, "--data-dir", path.join(dir, "data"), ...storeArgs(dir), ...(options.args ?? [])];
   const child = spawn(binary, args, {
     stdio: ["ignore", "pipe", log],
   });

@@ -10,6 +10,8 @@ package testserver
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,6 +85,33 @@ func StartWith(t testing.TB, args ...string) *Server {
 	return s
 }
 
+// storeArgs is `--store URL` when the suite runs on PostgreSQL
+// (AAA_TEST_STORE=postgres): a fresh schema of AAA_TEST_POSTGRES per data
+// dir, remembered beside it so a restart finds the same data.
+func storeArgs(t testing.TB, dataDir string) []string {
+	if os.Getenv("AAA_TEST_STORE") != "postgres" {
+		return nil
+	}
+	remembered := dataDir + ".store-url"
+	url, err := os.ReadFile(remembered)
+	if err != nil {
+		base := os.Getenv("AAA_TEST_POSTGRES")
+		separator := "?"
+		if strings.Contains(base, "?") {
+			separator = "&"
+		}
+		var random [16]byte
+		if _, err := rand.Read(random[:]); err != nil {
+			t.Fatal(err)
+		}
+		url = []byte(fmt.Sprintf("%s%soptions=-csearch_path%%3Daaa_test_%x", base, separator, random))
+		if err := os.WriteFile(remembered, url, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return []string{"--store=" + string(url)}
+}
+
 // start launches the process on s.Addr and waits for its "serving on" line.
 func (s *Server) start() {
 	s.t.Helper()
@@ -91,7 +120,8 @@ func (s *Server) start() {
 		s.t.Fatal(err)
 	}
 	s.log = &lockedBuffer{}
-	args := append([]string{"serve", "--listen", s.Addr, "--data-dir", s.DataDir}, s.args...)
+	args := append([]string{"serve", "--listen", s.Addr, "--data-dir", s.DataDir}, storeArgs(s.t, s.DataDir)...)
+	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = stdoutW
 	cmd.Stderr = s.log
