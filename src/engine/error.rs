@@ -99,6 +99,12 @@ impl From<crate::store::StoreError> for Error {
             crate::store::StoreError::Closed => Error::ShuttingDown,
             crate::store::StoreError::Io(e) => Error::StorageUnavailable(e.to_string()),
             crate::store::StoreError::Unavailable(cause) => Error::StorageUnavailable(cause),
+            // Another server wrote the run first (two servers on one
+            // database): nothing was written, the run's state is read again
+            // before its next change, so a retry is right.
+            conflict @ crate::store::StoreError::Conflict { .. } => {
+                Error::StorageUnavailable(conflict.to_string())
+            }
             other => Error::Internal(other.to_string()),
         }
     }
