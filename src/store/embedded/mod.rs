@@ -675,4 +675,58 @@ mod tests {
         assert_eq!(seqs(store.run_events(run, 3, 10).await.unwrap()), [4, 5]);
         store.close().await;
     }
+
+    /// A batch expecting a run's last seq that another writer moved is
+    /// refused whole, also within one round, and the history never forks.
+    #[tokio::test]
+    async fn a_batch_behind_the_runs_head_is_refused_as_a_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        let run = RunId::new();
+        let event = |seq: u64, text: &str| EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq,
+            event_type: "app.test".into(),
+            data_json: format!(r#"{{"by":"{text}"}}"#),
+            ..Default::default()
+        };
+        let batch = |seq: u64, text: &str| {
+            let mut batch = WriteBatch::default();
+            batch.push_event(event(seq, text));
+            batch.put_tool(text, Vec::new());
+            batch
+        };
+        store.commit(batch(1, "first")).await.unwrap();
+        // Two writers both append seq 2, in one round: one wins.
+        let (a, b) = tokio::join!(store.commit(batch(2, "a")), store.commit(batch(2, "b")));
+        let (won, lost) = match (&a, &b) {
+            (Ok(_), Err(e)) => ("a", e),
+            (Err(e), Ok(_)) => ("b", e),
+            other => panic!("expected one conflict, got {other:?}"),
+        };
+        assert!(
+            matches!(lost, StoreError::Conflict { run: r, expected: 1, actual: 2 } if *r == run),
+            "{lost}"
+        );
+        // A writer far behind, or ahead, is refused too.
+        for seq in [1, 4] {
+            let error = store.commit(batch(seq, "late")).await.unwrap_err();
+            assert!(matches!(error, StoreError::Conflict { .. }), "{error}");
+        }
+        let events = store.run_events(run, 0, usize::MAX).await.unwrap();
+        let data: Vec<&str> = events.iter().map(|e| e.data_json.as_str()).collect();
+        assert_eq!(data, [r#"{"by":"first"}"#, &format!(r#"{{"by":"{won}"}}"#)]);
+        // Nothing of a refused batch was written: not its index writes either.
+        let tools: Vec<String> = store
+            .list_tools()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        let mut expected = vec!["first", won];
+        expected.sort();
+        assert_eq!(tools, expected);
+        store.close().await;
+    }
 }
