@@ -14,6 +14,7 @@ mod gate;
 mod hardening;
 mod health;
 mod leases;
+mod postgres;
 mod restart;
 mod scenario;
 mod storage;

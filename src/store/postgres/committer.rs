@@ -171,7 +171,9 @@ impl Committer {
                 }
                 for (request, answer) in round.drain(..).zip(answers) {
                     let answer = answer.unwrap_or_else(|| {
-                        Err(StoreError::Unavailable("the batch was not committed".into()))
+                        Err(StoreError::Unavailable(
+                            "the batch was not committed".into(),
+                        ))
                     });
                     let _ = request.reply.send(answer);
                 }
@@ -386,7 +388,10 @@ async fn begin(
     for row in heads.map_err(down)? {
         let run: Uuid = row.try_get(0).map_err(down)?;
         let seq: i64 = row.try_get(1).map_err(down)?;
-        last.insert(RunId::from_slice(run.as_bytes()).unwrap_or_default(), seq as u64);
+        last.insert(
+            RunId::from_slice(run.as_bytes()).unwrap_or_default(),
+            seq as u64,
+        );
     }
     Ok((head as u64, last))
 }

@@ -197,9 +197,7 @@ fn tls_config(
             .build()
             .map_err(|e| format!("TLS roots: {e}"))?;
         if mode == Mode::VerifyFull {
-            builder
-                .with_webpki_verifier(webpki)
-                .with_no_client_auth()
+            builder.with_webpki_verifier(webpki).with_no_client_auth()
         } else {
             builder
                 .dangerous()

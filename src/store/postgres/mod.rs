@@ -146,9 +146,8 @@ impl PostgresStore {
     pub async fn open(url: &str) -> Result<PostgresStore> {
         let target = connect::target(url)?;
         let pool = connect::pool(&target)?;
-        let unreachable = |e: PoolError| {
-            StoreError::Unavailable(format!("cannot reach {}: {e}", target.shown))
-        };
+        let unreachable =
+            |e: PoolError| StoreError::Unavailable(format!("cannot reach {}: {e}", target.shown));
         let mut client = pool.get().await.map_err(unreachable)?;
         let token_key = schema::prepare(&mut client).await?;
         let head = read_head(&client).await?;

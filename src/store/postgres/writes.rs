@@ -82,7 +82,8 @@ impl Writes {
         for event in batch.events() {
             let e = &mut self.events;
             e.position.push(event.position as i64);
-            e.run_id.push(run_uuid(&event.run_id, "").unwrap_or_default());
+            e.run_id
+                .push(run_uuid(&event.run_id, "").unwrap_or_default());
             e.seq.push(event.seq as i64);
             e.id.push(event.id.clone());
             e.event_type.push(event.event_type.clone());
@@ -114,7 +115,8 @@ impl Writes {
                     .insert((id, approval.call_id.clone()), Some(approval));
             }
             Op::DeleteApproval { run, call_id } => {
-                self.approvals.insert((run.as_uuid(), call_id.clone()), None);
+                self.approvals
+                    .insert((run.as_uuid(), call_id.clone()), None);
             }
             Op::SetActive { run, active } => {
                 self.active.insert(run.as_uuid(), *active);
@@ -451,10 +453,8 @@ fn dead_letters(
         ));
     }
     if !delete.is_empty() {
-        let (groups, positions): (Vec<_>, Vec<_>) = delete
-            .into_iter()
-            .map(|(g, p)| (g, p as i64))
-            .unzip();
+        let (groups, positions): (Vec<_>, Vec<_>) =
+            delete.into_iter().map(|(g, p)| (g, p as i64)).unzip();
         out.push(statement(
             DELETE_DEAD_LETTERS,
             vec![Box::new(groups), Box::new(positions)],
