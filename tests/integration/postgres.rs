@@ -188,8 +188,10 @@ fn seqs(events: &[EventRecord]) -> Vec<u64> {
     events.iter().map(|e| e.seq).collect()
 }
 
-fn ids(runs: &[RunRecord]) -> Vec<Vec<u8>> {
-    runs.iter().map(|r| r.run_id.clone()).collect()
+fn ids(runs: &[RunRecord]) -> Vec<RunId> {
+    runs.iter()
+        .map(|r| RunId::from_slice(&r.run_id).expect("a run id"))
+        .collect()
 }
 
 fn calls(approvals: &[ApprovalRecord]) -> Vec<&str> {
@@ -309,10 +311,7 @@ async fn round_trip_every_op_and_query(store: &SharedStore) {
         ..Default::default()
     };
     let (a_id, b_id) = (a.as_bytes().to_vec(), b.as_bytes().to_vec());
-    assert_eq!(
-        ids(&store.list_runs(&all).await.unwrap()),
-        [b_id.clone(), a_id.clone()]
-    );
+    assert_eq!(ids(&store.list_runs(&all).await.unwrap()), [b, a]);
     let listed = store.list_runs(&all).await.unwrap();
     assert_eq!(listed[1], expected_with_head(&expected, 4, 1_004));
     let query = |f: &dyn Fn(&mut RunQuery)| {
@@ -321,20 +320,17 @@ async fn round_trip_every_op_and_query(store: &SharedStore) {
         q
     };
     let page = query(&|q| q.limit = 1);
-    assert_eq!(ids(&store.list_runs(&page).await.unwrap()), [b_id.clone()]);
+    assert_eq!(ids(&store.list_runs(&page).await.unwrap()), [b]);
     let next = query(&|q| q.before = Some(b));
-    assert_eq!(ids(&store.list_runs(&next).await.unwrap()), [a_id.clone()]);
+    assert_eq!(ids(&store.list_runs(&next).await.unwrap()), [a]);
     let status = query(&|q| q.status = 2);
-    assert_eq!(
-        ids(&store.list_runs(&status).await.unwrap()),
-        [b_id.clone()]
-    );
+    assert_eq!(ids(&store.list_runs(&status).await.unwrap()), [b]);
     let team = query(&|q| q.labels = labels(&[("team", "a"), ("env", "test")]));
-    assert_eq!(ids(&store.list_runs(&team).await.unwrap()), [a_id.clone()]);
+    assert_eq!(ids(&store.list_runs(&team).await.unwrap()), [a]);
     let nobody = query(&|q| q.labels = labels(&[("team", "c")]));
     assert!(store.list_runs(&nobody).await.unwrap().is_empty());
     let bob = query(&|q| q.started_by = Some("bob".into()));
-    assert_eq!(ids(&store.list_runs(&bob).await.unwrap()), [b_id.clone()]);
+    assert_eq!(ids(&store.list_runs(&bob).await.unwrap()), [b]);
 
     let every = ApprovalQuery {
         limit: 10,
