@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use aaa::store::embedded::EmbeddedStore;
 use aaa::store::postgres::PostgresStore;
+use aaa::store::Store as _;
 use aaa::store::{
     ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, RunId, RunQuery,
     RunRecord, SharedStore, StoreError, WriteBatch,
@@ -945,4 +946,98 @@ async fn serve_runs_the_reference_scenario_on_postgres() {
     assert_dense(&events, 1);
     server.shutdown().await;
     db.drop().await;
+}
+
+// ------------------------------------------------------------------ TLS
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sslmode_is_honoured_over_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    if admin_url("sslmode_is_honoured_over_tls").is_none() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let db = TestDb::create_on(&cluster.url).await;
+    // A certificate for "localhost", in the data dir, readable by the
+    // server only; then TLS on and plain TCP refused.
+    let data = cluster.dir.path().join("data");
+    crate::auth::make_pki(&data);
+    let key = data.join("server.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for file in ["ca.pem", "server.pem", "server.key"] {
+        std::os::unix::fs::chown(data.join(file), Some(uid_of("postgres")), None).unwrap();
+    }
+    let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+    std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+    for sql in [
+        "ALTER SYSTEM SET ssl = on",
+        "ALTER SYSTEM SET ssl_cert_file = 'server.pem'",
+        "ALTER SYSTEM SET ssl_key_file = 'server.key'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin(&cluster.url, sql).await;
+    }
+    let ca = data.join("ca.pem").display().to_string();
+    let port = cluster
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let url = |host: &str, options: &str| {
+        format!("postgres://postgres@{host}:{port}/{}?{options}", db.name)
+    };
+    let opens = |url: String| async move {
+        match PostgresStore::open(&url).await {
+            Ok(store) => {
+                store.close().await;
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    // Reloading is asynchronous: wait until plain text is refused.
+    let give_up = Instant::now() + WAIT;
+    while opens(url("127.0.0.1", "sslmode=disable")).await.is_ok() {
+        assert!(Instant::now() < give_up, "TLS never became required");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    opens(url("127.0.0.1", "sslmode=require"))
+        .await
+        .expect("require");
+    opens(url("127.0.0.1", "sslmode=prefer"))
+        .await
+        .expect("prefer");
+    let full = url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    opens(full).await.expect("verify-full, the right name");
+    let ca_only = url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={ca}"));
+    opens(ca_only).await.expect("verify-ca");
+    let wrong_name = url(
+        "127.0.0.1",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let error = opens(wrong_name).await.expect_err("another name");
+    assert!(error.contains("certificate"), "{error}");
+    // Without our CA the system's roots do not trust it.
+    let error = opens(url("localhost", "sslmode=verify-full"))
+        .await
+        .expect_err("an unknown CA");
+    assert!(error.contains("certificate"), "{error}");
+    drop(cluster);
+}
+
+fn uid_of(user: &str) -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", user])
+        .output()
+        .expect("id");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a uid")
 }

@@ -39,7 +39,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::writes::{self, Writes};
-use super::{describe, is_down, Durable, NOTIFY_CHANNEL};
+use super::{describe, is_down, with_causes, Durable, NOTIFY_CHANNEL};
 use crate::store::{Result, RunId, StoreError, WriteBatch};
 
 /// Most batches folded into one round.
@@ -201,7 +201,7 @@ impl Committer {
         self.pool
             .get()
             .await
-            .map_err(|e| Down(format!("cannot reach the database: {e}")))
+            .map_err(|e| Down(format!("cannot reach the database: {}", with_causes(&e))))
     }
 }
 

@@ -104,8 +104,23 @@ impl Durable {
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => with_causes(e),
     }
+}
+
+/// An error's text followed by its causes' (a TLS handshake failure says
+/// why only in its source).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(source) = cause {
+        let more = source.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = source.source();
+    }
+    text
 }
 
 /// Whether an error is the database's trouble (unreachable, shutting down,
@@ -132,7 +147,7 @@ fn pool_error(e: PoolError) -> StoreError {
     match e {
         PoolError::Closed => StoreError::Closed,
         PoolError::Backend(e) => database_error(e),
-        other => StoreError::Unavailable(format!("postgres: {other}")),
+        other => StoreError::Unavailable(format!("postgres: {}", with_causes(&other))),
     }
 }
 
@@ -146,8 +161,13 @@ impl PostgresStore {
     pub async fn open(url: &str) -> Result<PostgresStore> {
         let target = connect::target(url)?;
         let pool = connect::pool(&target)?;
-        let unreachable =
-            |e: PoolError| StoreError::Unavailable(format!("cannot reach {}: {e}", target.shown));
+        let unreachable = |e: PoolError| {
+            StoreError::Unavailable(format!(
+                "cannot reach {}: {}",
+                target.shown,
+                with_causes(&e)
+            ))
+        };
         let mut client = pool.get().await.map_err(unreachable)?;
         let token_key = schema::prepare(&mut client).await?;
         let head = read_head(&client).await?;
