@@ -597,11 +597,19 @@ async fn postgres_commit_figures() {
         latencies.push(began.elapsed());
     }
     latencies.sort();
+    let mut reads = Vec::new();
+    for _ in 0..300 {
+        let began = Instant::now();
+        store.run_events(run, 290, 10).await.expect("read");
+        reads.push(began.elapsed());
+    }
+    reads.sort();
     eprintln!(
-        "postgres: 64 writers {:?} commits/s; one writer p50 {:?} p99 {:?}",
+        "postgres: 64 writers {:?} commits/s; one writer p50 {:?} p99 {:?}; a read p50 {:?}",
         rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
         latencies[latencies.len() / 2],
         latencies[latencies.len() * 99 / 100],
+        reads[reads.len() / 2],
     );
     store.close().await;
     db.drop().await;

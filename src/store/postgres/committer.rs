@@ -87,8 +87,11 @@ enum Step<'a> {
 const BEGIN: &str = "BEGIN; SELECT set_config('synchronous_commit', 'on', true) \
     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')";
 const LOCK_HEAD: &str = "SELECT position FROM aaa_head WHERE id = 1 FOR UPDATE";
-const RUN_HEADS: &str =
-    "SELECT run_id, max(seq) FROM aaa_events WHERE run_id = ANY($1::uuid[]) GROUP BY run_id";
+/// One backward index probe per run (not an aggregate over its history):
+/// this runs while the head row is locked.
+const RUN_HEADS: &str = "SELECT r.run_id, e.seq FROM UNNEST($1::uuid[]) AS r(run_id) \
+    CROSS JOIN LATERAL (SELECT seq FROM aaa_events WHERE run_id = r.run_id \
+    ORDER BY seq DESC LIMIT 1) e";
 const MOVE_HEAD: &str = "UPDATE aaa_head SET position = $1 WHERE id = 1";
 const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 const SAVEPOINT: &str = "SAVEPOINT aaa_batch";
