@@ -22,6 +22,7 @@
 //! default) and [`postgres`].
 
 pub mod embedded;
+pub mod postgres;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -386,6 +387,10 @@ pub async fn open(config: &crate::Config) -> Result<SharedStore> {
     match &config.store_url {
         None => {
             let store = embedded::EmbeddedStore::open(&config.data_dir, config.store_cache_bytes)?;
+            Ok(Arc::new(store))
+        }
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store = postgres::PostgresStore::open(url).await?;
             Ok(Arc::new(store))
         }
         Some(url) => Err(StoreError::Format(format!(

@@ -15,6 +15,7 @@ mod hardening;
 mod health;
 mod leases;
 mod migrate;
+mod postgres;
 mod restart;
 mod scenario;
 mod storage;

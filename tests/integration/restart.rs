@@ -98,17 +98,19 @@ async fn events_before_and_after_a_checkpoint_survive_kill_9() {
             .await
             .expect("Signal");
     }
-    let segments = std::fs::read_dir(dir.path().join("data").join("log"))
-        .expect("the log")
-        .filter(|entry| {
-            let path = entry.as_ref().expect("a log entry").path();
-            path.extension().is_some_and(|e| e == "seg")
-        })
-        .count();
-    assert!(
-        segments >= 6,
-        "18 MB of events span the log's first segments (1, 1, 2, 4, 8, 16 MiB): {segments}"
-    );
+    if !on_postgres() {
+        let segments = std::fs::read_dir(dir.path().join("data").join("log"))
+            .expect("the log")
+            .filter(|entry| {
+                let path = entry.as_ref().expect("a log entry").path();
+                path.extension().is_some_and(|e| e == "seg")
+            })
+            .count();
+        assert!(
+            segments >= 6,
+            "18 MB of events span the log's first segments (1, 1, 2, 4, 8, 16 MiB): {segments}"
+        );
+    }
     check(&history(&mut runs, &run_id).await, &filler);
     server.kill9();
 

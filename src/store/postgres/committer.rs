@@ -1,0 +1,531 @@
+//! Group commit: one task takes every batch that is waiting and commits
+//! them in ONE transaction per round, then answers them all and moves the
+//! durable position.
+//!
+//! A round is two round trips to the database, whatever its size, because
+//! its statements are pipelined (sent together, answered in order):
+//! 1. `BEGIN`, `synchronous_commit` made at least `on` for the transaction,
+//!    the head row locked `FOR UPDATE` (serialising writers of every server
+//!    on the database) and the last seq of each run the round appends to.
+//! 2. After checking each batch's expected seqs and giving its events the
+//!    next positions, in memory: one multi-row statement per table for all
+//!    batches, the head row moved, `pg_notify` with the new head, `COMMIT`.
+//!
+//! When a statement of step 2 fails for a batch's data (a constraint, a
+//! value PostgreSQL refuses), the whole transaction has rolled back; the
+//! round is done again batch by batch, each under its own SAVEPOINT, so the
+//! bad batch fails alone, its positions are given to the next batch, and
+//! the others commit in one transaction.
+//!
+//! A round that fails for the database (unreachable, restarting, read-only,
+//! a COMMIT whose outcome is unknown) is refused whole with
+//! [`StoreError::Unavailable`]: nothing of it is acknowledged, and the
+//! engine reloads what it knows from the database. The store is then not
+//! writable until a round succeeds; an empty round is tried every
+//! [`PROBE_EVERY`] so that health recovers with no client writes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Object, Pool};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::writes::{self, Writes};
+use super::{describe, is_down, with_causes, Durable, NOTIFY_CHANNEL};
+use crate::store::{Result, RunId, StoreError, WriteBatch};
+
+/// Most batches folded into one round.
+const MAX_ROUND: usize = 1024;
+/// Longest a round may take; past it its outcome is unknown.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(10);
+/// While writes fail, how often an empty round tries the database.
+pub(super) const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+pub(super) struct Request {
+    pub batch: WriteBatch,
+    pub reply: oneshot::Sender<Result<Vec<u64>>>,
+}
+
+/// What the committer task is asked to do.
+pub(super) enum Message {
+    Commit(Request),
+    /// Commit what is queued, then stop and say so.
+    Close(oneshot::Sender<()>),
+}
+
+pub(super) struct Committer {
+    pub pool: Pool,
+    pub durable: Arc<Durable>,
+    /// False while rounds fail.
+    pub writable: watch::Sender<bool>,
+    /// The connection of the last round that went well, kept for the next.
+    pub connection: Option<Object>,
+}
+
+/// Why a whole round failed: nothing of it may be taken as written.
+struct Down(String);
+
+type Rows = std::result::Result<Vec<Row>, tokio_postgres::Error>;
+type Call<'a> = Pin<Box<dyn Future<Output = Rows> + Send + 'a>>;
+
+/// One statement of a pipeline.
+enum Step<'a> {
+    /// Simple-protocol SQL (transaction control).
+    Simple(&'static str),
+    /// A statement prepared once per connection, with its parameters.
+    Query(&'static str, Vec<&'a (dyn ToSql + Sync)>),
+}
+
+const BEGIN: &str = "BEGIN; SELECT set_config('synchronous_commit', 'on', true) \
+    WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')";
+const LOCK_HEAD: &str = "SELECT position FROM aaa_head WHERE id = 1 FOR UPDATE";
+/// One backward index probe per run (not an aggregate over its history):
+/// this runs while the head row is locked.
+const RUN_HEADS: &str = "SELECT r.run_id, e.seq FROM UNNEST($1::uuid[]) AS r(run_id) \
+    CROSS JOIN LATERAL (SELECT seq FROM aaa_events WHERE run_id = r.run_id \
+    ORDER BY seq DESC LIMIT 1) e";
+const MOVE_HEAD: &str = "UPDATE aaa_head SET position = $1 WHERE id = 1";
+/// The payload names the schema: servers of other deployments, in other
+/// schemas of the same database, hear it too and must ignore it.
+const NOTIFY: &str = "SELECT pg_notify($1, current_schema() || ':' || $2)";
+const SAVEPOINT: &str = "SAVEPOINT aaa_batch";
+const RELEASE: &str = "RELEASE SAVEPOINT aaa_batch";
+const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT aaa_batch";
+
+/// The committer's loop.
+pub(super) async fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
+    let mut round = Vec::new();
+    let mut closed = None;
+    while closed.is_none() {
+        let message = if *committer.writable.borrow() {
+            messages.recv().await
+        } else {
+            tokio::select! {
+                message = messages.recv() => message,
+                () = tokio::time::sleep(PROBE_EVERY) => {
+                    committer.commit_round(&mut Vec::new()).await;
+                    continue;
+                }
+            }
+        };
+        match message {
+            Some(Message::Commit(request)) => round.push(request),
+            Some(Message::Close(done)) => closed = Some(done),
+            None => break,
+        }
+        while round.len() < MAX_ROUND && closed.is_none() {
+            match messages.try_recv() {
+                Ok(Message::Commit(request)) => round.push(request),
+                Ok(Message::Close(done)) => closed = Some(done),
+                Err(_) => break,
+            }
+        }
+        if !round.is_empty() {
+            committer.commit_round(&mut round).await;
+        }
+    }
+    // Refuse what comes after: its senders get StoreError::Closed.
+    messages.close();
+    drop(committer);
+    if let Some(done) = closed {
+        let _ = done.send(());
+    }
+}
+
+impl Committer {
+    /// Commits and answers every request of the round (none: a probe).
+    async fn commit_round(&mut self, round: &mut Vec<Request>) {
+        let mut answers: Vec<Option<Result<Vec<u64>>>> = round
+            .iter()
+            .map(|r| writes::check(&r.batch).err().map(Err))
+            .collect();
+        let outcome = match self.connection().await {
+            Err(down) => Err(down),
+            Ok(client) => {
+                let attempt = commit(&client, round, &mut answers);
+                let outcome = tokio::time::timeout(ROUND_TIMEOUT, attempt)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Down(format!(
+                            "the database did not finish a commit within {ROUND_TIMEOUT:?}; \
+                             its outcome is unknown"
+                        )))
+                    });
+                match outcome {
+                    Ok(_) => self.connection = Some(client),
+                    // Its state (a transaction open, a lock held?) is unknown:
+                    // it must never serve again.
+                    Err(_) => drop(Object::take(client)),
+                }
+                outcome
+            }
+        };
+        match outcome {
+            Ok(head) => {
+                self.durable.advance(head);
+                if !self.writable.send_replace(true) {
+                    tracing::info!("the database takes writes again");
+                }
+                for (request, answer) in round.drain(..).zip(answers) {
+                    let answer = answer.unwrap_or_else(|| {
+                        Err(StoreError::Unavailable(
+                            "the batch was not committed".into(),
+                        ))
+                    });
+                    let _ = request.reply.send(answer);
+                }
+            }
+            Err(Down(cause)) => {
+                if self.writable.send_replace(false) {
+                    tracing::error!("{cause}; writes are refused until one succeeds");
+                }
+                for request in round.drain(..) {
+                    let _ = request
+                        .reply
+                        .send(Err(StoreError::Unavailable(cause.clone())));
+                }
+            }
+        }
+    }
+
+    /// The kept connection if it is still open, or one from the pool.
+    async fn connection(&mut self) -> std::result::Result<Object, Down> {
+        if let Some(client) = self.connection.take() {
+            if !client.is_closed() {
+                return Ok(client);
+            }
+        }
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Down(format!("cannot reach the database: {}", with_causes(&e))))
+    }
+}
+
+/// Commits the round on `client`: all at once, or batch by batch when one
+/// of them is refused. Fills in the answers; returns the new head.
+async fn commit(
+    client: &ClientWrapper,
+    round: &mut [Request],
+    answers: &mut [Option<Result<Vec<u64>>>],
+) -> std::result::Result<u64, Down> {
+    let runs = round_runs(round, answers);
+    let (head, mut heads) = begin(client, &runs).await?;
+    let mut next = head + 1;
+    let mut staged = Vec::new();
+    for (i, request) in round.iter_mut().enumerate() {
+        if answers[i].is_some() {
+            continue;
+        }
+        match stage(&mut request.batch, &heads, &mut next) {
+            Ok(moved) => {
+                heads.extend(moved);
+                staged.push(i);
+            }
+            Err(conflict) => answers[i] = Some(Err(conflict)),
+        }
+    }
+    let mut writes = Writes::default();
+    for &i in &staged {
+        writes.add(&round[i].batch);
+    }
+    let statements = writes.statements();
+    match first_error(finish(client, &statements, head, next - 1).await) {
+        None => {
+            for &i in &staged {
+                answers[i] = Some(Ok(positions(&round[i].batch)));
+            }
+            Ok(next - 1)
+        }
+        Some(e) if is_down(&e) => Err(down(e)),
+        // A batch's data was refused and the COMMIT rolled everything back.
+        Some(_) => {
+            for (answer, request) in answers.iter_mut().zip(round.iter()) {
+                *answer = writes::check(&request.batch).err().map(Err);
+            }
+            one_by_one(client, round, answers).await
+        }
+    }
+}
+
+/// The round again, each batch under its own savepoint.
+async fn one_by_one(
+    client: &ClientWrapper,
+    round: &mut [Request],
+    answers: &mut [Option<Result<Vec<u64>>>],
+) -> std::result::Result<u64, Down> {
+    let runs = round_runs(round, answers);
+    let (head, mut heads) = begin(client, &runs).await?;
+    let mut next = head + 1;
+    for (i, request) in round.iter_mut().enumerate() {
+        if answers[i].is_some() {
+            continue;
+        }
+        let start = next;
+        let moved = match stage(&mut request.batch, &heads, &mut next) {
+            Ok(moved) => moved,
+            Err(conflict) => {
+                answers[i] = Some(Err(conflict));
+                continue;
+            }
+        };
+        let mut writes = Writes::default();
+        writes.add(&request.batch);
+        let statements = writes.statements();
+        let mut steps = vec![Step::Simple(SAVEPOINT)];
+        steps.extend(queries(&statements));
+        steps.push(Step::Simple(RELEASE));
+        match first_error(pipeline(client, steps).await) {
+            None => {
+                heads.extend(moved);
+                answers[i] = Some(Ok(positions(&request.batch)));
+            }
+            Some(e) if is_down(&e) => return Err(down(e)),
+            Some(e) => {
+                next = start;
+                let undone = pipeline(client, vec![Step::Simple(ROLLBACK_TO)]).await;
+                if let Some(e) = first_error(undone) {
+                    return Err(down(e));
+                }
+                answers[i] = Some(Err(refused(client, &request.batch, &heads, e).await));
+            }
+        }
+    }
+    match first_error(finish(client, &[], head, next - 1).await) {
+        None => Ok(next - 1),
+        Some(e) => Err(down(e)),
+    }
+}
+
+/// What a batch the database refused is told: a unique (run, seq) clash is
+/// another writer's append (a conflict); anything else is the database's
+/// refusal, named.
+async fn refused(
+    client: &ClientWrapper,
+    batch: &WriteBatch,
+    heads: &HashMap<RunId, u64>,
+    error: tokio_postgres::Error,
+) -> StoreError {
+    let clash = error.as_db_error().is_some_and(|db| {
+        db.code() == &SqlState::UNIQUE_VIOLATION && db.constraint() == Some("aaa_events_run_seq")
+    });
+    let expected = batch.expected_seqs();
+    match (clash, expected.first()) {
+        (true, Some(&(run, expected))) => {
+            let actual = last_seq(client, run)
+                .await
+                .unwrap_or_else(|| heads.get(&run).copied().unwrap_or(expected));
+            StoreError::Conflict {
+                run,
+                expected,
+                actual,
+            }
+        }
+        _ => StoreError::Unavailable(format!(
+            "the database refused the write: {}",
+            describe(&error)
+        )),
+    }
+}
+
+/// A run's last seq as the database has it now.
+async fn last_seq(client: &ClientWrapper, run: RunId) -> Option<u64> {
+    let rows = pipeline(
+        client,
+        vec![Step::Query(
+            "SELECT coalesce(max(seq), 0) FROM aaa_events WHERE run_id = $1",
+            vec![&run.as_uuid()],
+        )],
+    )
+    .await;
+    let row = rows.into_iter().next()?.ok()?.into_iter().next()?;
+    row.try_get::<_, i64>(0).ok().map(|seq| seq as u64)
+}
+
+/// Every run the round's unanswered batches append to.
+fn round_runs(round: &[Request], answers: &[Option<Result<Vec<u64>>>]) -> Vec<Uuid> {
+    let mut runs: Vec<Uuid> = round
+        .iter()
+        .zip(answers)
+        .filter(|(_, answer)| answer.is_none())
+        .flat_map(|(request, _)| request.batch.expected_seqs())
+        .map(|(run, _)| run.as_uuid())
+        .collect();
+    runs.sort_unstable();
+    runs.dedup();
+    runs
+}
+
+/// Opens the round's transaction: locks the head row and reads the last seq
+/// of each run in `runs`.
+async fn begin(
+    client: &ClientWrapper,
+    runs: &[Uuid],
+) -> std::result::Result<(u64, HashMap<RunId, u64>), Down> {
+    let runs = runs.to_vec();
+    let steps = vec![
+        Step::Simple(BEGIN),
+        Step::Query(LOCK_HEAD, vec![]),
+        Step::Query(RUN_HEADS, vec![&runs]),
+    ];
+    let mut results = pipeline(client, steps).await.into_iter();
+    let (Some(begun), Some(head), Some(heads)) = (results.next(), results.next(), results.next())
+    else {
+        return Err(Down("the database gave too few answers".into()));
+    };
+    begun.map_err(down)?;
+    let head = head
+        .map_err(down)?
+        .first()
+        .map(|row| row.try_get::<_, i64>(0))
+        .transpose()
+        .map_err(down)?
+        .ok_or_else(|| Down("the database has no head row (aaa_head)".into()))?;
+    let mut last = HashMap::new();
+    for row in heads.map_err(down)? {
+        let run: Uuid = row.try_get(0).map_err(down)?;
+        let seq: i64 = row.try_get(1).map_err(down)?;
+        last.insert(
+            RunId::from_slice(run.as_bytes()).unwrap_or_default(),
+            seq as u64,
+        );
+    }
+    Ok((head as u64, last))
+}
+
+/// Checks the batch's expected seqs against `heads` and gives its events
+/// the next positions. Returns the runs' new last seqs.
+fn stage(
+    batch: &mut WriteBatch,
+    heads: &HashMap<RunId, u64>,
+    next: &mut u64,
+) -> Result<Vec<(RunId, u64)>> {
+    for (run, expected) in batch.expected_seqs() {
+        let actual = heads.get(&run).copied().unwrap_or(0);
+        if actual != expected {
+            return Err(StoreError::Conflict {
+                run,
+                expected,
+                actual,
+            });
+        }
+    }
+    let mut moved = Vec::new();
+    for event in &mut batch.events {
+        event.position = *next;
+        *next += 1;
+        if let Some(run) = RunId::from_slice(&event.run_id) {
+            moved.push((run, event.seq));
+        }
+    }
+    Ok(moved)
+}
+
+fn positions(batch: &WriteBatch) -> Vec<u64> {
+    batch.events().iter().map(|e| e.position).collect()
+}
+
+/// The round's writes, the head moved to `last` (when it moved) with a
+/// notification, and COMMIT, in one pipeline.
+async fn finish(
+    client: &ClientWrapper,
+    statements: &[writes::Statement],
+    head: u64,
+    last: u64,
+) -> Vec<Rows> {
+    let (position, text) = (last as i64, last.to_string());
+    let mut steps = queries(statements);
+    if last > head {
+        steps.push(Step::Query(MOVE_HEAD, vec![&position]));
+        steps.push(Step::Query(NOTIFY, vec![&NOTIFY_CHANNEL, &text]));
+    }
+    steps.push(Step::Simple("COMMIT"));
+    pipeline(client, steps).await
+}
+
+fn queries(statements: &[writes::Statement]) -> Vec<Step<'_>> {
+    statements
+        .iter()
+        .map(|s| {
+            let params = s
+                .params
+                .iter()
+                .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                .collect();
+            Step::Query(s.sql, params)
+        })
+        .collect()
+}
+
+/// Runs the steps as one pipeline: every statement is sent before the
+/// first answer is awaited, in order (tokio-postgres sends a request when
+/// its future is first polled, so they are polled in order). Answers come
+/// back one per step, in order.
+async fn pipeline(client: &ClientWrapper, steps: Vec<Step<'_>>) -> Vec<Rows> {
+    // Statements are prepared once per connection; later rounds find them
+    // in the connection's cache without a round trip.
+    let mut prepared = Vec::with_capacity(steps.len());
+    for step in &steps {
+        match step {
+            Step::Simple(_) => prepared.push(None),
+            Step::Query(sql, _) => match client.prepare_cached(sql).await {
+                Ok(statement) => prepared.push(Some(statement)),
+                Err(e) => return vec![Err(e)],
+            },
+        }
+    }
+    let mut calls: Vec<Call<'_>> = Vec::with_capacity(steps.len());
+    for (step, statement) in steps.iter().zip(&prepared) {
+        let call: Call<'_> = match (step, statement) {
+            (Step::Query(_, params), Some(statement)) => {
+                Box::pin(async move { client.query(statement, params).await })
+            }
+            (Step::Simple(sql), _) | (Step::Query(sql, _), None) => {
+                Box::pin(async move { client.batch_execute(sql).await.map(|()| Vec::new()) })
+            }
+        };
+        calls.push(call);
+    }
+    join_in_order(calls).await
+}
+
+/// Awaits every call, polling the unfinished ones in order each time.
+async fn join_in_order(mut calls: Vec<Call<'_>>) -> Vec<Rows> {
+    let mut results: Vec<Option<Rows>> = calls.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (call, result) in calls.iter_mut().zip(results.iter_mut()) {
+            if result.is_none() {
+                match call.as_mut().poll(cx) {
+                    Poll::Ready(rows) => *result = Some(rows),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    results.into_iter().flatten().collect()
+}
+
+/// The first failure of a pipeline, if any: the cause, not the "current
+/// transaction is aborted" answers that follow it.
+fn first_error(results: Vec<Rows>) -> Option<tokio_postgres::Error> {
+    results.into_iter().find_map(|r| r.err())
+}
+
+fn down(e: tokio_postgres::Error) -> Down {
+    Down(format!("the database cannot commit: {}", describe(&e)))
+}

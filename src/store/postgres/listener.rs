@@ -1,0 +1,122 @@
+//! Hearing other servers' commits: a dedicated connection LISTENs on the
+//! channel every commit NOTIFYs with its schema and new head, and moves the
+//! durable position when one of its own schema arrives. The same connection reads the head row every
+//! [`POLL_EVERY`] as well, which bounds the delay when a notification is
+//! lost (a reconnect) or never comes (a transaction-pooling pgbouncer, which
+//! does not pass LISTEN on). While the database is unreachable it tries to
+//! connect again at that pace.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_postgres::AsyncMessage;
+use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
+
+use super::connect::CONNECT_TIMEOUT;
+use super::{describe, Durable, NOTIFY_CHANNEL};
+
+/// How often the head row is read even if no notification comes.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Follows the head until `stop`.
+pub(super) async fn run(
+    config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    durable: Arc<Durable>,
+    stop: CancellationToken,
+) {
+    loop {
+        let listened = tokio::select! {
+            () = stop.cancelled() => return,
+            listened = listen(&config, tls.clone(), &durable) => listened,
+        };
+        if let Err(cause) = listened {
+            // Quietly: the committer reports an outage itself.
+            tracing::debug!("listening for commits of other servers failed: {cause}");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(POLL_EVERY) => {}
+        }
+    }
+}
+
+/// One connection's life: LISTEN, then notifications and polls until it
+/// fails.
+async fn listen(
+    config: &tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    durable: &Durable,
+) -> Result<(), String> {
+    let (client, mut connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(tls))
+        .await
+        .map_err(|_| "connecting timed out".to_string())?
+        .map_err(|e| describe(&e))?;
+    let (heard, mut notifications) = mpsc::unbounded_channel();
+    // The connection is driven here; notifications come out of it.
+    let driver = tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if heard.send(n.payload().to_string()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    let _abort = AbortOnDrop(driver);
+    let listen = format!("LISTEN {NOTIFY_CHANNEL}");
+    bounded(client.batch_execute(&listen)).await?;
+    // Notifications are per database; ours carry our schema's name.
+    let row = bounded(client.query_one("SELECT current_schema()", &[])).await?;
+    let schema: Option<String> = row.try_get(0).map_err(|e| describe(&e))?;
+    let schema = schema.unwrap_or_default();
+    let read_head = "SELECT position FROM aaa_head WHERE id = 1";
+    let mut tick = tokio::time::interval(POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            payload = notifications.recv() => match payload {
+                Some(payload) => {
+                    let ours = payload
+                        .rsplit_once(':')
+                        .filter(|(from, _)| *from == schema)
+                        .and_then(|(_, position)| position.parse::<u64>().ok());
+                    if let Some(position) = ours {
+                        durable.advance(position);
+                    }
+                }
+                None => return Err("the connection closed".into()),
+            },
+            _ = tick.tick() => {
+                let row = bounded(client.query_one(read_head, &[])).await?;
+                let position: i64 = row.try_get(0).map_err(|e| describe(&e))?;
+                durable.advance(position as u64);
+            }
+        }
+    }
+}
+
+/// A query, bounded in time.
+async fn bounded<T>(
+    query: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, String> {
+    tokio::time::timeout(CONNECT_TIMEOUT, query)
+        .await
+        .map_err(|_| "the database did not answer in time".to_string())?
+        .map_err(|e| describe(&e))
+}
+
+/// Stops the connection's driver when the listener lets go of it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,669 @@
+//! The PostgreSQL store: the only module that knows the `aaa_` tables. It
+//! owns the schema and its migrations (see [`schema`]), the connection
+//! settings and TLS (see [`connect`]), the group commit that makes an append
+//! durable before anyone is told about it (see [`committer`]), and the
+//! listener that hears other servers' commits (see [`listener`]).
+//!
+//! Durability: every commit transaction runs with `synchronous_commit` at
+//! least `on` (set in the transaction, so a pooled or pgbouncer connection
+//! cannot weaken it), and a batch is acknowledged only after its COMMIT
+//! answered. A COMMIT whose answer never came is reported as
+//! [`StoreError::Unavailable`], never as success.
+//!
+//! Positions: one head row (`aaa_head`) is locked `FOR UPDATE` by every
+//! commit, of this server or any other on the database; positions are
+//! given out under that lock and the row moves in the same transaction, so
+//! they are dense and in commit order, and a rolled-back batch gives its
+//! positions back. Readers only ever see committed, hence durable, rows.
+//!
+//! The durable position moves when this server's committer commits, when
+//! another server's commit NOTIFYs the `aaa_head` channel, and when the
+//! listener's poll (every second) or a read sees a higher position. LISTEN
+//! does not work through a transaction-pooling pgbouncer: there other
+//! servers' commits are seen by the poll alone, up to a second late.
+//!
+//! A database that is down makes calls fail in seconds with
+//! [`StoreError::Unavailable`] (every wait is bounded), `watch_writable`
+//! false until a commit succeeds again (the committer tries one every half
+//! second on its own), and nothing acknowledged is lost: it was committed.
+
+mod committer;
+mod connect;
+mod listener;
+mod schema;
+mod writes;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool, PoolError};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{
+    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, Result, RunId,
+    RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+};
+
+/// The channel commits NOTIFY with their new head position.
+const NOTIFY_CHANNEL: &str = "aaa_head";
+/// Longest a read waits for the database.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The PostgreSQL store. Cheap to clone.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    commits: mpsc::Sender<committer::Message>,
+    durable: Arc<Durable>,
+    writable: watch::Receiver<bool>,
+    token_key: [u8; 32],
+    /// Stops the listener.
+    stop: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The durable position, moved only forward, by whoever learns of a higher
+/// one.
+struct Durable {
+    position: AtomicU64,
+    watch: watch::Sender<u64>,
+}
+
+impl Durable {
+    fn advance(&self, to: u64) {
+        if self.position.fetch_max(to, Ordering::AcqRel) < to {
+            self.watch.send_if_modified(|current| {
+                let moved = to > *current;
+                if moved {
+                    *current = to;
+                }
+                moved
+            });
+        }
+    }
+}
+
+/// A database error's text: PostgreSQL's code and message when it said
+/// one, else what failed (the connection, a timeout). Never the password,
+/// which tokio-postgres errors do not carry.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => with_causes(e),
+    }
+}
+
+/// An error's text followed by its causes' (a TLS handshake failure says
+/// why only in its source).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(source) = cause {
+        let more = source.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = source.source();
+    }
+    text
+}
+
+/// Whether an error is the database's trouble (unreachable, shutting down,
+/// out of resources, read-only) rather than a statement's: such an error
+/// fails a whole round and makes the store unwritable until one succeeds.
+fn is_down(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return true;
+    };
+    let code = db.code().code();
+    // 25006: read-only transaction (a standby, after a failover).
+    code == "25006"
+        || ["08", "40", "53", "55", "57", "58", "XX"]
+            .iter()
+            .any(|class| code.starts_with(class))
+}
+
+/// A failed read or open.
+fn database_error(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Unavailable(format!("postgres: {}", describe(&e)))
+}
+
+fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Closed => StoreError::Closed,
+        PoolError::Backend(e) => database_error(e),
+        other => StoreError::Unavailable(format!("postgres: {}", with_causes(&other))),
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("postgres: {what}"))
+}
+
+impl PostgresStore {
+    /// Connects to the database `url` names, brings its schema up to date,
+    /// and starts the committer and the listener.
+    pub async fn open(url: &str) -> Result<PostgresStore> {
+        let target = connect::target(url)?;
+        let pool = connect::pool(&target)?;
+        let unreachable = |e: PoolError| {
+            StoreError::Unavailable(format!(
+                "cannot reach {}: {}",
+                target.shown,
+                with_causes(&e)
+            ))
+        };
+        let mut client = pool.get().await.map_err(unreachable)?;
+        let token_key = schema::prepare(&mut client).await?;
+        let head = read_head(&client).await?;
+        let (durable_tx, _) = watch::channel(head);
+        let durable = Arc::new(Durable {
+            position: AtomicU64::new(head),
+            watch: durable_tx,
+        });
+        let (writable_tx, writable) = watch::channel(true);
+        let (commits, messages) = mpsc::channel(4096);
+        let committer = committer::Committer {
+            pool: pool.clone(),
+            durable: durable.clone(),
+            writable: writable_tx,
+            connection: Some(client),
+        };
+        tokio::spawn(committer::run(committer, messages));
+        let stop = CancellationToken::new();
+        tokio::spawn(listener::run(
+            target.config.clone(),
+            target.tls.clone(),
+            durable.clone(),
+            stop.clone(),
+        ));
+        tracing::info!(
+            "store: PostgreSQL at {} (schema version {})",
+            target.shown,
+            schema::LATEST
+        );
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                commits,
+                durable,
+                writable,
+                token_key,
+                stop,
+            }),
+        })
+    }
+
+    /// A pooled connection, bounded in time by the pool's timeouts.
+    async fn client(&self) -> Result<Object> {
+        self.inner.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs one read; a connection that timed out is dropped, not pooled.
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let client = self.client().await?;
+        let read = async {
+            let statement = client.prepare_cached(sql).await?;
+            client.query(&statement, params).await
+        };
+        match tokio::time::timeout(QUERY_TIMEOUT, read).await {
+            Ok(rows) => rows.map_err(database_error),
+            Err(_) => {
+                drop(Object::take(client));
+                Err(StoreError::Unavailable(format!(
+                    "postgres: no answer within {QUERY_TIMEOUT:?}"
+                )))
+            }
+        }
+    }
+
+    async fn query_opt(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+        Ok(self.query(sql, params).await?.into_iter().next())
+    }
+
+    /// Events read: whatever is committed is durable, so the durable
+    /// position is at least the highest read.
+    fn events(&self, rows: Vec<Row>) -> Result<Vec<EventRecord>> {
+        let events = rows.iter().map(event).collect::<Result<Vec<_>>>()?;
+        if let Some(highest) = events.iter().map(|e| e.position).max() {
+            self.inner.durable.advance(highest);
+        }
+        Ok(events)
+    }
+}
+
+async fn read_head(client: &Object) -> Result<u64> {
+    let row = client
+        .query_one("SELECT position FROM aaa_head WHERE id = 1", &[])
+        .await
+        .map_err(database_error)?;
+    let position: i64 = row.try_get(0).map_err(database_error)?;
+    Ok(position as u64)
+}
+
+/// A `usize` limit as SQL's bigint.
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, column: usize) -> Result<T> {
+    row.try_get(column).map_err(corrupt)
+}
+
+fn labels(value: serde_json::Value) -> Result<BTreeMap<String, String>> {
+    serde_json::from_value(value).map_err(|e| corrupt(format!("labels: {e}")))
+}
+
+fn strings(value: serde_json::Value) -> Result<Vec<String>> {
+    serde_json::from_value(value).map_err(|e| corrupt(format!("a list of strings: {e}")))
+}
+
+const EVENT_COLUMNS: &str =
+    "position, run_id, seq, id, type, data, time_ms, actor_kind, actor_name";
+
+fn event(row: &Row) -> Result<EventRecord> {
+    Ok(EventRecord {
+        position: get::<i64>(row, 0)? as u64,
+        run_id: get::<Uuid>(row, 1)?.as_bytes().to_vec(),
+        seq: get::<i64>(row, 2)? as u64,
+        id: get(row, 3)?,
+        event_type: get(row, 4)?,
+        data_json: get(row, 5)?,
+        time_ms: get(row, 6)?,
+        actor_kind: get(row, 7)?,
+        actor_name: get(row, 8)?,
+    })
+}
+
+/// A run summary with its head: the newest event's seq and time.
+const RUN_SELECT: &str = "SELECT r.run_id, r.status, r.task, r.model, r.tools, r.labels, \
+    r.created_ms, r.updated_ms, r.deadline_ms, r.last_seq, r.result_json, r.error_type, \
+    r.error_message, r.started_by, h.seq, h.time_ms FROM aaa_runs r \
+    LEFT JOIN LATERAL (SELECT seq, time_ms FROM aaa_events e WHERE e.run_id = r.run_id \
+    ORDER BY seq DESC LIMIT 1) h ON true";
+
+fn run(row: &Row) -> Result<RunRecord> {
+    let head_seq: Option<i64> = get(row, 14)?;
+    let head_time: Option<i64> = get(row, 15)?;
+    let mut record = RunRecord {
+        run_id: get::<Uuid>(row, 0)?.as_bytes().to_vec(),
+        status: get(row, 1)?,
+        task: get(row, 2)?,
+        model: get(row, 3)?,
+        tools: strings(get(row, 4)?)?,
+        labels: labels(get(row, 5)?)?,
+        created_ms: get(row, 6)?,
+        updated_ms: get(row, 7)?,
+        deadline_ms: get(row, 8)?,
+        last_seq: get::<i64>(row, 9)? as u64,
+        result_json: get(row, 10)?,
+        error_type: get(row, 11)?,
+        error_message: get(row, 12)?,
+        started_by: get(row, 13)?,
+    };
+    if let (Some(seq), Some(time)) = (head_seq, head_time) {
+        record.last_seq = seq as u64;
+        record.updated_ms = time;
+    }
+    Ok(record)
+}
+
+const APPROVAL_COLUMNS: &str = "run_id, call_id, tool, arguments_json, arguments_sha256, \
+    requested_ms, expires_ms, labels, seq, task, position";
+
+fn approval(row: &Row) -> Result<ApprovalRecord> {
+    Ok(ApprovalRecord {
+        run_id: get::<Uuid>(row, 0)?.as_bytes().to_vec(),
+        call_id: get(row, 1)?,
+        tool: get(row, 2)?,
+        arguments_json: get(row, 3)?,
+        arguments_sha256: get(row, 4)?,
+        requested_ms: get(row, 5)?,
+        expires_ms: get(row, 6)?,
+        labels: labels(get(row, 7)?)?,
+        seq: get::<i64>(row, 8)? as u64,
+        task: get(row, 9)?,
+        position: get::<i64>(row, 10)? as u64,
+    })
+}
+
+fn group(row: &Row) -> Result<GroupRecord> {
+    Ok(GroupRecord {
+        name: get(row, 0)?,
+        event_types: strings(get(row, 1)?)?,
+        labels: labels(get(row, 2)?)?,
+        ack_timeout_ms: get::<i64>(row, 3)? as u64,
+        max_deliveries: u32::try_from(get::<i64>(row, 4)?).map_err(corrupt)?,
+        cursor: get::<i64>(row, 5)? as u64,
+        created_ms: get(row, 6)?,
+    })
+}
+
+fn dead_letter(row: &Row) -> Result<DeadLetterRecord> {
+    Ok(DeadLetterRecord {
+        position: get::<i64>(row, 0)? as u64,
+        run_id: get(row, 1)?,
+        seq: get::<i64>(row, 2)? as u64,
+        deliveries: u32::try_from(get::<i64>(row, 3)?).map_err(corrupt)?,
+        last_error: get(row, 4)?,
+        dead_ms: get(row, 5)?,
+        replaying: get(row, 6)?,
+    })
+}
+
+fn run_id(row: &Row, column: usize) -> Result<RunId> {
+    let id: Uuid = get(row, column)?;
+    RunId::from_slice(id.as_bytes()).ok_or_else(|| corrupt("a bad run id"))
+}
+
+#[async_trait::async_trait]
+impl super::Store for PostgresStore {
+    async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
+        let (reply, answer) = oneshot::channel();
+        let request = committer::Request { batch, reply };
+        self.inner
+            .commits
+            .send(committer::Message::Commit(request))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn close(&self) {
+        let (done, closed) = oneshot::channel();
+        if self
+            .inner
+            .commits
+            .send(committer::Message::Close(done))
+            .await
+            .is_ok()
+        {
+            let _ = closed.await;
+        }
+        self.inner.stop.cancel();
+    }
+
+    fn token_key(&self) -> [u8; 32] {
+        self.inner.token_key
+    }
+
+    fn watch_writable(&self) -> watch::Receiver<bool> {
+        self.inner.writable.clone()
+    }
+
+    fn durable_position(&self) -> u64 {
+        self.inner.durable.position.load(Ordering::Acquire)
+    }
+
+    fn watch_durable(&self) -> watch::Receiver<u64> {
+        self.inner.durable.watch.subscribe()
+    }
+
+    async fn run_events(
+        &self,
+        run: RunId,
+        after_seq: u64,
+        limit_: usize,
+    ) -> Result<Vec<EventRecord>> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM aaa_events WHERE run_id = $1 AND seq > $2 \
+             ORDER BY seq LIMIT $3"
+        );
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        let rows = self
+            .query(&sql, &[&run.as_uuid(), &after, &limit(limit_)])
+            .await?;
+        self.events(rows)
+    }
+
+    async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
+        let sql = format!("SELECT {EVENT_COLUMNS} FROM aaa_events WHERE run_id = $1 AND seq = $2");
+        let Ok(seq) = i64::try_from(seq) else {
+            return Ok(None);
+        };
+        let rows = self.query(&sql, &[&run.as_uuid(), &seq]).await?;
+        Ok(self.events(rows)?.into_iter().next())
+    }
+
+    async fn log_after(&self, after: u64, limit_: usize) -> Result<Vec<EventRecord>> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM aaa_events WHERE position > $1 ORDER BY position LIMIT $2"
+        );
+        let Ok(after) = i64::try_from(after) else {
+            return Ok(Vec::new());
+        };
+        let rows = self.query(&sql, &[&after, &limit(limit_)]).await?;
+        self.events(rows)
+    }
+
+    async fn run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        let sql = format!("{RUN_SELECT} WHERE r.run_id = $1");
+        self.query_opt(&sql, &[&id.as_uuid()])
+            .await?
+            .as_ref()
+            .map(run)
+            .transpose()
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>> {
+        // started_by: the summary's, or (when it has none) the client that
+        // appended the run's first event, as the embedded store reads it.
+        let sql = format!(
+            "{RUN_SELECT} WHERE ($1::uuid IS NULL OR r.run_id < $1) \
+             AND ($2::int = 0 OR r.status = $2) AND r.labels @> $3::jsonb \
+             AND ($4::text IS NULL OR $4 = CASE WHEN r.started_by <> '' THEN r.started_by \
+             ELSE coalesce((SELECT CASE WHEN e.actor_kind = $6 THEN e.actor_name ELSE '' END \
+             FROM aaa_events e WHERE e.run_id = r.run_id ORDER BY e.seq LIMIT 1), '') END) \
+             ORDER BY r.run_id DESC LIMIT $5"
+        );
+        let client_kind = crate::proto::ActorKind::Client as i32;
+        let rows = self
+            .query(
+                &sql,
+                &[
+                    &query.before.map(|r| r.as_uuid()),
+                    &query.status,
+                    &writes::labels_json(&query.labels),
+                    &query.started_by,
+                    &limit(query.limit),
+                    &client_kind,
+                ],
+            )
+            .await?;
+        rows.iter().map(run).collect()
+    }
+
+    async fn run_approvals(&self, id: RunId) -> Result<Vec<ApprovalRecord>> {
+        let sql = format!(
+            "SELECT {APPROVAL_COLUMNS} FROM aaa_approvals WHERE run_id = $1 ORDER BY call_id"
+        );
+        let rows = self.query(&sql, &[&id.as_uuid()]).await?;
+        rows.iter().map(approval).collect()
+    }
+
+    async fn approvals(&self, query: &ApprovalQuery) -> Result<Vec<ApprovalRecord>> {
+        let sql = format!(
+            "SELECT {APPROVAL_COLUMNS} FROM aaa_approvals \
+             WHERE ($1::uuid IS NULL OR (run_id, call_id) > ($1::uuid, $2::text COLLATE \"C\")) \
+             AND ($3::uuid IS NULL OR run_id = $3) AND ($4::text = '' OR tool = $4) \
+             AND labels @> $5::jsonb AND ($6::bigint IS NULL OR position <= $6) \
+             ORDER BY run_id, call_id LIMIT $7"
+        );
+        let (after_run, after_call) = match &query.after {
+            Some((run, call)) => (Some(run.as_uuid()), call.clone()),
+            None => (None, String::new()),
+        };
+        let at_or_below = query
+            .at_or_below
+            .map(|p| i64::try_from(p).unwrap_or(i64::MAX));
+        let rows = self
+            .query(
+                &sql,
+                &[
+                    &after_run,
+                    &after_call,
+                    &query.run.map(|r| r.as_uuid()),
+                    &query.tool,
+                    &writes::labels_json(&query.labels),
+                    &at_or_below,
+                    &limit(query.limit),
+                ],
+            )
+            .await?;
+        rows.iter().map(approval).collect()
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunId>> {
+        let rows = self
+            .query("SELECT run_id FROM aaa_active ORDER BY run_id", &[])
+            .await?;
+        rows.iter().map(|row| run_id(row, 0)).collect()
+    }
+
+    async fn next_timer(&self) -> Result<Option<Timer>> {
+        let row = self
+            .query_opt(
+                "SELECT due_ms, run_id, name FROM aaa_timers ORDER BY due_ms, run_id, name LIMIT 1",
+                &[],
+            )
+            .await?;
+        match row {
+            None => Ok(None),
+            Some(row) => Ok(Some(Timer {
+                due_ms: get(&row, 0)?,
+                run: run_id(&row, 1)?,
+                name: get(&row, 2)?,
+            })),
+        }
+    }
+
+    async fn tool(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let row = self
+            .query_opt("SELECT definition FROM aaa_tools WHERE name = $1", &[&name])
+            .await?;
+        row.map(|row| get(&row, 0)).transpose()
+    }
+
+    async fn request(&self, scope: &[u8], request_id: &str) -> Result<Option<Vec<u8>>> {
+        let row = self
+            .query_opt(
+                "SELECT answer FROM aaa_requests WHERE scope = $1 AND request_id = $2",
+                &[&scope, &request_id],
+            )
+            .await?;
+        row.map(|row| get(&row, 0)).transpose()
+    }
+
+    async fn group(&self, name: &str) -> Result<Option<GroupRecord>> {
+        let row = self
+            .query_opt(
+                "SELECT name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, \
+                 created_ms FROM aaa_groups WHERE name = $1",
+                &[&name],
+            )
+            .await?;
+        row.as_ref().map(group).transpose()
+    }
+
+    async fn dead_letters(
+        &self,
+        group_name: &str,
+        after: u64,
+        limit_: usize,
+    ) -> Result<Vec<DeadLetterRecord>> {
+        let Ok(after) = i64::try_from(after) else {
+            return Ok(Vec::new());
+        };
+        let rows = self
+            .query(
+                "SELECT position, run_id, seq, deliveries, last_error, dead_ms, replaying \
+                 FROM aaa_dead_letters WHERE group_name = $1 AND position > $2 \
+                 ORDER BY position LIMIT $3",
+                &[&group_name, &after, &limit(limit_)],
+            )
+            .await?;
+        rows.iter().map(dead_letter).collect()
+    }
+
+    async fn list_timers(&self) -> Result<Vec<Timer>> {
+        let rows = self
+            .query(
+                "SELECT due_ms, run_id, name FROM aaa_timers ORDER BY due_ms, run_id, name",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Timer {
+                    due_ms: get(row, 0)?,
+                    run: run_id(row, 1)?,
+                    name: get(row, 2)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_tools(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let rows = self
+            .query("SELECT name, definition FROM aaa_tools ORDER BY name", &[])
+            .await?;
+        rows.iter()
+            .map(|row| Ok((get(row, 0)?, get(row, 1)?)))
+            .collect()
+    }
+
+    async fn list_requests(
+        &self,
+        after: Option<(Vec<u8>, String)>,
+        limit_: usize,
+    ) -> Result<Vec<(Vec<u8>, String, Vec<u8>)>> {
+        let rows = match after {
+            Some((scope, request_id)) => {
+                self.query(
+                    "SELECT scope, request_id, answer FROM aaa_requests \
+                     WHERE (scope, request_id) > ($1, $2) \
+                     ORDER BY scope, request_id LIMIT $3",
+                    &[&scope, &request_id, &limit(limit_)],
+                )
+                .await?
+            }
+            None => {
+                self.query(
+                    "SELECT scope, request_id, answer FROM aaa_requests \
+                     ORDER BY scope, request_id LIMIT $1",
+                    &[&limit(limit_)],
+                )
+                .await?
+            }
+        };
+        rows.iter()
+            .map(|row| Ok((get(row, 0)?, get(row, 1)?, get(row, 2)?)))
+            .collect()
+    }
+
+    async fn list_groups(&self) -> Result<Vec<GroupRecord>> {
+        let rows = self
+            .query(
+                "SELECT name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, \
+                 created_ms FROM aaa_groups ORDER BY name",
+                &[],
+            )
+            .await?;
+        rows.iter().map(group).collect()
+    }
+}

@@ -1,0 +1,1104 @@
+//! The PostgreSQL store against a real PostgreSQL, and the store contract
+//! both backends keep (checked once, run on each).
+//!
+//! Tests that need PostgreSQL read its admin URL from `AAA_TEST_POSTGRES`
+//! (`.ci/postgres start DIR` prints one) and say they skip when it is unset.
+//! Each makes its own database and drops it at the end. The crash test
+//! makes a cluster of its own, since it stops and starts it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aaa::store::embedded::EmbeddedStore;
+use aaa::store::postgres::PostgresStore;
+use aaa::store::Store as _;
+use aaa::store::{
+    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, RunId, RunQuery,
+    RunRecord, SharedStore, StoreError, WriteBatch,
+};
+
+use aaa::proto::ListApprovalsRequest;
+
+use crate::support::*;
+
+// ------------------------------------------------------------- databases
+
+/// The admin URL, or None (said) when the tests are to skip.
+fn admin_url(test: &str) -> Option<String> {
+    match std::env::var("AAA_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!(
+                "skipped {test}: set AAA_TEST_POSTGRES to a PostgreSQL admin URL \
+                 (`.ci/postgres start DIR` prints one)"
+            );
+            None
+        }
+    }
+}
+
+async fn admin(url: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test PostgreSQL: {e}"));
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    drop(client);
+    let _ = driver.await;
+}
+
+/// A database of its own for one test.
+struct TestDb {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl TestDb {
+    async fn create(test: &str) -> Option<TestDb> {
+        let admin_url = admin_url(test)?;
+        Some(Self::create_on(&admin_url).await)
+    }
+
+    async fn create_on(admin_url: &str) -> TestDb {
+        let name = format!("aaa_test_{}", uuid::Uuid::new_v4().simple());
+        admin(admin_url, &format!("CREATE DATABASE {name}")).await;
+        let (base, _) = admin_url
+            .split('?')
+            .next()
+            .and_then(|u| u.rsplit_once('/'))
+            .expect("the admin URL names a database");
+        TestDb {
+            admin: admin_url.to_string(),
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    async fn open(&self) -> SharedStore {
+        Arc::new(PostgresStore::open(&self.url).await.expect("open"))
+    }
+
+    async fn sql(&self, sql: &str) {
+        admin(&self.url, sql).await;
+    }
+
+    async fn drop(self) {
+        admin(
+            &self.admin,
+            &format!("DROP DATABASE {} WITH (FORCE)", self.name),
+        )
+        .await;
+    }
+}
+
+fn embedded() -> (tempfile::TempDir, SharedStore) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(dir.path(), 1 << 20).expect("open");
+    (dir, Arc::new(store))
+}
+
+// ---------------------------------------------------------------- records
+
+fn event(run: RunId, seq: u64, ty: &str) -> EventRecord {
+    EventRecord {
+        run_id: run.as_bytes().to_vec(),
+        seq,
+        position: 0,
+        id: uuid::Uuid::new_v4().as_bytes().to_vec(),
+        event_type: ty.into(),
+        data_json: format!(r#"{{"amount":250,"big":12345678901234567890,"seq":{seq}}}"#),
+        time_ms: 1_000 + seq as i64,
+        actor_kind: 3,
+        actor_name: "alice".into(),
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn run_record(run: RunId, status: i32, team: &str, started_by: &str) -> RunRecord {
+    RunRecord {
+        run_id: run.as_bytes().to_vec(),
+        status,
+        task: format!("task of {team}"),
+        model: "scripted".into(),
+        tools: vec!["wire_money".into(), "lookup".into()],
+        labels: labels(&[("team", team), ("env", "test")]),
+        created_ms: 42,
+        updated_ms: 43,
+        deadline_ms: 9_000,
+        last_seq: 0,
+        result_json: r#"{"text":"ok"}"#.into(),
+        error_type: String::new(),
+        error_message: String::new(),
+        started_by: started_by.into(),
+    }
+}
+
+fn approval(run: RunId, call_id: &str, tool: &str, seq: u64) -> ApprovalRecord {
+    ApprovalRecord {
+        run_id: run.as_bytes().to_vec(),
+        call_id: call_id.into(),
+        tool: tool.into(),
+        arguments_json: r#"{"amount":250,"to":"ACME"}"#.into(),
+        arguments_sha256: "ab".repeat(32),
+        requested_ms: 77,
+        expires_ms: 0,
+        labels: labels(&[("team", "a")]),
+        seq,
+        task: "Pay ACME $250".into(),
+        position: 0,
+    }
+}
+
+fn group(cursor: u64) -> GroupRecord {
+    GroupRecord {
+        name: "acme.notify".into(),
+        event_types: vec!["aaa.approval.requested".into(), "app.*".into()],
+        labels: labels(&[("team", "a")]),
+        ack_timeout_ms: 30_000,
+        max_deliveries: 5,
+        cursor,
+        created_ms: 7,
+    }
+}
+
+fn letter(run: RunId, position: u64) -> DeadLetterRecord {
+    DeadLetterRecord {
+        run_id: run.as_bytes().to_vec(),
+        seq: 1,
+        position,
+        deliveries: 5,
+        last_error: "webhook said 500".into(),
+        dead_ms: 99,
+        replaying: false,
+    }
+}
+
+fn seqs(events: &[EventRecord]) -> Vec<u64> {
+    events.iter().map(|e| e.seq).collect()
+}
+
+fn ids(runs: &[RunRecord]) -> Vec<RunId> {
+    runs.iter()
+        .map(|r| RunId::from_slice(&r.run_id).expect("a run id"))
+        .collect()
+}
+
+fn calls(approvals: &[ApprovalRecord]) -> Vec<&str> {
+    approvals.iter().map(|a| a.call_id.as_str()).collect()
+}
+
+// ------------------------------------------------------- the contract
+
+/// Every op and every query, with what each backend must answer.
+async fn round_trip_every_op_and_query(store: &SharedStore) {
+    let start = store.durable_position();
+    let mut durable = store.watch_durable();
+    let a = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.put_run(&run_record(a, 1, "a", "alice"));
+    batch.push_event(event(a, 1, "aaa.run.started"));
+    batch.push_event(event(a, 2, "aaa.llm.requested"));
+    batch.set_active(a, true);
+    batch.put_timer(500, a, "deadline");
+    batch.put_timer(200, a, "approval:c1");
+    batch.put_tool("wire_money", b"definition".to_vec());
+    batch.put_request(b"scope\x00\xff", "req-1", b"answer".to_vec());
+    batch.put_group(&group(0));
+    batch.put_dead_letter("acme.notify", &letter(a, 1));
+    batch.put_dead_letter("acme.notify", &letter(a, 2));
+    let written = batch.events().to_vec();
+    let positions = store.commit(batch).await.expect("commit");
+    assert_eq!(positions, [start + 1, start + 2]);
+    assert_eq!(store.durable_position(), start + 2);
+    assert_eq!(*durable.borrow_and_update(), start + 2);
+
+    // Events come back exactly, positions filled in.
+    let events = store.run_events(a, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 2);
+    for (read, (mut sent, position)) in events.iter().zip(written.into_iter().zip(&positions)) {
+        sent.position = *position;
+        assert_eq!(*read, sent);
+    }
+    assert_eq!(seqs(&store.run_events(a, 1, 10).await.unwrap()), [2]);
+    assert_eq!(seqs(&store.run_events(a, 0, 1).await.unwrap()), [1]);
+    assert_eq!(store.event(a, 2).await.unwrap(), Some(events[1].clone()));
+    assert_eq!(store.event(a, 3).await.unwrap(), None);
+    assert_eq!(store.log_after(start, 10).await.unwrap(), events);
+    assert_eq!(store.log_after(start + 1, 10).await.unwrap(), events[1..]);
+    assert!(store.log_after(start + 2, 10).await.unwrap().is_empty());
+
+    // The summary with its head: the newest event's seq and time.
+    let read = store.run(a).await.unwrap().expect("run a");
+    let mut expected = run_record(a, 1, "a", "alice");
+    expected.last_seq = 2;
+    expected.updated_ms = 1_002;
+    assert_eq!(read, expected);
+    assert_eq!(store.run(RunId::new()).await.unwrap(), None);
+
+    assert_eq!(store.active_runs().await.unwrap(), [a]);
+    let timer = store.next_timer().await.unwrap().expect("a timer");
+    assert_eq!(
+        (timer.due_ms, timer.run, timer.name.as_str()),
+        (200, a, "approval:c1")
+    );
+    assert_eq!(
+        store.tool("wire_money").await.unwrap().as_deref(),
+        Some(&b"definition"[..])
+    );
+    assert_eq!(store.tool("other").await.unwrap(), None);
+    assert_eq!(
+        store
+            .request(b"scope\x00\xff", "req-1")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"answer"[..])
+    );
+    assert_eq!(store.request(b"scope", "req-1").await.unwrap(), None);
+    assert_eq!(store.group("acme.notify").await.unwrap(), Some(group(0)));
+    assert_eq!(store.group("other").await.unwrap(), None);
+    let letters = store.dead_letters("acme.notify", 0, 10).await.unwrap();
+    assert_eq!(letters, [letter(a, 1), letter(a, 2)]);
+    assert_eq!(
+        store.dead_letters("acme.notify", 1, 10).await.unwrap(),
+        [letter(a, 2)]
+    );
+    assert_eq!(
+        store.dead_letters("acme.notify", 0, 1).await.unwrap(),
+        [letter(a, 1)]
+    );
+
+    // Approvals: positions filled in from the batch's event of their seq.
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(a, 3, "aaa.approval.requested"));
+    batch.push_event(event(a, 4, "aaa.approval.requested"));
+    batch.put_approval(&approval(a, "c2", "wire_money", 3));
+    batch.put_approval(&approval(a, "c1", "lookup", 4));
+    // Put, then deleted in the same batch: the last change wins.
+    batch.put_approval(&approval(a, "c0", "lookup", 4));
+    batch.delete_approval(a, "c0");
+    let at = store.commit(batch).await.expect("commit approvals");
+    assert_eq!(at, [start + 3, start + 4]);
+    let pending = store.run_approvals(a).await.unwrap();
+    assert_eq!(calls(&pending), ["c1", "c2"]);
+    assert_eq!(pending[0].position, start + 4);
+    assert_eq!(pending[1].position, start + 3);
+    let mut c2 = approval(a, "c2", "wire_money", 3);
+    c2.position = start + 3;
+    assert_eq!(pending[1], c2);
+
+    // A second run, newer.
+    let b = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.put_run(&run_record(b, 2, "b", "bob"));
+    batch.push_event(event(b, 1, "aaa.run.started"));
+    batch.put_approval(&approval(b, "c1", "wire_money", 1));
+    store.commit(batch).await.expect("commit b");
+
+    let all = RunQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    let (a_id, b_id) = (a.as_bytes().to_vec(), b.as_bytes().to_vec());
+    assert_eq!(ids(&store.list_runs(&all).await.unwrap()), [b, a]);
+    let listed = store.list_runs(&all).await.unwrap();
+    assert_eq!(listed[1], expected_with_head(&expected, 4, 1_004));
+    let query = |f: &dyn Fn(&mut RunQuery)| {
+        let mut q = all.clone();
+        f(&mut q);
+        q
+    };
+    let page = query(&|q| q.limit = 1);
+    assert_eq!(ids(&store.list_runs(&page).await.unwrap()), [b]);
+    let next = query(&|q| q.before = Some(b));
+    assert_eq!(ids(&store.list_runs(&next).await.unwrap()), [a]);
+    let status = query(&|q| q.status = 2);
+    assert_eq!(ids(&store.list_runs(&status).await.unwrap()), [b]);
+    let team = query(&|q| q.labels = labels(&[("team", "a"), ("env", "test")]));
+    assert_eq!(ids(&store.list_runs(&team).await.unwrap()), [a]);
+    let nobody = query(&|q| q.labels = labels(&[("team", "c")]));
+    assert!(store.list_runs(&nobody).await.unwrap().is_empty());
+    let bob = query(&|q| q.started_by = Some("bob".into()));
+    assert_eq!(ids(&store.list_runs(&bob).await.unwrap()), [b]);
+
+    let every = ApprovalQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    let approvals = |f: &dyn Fn(&mut ApprovalQuery)| {
+        let mut q = every.clone();
+        f(&mut q);
+        q
+    };
+    let keys = |list: Vec<ApprovalRecord>| {
+        list.into_iter()
+            .map(|a| (a.run_id, a.call_id))
+            .collect::<Vec<_>>()
+    };
+    let key = |run: &[u8], call: &str| (run.to_vec(), call.to_string());
+    let mut in_order = vec![key(&a_id, "c1"), key(&a_id, "c2"), key(&b_id, "c1")];
+    in_order.sort();
+    assert_eq!(keys(store.approvals(&every).await.unwrap()), in_order);
+    let after_first = approvals(&|q| {
+        q.after = Some((
+            RunId::from_slice(&in_order[0].0).unwrap(),
+            in_order[0].1.clone(),
+        ))
+    });
+    assert_eq!(
+        keys(store.approvals(&after_first).await.unwrap()),
+        in_order[1..]
+    );
+    let of_a = approvals(&|q| q.run = Some(a));
+    assert_eq!(
+        keys(store.approvals(&of_a).await.unwrap()),
+        [key(&a_id, "c1"), key(&a_id, "c2")]
+    );
+    let of_a_after_c1 = approvals(&|q| {
+        q.run = Some(a);
+        q.after = Some((a, "c1".into()));
+    });
+    assert_eq!(
+        keys(store.approvals(&of_a_after_c1).await.unwrap()),
+        [key(&a_id, "c2")]
+    );
+    let wire = approvals(&|q| q.tool = "wire_money".into());
+    let mut wired = vec![key(&a_id, "c2"), key(&b_id, "c1")];
+    wired.sort();
+    assert_eq!(keys(store.approvals(&wire).await.unwrap()), wired);
+    let below = approvals(&|q| q.at_or_below = Some(start + 3));
+    assert_eq!(
+        keys(store.approvals(&below).await.unwrap()),
+        [key(&a_id, "c2")]
+    );
+    let labelled = approvals(&|q| q.labels = labels(&[("team", "z")]));
+    assert!(store.approvals(&labelled).await.unwrap().is_empty());
+    let one = approvals(&|q| q.limit = 1);
+    assert_eq!(store.approvals(&one).await.unwrap().len(), 1);
+
+    // Deletions, and an ops-only batch.
+    let before = store.durable_position();
+    let mut batch = WriteBatch::default();
+    batch.delete_approval(a, "c1");
+    batch.set_active(a, false);
+    batch.delete_timer(200, a, "approval:c1");
+    batch.delete_dead_letter("acme.notify", 1);
+    batch.put_group(&group(before));
+    assert_eq!(
+        store.commit(batch).await.expect("ops only"),
+        Vec::<u64>::new()
+    );
+    assert_eq!(store.durable_position(), before);
+    assert_eq!(calls(&store.run_approvals(a).await.unwrap()), ["c2"]);
+    assert!(store.active_runs().await.unwrap().is_empty());
+    assert_eq!(
+        store.next_timer().await.unwrap().map(|t| t.due_ms),
+        Some(500)
+    );
+    assert_eq!(
+        store.dead_letters("acme.notify", 0, 10).await.unwrap(),
+        [letter(a, 2)]
+    );
+    assert_eq!(
+        store.group("acme.notify").await.unwrap(),
+        Some(group(before))
+    );
+
+    // A stale expected seq is refused whole.
+    let mut stale = WriteBatch::default();
+    stale.push_event(event(a, 3, "app.late"));
+    stale.put_tool("late", b"x".to_vec());
+    match store.commit(stale).await {
+        Err(StoreError::Conflict {
+            run,
+            expected,
+            actual,
+        }) => assert_eq!((run, expected, actual), (a, 2, 4)),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(store.tool("late").await.unwrap(), None);
+    assert_eq!(store.durable_position(), before);
+    assert_eq!(
+        seqs(&store.run_events(a, 0, 10).await.unwrap()),
+        [1, 2, 3, 4]
+    );
+}
+
+fn expected_with_head(record: &RunRecord, last_seq: u64, updated_ms: i64) -> RunRecord {
+    let mut record = record.clone();
+    record.last_seq = last_seq;
+    record.updated_ms = updated_ms;
+    record
+}
+
+/// 64 writers, each appending to its own run: every position is used once,
+/// with no gap, in commit order. Returns commits per second.
+async fn positions_dense_under_concurrent_writers(store: &SharedStore) -> f64 {
+    const WRITERS: usize = 64;
+    const COMMITS: u64 = 30;
+    let start = store.durable_position();
+    let began = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..WRITERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let run = RunId::new();
+            let mut seen = Vec::new();
+            for seq in 1..=COMMITS {
+                let mut batch = WriteBatch::default();
+                batch.push_event(event(run, seq, "app.load"));
+                batch.set_active(run, seq % 2 == 0);
+                let positions = store.commit(batch).await.expect("commit");
+                // A later commit of one writer is later in the log.
+                assert!(seen.last().is_none_or(|&last| positions[0] > last));
+                seen.extend(positions);
+            }
+            (run, seen)
+        }));
+    }
+    let mut by_position = HashMap::new();
+    for task in tasks {
+        let (run, positions) = task.await.expect("writer");
+        for (i, position) in positions.into_iter().enumerate() {
+            assert!(by_position.insert(position, (run, i as u64 + 1)).is_none());
+        }
+    }
+    let elapsed = began.elapsed().as_secs_f64();
+    let total = WRITERS as u64 * COMMITS;
+    let mut positions: Vec<u64> = by_position.keys().copied().collect();
+    positions.sort_unstable();
+    assert_eq!(positions, (start + 1..=start + total).collect::<Vec<_>>());
+    assert_eq!(store.durable_position(), start + total);
+    // The log reads back in position order, each event where it was put.
+    let log = store.log_after(start, total as usize).await.unwrap();
+    assert_eq!(log.len() as u64, total);
+    for (i, event) in log.iter().enumerate() {
+        assert_eq!(event.position, start + 1 + i as u64);
+        let (run, seq) = by_position[&event.position];
+        assert_eq!(
+            (event.run_id.as_slice(), event.seq),
+            (&run.as_bytes()[..], seq)
+        );
+    }
+    total as f64 / elapsed
+}
+
+/// Writers racing to append to one run: one wins each seq, the others get
+/// a conflict naming the winner's seq, and the history never forks.
+async fn racing_writers_conflict_and_never_fork(store: &SharedStore) {
+    const WRITERS: usize = 8;
+    const TARGET: u64 = 40;
+    let run = RunId::new();
+    let wins = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for writer in 0..WRITERS {
+        let (store, wins) = (store.clone(), wins.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut last = 0;
+            let mut conflicts = 0;
+            while last < TARGET {
+                let mut batch = WriteBatch::default();
+                let mut e = event(run, last + 1, "app.race");
+                e.actor_name = format!("writer-{writer}");
+                batch.push_event(e);
+                match store.commit(batch).await {
+                    Ok(_) => {
+                        last += 1;
+                        wins.lock().unwrap().push((last, writer));
+                    }
+                    Err(StoreError::Conflict {
+                        run: r,
+                        expected,
+                        actual,
+                    }) => {
+                        assert_eq!((r, expected), (run, last));
+                        assert!(actual > last, "{actual} > {last}");
+                        last = actual;
+                        conflicts += 1;
+                    }
+                    Err(e) => panic!("unexpected: {e}"),
+                }
+            }
+            conflicts
+        }));
+    }
+    let mut conflicts = 0;
+    for task in tasks {
+        conflicts += task.await.expect("writer");
+    }
+    let events = store.run_events(run, 0, 1_000).await.unwrap();
+    assert_eq!(seqs(&events), (1..=TARGET).collect::<Vec<_>>());
+    let mut wins = wins.lock().unwrap().clone();
+    wins.sort();
+    assert_eq!(wins.len() as u64, TARGET, "one win per seq");
+    for ((seq, writer), event) in wins.iter().zip(&events) {
+        assert_eq!(event.seq, *seq);
+        assert_eq!(event.actor_name, format!("writer-{writer}"));
+    }
+    assert!(conflicts > 0, "the writers never raced");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_embedded_store_keeps_the_store_contract() {
+    let (_dir, store) = embedded();
+    round_trip_every_op_and_query(&store).await;
+    positions_dense_under_concurrent_writers(&store).await;
+    racing_writers_conflict_and_never_fork(&store).await;
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_postgres_store_keeps_the_store_contract() {
+    let Some(db) = TestDb::create("the_postgres_store_keeps_the_store_contract").await else {
+        return;
+    };
+    let store = db.open().await;
+    round_trip_every_op_and_query(&store).await;
+    let rate = positions_dense_under_concurrent_writers(&store).await;
+    eprintln!("postgres: {rate:.0} commits/s with 64 concurrent writers");
+    racing_writers_conflict_and_never_fork(&store).await;
+    store.close().await;
+    let refused = store.commit(WriteBatch::default()).await;
+    assert!(matches!(refused, Err(StoreError::Closed)), "{refused:?}");
+    db.drop().await;
+}
+
+/// Figures: commits per second with 64 writers (more of them than the
+/// contract test makes) and one writer's commit latency.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_commit_figures() {
+    let Some(db) = TestDb::create("postgres_commit_figures").await else {
+        return;
+    };
+    let store = db.open().await;
+    let mut rates = Vec::new();
+    for _ in 0..3 {
+        rates.push(positions_dense_under_concurrent_writers(&store).await);
+    }
+    let run = RunId::new();
+    let mut latencies = Vec::new();
+    for seq in 1..=300 {
+        let mut batch = WriteBatch::default();
+        batch.push_event(event(run, seq, "app.one"));
+        let began = Instant::now();
+        store.commit(batch).await.expect("commit");
+        latencies.push(began.elapsed());
+    }
+    latencies.sort();
+    let mut reads = Vec::new();
+    for _ in 0..300 {
+        let began = Instant::now();
+        store.run_events(run, 290, 10).await.expect("read");
+        reads.push(began.elapsed());
+    }
+    reads.sort();
+    eprintln!(
+        "postgres: 64 writers {:?} commits/s; one writer p50 {:?} p99 {:?}; a read p50 {:?}",
+        rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 99 / 100],
+        reads[reads.len() / 2],
+    );
+    store.close().await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_refused_batch_in_a_round_fails_alone() {
+    let Some(db) = TestDb::create("one_refused_batch_in_a_round_fails_alone").await else {
+        return;
+    };
+    let store = db.open().await;
+    for _ in 0..5 {
+        let start = store.durable_position();
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let run = RunId::new();
+                let mut batch = WriteBatch::default();
+                let mut first = event(run, 1, "app.round");
+                match i {
+                    // PostgreSQL refuses a NUL in text.
+                    10 => first.actor_name = "nul\u{0}".into(),
+                    // Two events with one seq: the unique (run, seq) index
+                    // refuses what the expected-seq check let through.
+                    20 => batch.push_event(event(run, 1, "app.twin")),
+                    _ => {}
+                }
+                batch.push_event(first);
+                batch.put_tool(&format!("tool-{run}"), vec![1]);
+                (i, run, store.commit(batch).await)
+            }));
+        }
+        let mut committed = 0;
+        for task in tasks {
+            let (i, run, result) = task.await.expect("writer");
+            match (i, result) {
+                (10, Err(StoreError::Unavailable(cause))) => {
+                    assert!(cause.contains("refused"), "{cause}")
+                }
+                (20, Err(StoreError::Conflict { run: r, .. })) => assert_eq!(r, run),
+                (10 | 20, other) => panic!("batch {i}: {other:?}"),
+                (_, Ok(positions)) => {
+                    committed += 1;
+                    assert_eq!(positions.len(), 1);
+                    assert!(store.tool(&format!("tool-{run}")).await.unwrap().is_some());
+                }
+                (_, Err(e)) => panic!("a good batch failed: {e}"),
+            }
+        }
+        assert_eq!(committed, 62);
+        // The refused batches' positions went to others: no gap.
+        let log = store.log_after(start, 100).await.unwrap();
+        let positions: Vec<u64> = log.iter().map(|e| e.position).collect();
+        assert_eq!(positions, (start + 1..=start + 62).collect::<Vec<_>>());
+        assert_eq!(store.durable_position(), start + 62);
+        assert!(*store.watch_writable().borrow());
+    }
+    store.close().await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reopened_store_keeps_everything_and_its_token_key() {
+    let Some(db) = TestDb::create("a_reopened_store_keeps_everything_and_its_token_key").await
+    else {
+        return;
+    };
+    // Two servers starting at once agree on the schema and the key.
+    let (first, second) = tokio::join!(PostgresStore::open(&db.url), PostgresStore::open(&db.url));
+    let (first, second): (SharedStore, SharedStore) = (
+        Arc::new(first.expect("open")),
+        Arc::new(second.expect("open")),
+    );
+    assert_eq!(first.token_key(), second.token_key());
+    let key = first.token_key();
+    let run = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.put_run(&run_record(run, 1, "a", "alice"));
+    batch.push_event(event(run, 1, "aaa.run.started"));
+    batch.set_active(run, true);
+    let positions = first.commit(batch).await.expect("commit");
+
+    // The other server hears of the commit (NOTIFY, or the poll).
+    let mut heard = second.watch_durable();
+    tokio::time::timeout(WAIT, heard.wait_for(|p| *p >= positions[0]))
+        .await
+        .expect("the second store never heard of the commit")
+        .expect("watch");
+    first.close().await;
+    second.close().await;
+    drop((first, second));
+
+    let store = db.open().await;
+    assert_eq!(store.token_key(), key);
+    assert_eq!(store.durable_position(), positions[0]);
+    assert_eq!(store.active_runs().await.unwrap(), [run]);
+    assert_eq!(seqs(&store.run_events(run, 0, 10).await.unwrap()), [1]);
+    assert_eq!(
+        store.run(run).await.unwrap().expect("run").task,
+        "task of a"
+    );
+    store.close().await;
+    db.drop().await;
+}
+
+/// Two deployments in two schemas of one database (`search_path` in the
+/// URL; aaa creates the schema): each keeps its own positions, and one's
+/// commits never move the other's durable position, though both hear the
+/// same NOTIFY channel.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_schemas_of_one_database_stay_apart() {
+    let Some(db) = TestDb::create("two_schemas_of_one_database_stay_apart").await else {
+        return;
+    };
+    let in_schema = |name: &str| format!("{}?options=-csearch_path%3D{name}", db.url);
+    let a: SharedStore = Arc::new(
+        PostgresStore::open(&in_schema("team_a"))
+            .await
+            .expect("open a"),
+    );
+    let b: SharedStore = Arc::new(
+        PostgresStore::open(&in_schema("team_b"))
+            .await
+            .expect("open b"),
+    );
+    let run = RunId::new();
+    for seq in 1..=50 {
+        let mut batch = WriteBatch::default();
+        batch.push_event(event(run, seq, "app.note"));
+        a.commit(batch).await.expect("commit to a");
+    }
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(RunId::new(), 1, "app.note"));
+    assert_eq!(b.commit(batch).await.expect("commit to b"), [1]);
+    // A third store on a's schema hears a's head; b never moved past its own.
+    let a_again: SharedStore = Arc::new(
+        PostgresStore::open(&in_schema("team_a"))
+            .await
+            .expect("open a again"),
+    );
+    assert_eq!(a_again.durable_position(), 50);
+    assert_eq!(b.durable_position(), 1);
+    assert_eq!(b.log_after(0, 100).await.unwrap().len(), 1);
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(run, 51, "app.note"));
+    a.commit(batch).await.expect("commit to a");
+    let mut heard = a_again.watch_durable();
+    tokio::time::timeout(WAIT, heard.wait_for(|p| *p >= 51))
+        .await
+        .expect("a's other store never heard of the commit")
+        .expect("watch");
+    assert_eq!(b.durable_position(), 1, "b moved with a's commits");
+    for store in [a, b, a_again] {
+        store.close().await;
+    }
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_newer_than_the_binary_is_refused_by_name() {
+    let Some(db) = TestDb::create("a_schema_newer_than_the_binary_is_refused_by_name").await else {
+        return;
+    };
+    let store = db.open().await;
+    store.close().await;
+    drop(store);
+    db.sql("INSERT INTO aaa_schema (version) VALUES (99)").await;
+    let error = PostgresStore::open(&db.url).await.err().expect("refused");
+    assert!(matches!(error, StoreError::Format(_)), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("the database schema is version 99; this aaa knows versions up to 1"),
+        "{error}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unsupported_scheme_and_an_unreachable_database_are_refused_without_the_password() {
+    let mut config = aaa::Config::new(std::env::temp_dir());
+    config.store_url = Some("mysql://u:secret@db/aaa".into());
+    let error = aaa::store::open(&config).await.err().expect("refused");
+    assert!(error.to_string().contains("u:***@db"), "{error}");
+    assert!(!error.to_string().contains("secret"), "{error}");
+    // Nothing listens on port 1.
+    let url = "postgres://u:secret@127.0.0.1:1/aaa?sslmode=disable";
+    let error = PostgresStore::open(url).await.err().expect("refused");
+    assert!(matches!(error, StoreError::Unavailable(_)), "{error}");
+    assert!(!error.to_string().contains("secret"), "{error}");
+}
+
+// ------------------------------------------------------------- the crash
+
+/// A cluster of the test's own, made and driven by `.ci/postgres`.
+struct Cluster {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+fn ci_postgres(args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/postgres");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect(".ci/postgres");
+    assert!(
+        out.status.success(),
+        ".ci/postgres {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().to_string_lossy().to_string();
+        let url = tokio::task::spawn_blocking(move || ci_postgres(&["start", &path]))
+            .await
+            .expect("start");
+        Cluster { dir, url }
+    }
+
+    async fn run(&self, args: &'static [&'static str]) {
+        let path = self.dir.path().to_string_lossy().to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut all = vec![args[0], path.as_str()];
+            all.extend(&args[1..]);
+            ci_postgres(&all)
+        })
+        .await
+        .expect(".ci/postgres");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let path = self.dir.path().to_string_lossy().to_string();
+        let _ = std::panic::catch_unwind(|| ci_postgres(&["stop", &path, "immediate"]));
+    }
+}
+
+/// Waits (bounded) until the store's writable flag is `wanted`.
+async fn wait_writable(store: &SharedStore, wanted: bool) {
+    let mut writable = store.watch_writable();
+    tokio::time::timeout(WAIT, writable.wait_for(|w| *w == wanted))
+        .await
+        .unwrap_or_else(|_| panic!("writable never became {wanted}"))
+        .expect("watch");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_of_postgres_loses_nothing_acknowledged_and_writes_resume() {
+    if admin_url("a_crash_of_postgres_loses_nothing_acknowledged_and_writes_resume").is_none() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let db = TestDb::create_on(&cluster.url).await;
+    let store = db.open().await;
+
+    // Writers append to their own runs until told to stop, keeping what was
+    // acknowledged. A write whose outcome was unknown is found out by the
+    // conflict its retry gets.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acknowledged = Arc::new(Mutex::new(Vec::<(RunId, u64, u64)>::new()));
+    let refusals = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut writers = Vec::new();
+    for _ in 0..16 {
+        let (store, stop) = (store.clone(), stop.clone());
+        let (acknowledged, refusals) = (acknowledged.clone(), refusals.clone());
+        writers.push(tokio::spawn(async move {
+            let run = RunId::new();
+            let mut next = 1;
+            while !stop.load(Ordering::Relaxed) {
+                let mut batch = WriteBatch::default();
+                batch.push_event(event(run, next, "app.crash"));
+                match store.commit(batch).await {
+                    Ok(positions) => {
+                        acknowledged.lock().unwrap().push((run, next, positions[0]));
+                        next += 1;
+                    }
+                    Err(StoreError::Conflict { actual, .. }) => next = actual + 1,
+                    Err(StoreError::Unavailable(cause)) => {
+                        refusals.lock().unwrap().push(cause);
+                        tokio::task::yield_now().await;
+                    }
+                    Err(e) => panic!("unexpected: {e}"),
+                }
+            }
+            run
+        }));
+    }
+    let enough = |n: usize| {
+        let acknowledged = acknowledged.clone();
+        async move {
+            let give_up = Instant::now() + WAIT;
+            while acknowledged.lock().unwrap().len() < n {
+                assert!(Instant::now() < give_up, "fewer than {n} commits");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    enough(300).await;
+
+    // Crash PostgreSQL under load.
+    cluster.run(&["stop", "immediate"]).await;
+    wait_writable(&store, false).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut runs = Vec::new();
+    for writer in writers {
+        runs.push(writer.await.expect("writer"));
+    }
+    assert!(!refusals.lock().unwrap().is_empty());
+    // While it is down, a write is refused, and soon.
+    let began = Instant::now();
+    let mut batch = WriteBatch::default();
+    batch.put_tool("while-down", vec![1]);
+    let refused = store.commit(batch).await;
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(_))),
+        "{refused:?}"
+    );
+    assert!(began.elapsed() < Duration::from_secs(15));
+    let read = store.run(runs[0]).await;
+    assert!(matches!(read, Err(StoreError::Unavailable(_))), "{read:?}");
+
+    // Back up: the store says so by itself, with no write to try.
+    cluster.run(&["restart"]).await;
+    wait_writable(&store, true).await;
+
+    // Every acknowledged commit is there, where it was said to be.
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    let mut last_seq = HashMap::new();
+    for &(run, seq, position) in &acknowledged {
+        let event = store.event(run, seq).await.unwrap().expect("acknowledged");
+        assert_eq!(event.position, position);
+        let last = last_seq.entry(run).or_insert(0);
+        *last = (*last).max(seq);
+    }
+    // Histories have no gap, and writes go on where they left off.
+    for run in runs {
+        let events = store.run_events(run, 0, 10_000).await.unwrap();
+        let last = events.len() as u64;
+        assert_eq!(seqs(&events), (1..=last).collect::<Vec<_>>());
+        assert!(last >= last_seq.get(&run).copied().unwrap_or(0));
+        let mut batch = WriteBatch::default();
+        batch.push_event(event(run, last + 1, "app.after"));
+        store
+            .commit(batch)
+            .await
+            .expect("a write after the restart");
+    }
+    let head = store.durable_position();
+    let log = store.log_after(0, 100_000).await.unwrap();
+    assert_eq!(
+        log.iter().map(|e| e.position).collect::<Vec<_>>(),
+        (1..=head).collect::<Vec<_>>()
+    );
+    store.close().await;
+    drop(store);
+    db.drop().await;
+    drop(cluster);
+}
+
+// ------------------------------------------------------------- serving
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_runs_the_reference_scenario_on_postgres() {
+    let Some(db) = TestDb::create("serve_runs_the_reference_scenario_on_postgres").await else {
+        return;
+    };
+    let url = db.url.clone();
+    let mut server =
+        TestServer::start_with(move |config| config.store_url = Some(url.clone())).await;
+    let mut runs = server.runs().await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let pending = list_approvals(
+        &mut server.approvals().await,
+        ListApprovalsRequest::default(),
+    )
+    .await;
+    assert_eq!(pending.len(), 1);
+    grant_and_finish(&mut runs, &mut workers, &run_id, &call_id).await;
+
+    // A restart reads it all back from the database.
+    server.restart().await;
+    let events = history(&mut server.runs().await, &run_id).await;
+    assert_eq!(types(&events), REFERENCE_TYPES);
+    assert_dense(&events, 1);
+    server.shutdown().await;
+    db.drop().await;
+}
+
+// ------------------------------------------------------------------ TLS
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sslmode_is_honoured_over_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    if admin_url("sslmode_is_honoured_over_tls").is_none() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let db = TestDb::create_on(&cluster.url).await;
+    // A certificate for "localhost", in the data dir, readable by the
+    // server only; then TLS on and plain TCP refused.
+    let data = cluster.dir.path().join("data");
+    crate::auth::make_pki(&data);
+    let key = data.join("server.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for file in ["ca.pem", "server.pem", "server.key"] {
+        std::os::unix::fs::chown(data.join(file), Some(uid_of("postgres")), None).unwrap();
+    }
+    let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+    std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+    for sql in [
+        "ALTER SYSTEM SET ssl = on",
+        "ALTER SYSTEM SET ssl_cert_file = 'server.pem'",
+        "ALTER SYSTEM SET ssl_key_file = 'server.key'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin(&cluster.url, sql).await;
+    }
+    let ca = data.join("ca.pem").display().to_string();
+    let port = cluster
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let url = |host: &str, options: &str| {
+        format!("postgres://postgres@{host}:{port}/{}?{options}", db.name)
+    };
+    let opens = |url: String| async move {
+        match PostgresStore::open(&url).await {
+            Ok(store) => {
+                store.close().await;
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    // Reloading is asynchronous: wait until plain text is refused.
+    let give_up = Instant::now() + WAIT;
+    while opens(url("127.0.0.1", "sslmode=disable")).await.is_ok() {
+        assert!(Instant::now() < give_up, "TLS never became required");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    opens(url("127.0.0.1", "sslmode=require"))
+        .await
+        .expect("require");
+    opens(url("127.0.0.1", "sslmode=prefer"))
+        .await
+        .expect("prefer");
+    let full = url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    opens(full).await.expect("verify-full, the right name");
+    let ca_only = url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={ca}"));
+    opens(ca_only).await.expect("verify-ca");
+    let wrong_name = url(
+        "127.0.0.1",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let error = opens(wrong_name).await.expect_err("another name");
+    assert!(error.contains("certificate"), "{error}");
+    // Without our CA the system's roots do not trust it.
+    let error = opens(url("localhost", "sslmode=verify-full"))
+        .await
+        .expect_err("an unknown CA");
+    assert!(error.contains("certificate"), "{error}");
+    drop(cluster);
+}
+
+fn uid_of(user: &str) -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", user])
+        .output()
+        .expect("id");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a uid")
+}
