@@ -94,9 +94,12 @@ pub async fn store_appends(
     writers: usize,
     total: usize,
     limit: Duration,
+    store_url: Option<String>,
 ) -> anyhow::Result<StoreAppends> {
     let dir = ScratchDir::new("store")?;
-    let store = crate::store::open(&crate::Config::new(dir.path())).await?;
+    let mut config = crate::Config::new(dir.path());
+    config.store_url = store_url;
+    let store = crate::store::open(&config).await?;
     let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
     let writer_store = store.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {

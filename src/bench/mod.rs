@@ -22,6 +22,7 @@ mod cycle;
 mod fanout;
 mod floors;
 mod parked;
+mod postgres;
 mod report;
 mod server;
 mod stats;
@@ -47,6 +48,11 @@ pub struct BenchArgs {
     /// does no restart, and leaves its runs parked.
     #[arg(long, env = "AAA_BENCH_SERVER")]
     pub server: Option<String>,
+    /// Run the servers the bench starts on this PostgreSQL database, each
+    /// in a scratch schema it drops at the end, and measure the database's
+    /// commit floor (see docs/postgres.md).
+    #[arg(long, env = "AAA_BENCH_STORE", conflicts_with = "server", value_parser = postgres_url)]
+    pub store: Option<String>,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench.json")]
     pub out: PathBuf,
@@ -74,6 +80,13 @@ pub enum Scenario {
     Fanout,
     /// Runs waiting for approval: memory, listing, kill -9 and restart.
     Parked,
+}
+
+fn postgres_url(text: &str) -> Result<String, String> {
+    match text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        true => Ok(text.to_string()),
+        false => Err("expected a postgres:// URL".into()),
+    }
 }
 
 /// Concurrent writers of the store ceiling and clients of the appends scenario.
@@ -141,9 +154,12 @@ impl Plan {
 /// Everything measured; a scenario that did not run is absent.
 #[derive(Debug, Default, Serialize)]
 pub struct Results {
+    /// "embedded" or "postgres": which store the servers ran on.
+    store: &'static str,
+    postgres_floor: Option<postgres::Floor>,
     rtt: Option<floors::Rtt>,
     noop: Option<floors::NoopCalls>,
-    store: Option<floors::StoreAppends>,
+    store_ceiling: Option<floors::StoreAppends>,
     store_one_writer: Option<floors::StoreAppends>,
     cycle: Option<cycle::Cycle>,
     appends: Option<appends::Appends>,
@@ -160,7 +176,8 @@ impl Results {
         let mut add = |p: &Problems| all.merge(p.clone());
         self.rtt.iter().for_each(|r| add(&r.problems));
         self.noop.iter().for_each(|n| add(&n.problems));
-        self.store.iter().for_each(|s| add(&s.problems));
+        self.store_ceiling.iter().for_each(|s| add(&s.problems));
+        self.postgres_floor.iter().for_each(|f| add(&f.problems));
         self.store_one_writer.iter().for_each(|s| add(&s.problems));
         if let Some(cycle) = &self.cycle {
             add(&cycle.problems);
@@ -198,6 +215,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let json = serde_json::json!({
         "mode": if args.smoke { "smoke" } else { "full" },
         "server": args.server.as_deref().unwrap_or("child"),
+        "store": results.store,
         "duration_s": args.duration_s,
         "results": results,
         "table": table.rows,
@@ -226,12 +244,41 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Runs the selected scenarios.
 async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
-    let wanted = |s: Scenario| args.only.is_empty() || args.only.contains(&s);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let session = format!("{}-{nanos}", std::process::id());
-    let mut results = Results::default();
+    let database = args
+        .store
+        .as_deref()
+        .map(|url| postgres::Database::new(url, &session));
+    let mut results = Results {
+        store: if database.is_some() {
+            "postgres"
+        } else {
+            "embedded"
+        },
+        ..Default::default()
+    };
+    let measured = measure_on(args, plan, &session, database.as_deref(), &mut results).await;
+    if let Some(database) = &database {
+        if let Err(e) = database.clean_up().await {
+            eprintln!("aaa bench: {e:#}");
+        }
+    }
+    measured.map(|()| results)
+}
+
+/// Runs the selected scenarios, on `database` when there is one.
+async fn measure_on(
+    args: &BenchArgs,
+    plan: &Plan,
+    session: &str,
+    database: Option<&postgres::Database>,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let wanted = |s: Scenario| args.only.is_empty() || args.only.contains(&s);
+    let scratch = |tag: &str| database.map(|d| d.scratch(tag));
 
     // Floors, and the scenarios that share one server.
     let main_server = [
@@ -243,7 +290,7 @@ async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
     .into_iter()
     .any(wanted);
     if main_server {
-        let (child, addr) = server_for(args, "main").await?;
+        let (child, addr) = server_for(args, "main", scratch("main")).await?;
         let pool = Pool::connect(&addr, CONNECTIONS).await?;
         client::register_tools(&pool).await?;
         if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
@@ -255,26 +302,41 @@ async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
             let noop = floors::noop_calls(&pool, WRITERS, plan.noop_calls, plan.limit).await;
             results.noop = Some(noop);
             eprintln!("aaa bench: store ceiling, {WRITERS} writers");
-            let store = floors::store_appends(WRITERS, plan.store_appends, plan.limit).await;
-            results.store = results.record("store ceiling", store);
+            let store =
+                floors::store_appends(WRITERS, plan.store_appends, plan.limit, scratch("ceiling"))
+                    .await;
+            results.store_ceiling = results.record("store ceiling", store);
         }
         if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
             eprintln!("aaa bench: store commits, one writer");
-            let one = floors::store_appends(1, plan.one_writer_commits, plan.limit).await;
+            let one =
+                floors::store_appends(1, plan.one_writer_commits, plan.limit, scratch("one")).await;
             results.store_one_writer = results.record("store commits, one writer", one);
+            if let Some(database) = database {
+                eprintln!("aaa bench: postgres commit floor");
+                let floor = postgres::floor(
+                    database,
+                    plan.one_writer_commits,
+                    WRITERS,
+                    plan.store_appends.min(20_000),
+                    plan.limit,
+                )
+                .await;
+                results.postgres_floor = results.record("postgres commit floor", floor);
+            }
         }
         if wanted(Scenario::Cycle) {
             let levels = &plan.cycle_levels;
-            results.cycle = Some(cycle::run(&pool, &session, levels, plan.limit).await);
+            results.cycle = Some(cycle::run(&pool, session, levels, plan.limit).await);
         }
         if wanted(Scenario::Appends) {
             eprintln!("aaa bench: Signal appends, {WRITERS} clients");
-            let appends = appends::run(&pool, &session, WRITERS, plan.appends, plan.limit).await;
+            let appends = appends::run(&pool, session, WRITERS, plan.appends, plan.limit).await;
             results.appends = results.record("appends", appends);
         }
         if wanted(Scenario::Fanout) {
             let (followers, events) = (plan.followers, plan.fanout_events);
-            let fanout = fanout::run(&addr, &session, followers, events, plan.limit).await;
+            let fanout = fanout::run(&addr, session, followers, events, plan.limit).await;
             results.fanout = results.record("fanout", fanout);
         }
         drop(child);
@@ -283,21 +345,25 @@ async fn measure(args: &BenchArgs, plan: &Plan) -> anyhow::Result<Results> {
     // Parked runs get a fresh server of their own, which they kill and restart.
     if wanted(Scenario::Parked) {
         let parked = async {
-            let (mut child, addr) = server_for(args, "parked").await?;
-            parked::run(&addr, child.as_mut(), &session, plan.parked).await
+            let (mut child, addr) = server_for(args, "parked", scratch("parked")).await?;
+            parked::run(&addr, child.as_mut(), session, plan.parked).await
         };
         results.parked = results.record("parked", parked.await);
     }
-    Ok(results)
+    Ok(())
 }
 
 /// The server to load: `--server`, or a fresh child (returned so it lives
 /// as long as the caller needs it, and is killed when dropped).
-async fn server_for(args: &BenchArgs, tag: &str) -> anyhow::Result<(Option<ChildServer>, String)> {
+async fn server_for(
+    args: &BenchArgs,
+    tag: &str,
+    store_url: Option<String>,
+) -> anyhow::Result<(Option<ChildServer>, String)> {
     match &args.server {
         Some(addr) => Ok((None, addr.clone())),
         None => {
-            let child = ChildServer::start(tag).await?;
+            let child = ChildServer::start(tag, store_url).await?;
             server::wait_serving(child.addr()).await?;
             let addr = child.addr().to_string();
             Ok((Some(child), addr))

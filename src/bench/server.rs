@@ -55,14 +55,17 @@ pub struct ChildServer {
     child: Option<Child>,
     addr: String,
     dir: ScratchDir,
+    /// `--store`: a PostgreSQL URL, or `None` for the embedded store.
+    store_url: Option<String>,
 }
 
 impl ChildServer {
-    pub async fn start(tag: &str) -> anyhow::Result<ChildServer> {
+    pub async fn start(tag: &str, store_url: Option<String>) -> anyhow::Result<ChildServer> {
         let mut server = ChildServer {
             child: None,
             addr: String::new(),
             dir: ScratchDir::new(tag)?,
+            store_url,
         };
         server.resume().await?;
         Ok(server)
@@ -87,6 +90,7 @@ impl ChildServer {
         let mut child = Command::new(std::env::current_exe()?)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.dir.path().join("data"))
+            .args(self.store_url.iter().map(|url| format!("--store={url}")))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

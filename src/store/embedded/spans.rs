@@ -48,7 +48,7 @@ fn encode(spans: &[Span]) -> Vec<u8> {
 
 /// The spans of the sled value under `key`.
 pub fn decode(key: &[u8], bytes: &[u8]) -> Result<Vec<Span>> {
-    if bytes.is_empty() || bytes.len() % ENCODED != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(ENCODED) {
         return Err(super::corrupt(key, "bad span list"));
     }
     let field = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));

@@ -155,6 +155,31 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("postgres: {what}"))
 }
 
+/// One connection to the database a store URL names, with the store's TLS
+/// and connect timeout, for tools beside the store (the bench's commit
+/// floor and scratch schemas). Its driver runs on a task of its own.
+pub async fn connect(url: &str) -> Result<tokio_postgres::Client> {
+    let target = connect::target(url)?;
+    let connecting = target.config.connect(target.tls.clone());
+    let (client, connection) = tokio::time::timeout(connect::CONNECT_TIMEOUT, connecting)
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("cannot reach {}: timed out", target.shown)))?
+        .map_err(database_error)?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("a tool's database connection ended: {}", describe(&e));
+        }
+    });
+    Ok(client)
+}
+
+/// `url` with `options=-csearch_path=SCHEMA` added: aaa keeps its tables in
+/// that schema of the database, creating it if missing.
+pub fn in_schema(url: &str, schema: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options=-csearch_path%3D{schema}")
+}
+
 impl PostgresStore {
     /// Connects to the database `url` names, brings its schema up to date,
     /// and starts the committer and the listener.
