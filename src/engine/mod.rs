@@ -18,6 +18,7 @@ pub mod state;
 
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -225,6 +226,10 @@ struct Inner {
     leases: Leases,
     heads: Heads,
     timers_changed: Notify,
+    /// Set when durable timers were armed or cancelled: the timer loop reads
+    /// the earliest one again (not at every lease change, which on a
+    /// database would be a query per attempt).
+    durable_timers_changed: std::sync::atomic::AtomicBool,
     shutdown: CancellationToken,
 }
 
@@ -264,6 +269,7 @@ impl Engine {
                 leases,
                 heads: Heads::default(),
                 timers_changed: Notify::new(),
+                durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
                 shutdown,
             }),
         };
@@ -470,7 +476,7 @@ impl Engine {
             self.inner.dispatcher.offer(task);
         }
         if staged.timers_changed {
-            self.inner.timers_changed.notify_one();
+            self.durable_timers_changed();
         }
         self.inner.heads.publish(state.id, state.last_seq);
         Ok(())
@@ -554,7 +560,8 @@ impl Engine {
                     staged.timers_changed = true;
                 }
                 Action::CancelTimer { due_ms, name } => {
-                    staged.batch.delete_timer(due_ms, state.id, &name)
+                    staged.batch.delete_timer(due_ms, state.id, &name);
+                    staged.timers_changed = true;
                 }
                 Action::ApprovalPending { call_id } => {
                     if let Some(call) = state.call(&call_id) {
@@ -1066,22 +1073,35 @@ impl Engine {
     async fn run_timers(self) {
         let clock = self.clock().clone();
         let mut advances = clock.advances();
+        let mut next_durable = None;
         loop {
             advances.mark_seen();
             let now = clock.now();
             let next_lease = self.inner.leases.next_expiry();
-            let next_durable = match self.inner.store.next_timer().await {
-                Ok(timer) => timer,
-                Err(e) => {
-                    tracing::error!("reading timers failed: {e}");
-                    None
-                }
-            };
+            // When reading timers failed, try again in a second.
+            let mut retry = None;
+            if self
+                .inner
+                .durable_timers_changed
+                .swap(false, Ordering::AcqRel)
+            {
+                next_durable = match self.inner.store.next_timer().await {
+                    Ok(timer) => timer,
+                    Err(e) => {
+                        tracing::error!("reading timers failed: {e}");
+                        self.inner
+                            .durable_timers_changed
+                            .store(true, Ordering::Release);
+                        retry = Some(Duration::from_secs(1));
+                        None
+                    }
+                };
+            }
             let durable_wait = next_durable
                 .as_ref()
                 .map(|t| Duration::from_millis((t.due_ms - clock.now_ms()).max(0) as u64));
             let lease_wait = next_lease.map(|at| at.saturating_duration_since(now));
-            let wait = [durable_wait, lease_wait]
+            let wait = [durable_wait, lease_wait, retry]
                 .into_iter()
                 .flatten()
                 .min()
@@ -1100,7 +1120,11 @@ impl Engine {
             for expired in self.inner.leases.take_expired() {
                 self.lease_lost(expired).await;
             }
-            if let Some(timer) = next_durable.filter(|t| t.due_ms <= clock.now_ms()) {
+            if let Some(timer) = next_durable.take_if(|t| t.due_ms <= clock.now_ms()) {
+                // Whatever happens, the next one is read again.
+                self.inner
+                    .durable_timers_changed
+                    .store(true, Ordering::Release);
                 if let Err(e) = self.fire_timer(timer.run, &timer.name, timer.due_ms).await {
                     tracing::error!(run = %timer.run, timer = %timer.name, "timer failed: {e}");
                     if matches!(e, Error::ShuttingDown) {
@@ -1111,6 +1135,14 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Makes the timer loop read the earliest durable timer again.
+    fn durable_timers_changed(&self) {
+        self.inner
+            .durable_timers_changed
+            .store(true, Ordering::Release);
+        self.inner.timers_changed.notify_one();
     }
 
     async fn fire_timer(&self, run: RunId, name: &str, due_ms: i64) -> Result<(), Error> {
