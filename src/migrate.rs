@@ -14,7 +14,10 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::store::{ApprovalQuery, EventRecord, RunId, RunQuery, SharedStore, WriteBatch};
+use crate::store::{
+    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, RunId, RunQuery, RunRecord,
+    SharedStore, WriteBatch,
+};
 
 /// Events per commit, and at most this much event data.
 const EVENTS_PER_BATCH: usize = 1000;
@@ -183,42 +186,23 @@ async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), Migrat
         to,
         batch: WriteBatch::default(),
     };
-    let mut before = None;
+    let mut cursor = None;
     loop {
-        let query = RunQuery {
-            before,
-            limit: OPS_PER_BATCH,
-            ..Default::default()
-        };
-        let runs = from.list_runs(&query).await?;
+        let (runs, next) = runs_page(from, cursor).await?;
         for run in &runs {
             out.add(|b| b.put_run(run)).await?;
         }
-        match runs.last().and_then(|r| RunId::from_slice(&r.run_id)) {
-            Some(last) if runs.len() == OPS_PER_BATCH => before = Some(last),
-            _ => break,
-        }
+        let Some(next) = next else { break };
+        cursor = Some(next);
     }
-    let mut after = None;
+    let mut cursor = None;
     loop {
-        let query = ApprovalQuery {
-            after,
-            limit: OPS_PER_BATCH,
-            ..Default::default()
-        };
-        let approvals = from.approvals(&query).await?;
+        let (approvals, next) = approvals_page(from, cursor).await?;
         for approval in &approvals {
             out.add(|b| b.put_approval(approval)).await?;
         }
-        after = match approvals.last() {
-            Some(last) if approvals.len() == OPS_PER_BATCH => {
-                RunId::from_slice(&last.run_id).map(|run| (run, last.call_id.clone()))
-            }
-            _ => None,
-        };
-        if after.is_none() {
-            break;
-        }
+        let Some(next) = next else { break };
+        cursor = Some(next);
     }
     for run in from.active_runs().await? {
         out.add(|b| b.set_active(run, true)).await?;
@@ -230,34 +214,99 @@ async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), Migrat
     for (name, definition) in from.list_tools().await? {
         out.add(|b| b.put_tool(&name, definition)).await?;
     }
-    let mut after = None;
+    let mut cursor = None;
     loop {
-        let requests = from.list_requests(after, OPS_PER_BATCH).await?;
-        let full = requests.len() == OPS_PER_BATCH;
-        after = requests.last().map(|(s, r, _)| (s.clone(), r.clone()));
+        let (requests, next) = requests_page(from, cursor).await?;
         for (scope, request_id, answer) in requests {
             out.add(|b| b.put_request(&scope, &request_id, answer))
                 .await?;
         }
-        if !full {
-            break;
-        }
+        let Some(next) = next else { break };
+        cursor = Some(next);
     }
     for group in from.list_groups().await? {
         out.add(|b| b.put_group(&group)).await?;
-        let mut after = 0;
+        let mut cursor = 0;
         loop {
-            let letters = from.dead_letters(&group.name, after, OPS_PER_BATCH).await?;
-            let Some(last) = letters.last() else { break };
-            after = last.position;
+            let (letters, next) = dead_letters_page(from, &group.name, cursor).await?;
             for letter in &letters {
                 out.add(|b| b.put_dead_letter(&group.name, letter)).await?;
             }
+            let Some(next) = next else { break };
+            cursor = next;
         }
     }
     let key = from.token_key();
     out.add(|b| b.put_token_key(key)).await?;
     out.flush().await
+}
+
+// Pages of what a store holds, each with the cursor of the next page
+// (`None` after the last).
+
+async fn runs_page(
+    store: &SharedStore,
+    before: Option<RunId>,
+) -> Result<(Vec<RunRecord>, Option<RunId>), MigrateError> {
+    let query = RunQuery {
+        before,
+        limit: OPS_PER_BATCH,
+        ..Default::default()
+    };
+    let runs = store.list_runs(&query).await?;
+    let next = match runs.last() {
+        Some(last) if runs.len() == OPS_PER_BATCH => RunId::from_slice(&last.run_id),
+        _ => None,
+    };
+    Ok((runs, next))
+}
+
+type ApprovalCursor = (RunId, String);
+
+async fn approvals_page(
+    store: &SharedStore,
+    after: Option<ApprovalCursor>,
+) -> Result<(Vec<ApprovalRecord>, Option<ApprovalCursor>), MigrateError> {
+    let query = ApprovalQuery {
+        after,
+        limit: OPS_PER_BATCH,
+        ..Default::default()
+    };
+    let approvals = store.approvals(&query).await?;
+    let next = match approvals.last() {
+        Some(last) if approvals.len() == OPS_PER_BATCH => {
+            RunId::from_slice(&last.run_id).map(|run| (run, last.call_id.clone()))
+        }
+        _ => None,
+    };
+    Ok((approvals, next))
+}
+
+type Request = (Vec<u8>, String, Vec<u8>);
+type RequestCursor = (Vec<u8>, String);
+
+async fn requests_page(
+    store: &SharedStore,
+    after: Option<RequestCursor>,
+) -> Result<(Vec<Request>, Option<RequestCursor>), MigrateError> {
+    let requests = store.list_requests(after, OPS_PER_BATCH).await?;
+    let next = match requests.last() {
+        Some((scope, id, _)) if requests.len() == OPS_PER_BATCH => {
+            Some((scope.clone(), id.clone()))
+        }
+        _ => None,
+    };
+    Ok((requests, next))
+}
+
+async fn dead_letters_page(
+    store: &SharedStore,
+    group: &str,
+    after: u64,
+) -> Result<(Vec<DeadLetterRecord>, Option<u64>), MigrateError> {
+    let letters = store.dead_letters(group, after, OPS_PER_BATCH).await?;
+    let next = letters.last().map(|last| last.position);
+    Ok((letters, next))
 }
 
 /// Counts everything a store holds.
@@ -269,58 +318,35 @@ async fn count(store: &SharedStore) -> Result<Counts, MigrateError> {
         tools: store.list_tools().await?.len() as u64,
         ..Default::default()
     };
-    let mut before = None;
+    let mut cursor = None;
     loop {
-        let query = RunQuery {
-            before,
-            limit: OPS_PER_BATCH,
-            ..Default::default()
-        };
-        let runs = store.list_runs(&query).await?;
+        let (runs, next) = runs_page(store, cursor).await?;
         counts.runs += runs.len() as u64;
-        match runs.last().and_then(|r| RunId::from_slice(&r.run_id)) {
-            Some(last) if runs.len() == OPS_PER_BATCH => before = Some(last),
-            _ => break,
-        }
+        let Some(next) = next else { break };
+        cursor = Some(next);
     }
-    let mut after = None;
+    let mut cursor = None;
     loop {
-        let query = ApprovalQuery {
-            after,
-            limit: OPS_PER_BATCH,
-            ..Default::default()
-        };
-        let approvals = store.approvals(&query).await?;
+        let (approvals, next) = approvals_page(store, cursor).await?;
         counts.approvals += approvals.len() as u64;
-        after = match approvals.last() {
-            Some(last) if approvals.len() == OPS_PER_BATCH => {
-                RunId::from_slice(&last.run_id).map(|run| (run, last.call_id.clone()))
-            }
-            _ => None,
-        };
-        if after.is_none() {
-            break;
-        }
+        let Some(next) = next else { break };
+        cursor = Some(next);
     }
-    let mut after = None;
+    let mut cursor = None;
     loop {
-        let requests = store.list_requests(after, OPS_PER_BATCH).await?;
+        let (requests, next) = requests_page(store, cursor).await?;
         counts.requests += requests.len() as u64;
-        if requests.len() < OPS_PER_BATCH {
-            break;
-        }
-        after = requests.last().map(|(s, r, _)| (s.clone(), r.clone()));
+        let Some(next) = next else { break };
+        cursor = Some(next);
     }
     for group in store.list_groups().await? {
         counts.groups += 1;
-        let mut after = 0;
+        let mut cursor = 0;
         loop {
-            let letters = store
-                .dead_letters(&group.name, after, OPS_PER_BATCH)
-                .await?;
-            let Some(last) = letters.last() else { break };
-            after = last.position;
+            let (letters, next) = dead_letters_page(store, &group.name, cursor).await?;
             counts.dead_letters += letters.len() as u64;
+            let Some(next) = next else { break };
+            cursor = next;
         }
     }
     Ok(counts)
@@ -328,18 +354,10 @@ async fn count(store: &SharedStore) -> Result<Counts, MigrateError> {
 
 /// Compares a checksum of every run's events on both sides.
 async fn verify_runs(from: &SharedStore, to: &SharedStore) -> Result<(), MigrateError> {
-    let mut before = None;
+    let mut cursor = None;
     loop {
-        let query = RunQuery {
-            before,
-            limit: OPS_PER_BATCH,
-            ..Default::default()
-        };
-        let runs = from.list_runs(&query).await?;
-        for run in &runs {
-            let Some(id) = RunId::from_slice(&run.run_id) else {
-                continue;
-            };
+        let (runs, next) = runs_page(from, cursor).await?;
+        for id in runs.iter().filter_map(|r| RunId::from_slice(&r.run_id)) {
             let (source, copied) = (checksum(from, id).await?, checksum(to, id).await?);
             if source != copied {
                 return Err(MigrateError::Mismatch(format!(
@@ -347,10 +365,8 @@ async fn verify_runs(from: &SharedStore, to: &SharedStore) -> Result<(), Migrate
                 )));
             }
         }
-        match runs.last().and_then(|r| RunId::from_slice(&r.run_id)) {
-            Some(last) if runs.len() == OPS_PER_BATCH => before = Some(last),
-            _ => return Ok(()),
-        }
+        let Some(next) = next else { return Ok(()) };
+        cursor = Some(next);
     }
 }
 
