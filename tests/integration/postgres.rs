@@ -21,6 +21,8 @@ use aaa::store::{
 
 use aaa::proto::ListApprovalsRequest;
 
+use tonic_health::pb::health_check_response::ServingStatus;
+
 use crate::support::*;
 
 // ------------------------------------------------------------- databases
@@ -978,6 +980,41 @@ async fn a_crash_of_postgres_loses_nothing_acknowledged_and_writes_resume() {
 }
 
 // ------------------------------------------------------------- serving
+
+/// PostgreSQL stopped (immediate) and started again under a serving aaa:
+/// calls that need it answer UNAVAILABLE with STORAGE_UNAVAILABLE and the
+/// cause, health says NOT_SERVING, then SERVING once the database is back
+/// with no client write, and the run that waited finishes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_rides_out_a_postgres_restart() {
+    if admin_url("a_server_rides_out_a_postgres_restart").is_none() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let url = cluster.url.clone();
+    let server = TestServer::start_with(move |config| config.store_url = Some(url.clone())).await;
+    let mut runs = server.runs().await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    cluster.run(&["stop", "immediate"]).await;
+    let status = expect_err(signal(&mut runs, &run_id, "app.note", serde_json::json!({})).await);
+    assert_error(&status, tonic::Code::Unavailable, "STORAGE_UNAVAILABLE");
+    wait_for_health(&server, ServingStatus::NotServing).await;
+
+    cluster.run(&["restart"]).await;
+    wait_for_health(&server, ServingStatus::Serving).await;
+    grant_and_finish(&mut runs, &mut workers, &run_id, &call_id).await;
+    let events = history(&mut runs, &run_id).await;
+    assert_eq!(
+        count(&events, "app.note"),
+        0,
+        "the refused signal was not written"
+    );
+    server.shutdown().await;
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn serve_runs_the_reference_scenario_on_postgres() {

@@ -12,8 +12,6 @@ use std::process::Command;
 
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 use crate::support::*;
 
@@ -64,30 +62,6 @@ impl Drop for SmallDisk {
             .arg("-l")
             .arg(self.dir.path())
             .status();
-    }
-}
-
-/// Waits (bounded) until health on "" says `status`: the server follows
-/// the store's state in a task of its own.
-async fn wait_for_health(server: &TestServer, status: ServingStatus) {
-    let mut health = HealthClient::new(server.channel().await);
-    let give_up = tokio::time::Instant::now() + WAIT;
-    let mut watch = health
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .expect("Health/Watch")
-        .into_inner();
-    loop {
-        let seen = tokio::time::timeout_at(give_up, watch.message())
-            .await
-            .unwrap_or_else(|_| panic!("health never said {status:?}"))
-            .expect("Health/Watch")
-            .expect("the watch ended");
-        if seen.status == status as i32 {
-            return;
-        }
     }
 }
 

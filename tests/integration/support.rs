@@ -28,6 +28,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_types::{ErrorInfo, StatusExt};
 
 pub type RunClient = RunServiceClient<Channel>;
@@ -645,6 +648,30 @@ pub fn completed_text(events: &[Event]) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("aaa.run.completed has no value.text: {value}"))
         .to_string()
+}
+
+/// Waits (bounded) until health on "" says `status`: the server follows
+/// the store's state in a task of its own.
+pub async fn wait_for_health(server: &TestServer, status: ServingStatus) {
+    let mut health = HealthClient::new(server.channel().await);
+    let give_up = tokio::time::Instant::now() + WAIT;
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Health/Watch")
+        .into_inner();
+    loop {
+        let seen = tokio::time::timeout_at(give_up, watch.message())
+            .await
+            .unwrap_or_else(|_| panic!("health never said {status:?}"))
+            .expect("Health/Watch")
+            .expect("the watch ended");
+        if seen.status == status as i32 {
+            return;
+        }
+    }
 }
 
 // ----------------------------------------------------------------- signals
