@@ -333,11 +333,15 @@ async fn follow_events(
             if sender.send(Ok(message)).await.is_err() || !request.follow {
                 return Ok(());
             }
-            if request.stop_at_end && finished_at_or_before(engine, run, cursor).await? {
-                // The terminal event was at or before the cursor the client
-                // gave, so no read shows it. One appended later is read like
-                // any other (also when type_prefix filters it out) and ends
-                // the stream above.
+            // The terminal event may be at or before the cursor the client
+            // gave, so that no read shows it; only when nothing was read
+            // (nothing follows a terminal event). One appended later is read
+            // like any other (also when type_prefix filters it out) and
+            // ends the stream above.
+            if request.stop_at_end
+                && cursor == request.after_seq
+                && finished_at_or_before(engine, run, cursor).await?
+            {
                 return Ok(());
             }
         }
