@@ -23,6 +23,7 @@
 
 pub mod embedded;
 pub mod postgres;
+mod queue;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prost::Message as _;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use super::log::{self, Log, Mark, Round};
 use super::spans::Recent;
 use super::{keys, Result, RunId, StoreError, WriteBatch};
+use crate::store::queue::{self, Message, Request};
 use crate::store::Op;
 
 /// Most batches folded into one round.
@@ -29,11 +30,6 @@ const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
 /// own: from this, doubling, up to [`PROBE_MAX`].
 const PROBE_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
 const PROBE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
-
-pub(super) struct Request {
-    pub batch: WriteBatch,
-    pub reply: oneshot::Sender<Result<Vec<u64>>>,
-}
 
 pub(super) struct Committer {
     pub tree: sled::Db,
@@ -50,13 +46,6 @@ pub(super) struct Committer {
     /// Why sled failed, once it has: sled keeps an I/O error for good (its
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
-}
-
-/// What the committer thread is asked to do.
-pub(super) enum Message {
-    Commit(Request),
-    /// Commit what is queued, then stop and say so.
-    Close(oneshot::Sender<()>),
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
@@ -84,18 +73,8 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
             backoff = PROBE_FIRST;
             messages.blocking_recv()
         };
-        match message {
-            Some(Message::Commit(request)) => round.push(request),
-            Some(Message::Close(done)) => closed = Some(done),
-            None => break,
-        }
-        while round.len() < MAX_ROUND && closed.is_none() {
-            match messages.try_recv() {
-                Ok(Message::Commit(request)) => round.push(request),
-                Ok(Message::Close(done)) => closed = Some(done),
-                Err(_) => break,
-            }
-        }
+        let Some(message) = message else { break };
+        closed = queue::gather(message, &mut messages, &mut round, MAX_ROUND);
         if !round.is_empty() {
             committer.commit_round(&mut round);
         }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prost::Message;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
 use super::{
     ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, Result, RunId,
@@ -56,7 +56,7 @@ struct Inner {
     tree: sled::Db,
     segments: Arc<log::Segments>,
     recent: Arc<spans::Recent>,
-    commits: mpsc::Sender<committer::Message>,
+    commits: crate::store::queue::Queue,
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
     durable_position: Arc<AtomicU64>,
@@ -142,7 +142,7 @@ impl EmbeddedStore {
         let token_key = token_key(&tree, &data_file)?;
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
-        let (commits, messages) = mpsc::channel(4096);
+        let (commits, messages) = crate::store::queue::Queue::new();
         let (writable_tx, writable) = watch::channel(true);
         let committer = committer::Committer {
             tree: tree.clone(),
@@ -292,27 +292,11 @@ fn newest_span(tree: &sled::Db, recent: &spans::Recent, run: RunId) -> Result<Op
 #[async_trait::async_trait]
 impl super::Store for EmbeddedStore {
     async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
-        let (reply, answer) = oneshot::channel();
-        let request = committer::Request { batch, reply };
-        self.inner
-            .commits
-            .send(committer::Message::Commit(request))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.inner.commits.commit(batch).await
     }
 
     async fn close(&self) {
-        let (done, closed) = oneshot::channel();
-        if self
-            .inner
-            .commits
-            .send(committer::Message::Close(done))
-            .await
-            .is_ok()
-        {
-            let _ = closed.await;
-        }
+        self.inner.commits.close().await;
     }
 
     fn token_key(&self) -> [u8; 32] {

@@ -32,7 +32,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Object, Pool};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -40,6 +40,7 @@ use uuid::Uuid;
 
 use super::writes::{self, Writes};
 use super::{describe, is_down, with_causes, Durable, NOTIFY_CHANNEL};
+use crate::store::queue::{self, Message, Request};
 use crate::store::{Result, RunId, StoreError, WriteBatch};
 
 /// Most batches folded into one round.
@@ -48,18 +49,6 @@ const MAX_ROUND: usize = 1024;
 const ROUND_TIMEOUT: Duration = Duration::from_secs(10);
 /// While writes fail, how often an empty round tries the database.
 pub(super) const PROBE_EVERY: Duration = Duration::from_millis(500);
-
-pub(super) struct Request {
-    pub batch: WriteBatch,
-    pub reply: oneshot::Sender<Result<Vec<u64>>>,
-}
-
-/// What the committer task is asked to do.
-pub(super) enum Message {
-    Commit(Request),
-    /// Commit what is queued, then stop and say so.
-    Close(oneshot::Sender<()>),
-}
 
 pub(super) struct Committer {
     pub pool: Pool,
@@ -116,18 +105,8 @@ pub(super) async fn run(mut committer: Committer, mut messages: mpsc::Receiver<M
                 }
             }
         };
-        match message {
-            Some(Message::Commit(request)) => round.push(request),
-            Some(Message::Close(done)) => closed = Some(done),
-            None => break,
-        }
-        while round.len() < MAX_ROUND && closed.is_none() {
-            match messages.try_recv() {
-                Ok(Message::Commit(request)) => round.push(request),
-                Ok(Message::Close(done)) => closed = Some(done),
-                Err(_) => break,
-            }
-        }
+        let Some(message) = message else { break };
+        closed = queue::gather(message, &mut messages, &mut round, MAX_ROUND);
         if !round.is_empty() {
             committer.commit_round(&mut round).await;
         }

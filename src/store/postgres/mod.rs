@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool, PoolError};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +63,7 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: Pool,
-    commits: mpsc::Sender<committer::Message>,
+    commits: crate::store::queue::Queue,
     durable: Arc<Durable>,
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
@@ -202,7 +202,7 @@ impl PostgresStore {
             watch: durable_tx,
         });
         let (writable_tx, writable) = watch::channel(true);
-        let (commits, messages) = mpsc::channel(4096);
+        let (commits, messages) = crate::store::queue::Queue::new();
         let committer = committer::Committer {
             pool: pool.clone(),
             durable: durable.clone(),
@@ -399,27 +399,11 @@ fn run_id(row: &Row, column: usize) -> Result<RunId> {
 #[async_trait::async_trait]
 impl super::Store for PostgresStore {
     async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
-        let (reply, answer) = oneshot::channel();
-        let request = committer::Request { batch, reply };
-        self.inner
-            .commits
-            .send(committer::Message::Commit(request))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.inner.commits.commit(batch).await
     }
 
     async fn close(&self) {
-        let (done, closed) = oneshot::channel();
-        if self
-            .inner
-            .commits
-            .send(committer::Message::Close(done))
-            .await
-            .is_ok()
-        {
-            let _ = closed.await;
-        }
+        self.inner.commits.close().await;
         self.inner.stop.cancel();
     }
 
