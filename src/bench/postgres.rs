@@ -32,9 +32,14 @@ impl Database {
 
     /// A store URL of a new, empty schema, named after `tag`.
     pub fn scratch(&self, tag: &str) -> String {
+        postgres::in_schema(&self.url, &self.scratch_schema(tag))
+    }
+
+    /// The name of a new scratch schema, dropped at the end.
+    fn scratch_schema(&self, tag: &str) -> String {
         let schema = format!("{}_{tag}", self.prefix);
         self.schemas.lock().expect("poisoned").push(schema.clone());
-        postgres::in_schema(&self.url, &schema)
+        schema
     }
 
     /// Drops every scratch schema made.
@@ -72,13 +77,9 @@ pub async fn floor(
     rows: usize,
     limit: Duration,
 ) -> anyhow::Result<Floor> {
-    let url = database.scratch("floor");
+    let schema = database.scratch_schema("floor");
+    let url = postgres::in_schema(&database.url, &schema);
     let setup = postgres::connect(&url).await?;
-    let schema = url
-        .rsplit("search_path%3D")
-        .next()
-        .context("scratch URL without a schema")?
-        .to_string();
     setup
         .batch_execute(&format!(
             "CREATE SCHEMA IF NOT EXISTS {schema}; \

@@ -727,7 +727,7 @@ async fn two_schemas_of_one_database_stay_apart() {
     let Some(db) = TestDb::create("two_schemas_of_one_database_stay_apart").await else {
         return;
     };
-    let in_schema = |name: &str| format!("{}?options=-csearch_path%3D{name}", db.url);
+    let in_schema = |name: &str| aaa::store::postgres::in_schema(&db.url, name);
     let a: SharedStore = Arc::new(
         PostgresStore::open(&in_schema("team_a"))
             .await

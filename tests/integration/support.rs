@@ -107,10 +107,8 @@ pub fn on_postgres() -> bool {
 /// A store URL of a new, empty schema on the run's PostgreSQL (aaa
 /// creates the schema its search_path names), or `None` without one.
 pub fn fresh_postgres_store() -> Option<String> {
-    let base = postgres()?;
     let schema = format!("aaa_test_{}", uuid::Uuid::new_v4().simple());
-    let separator = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{separator}options=-csearch_path%3D{schema}"))
+    Some(aaa::store::postgres::in_schema(&postgres()?, &schema))
 }
 
 /// The store a test server in `dir` keeps its data in: `None` for the
