@@ -57,9 +57,16 @@ impl Filter {
         }
     }
 
-    /// Whether a logged approval event (of `run`, for `tool`) passes; the
-    /// labels are the run's.
-    async fn passes(&self, store: &SharedStore, run: &[u8], tool: &str) -> Result<bool, Status> {
+    /// Whether a watch item (of `run`, for `tool`) passes; the labels are
+    /// the run's: the item's own when it carries them (a request), else
+    /// read from the run.
+    async fn passes(
+        &self,
+        store: &SharedStore,
+        run: &[u8],
+        tool: &str,
+        item: &proto::watch_approvals_response::Item,
+    ) -> Result<bool, Status> {
         if !self.tool.is_empty() && self.tool != tool {
             return Ok(false);
         }
@@ -70,6 +77,10 @@ impl Filter {
         }
         if self.labels.is_empty() {
             return Ok(true);
+        }
+        if let proto::watch_approvals_response::Item::Requested(approval) = item {
+            let labels = approval.labels.clone().into_iter().collect();
+            return Ok(labels_match(&self.labels, &labels));
         }
         let Some(id) = RunId::from_slice(run) else {
             return Ok(false);
@@ -231,7 +242,7 @@ async fn watch(
             let Some((tool, item)) = approval_item(store, event).await? else {
                 continue;
             };
-            if !filter.passes(store, &run_id, &tool).await? {
+            if !filter.passes(store, &run_id, &tool, &item).await? {
                 continue;
             }
             if !send(sender, position, item).await {
