@@ -452,15 +452,8 @@ impl super::Store for EmbeddedStore {
     }
 
     async fn next_timer(&self) -> Result<Option<Timer>> {
-        match self.inner.tree.scan_prefix([keys::TIMER]).keys().next() {
-            None => Ok(None),
-            Some(key) => {
-                let key = key?;
-                let (due_ms, run, name) =
-                    keys::parse_timer(&key).ok_or_else(|| corrupt(&key, "bad timer key"))?;
-                Ok(Some(Timer { due_ms, run, name }))
-            }
-        }
+        let first = self.inner.tree.scan_prefix([keys::TIMER]).keys().next();
+        first.map(|key| timer(&key?)).transpose()
     }
 
     async fn tool(&self, name: &str) -> Result<Option<Vec<u8>>> {
@@ -503,12 +496,7 @@ impl super::Store for EmbeddedStore {
             .tree
             .scan_prefix([keys::TIMER])
             .keys()
-            .map(|key| {
-                let key = key?;
-                let (due_ms, run, name) =
-                    keys::parse_timer(&key).ok_or_else(|| corrupt(&key, "bad timer key"))?;
-                Ok(Timer { due_ms, run, name })
-            })
+            .map(|key| timer(&key?))
             .collect()
     }
 
@@ -561,6 +549,13 @@ impl super::Store for EmbeddedStore {
             })
             .collect()
     }
+}
+
+/// The timer a timer key names.
+fn timer(key: &[u8]) -> Result<Timer> {
+    let (due_ms, run, name) =
+        keys::parse_timer(key).ok_or_else(|| corrupt(key, "bad timer key"))?;
+    Ok(Timer { due_ms, run, name })
 }
 
 fn decode<T: Message + Default>(key: &[u8], value: &[u8]) -> Result<T> {

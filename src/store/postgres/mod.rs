@@ -391,6 +391,15 @@ fn dead_letter(row: &Row) -> Result<DeadLetterRecord> {
     })
 }
 
+/// A timer from a row of (due_ms, run_id, name).
+fn timer(row: &Row) -> Result<Timer> {
+    Ok(Timer {
+        due_ms: get(row, 0)?,
+        run: run_id(row, 1)?,
+        name: get(row, 2)?,
+    })
+}
+
 fn run_id(row: &Row, column: usize) -> Result<RunId> {
     let id: Uuid = get(row, column)?;
     RunId::from_slice(id.as_bytes()).ok_or_else(|| corrupt("a bad run id"))
@@ -551,14 +560,7 @@ impl super::Store for PostgresStore {
                 &[],
             )
             .await?;
-        match row {
-            None => Ok(None),
-            Some(row) => Ok(Some(Timer {
-                due_ms: get(&row, 0)?,
-                run: run_id(&row, 1)?,
-                name: get(&row, 2)?,
-            })),
-        }
+        row.as_ref().map(timer).transpose()
     }
 
     async fn tool(&self, name: &str) -> Result<Option<Vec<u8>>> {
@@ -616,15 +618,7 @@ impl super::Store for PostgresStore {
                 &[],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Timer {
-                    due_ms: get(row, 0)?,
-                    run: run_id(row, 1)?,
-                    name: get(row, 2)?,
-                })
-            })
-            .collect()
+        rows.iter().map(timer).collect()
     }
 
     async fn list_tools(&self) -> Result<Vec<(String, Vec<u8>)>> {
