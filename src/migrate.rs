@@ -15,8 +15,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::store::{
-    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, RunId, RunQuery, RunRecord,
-    SharedStore, WriteBatch,
+    ApprovalQuery, ApprovalRecord, DeadLetterRecord, RunId, RunQuery, RunRecord, SharedStore,
+    WriteBatch,
 };
 
 /// Events per commit, and at most this much event data.
@@ -116,36 +116,35 @@ async fn copy_events(from: &SharedStore, to: &SharedStore) -> Result<(), Migrate
         after = last.position;
         let mut batch = WriteBatch::default();
         let mut bytes = 0;
-        let mut sources = Vec::new();
         for event in events {
             bytes += event.data_json.len();
-            sources.push(event.clone());
             batch.push_event(event);
             if bytes >= BYTES_PER_BATCH {
-                commit_events(to, std::mem::take(&mut batch), &mut sources).await?;
+                commit_events(to, std::mem::take(&mut batch)).await?;
                 bytes = 0;
             }
         }
-        commit_events(to, batch, &mut sources).await?;
+        commit_events(to, batch).await?;
     }
 }
 
-/// Commits events and checks they kept their positions.
-async fn commit_events(
-    to: &SharedStore,
-    batch: WriteBatch,
-    sources: &mut Vec<EventRecord>,
-) -> Result<(), MigrateError> {
+/// Commits events and checks they kept their source positions.
+async fn commit_events(to: &SharedStore, batch: WriteBatch) -> Result<(), MigrateError> {
     if batch.is_empty() {
         return Ok(());
     }
+    let sources: Vec<(Vec<u8>, u64, u64)> = batch
+        .events()
+        .iter()
+        .map(|e| (e.run_id.clone(), e.seq, e.position))
+        .collect();
     let positions = to.commit(batch).await?;
-    for (event, got) in sources.drain(..).zip(positions) {
-        if event.position != got {
+    for ((run_id, seq, in_source), got) in sources.into_iter().zip(positions) {
+        if in_source != got {
             return Err(MigrateError::Position {
-                run: run_text(&event.run_id),
-                seq: event.seq,
-                in_source: event.position,
+                run: run_text(&run_id),
+                seq,
+                in_source,
                 got,
             });
         }
