@@ -14,7 +14,7 @@ use crate::engine::event::*;
 use crate::engine::{Engine, Error};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
-use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId, SharedStore};
+use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId};
 
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
 const LOG_CHUNK: usize = 512;
@@ -62,7 +62,7 @@ impl Filter {
     /// read from the run.
     async fn passes(
         &self,
-        store: &SharedStore,
+        engine: &Engine,
         run: &[u8],
         tool: &str,
         item: &proto::watch_approvals_response::Item,
@@ -85,8 +85,8 @@ impl Filter {
         let Some(id) = RunId::from_slice(run) else {
             return Ok(false);
         };
-        let record = store.run(id).await.map_err(|e| to_status(e.into()))?;
-        Ok(record.is_some_and(|r| labels_match(&self.labels, &r.labels)))
+        let facts = engine.run_facts(id).await?;
+        Ok(facts.is_some_and(|f| labels_match(&self.labels, &f.labels)))
     }
 }
 
@@ -239,10 +239,10 @@ async fn watch(
                 continue;
             }
             let run_id = event.run_id.clone();
-            let Some((tool, item)) = approval_item(store, event).await? else {
+            let Some((tool, item)) = approval_item(engine, event).await? else {
                 continue;
             };
-            if !filter.passes(store, &run_id, &tool, &item).await? {
+            if !filter.passes(engine, &run_id, &tool, &item).await? {
                 continue;
             }
             if !send(sender, position, item).await {
@@ -267,7 +267,7 @@ async fn watch(
 
 /// The watch item an approval event stands for, with its tool's name.
 async fn approval_item(
-    store: &SharedStore,
+    engine: &Engine,
     event: EventRecord,
 ) -> Result<Option<(String, proto::watch_approvals_response::Item)>, Status> {
     use proto::watch_approvals_response::Item;
@@ -292,11 +292,13 @@ async fn approval_item(
     Ok(match event.event_type.as_str() {
         APPROVAL_REQUESTED => {
             let data: ApprovalRequested = serde_json::from_str(&event.data_json).map_err(bad)?;
-            let run = match RunId::from_slice(&event.run_id) {
-                Some(run) => store.run(run).await.map_err(|e| to_status(e.into()))?,
+            let facts = match RunId::from_slice(&event.run_id) {
+                Some(run) => engine.run_facts(run).await?,
                 None => None,
             };
-            let (labels, task) = run.map(|r| (r.labels, r.task)).unwrap_or_default();
+            let (labels, task) = facts
+                .map(|f| (f.labels.clone(), f.task.clone()))
+                .unwrap_or_default();
             let approval = proto::Approval {
                 run_id: run_id.clone(),
                 call_id: data.call_id,

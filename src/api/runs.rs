@@ -11,7 +11,7 @@ use crate::auth::{self, Principal, Refusal};
 use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
 use crate::engine::{Engine, Error};
 use crate::proto::{self, run_service_server::RunService};
-use crate::store::{RunId, RunQuery, RunRecord};
+use crate::store::{EventRecord, RunId, RunQuery, RunRecord};
 
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 1000;
@@ -203,22 +203,34 @@ impl RunService for RunApi {
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let principal = principal(&request).cloned();
         let request = request.into_inner();
-        let (run, record) = self.known_run(&request.run_id).await?;
+        let run = convert::run_id("run_id", &request.run_id)?;
         self.check_owner(principal.as_ref(), run, true).await?;
-        if request.after_seq > record.last_seq {
-            return Err(Error::invalid(
-                "after_seq",
-                format!(
-                    "run '{run}' has {} events; after_seq {} is past its end",
-                    record.last_seq, request.after_seq
-                ),
-            )
-            .into());
+        // Subscribe, then read: no append is missed in between. Only when the
+        // first read is empty is the run's summary needed, to tell an unknown
+        // run or a cursor past the end from a run with nothing new yet.
+        let head = self.engine.follow(run);
+        let first = read_events(&self.engine, run, request.after_seq).await?;
+        let mut ended = false;
+        if first.is_empty() {
+            let (_, record) = self.known_run(&request.run_id).await?;
+            if request.after_seq > record.last_seq {
+                return Err(Error::invalid(
+                    "after_seq",
+                    format!(
+                        "run '{run}' has {} events; after_seq {} is past its end",
+                        record.last_seq, request.after_seq
+                    ),
+                )
+                .into());
+            }
+            ended = record.status >= proto::RunStatus::Completed as i32
+                && record.last_seq == request.after_seq;
         }
+        let start = Start { head, first, ended };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let engine = self.engine.clone();
         tokio::spawn(async move {
-            if let Err(status) = follow_events(&engine, run, request, &sender).await {
+            if let Err(status) = follow_events(&engine, run, request, start, &sender).await {
                 let _ = sender.send(Err(status)).await;
             }
         });
@@ -282,25 +294,49 @@ impl RunService for RunApi {
     }
 }
 
+/// Where a stream starts: the head subscribed to before the first read, that
+/// read, and whether the run had already ended at the client's cursor (known
+/// only when the first read was empty).
+struct Start {
+    head: tokio::sync::watch::Receiver<u64>,
+    first: Vec<EventRecord>,
+    ended: bool,
+}
+
+async fn read_events(engine: &Engine, run: RunId, after: u64) -> Result<Vec<EventRecord>, Status> {
+    engine
+        .store()
+        .run_events(run, after, READ_CHUNK)
+        .await
+        .map_err(|e| to_status(e.into()))
+}
+
 /// Sends the run's events after the cursor, the caught-up marker, then live
 /// events. Subscribes before each read, so no append is missed in between.
 async fn follow_events(
     engine: &Engine,
     run: RunId,
     request: proto::StreamEventsRequest,
+    start: Start,
     sender: &mpsc::Sender<Result<proto::StreamEventsResponse, Status>>,
 ) -> Result<(), Status> {
     use proto::stream_events_response::Item;
-    let mut head = engine.follow(run);
+    let Start {
+        mut head,
+        first,
+        ended,
+    } = start;
+    let mut next = Some(first);
     let mut cursor = request.after_seq;
     let mut caught_up = false;
     loop {
-        head.borrow_and_update();
-        let events = engine
-            .store()
-            .run_events(run, cursor, READ_CHUNK)
-            .await
-            .map_err(|e| to_status(e.into()))?;
+        let events = match next.take() {
+            Some(events) => events,
+            None => {
+                head.borrow_and_update();
+                read_events(engine, run, cursor).await?
+            }
+        };
         let full = events.len() == READ_CHUNK;
         for record in events {
             cursor = record.seq;
@@ -334,14 +370,10 @@ async fn follow_events(
                 return Ok(());
             }
             // The terminal event may be at or before the cursor the client
-            // gave, so that no read shows it; only when nothing was read
-            // (nothing follows a terminal event). One appended later is read
-            // like any other (also when type_prefix filters it out) and
-            // ends the stream above.
-            if request.stop_at_end
-                && cursor == request.after_seq
-                && finished_at_or_before(engine, run, cursor).await?
-            {
+            // gave, so that no read shows it (nothing follows a terminal
+            // event). One appended later is read like any other (also when
+            // type_prefix filters it out) and ends the stream above.
+            if request.stop_at_end && ended {
                 return Ok(());
             }
         }
@@ -351,15 +383,4 @@ async fn follow_events(
             _ = sender.closed() => return Ok(()),
         }
     }
-}
-
-/// Has the run finished, with its terminal event at or before `cursor`?
-async fn finished_at_or_before(engine: &Engine, run: RunId, cursor: u64) -> Result<bool, Status> {
-    let record = engine
-        .store()
-        .run(run)
-        .await
-        .map_err(|e| to_status(e.into()))?;
-    Ok(record
-        .is_some_and(|r| r.status >= proto::RunStatus::Completed as i32 && r.last_seq <= cursor))
 }

@@ -11,6 +11,7 @@
 mod dispatch;
 pub mod error;
 pub mod event;
+mod facts;
 mod heads;
 mod leases;
 mod recorded;
@@ -32,6 +33,8 @@ pub use dispatch::QueueKey;
 use dispatch::{Dispatcher, Reservation, TaskRef};
 pub use error::Error;
 use event::*;
+use facts::FactsCache;
+pub use facts::RunFacts;
 use heads::Heads;
 use leases::{LeaseKind, Leases};
 use state::{Action, DecisionOutcome, Message, RunState, ToolOutcome};
@@ -225,6 +228,7 @@ struct Inner {
     dispatcher: Dispatcher,
     leases: Leases,
     heads: Heads,
+    facts: FactsCache,
     timers_changed: Notify,
     /// Set when durable timers were armed or cancelled: the timer loop reads
     /// the earliest one again (not at every lease change, which on a
@@ -268,6 +272,7 @@ impl Engine {
                 dispatcher: Dispatcher::default(),
                 leases,
                 heads: Heads::default(),
+                facts: FactsCache::default(),
                 timers_changed: Notify::new(),
                 durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
                 shutdown,
@@ -293,6 +298,23 @@ impl Engine {
 
     pub fn shutdown_token(&self) -> &CancellationToken {
         &self.inner.shutdown
+    }
+
+    /// The run's labels and task (`None` for an unknown run), from the
+    /// cache when it has them.
+    pub async fn run_facts(&self, run: RunId) -> Result<Option<Arc<RunFacts>>, Error> {
+        if let Some(facts) = self.inner.facts.get(run) {
+            return Ok(Some(facts));
+        }
+        let Some(record) = self.inner.store.run(run).await? else {
+            return Ok(None);
+        };
+        let facts = Arc::new(RunFacts {
+            labels: record.labels,
+            task: record.task,
+        });
+        self.inner.facts.put(run, facts.clone());
+        Ok(Some(facts))
     }
 
     /// Changes whenever the run's durable head moves.
@@ -612,6 +634,10 @@ impl Engine {
         let now = self.now_ms();
         let deadline_at_ms = (start.budget.deadline_s > 0.0)
             .then(|| crate::seconds::after_ms(now, start.budget.deadline_s));
+        let facts = Arc::new(RunFacts {
+            labels: start.labels.clone(),
+            task: start.task.clone(),
+        });
         let started = RunStarted {
             task: start.task,
             system: start.system,
@@ -637,6 +663,7 @@ impl Engine {
         }
         self.commit_detached(guard, state, Vec::new(), batch, actions)
             .await?;
+        self.inner.facts.put(run, facts);
         Ok((run, true))
     }
 

@@ -176,3 +176,67 @@ async fn type_prefix_filters_events_but_not_the_cursor() {
     worker.stop().await;
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cursors_at_and_past_the_end_and_unknown_runs() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let worker = Worker::spawn(&server, "payments-1", &["wire_money"], &[]).await;
+    let follow_from = |run_id: &str, after_seq: u64| StreamEventsRequest {
+        run_id: run_id.to_string(),
+        after_seq,
+        follow: true,
+        stop_at_end: true,
+        ..Default::default()
+    };
+
+    let unknown = runs
+        .stream_events(follow_from(&aaa::store::RunId::new().to_string(), 0))
+        .await;
+    assert_error(&expect_err(unknown), tonic::Code::NotFound, "RUN_NOT_FOUND");
+
+    // A waiting run, followed from its last event: caught_up there, then the
+    // events that come after the grant, to the end.
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let waiting_seq = history(&mut runs, &run_id).await.last().unwrap().seq;
+    let past = runs
+        .stream_events(follow_from(&run_id, waiting_seq + 1))
+        .await;
+    let status = expect_err(past);
+    assert_error(&status, tonic::Code::InvalidArgument, "INVALID_FIELD");
+    assert!(status.message().contains("after_seq"), "{status:?}");
+    let mut stream = runs
+        .stream_events(follow_from(&run_id, waiting_seq))
+        .await
+        .expect("StreamEvents")
+        .into_inner();
+    let (events, caught_up) = read_until_caught_up(&mut stream).await;
+    assert!(events.is_empty());
+    assert_eq!(caught_up, waiting_seq);
+    grant(&mut runs, &run_id, &call_id).await;
+    let mut rest = Vec::new();
+    while let Some(item) = next_item(&mut stream).await {
+        if let Item::Event(event) = item {
+            rest.push(event);
+        }
+    }
+    assert_dense(&rest, waiting_seq + 1);
+    assert!(is_terminal(&rest.last().unwrap().r#type));
+
+    // A finished run followed from its terminal event ends at once.
+    let last_seq = rest.last().unwrap().seq;
+    let mut stream = runs
+        .stream_events(follow_from(&run_id, last_seq))
+        .await
+        .expect("StreamEvents")
+        .into_inner();
+    assert_eq!(
+        read_until_caught_up(&mut stream).await,
+        (Vec::new(), last_seq)
+    );
+    assert!(next_item(&mut stream).await.is_none());
+    worker.stop().await;
+    server.shutdown().await;
+}
