@@ -88,6 +88,9 @@ pub struct EventRecord {
     pub actor_kind: i32,
     #[prost(string, tag = "9")]
     pub actor_name: String,
+    /// The principal behind a worker actor (auth on); empty otherwise.
+    #[prost(string, tag = "10")]
+    pub actor_principal: String,
 }
 
 /// A run's summary, written when its status changes. `last_seq` and

@@ -20,7 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	aaa "aaa.dev/clients/go"
+	"aaa.dev/clients/go/aaav1"
 	"aaa.dev/clients/go/internal/testserver"
 )
 
@@ -111,7 +114,9 @@ func sha256Hex(data []byte) string {
 }
 
 // startTLS starts a TLS server whose principals are "runner" and "approver"
-// (tokens "runner-token", "approver-token") and "robot" (its certificate).
+// (tokens "runner-token", "approver-token"), "robot" (its certificate), and
+// the workers "payments" and "intruder" (tokens "payments-token",
+// "intruder-token"), both allowed to serve the tool wire_money only.
 func startTLS(t *testing.T) (*testserver.Server, pki) {
 	t.Helper()
 	dir := t.TempDir()
@@ -135,7 +140,20 @@ token_sha256 = "%s"
 name = "robot"
 roles = ["runner"]
 cert_sha256 = "%s"
-`, sha256Hex([]byte("runner-token")), sha256Hex([]byte("approver-token")), sha256Hex(p.client.Leaf.Raw))
+
+[[principal]]
+name = "payments"
+roles = ["worker"]
+tools = ["wire_money"]
+token_sha256 = "%s"
+
+[[principal]]
+name = "intruder"
+roles = ["worker"]
+tools = ["wire_money"]
+token_sha256 = "%s"
+`, sha256Hex([]byte("runner-token")), sha256Hex([]byte("approver-token")), sha256Hex(p.client.Leaf.Raw),
+		sha256Hex([]byte("payments-token")), sha256Hex([]byte("intruder-token")))
 	path := filepath.Join(dir, "auth.toml")
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
@@ -197,5 +215,69 @@ func TestTokenAndClientCertificateOverTLS(t *testing.T) {
 	var e *aaa.Error
 	if !errors.Is(err, aaa.ErrPermissionDenied) || !errors.As(err, &e) || e.Metadata["roles"] != "runner,admin" {
 		t.Errorf("StartRun as approver: %v, want ErrPermissionDenied naming runner,admin", err)
+	}
+}
+
+// A worker principal serves only the tools its auth config lists, and a
+// worker identity belongs to the principal that first used it.
+func TestWorkerPrincipalServesOnlyItsToolsUnderAnIdentityItOwns(t *testing.T) {
+	server, p := startTLS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	dialAs := func(token string) *aaa.Client {
+		return dialWith(t, server.Addr, aaa.WithTLS(&tls.Config{RootCAs: p.roots}), aaa.WithToken(token))
+	}
+	payments, intruder, runner := dialAs("payments-token"), dialAs("intruder-token"), dialAs("runner-token")
+	echoTool := func(name string) aaa.Tool {
+		return aaa.Tool{Name: name, Handler: func(ctx context.Context, task *aaa.ToolTask) (any, error) {
+			return task.Arguments, nil
+		}}
+	}
+	wireMoney := echoTool("wire_money")
+
+	// A tool the principal's tools do not list.
+	_, err := aaa.NewWorker(payments, aaa.WorkerOptions{Identity: "payments-1", Tools: []aaa.Tool{echoTool("send_email")}}).Register(ctx)
+	if e := wantReason(t, err, aaa.ErrNotAllowedToServe); e.Code != codes.PermissionDenied || e.Metadata["tool"] != "send_email" {
+		t.Errorf("Register send_email as payments: %v (metadata %v), want PERMISSION_DENIED naming the tool", err, e.Metadata)
+	}
+
+	// payments-1 is payments' from its first use on: intruder may not
+	// register or poll as it, even for a tool intruder may serve.
+	serveWith(t, ctx, payments, aaa.WorkerOptions{Identity: "payments-1", Tools: []aaa.Tool{wireMoney}})
+	_, err = aaa.NewWorker(intruder, aaa.WorkerOptions{Identity: "payments-1", Tools: []aaa.Tool{wireMoney}}).Register(ctx)
+	if e := wantReason(t, err, aaa.ErrIdentityTaken); e.Code != codes.PermissionDenied || e.Metadata["identity"] != "payments-1" {
+		t.Errorf("Register as payments-1 by intruder: %v (metadata %v), want PERMISSION_DENIED naming the identity", err, e.Metadata)
+	}
+	poll := &aaav1.PollTaskRequest{Identity: "payments-1", Tools: []string{"wire_money"}, WaitS: 0.1}
+	_, err = intruder.WorkerService().PollTask(ctx, poll)
+	if e := wantReason(t, aaa.FromGRPC(err), aaa.ErrIdentityTaken); e.Metadata["identity"] != "payments-1" {
+		t.Errorf("PollTask as payments-1 by intruder: metadata %v, want the identity", e.Metadata)
+	}
+
+	// The owner serves a run; the events name its identity and its principal.
+	run, err := runner.StartRun(ctx, aaa.StartRunRequest{
+		Task:  "pay",
+		Model: aaa.ScriptedModel(aaa.CallStep(aaa.ToolCallRequest{Name: "wire_money", Arguments: map[string]int{"amount": 5}}), aaa.EchoStep()),
+		Tools: []aaa.ToolRef{{Name: "wire_money"}},
+	})
+	if err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	outcome, err := runner.Result(ctx, run.RunID)
+	if err != nil || outcome.Status != aaa.StatusCompleted {
+		t.Fatalf("Result: %+v, %v", outcome, err)
+	}
+	actors := map[string]aaa.Actor{}
+	for event, err := range runner.Events(ctx, run.RunID, aaa.EventsOptions{}) {
+		if err != nil {
+			t.Fatalf("Events: %v", err)
+		}
+		actors[event.Type] = event.Actor
+	}
+	if got, want := actors["aaa.tool.completed"], (aaa.Actor{Kind: aaa.ActorWorker, Name: "payments-1", Principal: "payments"}); got != want {
+		t.Errorf("actor of aaa.tool.completed = %+v, want %+v", got, want)
+	}
+	if got, want := actors["aaa.run.started"], (aaa.Actor{Kind: aaa.ActorClient, Name: "runner"}); got != want {
+		t.Errorf("actor of aaa.run.started = %+v, want %+v", got, want)
 	}
 }

@@ -32,7 +32,8 @@ func reasonOf(r aaav1.ErrorReason) Reason { return Reason(r.String()) }
 
 // The reasons the server gives (google.rpc.ErrorInfo.reason, domain "aaa.v1").
 var (
-	// ErrRunNotFound (NOT_FOUND): the run id is unknown.
+	// ErrRunNotFound (NOT_FOUND): the run id is unknown, or (auth on) names
+	// another principal's run and the caller lacks the reader role.
 	ErrRunNotFound = reasonOf(aaav1.ErrorReason_RUN_NOT_FOUND)
 	// ErrCallNotFound (NOT_FOUND): the run has no such call, or no approval request for it.
 	ErrCallNotFound = reasonOf(aaav1.ErrorReason_CALL_NOT_FOUND)
@@ -61,7 +62,9 @@ var (
 	// ErrPermissionDenied (PERMISSION_DENIED): the caller lacks the role;
 	// Metadata["roles"] lists the roles that would do, comma-separated.
 	ErrPermissionDenied = reasonOf(aaav1.ErrorReason_PERMISSION_DENIED)
-	// ErrNotRunOwner (PERMISSION_DENIED): a runner touched a run it did not start.
+	// ErrNotRunOwner (PERMISSION_DENIED): a runner with the reader role acts on
+	// a run another principal started (a caller without reader gets
+	// ErrRunNotFound instead).
 	ErrNotRunOwner = reasonOf(aaav1.ErrorReason_NOT_RUN_OWNER)
 	// ErrSeparationOfDuties (PERMISSION_DENIED): the run's starter decided one of
 	// its calls while the server enforces separation of duties.
@@ -82,6 +85,16 @@ var (
 	// ErrMalformedRequest (INVALID_ARGUMENT): the request bytes are not a valid
 	// message of the method's type: a bug of the client that sent them.
 	ErrMalformedRequest = reasonOf(aaav1.ErrorReason_MALFORMED_REQUEST)
+	// ErrNotAllowedToServe (PERMISSION_DENIED): a worker principal registers or
+	// polls a tool or model that its tools / models in the auth config do not
+	// list; Metadata["tool"] or Metadata["model"] names it.
+	ErrNotAllowedToServe = reasonOf(aaav1.ErrorReason_NOT_ALLOWED_TO_SERVE)
+	// ErrIdentityTaken (PERMISSION_DENIED): the worker identity was first used
+	// by another principal; Metadata["identity"] names it.
+	ErrIdentityTaken = reasonOf(aaav1.ErrorReason_IDENTITY_TAKEN)
+	// ErrNotTaskHolder (PERMISSION_DENIED): CompleteTask, FailTask or
+	// HeartbeatTask from another principal than the one the task was handed to.
+	ErrNotTaskHolder = reasonOf(aaav1.ErrorReason_NOT_TASK_HOLDER)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

@@ -151,7 +151,7 @@ func TestEveryErrorReasonHasASentinel(t *testing.T) {
 		aaa.ErrToolNotRegistered, aaa.ErrInvalidToken, aaa.ErrShuttingDown, aaa.ErrInternal,
 		aaa.ErrUnauthenticated, aaa.ErrPermissionDenied, aaa.ErrNotRunOwner, aaa.ErrSeparationOfDuties,
 		aaa.ErrGroupNotFound, aaa.ErrGroupMismatch, aaa.ErrMemberTooSlow, aaa.ErrStorageUnavailable,
-		aaa.ErrMalformedRequest,
+		aaa.ErrMalformedRequest, aaa.ErrNotAllowedToServe, aaa.ErrIdentityTaken, aaa.ErrNotTaskHolder,
 	}
 	known := map[string]aaa.Reason{}
 	for _, r := range sentinels {

@@ -90,6 +90,10 @@ type Actor struct {
 	Kind ActorKind
 	// Name is the worker's identity or the client's name; empty for the engine.
 	Name string
+	// Principal is, for a worker with auth on, the authenticated principal
+	// that served the task (an identity alone is only a label). Empty
+	// otherwise: a client's name already is its principal.
+	Principal string
 }
 
 // Event is one event of a run's append-only log.
@@ -231,7 +235,7 @@ func eventFromProto(e *aaav1.Event) Event {
 		Type:     e.GetType(),
 		Data:     json.RawMessage(e.GetDataJson()),
 		Time:     timeOf(e.GetTime()),
-		Actor:    Actor{Kind: e.GetActor().GetKind(), Name: e.GetActor().GetName()},
+		Actor:    Actor{Kind: e.GetActor().GetKind(), Name: e.GetActor().GetName(), Principal: e.GetActor().GetPrincipal()},
 	}
 }
 

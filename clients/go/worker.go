@@ -192,6 +192,8 @@ func TaskFromContext(ctx context.Context) (TaskInfo, bool) {
 // WorkerOptions configures a Worker.
 type WorkerOptions struct {
 	// Identity names the worker in the events it causes; default "go-HOST-PID".
+	// With auth on it belongs to the principal that first uses it: another
+	// principal gets ErrIdentityTaken.
 	Identity string
 	// Tools are the tools to serve.
 	Tools []Tool

@@ -194,6 +194,8 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
         budget,
         labels: request.labels.into_iter().collect(),
         request_id: request.request_id,
+        // Set by the handler, which knows the caller.
+        principal: String::new(),
     })
 }
 
@@ -361,6 +363,7 @@ pub fn event(record: EventRecord) -> proto::Event {
         actor: Some(proto::Actor {
             kind: record.actor_kind,
             name: record.actor_name,
+            principal: record.actor_principal,
         }),
     }
 }

@@ -2,7 +2,7 @@
 //! or read the store, and map errors once (see `status`).
 
 mod approvals;
-mod convert;
+pub(crate) mod convert;
 pub mod malformed;
 mod runs;
 pub mod status;

@@ -65,7 +65,7 @@ impl RunApi {
             .store()
             .run(run)
             .await?
-            .ok_or_else(|| Error::RunNotFound(text.to_string()))?;
+            .ok_or_else(|| Error::RunNotFound(run.to_string()))?;
         Ok((run, record))
     }
 
@@ -85,6 +85,8 @@ impl RunApi {
     }
 
     /// Runners read (`read`), signal and cancel only the runs they started.
+    /// A caller that may not read every run hears of another's run exactly
+    /// as of an unknown one, so that it cannot probe which run ids exist.
     async fn check_owner(
         &self,
         principal: Option<&Principal>,
@@ -98,11 +100,16 @@ impl RunApi {
             return Ok(());
         }
         match self.starter(run).await? {
-            Some(starter) if starter != principal.name => Err(Refusal::NotRunOwner {
-                principal: principal.name.clone(),
-                run: run.to_string(),
+            Some(starter) if starter != principal.name => {
+                if !principal.sees_every_run(true) {
+                    return Err(Error::RunNotFound(run.to_string()).into());
+                }
+                Err(Refusal::NotRunOwner {
+                    principal: principal.name.clone(),
+                    run: run.to_string(),
+                }
+                .into())
             }
-            .into()),
             _ => Ok(()),
         }
     }
@@ -128,7 +135,9 @@ impl RunService for RunApi {
         request: Request<proto::StartRunRequest>,
     ) -> Result<Response<proto::StartRunResponse>, Status> {
         let actor = client_actor(&request);
-        let start = convert::start_run(request.into_inner())?;
+        let principal = principal(&request).map_or_else(String::new, |p| p.name.clone());
+        let mut start = convert::start_run(request.into_inner())?;
+        start.principal = principal;
         let (run, created) = self.engine.start_run(start, actor).await?;
         Ok(Response::new(proto::StartRunResponse {
             run_id: run.to_string(),
@@ -266,7 +275,14 @@ impl RunService for RunApi {
         let data = convert::json_object("data_json", &request.data_json)?;
         let answer = self
             .engine
-            .signal(run, &request.r#type, data, &request.request_id, actor)
+            .signal(
+                run,
+                &request.r#type,
+                data,
+                &request.request_id,
+                actor,
+                principal.as_ref().map_or("", |p| p.name.as_str()),
+            )
             .await?;
         Ok(Response::new(proto::SignalResponse {
             seq: answer.seq,

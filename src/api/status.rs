@@ -113,6 +113,7 @@ pub fn to_status(error: Error) -> Status {
             metadata.insert("field".to_string(), "token".to_string());
             (Code::InvalidArgument, ErrorReason::InvalidToken)
         }
+        Error::Refused(refusal) => return refused(refusal),
         Error::ShuttingDown => (Code::Unavailable, ErrorReason::ShuttingDown),
         Error::StorageUnavailable(cause) => {
             tracing::warn!("refused a write: the store is unavailable: {cause}");
@@ -148,9 +149,9 @@ pub fn malformed(detail: &str) -> Status {
 pub fn refused(refusal: &Refusal) -> Status {
     let mut metadata = HashMap::new();
     let (code, reason) = match refusal {
-        Refusal::MissingCredentials | Refusal::UnknownCredentials => {
-            (Code::Unauthenticated, ErrorReason::Unauthenticated)
-        }
+        Refusal::MissingCredentials
+        | Refusal::UnknownCredentials
+        | Refusal::MalformedCredentials(_) => (Code::Unauthenticated, ErrorReason::Unauthenticated),
         Refusal::MissingRole { needed, method, .. } => {
             metadata.insert("roles".to_string(), needed.join(","));
             metadata.insert("method".to_string(), method.clone());
@@ -164,6 +165,15 @@ pub fn refused(refusal: &Refusal) -> Status {
             metadata.insert("run_id".to_string(), run.clone());
             (Code::PermissionDenied, ErrorReason::SeparationOfDuties)
         }
+        Refusal::NotAllowedToServe { kind, name, .. } => {
+            metadata.insert(kind.to_string(), name.clone());
+            (Code::PermissionDenied, ErrorReason::NotAllowedToServe)
+        }
+        Refusal::IdentityTaken { identity } => {
+            metadata.insert("identity".to_string(), identity.clone());
+            (Code::PermissionDenied, ErrorReason::IdentityTaken)
+        }
+        Refusal::NotTaskHolder { .. } => (Code::PermissionDenied, ErrorReason::NotTaskHolder),
     };
     error_status(code, reason, &refusal.to_string(), metadata)
 }

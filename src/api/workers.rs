@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use super::{convert, peer_name};
+use super::{convert, peer_name, principal};
+use crate::auth::Served;
+use crate::engine::event::WorkerId;
 use crate::engine::{Engine, Error, QueueKey, Report};
 use crate::proto::{self, worker_service_server::WorkerService};
 use crate::seconds;
@@ -19,6 +21,8 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<proto::RegisterWorkerRequest>,
     ) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
+        let worker = worker_id(&request, &request.get_ref().identity);
+        let caller = principal(&request).cloned();
         let request = request.into_inner();
         let tools = request
             .tools
@@ -29,6 +33,15 @@ impl WorkerService for WorkerApi {
         for (i, model) in request.models.iter().enumerate() {
             convert::name(&format!("models[{i}]"), model)?;
         }
+        if let Some(caller) = &caller {
+            for tool in &tools {
+                caller.may_serve(Served::Tool, &tool.name)?;
+            }
+            for model in &request.models {
+                caller.may_serve(Served::Model, model)?;
+            }
+        }
+        self.engine.claim_identity(&worker).await?;
         let stored = self.engine.register_tools(tools).await?;
         Ok(Response::new(proto::RegisterWorkerResponse {
             tools: stored.iter().map(convert::tool_definition_out).collect(),
@@ -39,15 +52,22 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<proto::PollTaskRequest>,
     ) -> Result<Response<proto::PollTaskResponse>, Status> {
-        let identity = worker_identity(&request, &request.get_ref().identity);
+        let worker = worker_id(&request, &request.get_ref().identity);
+        let caller = principal(&request).cloned();
         let request = request.into_inner();
         let mut keys = Vec::new();
         for (i, tool) in request.tools.into_iter().enumerate() {
             convert::name(&format!("tools[{i}]"), &tool)?;
+            if let Some(caller) = &caller {
+                caller.may_serve(Served::Tool, &tool)?;
+            }
             keys.push(QueueKey::Tool(tool));
         }
         for (i, model) in request.models.into_iter().enumerate() {
             convert::name(&format!("models[{i}]"), &model)?;
+            if let Some(caller) = &caller {
+                caller.may_serve(Served::Model, &model)?;
+            }
             keys.push(QueueKey::Model(model));
         }
         if keys.is_empty() {
@@ -58,7 +78,8 @@ impl WorkerService for WorkerApi {
             0.0 => Duration::MAX,
             s => seconds::duration(s),
         };
-        let task = self.engine.poll_task(&identity, &keys, wait).await?;
+        self.engine.claim_identity(&worker).await?;
+        let task = self.engine.poll_task(&worker, &keys, wait).await?;
         Ok(Response::new(proto::PollTaskResponse {
             task: task.map(convert::task),
         }))
@@ -68,7 +89,11 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<proto::HeartbeatTaskRequest>,
     ) -> Result<Response<proto::HeartbeatTaskResponse>, Status> {
-        let cancel_requested = self.engine.heartbeat(&request.get_ref().token).await?;
+        let caller = principal_name(&request);
+        let cancel_requested = self
+            .engine
+            .heartbeat(&request.get_ref().token, &caller)
+            .await?;
         Ok(Response::new(proto::HeartbeatTaskResponse {
             cancel_requested,
         }))
@@ -79,7 +104,7 @@ impl WorkerService for WorkerApi {
         request: Request<proto::CompleteTaskRequest>,
     ) -> Result<Response<proto::CompleteTaskResponse>, Status> {
         use proto::complete_task_request::Result as Outcome;
-        let identity = peer_name(&request);
+        let caller = worker_id(&request, "");
         let request = request.into_inner();
         let report = match request.result {
             None => {
@@ -92,10 +117,7 @@ impl WorkerService for WorkerApi {
             }
             Some(Outcome::Reply(reply)) => convert::model_reply(reply)?,
         };
-        let already_recorded = self
-            .engine
-            .report(&request.token, report, &identity)
-            .await?;
+        let already_recorded = self.engine.report(&request.token, report, &caller).await?;
         Ok(Response::new(proto::CompleteTaskResponse {
             already_recorded,
         }))
@@ -105,24 +127,32 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<proto::FailTaskRequest>,
     ) -> Result<Response<proto::FailTaskResponse>, Status> {
-        let identity = peer_name(&request);
+        let caller = worker_id(&request, "");
         let request = request.into_inner();
         let report = Report::Failure {
             error: convert::error_detail(request.error)?,
             retryable: !request.non_retryable,
         };
-        let already_recorded = self
-            .engine
-            .report(&request.token, report, &identity)
-            .await?;
+        let already_recorded = self.engine.report(&request.token, report, &caller).await?;
         Ok(Response::new(proto::FailTaskResponse { already_recorded }))
     }
 }
 
-fn worker_identity<T>(request: &Request<T>, identity: &str) -> String {
-    if identity.is_empty() {
+/// The worker: the identity it names (by default its principal or address,
+/// clipped to 256 characters) and the principal it authenticated as.
+fn worker_id<T>(request: &Request<T>, identity: &str) -> WorkerId {
+    let identity = if identity.is_empty() {
         peer_name(request)
     } else {
         identity.chars().take(256).collect()
+    };
+    WorkerId {
+        identity,
+        principal: principal_name(request),
     }
+}
+
+/// The caller's principal; empty with auth off.
+fn principal_name<T>(request: &Request<T>) -> String {
+    principal(request).map_or_else(String::new, |p| p.name.clone())
 }

@@ -84,22 +84,70 @@ fn check<B>(auth: &AuthConfig, request: &http::Request<B>) -> Result<Option<Prin
     if is_open(method) {
         return Ok(None);
     }
-    let bearer = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        // A header that is not `Bearer TOKEN` matches no token's hash.
-        .map(|value| {
-            let value = value.to_str().unwrap_or_default();
-            value.strip_prefix("Bearer ").unwrap_or(value)
-        });
+    let bearer = bearer_token(request.headers())?;
     let certs = request
         .extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|info| info.peer_certs());
     let cert = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
+    if let (None, Some(der)) = (bearer, cert) {
+        require_client_auth(der)?;
+    }
     let principal = auth.authenticate(bearer, cert)?;
     authorize(method, &principal)?;
     Ok(Some(principal))
+}
+
+/// The token of the one `authorization: Bearer TOKEN` header, if any. A
+/// header in any other form is refused before anything is hashed: two of
+/// them (which one would count?), another scheme or none, an empty token,
+/// bytes that are not visible ASCII.
+fn bearer_token(headers: &http::HeaderMap) -> Result<Option<&str>, Refusal> {
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Refusal::MalformedCredentials(
+            "more than one authorization header",
+        ));
+    }
+    let value = value.to_str().map_err(|_| {
+        Refusal::MalformedCredentials("the authorization header is not visible ASCII")
+    })?;
+    // The scheme name is case-insensitive (RFC 9110, section 11.1).
+    let token = match value.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token,
+        _ => {
+            return Err(Refusal::MalformedCredentials(
+                "the authorization header is not `Bearer TOKEN`",
+            ))
+        }
+    };
+    if token.trim().is_empty() {
+        return Err(Refusal::MalformedCredentials(
+            "the authorization header has an empty token",
+        ));
+    }
+    Ok(Some(token))
+}
+
+/// A client certificate names a caller only when it says it is for client
+/// authentication: its extendedKeyUsage must be present and hold clientAuth
+/// (the TLS layer checks the chain, and the usage only when it is present).
+fn require_client_auth(der: &[u8]) -> Result<(), Refusal> {
+    let refused = |why| Err(Refusal::MalformedCredentials(why));
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return refused("the client certificate cannot be parsed");
+    };
+    match cert.extended_key_usage() {
+        Ok(Some(usage)) if usage.value.client_auth => Ok(()),
+        Ok(Some(_)) => refused("the client certificate's extendedKeyUsage lacks clientAuth"),
+        Ok(None) => {
+            refused("the client certificate has no extendedKeyUsage (clientAuth is required)")
+        }
+        Err(_) => refused("the client certificate's extendedKeyUsage cannot be read"),
+    }
 }
 
 /// The caller's address, for the log line of a refusal.

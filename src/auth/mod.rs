@@ -85,11 +85,14 @@ const OPEN_SERVICES: &[&str] = &[
 ];
 
 /// An authenticated caller: the name recorded as the actor of the events it
-/// causes, and its roles. The auth layer puts it in the request extensions.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// causes, its roles, and the tools and models it may serve as a worker.
+/// The auth layer puts it in the request extensions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Principal {
     pub name: String,
     pub roles: Vec<Role>,
+    pub tools: Vec<String>,
+    pub models: Vec<String>,
 }
 
 impl Principal {
@@ -106,6 +109,39 @@ impl Principal {
         let roles: &[Role] = if read { &[Reader] } else { &[] };
         self.has_any(roles)
     }
+
+    /// May it serve (register, poll) the tool or model `name`? Only those
+    /// its `tools` / `models` list; admin serves any.
+    pub fn may_serve(&self, kind: Served, name: &str) -> Result<(), Refusal> {
+        let allowed = match kind {
+            Served::Tool => &self.tools,
+            Served::Model => &self.models,
+        };
+        if self.has_any(&[]) || allowed.iter().any(|t| t == name) {
+            return Ok(());
+        }
+        Err(Refusal::NotAllowedToServe {
+            principal: self.name.clone(),
+            kind,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// What a worker serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Tool,
+    Model,
+}
+
+impl fmt::Display for Served {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Served::Tool => "tool",
+            Served::Model => "model",
+        })
+    }
 }
 
 /// Why a call was refused. Mapped to a gRPC status in `api::status`; the
@@ -116,6 +152,8 @@ pub enum Refusal {
     MissingCredentials,
     #[error("unknown credentials: the token or client certificate matches no principal")]
     UnknownCredentials,
+    #[error("malformed credentials: {0}")]
+    MalformedCredentials(&'static str),
     #[error(
         "{principal} may not call {method}: it needs the role {}",
         or_list(needed)
@@ -132,6 +170,20 @@ pub enum Refusal {
         "{principal} started run '{run}' and may not decide its approvals (separation of duties)"
     )]
     SeparationOfDuties { principal: String, run: String },
+    #[error(
+        "{principal} may not serve the {kind} '{name}': add it to the principal's {kind}s in the auth config"
+    )]
+    NotAllowedToServe {
+        principal: String,
+        kind: Served,
+        name: String,
+    },
+    #[error(
+        "the worker identity '{identity}' belongs to another principal; choose another identity"
+    )]
+    IdentityTaken { identity: String },
+    #[error("{principal} may not report on this task: it was handed to another principal")]
+    NotTaskHolder { principal: String },
 }
 
 /// Is `method` (a gRPC path, `/package.Service/Method`) open to anyone?
@@ -274,6 +326,11 @@ struct PrincipalSection {
     roles: Vec<Role>,
     token_sha256: Option<String>,
     cert_sha256: Option<String>,
+    /// The tools and models it may serve as a worker (none when absent).
+    #[serde(default)]
+    tools: Vec<String>,
+    #[serde(default)]
+    models: Vec<String>,
 }
 
 /// Why the auth config file was refused: one readable line.
@@ -333,9 +390,18 @@ impl AuthConfig {
                     "{at}: cert_sha256 needs [tls] client_ca, so that clients can present certificates"
                 )));
             }
+            for (field, names) in [("tools", &p.tools), ("models", &p.models)] {
+                for name in names {
+                    // The names RegisterWorker would take.
+                    crate::api::convert::name(field, name)
+                        .map_err(|e| ConfigError(format!("{at}: {e}")))?;
+                }
+            }
             let principal = Principal {
                 name: p.name,
                 roles: p.roles,
+                tools: p.tools,
+                models: p.models,
             };
             for (field, hash, map) in [
                 ("token_sha256", p.token_sha256, &mut config.by_token),
@@ -346,6 +412,11 @@ impl AuthConfig {
                 if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(ConfigError(format!(
                         "{at}: {field} is not 64 hex digits (the hex SHA-256)"
+                    )));
+                }
+                if hash == sha256_hex(b"") {
+                    return Err(ConfigError(format!(
+                        "{at}: {field} is the hash of the empty string, which no caller may use"
                     )));
                 }
                 if map.insert(hash, principal.clone()).is_some() {
@@ -432,6 +503,7 @@ mod tests {
         Principal {
             name: "p".into(),
             roles: roles.to_vec(),
+            ..Principal::default()
         }
     }
 
@@ -460,6 +532,30 @@ mod tests {
         assert!(authorize_signal(&runner, "aaa.approval.granted").is_err());
         assert!(authorize_signal(&approver, "aaa.approval.denied").is_ok());
         assert!(authorize_signal(&approver, "app.note").is_err());
+    }
+
+    #[test]
+    fn workers_serve_only_what_their_principal_lists() {
+        let worker = Principal {
+            tools: vec!["wire_money".into()],
+            models: vec!["gpt".into()],
+            ..principal(&[Worker])
+        };
+        assert!(worker.may_serve(Served::Tool, "wire_money").is_ok());
+        assert!(worker.may_serve(Served::Model, "gpt").is_ok());
+        // A tool's name is not a model's.
+        assert!(worker.may_serve(Served::Model, "wire_money").is_err());
+        let refusal = worker.may_serve(Served::Tool, "send_email").unwrap_err();
+        assert!(
+            refusal.to_string().contains("tool 'send_email'"),
+            "{refusal}"
+        );
+        assert!(principal(&[Role::Admin])
+            .may_serve(Served::Tool, "anything")
+            .is_ok());
+        assert!(principal(&[Worker])
+            .may_serve(Served::Tool, "wire_money")
+            .is_err());
     }
 
     #[test]
@@ -507,6 +603,16 @@ mod tests {
             (
                 "colour = 1\n[[principal]]\nname = \"a\"\nroles = []",
                 "unknown field",
+            ),
+            (
+                "[[principal]]\nname = \"a\"\nroles = [\"runner\"]\n\
+                 token_sha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"",
+                "hash of the empty string",
+            ),
+            (
+                "[[principal]]\nname = \"w\"\nroles = [\"worker\"]\ntools = [\"a b\"]\n\
+                 token_sha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"",
+                "principal 'w': tools: 'a b' contains ' '",
             ),
         ];
         for (text, expected) in cases {

@@ -117,6 +117,7 @@ pub async fn store_appends(
                 time_ms: crate::engine::now_ms(),
                 actor_kind: 3,
                 actor_name: "aaa-bench".into(),
+                actor_principal: String::new(),
             });
             store
                 .commit(batch)

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::event::WorkerId;
 use super::state::Action;
 use super::Task;
 use crate::store::RunId;
@@ -58,7 +59,7 @@ impl Delivery {
 /// undelivered (the commit failed), the poll ends empty.
 pub struct Reservation {
     sender: oneshot::Sender<Delivery>,
-    pub worker: String,
+    pub worker: WorkerId,
 }
 
 impl Reservation {
@@ -106,8 +107,8 @@ struct Queue {
 /// One long poll, registered on every queue it serves; the first offer wins.
 struct Waiter {
     slot: Mutex<Option<oneshot::Sender<Delivery>>>,
-    /// The polling worker's identity, for attempts started on its behalf.
-    worker: String,
+    /// The polling worker, for attempts started on its behalf.
+    worker: WorkerId,
 }
 
 impl Waiter {
@@ -158,14 +159,14 @@ impl Dispatcher {
     pub async fn take(
         &self,
         keys: &[QueueKey],
-        worker: &str,
+        worker: &WorkerId,
         wait: Duration,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> Option<Delivery> {
         let (sender, receiver) = oneshot::channel();
         let waiter = Arc::new(Waiter {
             slot: Mutex::new(Some(sender)),
-            worker: worker.to_string(),
+            worker: worker.clone(),
         });
         {
             let mut queues = self.queues.lock().expect("poisoned");
@@ -305,19 +306,19 @@ mod tests {
         d.offer(task(2));
         let keys = [QueueKey::Tool("t".into())];
         assert_eq!(
-            d.take(&keys, "w", Duration::ZERO, &cancel)
+            d.take(&keys, &"w".into(), Duration::ZERO, &cancel)
                 .await
                 .map(|d| d.task),
             Some(task(1))
         );
         assert_eq!(
-            d.take(&keys, "w", Duration::ZERO, &cancel)
+            d.take(&keys, &"w".into(), Duration::ZERO, &cancel)
                 .await
                 .map(|d| d.task),
             Some(task(2))
         );
         assert_eq!(
-            d.take(&keys, "w", Duration::from_millis(1), &cancel)
+            d.take(&keys, &"w".into(), Duration::from_millis(1), &cancel)
                 .await
                 .map(|d| d.task),
             None
@@ -332,7 +333,9 @@ mod tests {
         let waiting = {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
-                let taken = d.take(&keys, "w", Duration::from_secs(60), &cancel).await;
+                let taken = d
+                    .take(&keys, &"w".into(), Duration::from_secs(60), &cancel)
+                    .await;
                 taken.map(|d| d.task)
             })
         };
@@ -344,7 +347,9 @@ mod tests {
         let abandoned = {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
-                let taken = d.take(&keys, "w", Duration::from_secs(60), &cancel).await;
+                let taken = d
+                    .take(&keys, &"w".into(), Duration::from_secs(60), &cancel)
+                    .await;
                 taken.map(|d| d.task)
             })
         };
@@ -352,7 +357,7 @@ mod tests {
         let _ = abandoned.await;
         d.offer(task(8));
         assert_eq!(
-            d.take(&keys, "w", Duration::ZERO, &cancel)
+            d.take(&keys, &"w".into(), Duration::ZERO, &cancel)
                 .await
                 .map(|d| d.task),
             Some(task(8))
@@ -367,7 +372,7 @@ mod tests {
         let poll = |worker: &'static str| {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
-                d.take(&keys, worker, Duration::from_secs(60), &cancel)
+                d.take(&keys, &worker.into(), Duration::from_secs(60), &cancel)
                     .await
             })
         };
@@ -375,7 +380,7 @@ mod tests {
         let waiting = poll("w1");
         registered(&d, &keys[0]).await;
         let reservation = d.reserve(&keys[0]).expect("a poll waits");
-        assert_eq!(reservation.worker, "w1");
+        assert_eq!(reservation.worker.identity, "w1");
         assert!(d.reserve(&keys[0]).is_none(), "a poll is reserved once");
         reservation.deliver(&d, task(3), started(3));
         let delivery = waiting.await.unwrap().expect("delivered");
@@ -391,7 +396,7 @@ mod tests {
         let _ = abandoned.await;
         reservation.deliver(&d, task(4), started(4));
         let again = d
-            .take(&keys, "w3", Duration::ZERO, &cancel)
+            .take(&keys, &"w3".into(), Duration::ZERO, &cancel)
             .await
             .expect("offered again");
         assert!(again.started.is_none());

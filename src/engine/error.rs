@@ -36,6 +36,10 @@ pub enum Error {
     ShuttingDown,
     #[error("the store cannot take writes ({0}); nothing of this call was written, retry later")]
     StorageUnavailable(String),
+    /// Who may do what (auth on): a refusal found by the engine, such as a
+    /// task token of another principal.
+    #[error("{0}")]
+    Refused(#[from] crate::auth::Refusal),
     #[error("internal error: {0}")]
     Internal(String),
 }

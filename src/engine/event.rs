@@ -25,8 +25,12 @@ pub const APPROVAL_DENIED: &str = "aaa.approval.denied";
 pub const APPROVAL_EXPIRED: &str = "aaa.approval.expired";
 
 /// Is this type one that only the engine may append?
+/// The prefix is matched in any case: `AAA.approval.granted` grants nothing,
+/// but a consumer that compares types case-insensitively could be fooled.
 pub fn is_reserved(event_type: &str) -> bool {
-    event_type.starts_with("aaa.")
+    event_type
+        .get(..4)
+        .is_some_and(|prefix| prefix.eq_ignore_ascii_case("aaa."))
         && event_type != APPROVAL_GRANTED
         && event_type != APPROVAL_DENIED
 }
@@ -35,8 +39,26 @@ pub fn is_reserved(event_type: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Actor {
     Engine,
-    Worker(String),
+    Worker(WorkerId),
     Client(String),
+}
+
+/// A worker as events name it: the identity it chose and, with auth on, the
+/// principal that authenticated it (empty without auth).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerId {
+    pub identity: String,
+    pub principal: String,
+}
+
+impl From<&str> for WorkerId {
+    /// A worker without a principal (auth off).
+    fn from(identity: &str) -> Self {
+        WorkerId {
+            identity: identity.to_string(),
+            principal: String::new(),
+        }
+    }
 }
 
 impl Actor {
@@ -51,7 +73,17 @@ impl Actor {
     pub fn name(&self) -> &str {
         match self {
             Actor::Engine => "",
-            Actor::Worker(name) | Actor::Client(name) => name,
+            Actor::Worker(worker) => &worker.identity,
+            Actor::Client(name) => name,
+        }
+    }
+
+    /// The principal behind a worker; empty for others (a client's name is
+    /// already its principal when auth is on).
+    pub fn principal(&self) -> &str {
+        match self {
+            Actor::Worker(worker) => &worker.principal,
+            Actor::Engine | Actor::Client(_) => "",
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct StartRun {
     pub budget: Budget,
     pub labels: std::collections::BTreeMap<String, String>,
     pub request_id: String,
+    /// The principal that asks (empty with auth off): request ids are its
+    /// own, never shared with another principal's.
+    pub principal: String,
 }
 
 /// Signal's answer.
@@ -125,15 +128,17 @@ pub enum Report {
     },
 }
 
-/// The fencing token of an attempt: kind, run, attempt and call. A result
-/// carrying a token whose attempt is no longer current is refused. Tokens
-/// are signed (HMAC-SHA256 with the store's token key), so a worker cannot
-/// make one for an attempt it was not given.
+/// The fencing token of an attempt: kind, run, attempt, the principal it
+/// was handed to (empty with auth off) and call. A result carrying a token
+/// whose attempt is no longer current is refused, and so is one from
+/// another principal. Tokens are signed (HMAC-SHA256 with the store's token
+/// key), so a worker cannot make one for an attempt it was not given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Token {
     kind: LeaseKind,
     run: RunId,
     attempt: u32,
+    principal: String,
     call_id: String,
 }
 
@@ -141,20 +146,27 @@ struct Token {
 const TOKEN_MAC_BYTES: usize = 16;
 
 impl Token {
-    /// `KIND.MAC.RUN.ATTEMPT.CALL`; the call id goes last, as it may hold dots.
+    /// `KIND.MAC.RUN.ATTEMPT.PRINCIPAL.CALL`, the principal's name in hex
+    /// (names may hold dots); the call id goes last, as it may hold dots.
     fn encode(&self, key: &[u8]) -> String {
         let kind = match self.kind {
             LeaseKind::Tool => "t",
             LeaseKind::Model => "m",
         };
-        let body = format!("{kind}.{}.{}.{}", self.run, self.attempt, self.call_id);
+        let body = format!(
+            "{kind}.{}.{}.{}.{}",
+            self.run,
+            self.attempt,
+            hex::encode(&self.principal),
+            self.call_id
+        );
         let mac = Self::mac(key, &body).finalize().into_bytes();
         let (kind, rest) = body.split_at(1);
         format!("{kind}.{}{rest}", hex::encode(&mac[..TOKEN_MAC_BYTES]))
     }
 
     fn decode(text: &str, key: &[u8]) -> Result<Token, Error> {
-        let mut parts = text.splitn(5, '.');
+        let mut parts = text.splitn(6, '.');
         let kind_text = parts.next().ok_or(Error::InvalidToken)?;
         let mac = parts
             .next()
@@ -180,6 +192,10 @@ impl Token {
             .next()
             .and_then(|a| a.parse().ok())
             .ok_or(Error::InvalidToken)?;
+        let principal = parts
+            .next()
+            .and_then(|p| String::from_utf8(hex::decode(p).ok()?).ok())
+            .ok_or(Error::InvalidToken)?;
         let call_id = parts
             .next()
             .filter(|c| !c.is_empty())
@@ -188,8 +204,20 @@ impl Token {
             kind,
             run,
             attempt,
+            principal,
             call_id: call_id.to_string(),
         })
+    }
+
+    /// Refuses a caller other than the principal the task was handed to.
+    fn check_holder(&self, caller: &str) -> Result<(), Error> {
+        if self.principal == caller {
+            return Ok(());
+        }
+        Err(crate::auth::Refusal::NotTaskHolder {
+            principal: caller.to_string(),
+        }
+        .into())
     }
 
     fn mac(key: &[u8], body: &str) -> Hmac<Sha256> {
@@ -214,6 +242,9 @@ struct Staged {
 }
 
 /// Handle to the engine. Cheap to clone.
+/// Worker identities whose owner is kept in memory.
+const IDENTITIES_CACHED: usize = 4096;
+
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
@@ -229,12 +260,24 @@ struct Inner {
     leases: Leases,
     heads: Heads,
     facts: FactsCache,
+    /// Worker identities and the principals they belong to (auth on).
+    identities: Mutex<lru::LruCache<String, String>>,
     timers_changed: Notify,
     /// Set when durable timers were armed or cancelled: the timer loop reads
     /// the earliest one again (not at every lease change, which on a
     /// database would be a query per attempt).
     durable_timers_changed: std::sync::atomic::AtomicBool,
     shutdown: CancellationToken,
+}
+
+/// Where a method's request ids are kept: per method (and run), and per
+/// principal when auth is on, so that one caller's id never answers
+/// another's request.
+fn request_scope(method: &[u8], principal: &str) -> Vec<u8> {
+    match principal {
+        "" => method.to_vec(),
+        name => [method, b"/", name.as_bytes()].concat(),
+    }
 }
 
 /// Which of `stripes` locks guards `key`. DefaultHasher::new() has fixed
@@ -273,6 +316,9 @@ impl Engine {
                 leases,
                 heads: Heads::default(),
                 facts: FactsCache::default(),
+                identities: Mutex::new(lru::LruCache::new(
+                    NonZeroUsize::new(IDENTITIES_CACHED).expect("non-zero"),
+                )),
                 timers_changed: Notify::new(),
                 durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
                 shutdown,
@@ -568,6 +614,7 @@ impl Engine {
             time_ms: now,
             actor_kind: event.actor.kind(),
             actor_name: event.actor.name().to_string(),
+            actor_principal: event.actor.principal().to_string(),
         })
     }
 
@@ -614,17 +661,17 @@ impl Engine {
     /// Starts a run, or returns the one an earlier call with the same
     /// request_id started. Returns (run, created).
     pub async fn start_run(&self, start: StartRun, actor: Actor) -> Result<(RunId, bool), Error> {
-        const SCOPE: &[u8] = b"start";
+        let scope = request_scope(b"start", &start.principal);
         let _request_guard = match start.request_id.is_empty() {
             true => None,
             false => Some(
-                self.inner.request_locks[stripe(&start.request_id, RUN_LOCK_STRIPES)]
+                self.inner.request_locks[stripe(&(&scope, &start.request_id), RUN_LOCK_STRIPES)]
                     .lock()
                     .await,
             ),
         };
         if !start.request_id.is_empty() {
-            if let Some(bytes) = self.inner.store.request(SCOPE, &start.request_id).await? {
+            if let Some(bytes) = self.inner.store.request(&scope, &start.request_id).await? {
                 let run = RunId::from_slice(&bytes)
                     .ok_or_else(|| Error::Internal("bad idempotency record".into()))?;
                 return Ok((run, false));
@@ -659,7 +706,7 @@ impl Engine {
         let mut batch = WriteBatch::default();
         batch.push_event(record);
         if !start.request_id.is_empty() {
-            batch.put_request(SCOPE, &start.request_id, run.as_bytes().to_vec());
+            batch.put_request(&scope, &start.request_id, run.as_bytes().to_vec());
         }
         self.commit_detached(guard, state, Vec::new(), batch, actions)
             .await?;
@@ -702,8 +749,9 @@ impl Engine {
         data: Value,
         request_id: &str,
         actor: Actor,
+        principal: &str,
     ) -> Result<SignalAnswer, Error> {
-        let scope = [b"signal".as_slice(), run.as_bytes()].concat();
+        let scope = request_scope(&[b"signal".as_slice(), run.as_bytes()].concat(), principal);
         let decision = event_type == APPROVAL_GRANTED || event_type == APPROVAL_DENIED;
         // Retries of one request wait for each other here, so the second
         // reads the answer the first recorded.
@@ -802,10 +850,55 @@ impl Engine {
         Ok(stored)
     }
 
+    /// Binds a worker identity to the principal that first uses it (auth
+    /// on), so that no other principal can act or be recorded under it.
+    /// Bindings are durable and never change, so they are cached.
+    pub async fn claim_identity(&self, worker: &WorkerId) -> Result<(), Error> {
+        const SCOPE: &[u8] = b"identity";
+        if worker.principal.is_empty() {
+            return Ok(());
+        }
+        let cached = (self.inner.identities.lock().expect("poisoned"))
+            .get(&worker.identity)
+            .cloned();
+        let owner = match cached {
+            Some(owner) => owner,
+            None => {
+                let _guard = self.inner.request_locks
+                    [stripe(&(SCOPE, &worker.identity), RUN_LOCK_STRIPES)]
+                .lock()
+                .await;
+                match self.inner.store.request(SCOPE, &worker.identity).await? {
+                    Some(bytes) => String::from_utf8(bytes)
+                        .map_err(|_| Error::Internal("bad identity record".into()))?,
+                    None => {
+                        let mut batch = WriteBatch::default();
+                        let principal = worker.principal.as_bytes().to_vec();
+                        batch.put_request(SCOPE, &worker.identity, principal);
+                        self.inner.store.commit(batch).await?;
+                        worker.principal.clone()
+                    }
+                }
+            }
+        };
+        self.inner
+            .identities
+            .lock()
+            .expect("poisoned")
+            .put(worker.identity.clone(), owner.clone());
+        if owner != worker.principal {
+            return Err(crate::auth::Refusal::IdentityTaken {
+                identity: worker.identity.clone(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// Long poll for a task of the named tools and models.
     pub async fn poll_task(
         &self,
-        identity: &str,
+        worker: &WorkerId,
         keys: &[QueueKey],
         wait: Duration,
     ) -> Result<Option<Task>, Error> {
@@ -816,7 +909,7 @@ impl Engine {
             let Some(delivery) = self
                 .inner
                 .dispatcher
-                .take(keys, identity, left, &self.inner.shutdown)
+                .take(keys, worker, left, &self.inner.shutdown)
                 .await
             else {
                 return Ok(None);
@@ -826,7 +919,7 @@ impl Engine {
             }
             let taken = dispatch::Taken::new(&self.inner.dispatcher, delivery.task);
             // On error the task goes back to its queue (`Taken` drops).
-            let claimed = self.claim(taken.task().clone(), identity).await?;
+            let claimed = self.claim(taken.task().clone(), worker).await?;
             taken.done();
             if let Some(task) = claimed {
                 return Ok(Some(task));
@@ -835,7 +928,7 @@ impl Engine {
     }
 
     /// Turns a queued call into an attempt, if the run still wants it.
-    async fn claim(&self, task: TaskRef, identity: &str) -> Result<Option<Task>, Error> {
+    async fn claim(&self, task: TaskRef, worker: &WorkerId) -> Result<Option<Task>, Error> {
         let now = self.now_ms();
         match task.key {
             QueueKey::Tool(_) => {
@@ -845,7 +938,7 @@ impl Engine {
                             return Ok((Vec::new(), None));
                         };
                         let (events, attempt) =
-                            match state.decide_tool_start(&task.call_id, identity, now) {
+                            match state.decide_tool_start(&task.call_id, worker, now) {
                                 Some(event) => (vec![event], call.attempt + 1),
                                 // Started for a poll that went away before
                                 // it could answer: hand out the same attempt.
@@ -859,7 +952,7 @@ impl Engine {
                             };
                         Ok((
                             events,
-                            Some(self.tool_attempt(state, call, attempt, identity)),
+                            Some(self.tool_attempt(state, call, attempt, worker)),
                         ))
                     })
                     .await;
@@ -894,20 +987,19 @@ impl Engine {
                     task.run,
                     &task.call_id,
                     attempt,
-                    identity,
+                    &worker.identity,
                     LeaseKind::Model,
                     timeout,
                 );
                 self.inner.timers_changed.notify_one();
-                Ok(Some(self.task(
-                    task.run,
-                    task.call_id,
+                let token = Token {
+                    kind: LeaseKind::Model,
+                    run: task.run,
                     attempt,
-                    LeaseKind::Model,
-                    timeout,
-                    deadline,
-                    work,
-                )))
+                    principal: worker.principal.clone(),
+                    call_id: task.call_id,
+                };
+                Ok(Some(self.task(token, timeout, deadline, work)))
             }
         }
     }
@@ -919,14 +1011,14 @@ impl Engine {
         state: &RunState,
         call: &state::Call,
         attempt: u32,
-        worker: &str,
+        worker: &WorkerId,
     ) -> Task {
         let timeout = self.heartbeat_timeout(call.spec.as_ref());
         self.inner.leases.grant(
             state.id,
             &call.call_id,
             attempt,
-            worker,
+            &worker.identity,
             LeaseKind::Tool,
             timeout,
         );
@@ -935,40 +1027,29 @@ impl Engine {
             name: call.name.clone(),
             arguments: call.arguments.clone(),
         };
-        self.task(
-            state.id,
-            call.call_id.clone(),
+        let token = Token {
+            kind: LeaseKind::Tool,
+            run: state.id,
             attempt,
-            LeaseKind::Tool,
-            timeout,
-            state.spec.deadline_at_ms,
-            work,
-        )
+            principal: worker.principal.clone(),
+            call_id: call.call_id.clone(),
+        };
+        self.task(token, timeout, state.spec.deadline_at_ms, work)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The task handed out for an attempt, with its signed token.
     fn task(
         &self,
-        run: RunId,
-        call_id: String,
-        attempt: u32,
-        kind: LeaseKind,
+        token: Token,
         heartbeat_timeout: Duration,
         deadline_at_ms: Option<i64>,
         work: Work,
     ) -> Task {
-        let token = Token {
-            kind,
-            run,
-            attempt,
-            call_id: call_id.clone(),
-        }
-        .encode(&self.inner.store.token_key());
         Task {
-            token,
-            run,
-            call_id,
-            attempt,
+            token: token.encode(&self.inner.store.token_key()),
+            run: token.run,
+            call_id: token.call_id,
+            attempt: token.attempt,
             heartbeat_timeout,
             deadline_at_ms,
             work,
@@ -976,8 +1057,10 @@ impl Engine {
     }
 
     /// Renews the attempt's lease; answers whether the run wants it stopped.
-    pub async fn heartbeat(&self, token: &str) -> Result<bool, Error> {
+    /// `caller` is the principal that sends it (empty with auth off).
+    pub async fn heartbeat(&self, token: &str, caller: &str) -> Result<bool, Error> {
         let token = Token::decode(token, &self.inner.store.token_key())?;
+        token.check_holder(caller)?;
         let current = self
             .read_run(token.run, |state| {
                 if state.is_finished() {
@@ -1012,7 +1095,8 @@ impl Engine {
     }
 
     /// CompleteTask / FailTask. The event names the worker holding the
-    /// attempt's lease, or `fallback_identity` when no lease is known.
+    /// attempt's lease (or the caller's identity when no lease is known) and
+    /// the caller's principal, which must be the one the task was handed to.
     /// Answers true when the log holds this very result already (a retry
     /// after a lost answer); another result for a finished attempt stays
     /// refused.
@@ -1020,11 +1104,15 @@ impl Engine {
         &self,
         token: &str,
         report: Report,
-        fallback_identity: &str,
+        caller: &WorkerId,
     ) -> Result<bool, Error> {
         let token = Token::decode(token, &self.inner.store.token_key())?;
+        token.check_holder(&caller.principal)?;
         let holder = self.inner.leases.holder(token.run, &token.call_id);
-        let actor = Actor::Worker(holder.unwrap_or_else(|| fallback_identity.to_string()));
+        let actor = Actor::Worker(WorkerId {
+            identity: holder.unwrap_or_else(|| caller.identity.clone()),
+            principal: caller.principal.clone(),
+        });
         let refusal = match self.record_report(&token, &report, actor).await {
             Ok(()) => {
                 self.inner.leases.release(token.run, &token.call_id);
@@ -1281,15 +1369,26 @@ mod tests {
             kind: LeaseKind::Tool,
             run: RunId::new(),
             attempt: 2,
+            principal: "payments.worker".into(),
             call_id: "call.with.dots".into(),
         };
         let text = token.encode(&key);
         assert_eq!(Token::decode(&text, &key).unwrap(), token);
-        // Another server's key, another attempt, a cut signature: refused.
+        assert!(token.check_holder("payments.worker").is_ok());
+        assert!(matches!(
+            token.check_holder("other-worker"),
+            Err(Error::Refused(_))
+        ));
+        // Another server's key, another attempt, another principal, a cut
+        // signature: refused.
         assert!(Token::decode(&text, &[8u8; 32]).is_err());
-        let other_attempt = text.replace(".2.call", ".3.call");
+        let principal = hex::encode("payments.worker");
+        let other_attempt = text.replace(&format!(".2.{principal}"), &format!(".3.{principal}"));
         assert_ne!(other_attempt, text);
         assert!(Token::decode(&other_attempt, &key).is_err());
+        let other_principal = text.replace(&principal, &hex::encode("other-worker"));
+        assert_ne!(other_principal, text);
+        assert!(Token::decode(&other_principal, &key).is_err());
         let (kind, rest) = text.split_at(2);
         assert!(Token::decode(&format!("{kind}{}", &rest[2..]), &key).is_err());
         for junk in ["", "t", "t.", "t..", "x.00.1.2", "not-a-token"] {

@@ -866,7 +866,12 @@ impl RunState {
     }
 
     /// A worker asks to start the call: the next attempt, if it may run now.
-    pub fn decide_tool_start(&self, call_id: &str, worker: &str, now_ms: i64) -> Option<NewEvent> {
+    pub fn decide_tool_start(
+        &self,
+        call_id: &str,
+        worker: &WorkerId,
+        now_ms: i64,
+    ) -> Option<NewEvent> {
         let call = self.startable(call_id, now_ms)?;
         Some(
             NewEvent::engine(
@@ -874,10 +879,10 @@ impl RunState {
                 ToolStarted {
                     call_id: call_id.to_string(),
                     attempt: call.attempt + 1,
-                    worker: worker.to_string(),
+                    worker: worker.identity.clone(),
                 },
             )
-            .by(Actor::Worker(worker.to_string())),
+            .by(Actor::Worker(worker.clone())),
         )
     }
 
@@ -1051,6 +1056,7 @@ mod tests {
             time_ms: 1_000,
             actor_kind: event.actor.kind(),
             actor_name: event.actor.name().to_string(),
+            actor_principal: event.actor.principal().to_string(),
         }
     }
 
@@ -1152,7 +1158,7 @@ mod tests {
         );
         assert_eq!(state.status_code(), 2, "waiting for approval");
         assert!(
-            state.decide_tool_start("call-1", "w", 0).is_none(),
+            state.decide_tool_start("call-1", &"w".into(), 0).is_none(),
             "no attempt before the grant"
         );
 
@@ -1174,7 +1180,7 @@ mod tests {
         ));
 
         let start = state
-            .decide_tool_start("call-1", "w", 0)
+            .decide_tool_start("call-1", &"w".into(), 0)
             .expect("granted call starts");
         fold(&mut state, vec![start], &mut log);
         let done = state
@@ -1240,7 +1246,7 @@ mod tests {
         assert!(effects
             .iter()
             .any(|a| matches!(a, Action::DispatchTool { .. })));
-        let start = state.decide_tool_start("call-1", "w", 0).unwrap();
+        let start = state.decide_tool_start("call-1", &"w".into(), 0).unwrap();
         fold(&mut state, vec![start], &mut log);
         let lost = ToolOutcome::Failure {
             error: ErrorData::new("AttemptLost", "no heartbeat"),
@@ -1252,10 +1258,14 @@ mod tests {
         assert_eq!(retry.event_type, TOOL_RETRYING);
         fold(&mut state, vec![retry], &mut log);
         assert!(
-            state.decide_tool_start("call-1", "w", 1_000).is_none(),
+            state
+                .decide_tool_start("call-1", &"w".into(), 1_000)
+                .is_none(),
             "backoff not over"
         );
-        let second = state.decide_tool_start("call-1", "w", 2_000).unwrap();
+        let second = state
+            .decide_tool_start("call-1", &"w".into(), 2_000)
+            .unwrap();
         fold(&mut state, vec![second], &mut log);
         assert!(matches!(
             state.decide_tool_outcome("call-1", 1, ToolOutcome::Output(json!(1)), Actor::Engine),

@@ -21,33 +21,44 @@ use crate::support::*;
 const ROLES: [&str; 5] = ["runner", "approver", "worker", "reader", "admin"];
 
 /// The token of each test principal is "token-NAME".
-fn token(name: &str) -> String {
+pub fn token(name: &str) -> String {
     format!("token-{name}")
 }
 
-/// One principal per role, named after it, and "duo" (runner and approver).
-fn auth_toml(separation_of_duties: bool) -> String {
+/// One principal per role, named after it; "duo" (runner and approver);
+/// "watcher" (runner and reader); "other-worker" (serves wire_money too).
+/// Workers serve the tools named, and the model "m" for "worker".
+pub fn auth_toml(separation_of_duties: bool) -> String {
     let mut text = format!("separation_of_duties = {separation_of_duties}\n");
     let principals = ROLES
         .iter()
         .map(|role| (*role, format!("[\"{role}\"]")))
-        .chain([("duo", "[\"runner\", \"approver\"]".to_string())]);
+        .chain([
+            ("duo", "[\"runner\", \"approver\"]".to_string()),
+            ("watcher", "[\"runner\", \"reader\"]".to_string()),
+            ("other-worker", "[\"worker\"]".to_string()),
+        ]);
     for (name, roles) in principals {
         text.push_str(&format!(
             "\n[[principal]]\nname = \"{name}\"\nroles = {roles}\ntoken_sha256 = \"{}\"\n",
             sha256_hex(token(name).as_bytes())
         ));
+        match name {
+            "worker" => text.push_str("tools = [\"wire_money\", \"nothing\"]\nmodels = [\"m\"]\n"),
+            "other-worker" => text.push_str("tools = [\"wire_money\"]\n"),
+            _ => {}
+        }
     }
     text
 }
 
-async fn start_with_auth(text: String) -> TestServer {
+pub async fn start_with_auth(text: String) -> TestServer {
     let auth = Arc::new(AuthConfig::parse(&text, Path::new(".")).expect("auth config"));
     TestServer::start_with(move |config| config.auth = Some(auth.clone())).await
 }
 
 /// A run of the scripted model that answers with the task at once.
-fn echo_run() -> StartRunRequest {
+pub fn echo_run() -> StartRunRequest {
     StartRunRequest {
         task: "hello".into(),
         model: Some(ModelSpec {
@@ -61,7 +72,7 @@ fn echo_run() -> StartRunRequest {
     }
 }
 
-fn signal_request(run_id: &str, ty: &str, data: serde_json::Value) -> SignalRequest {
+pub fn signal_request(run_id: &str, ty: &str, data: serde_json::Value) -> SignalRequest {
     SignalRequest {
         run_id: run_id.into(),
         r#type: ty.into(),
@@ -142,15 +153,12 @@ async fn call(clients: &mut Clients, rpc: &str, run_id: &str) -> Result<(), Stat
             .await
             .map(drop),
         "RegisterWorker" => workers
-            .register_worker(RegisterWorkerRequest {
-                identity: "w".into(),
-                ..Default::default()
-            })
+            .register_worker(RegisterWorkerRequest::default())
             .await
             .map(drop),
         "PollTask" => workers
             .poll_task(PollTaskRequest {
-                identity: "w".into(),
+                identity: String::new(),
                 tools: vec!["nothing".into()],
                 models: vec![],
                 wait_s: 0.001,
@@ -259,10 +267,28 @@ async fn runners_see_and_touch_only_the_runs_they_started() {
         .unwrap()
         .into_inner()
         .run_id;
+    // Without reader, another's run is answered as an unknown one is, so
+    // that run ids cannot be probed; a reader that may not act hears why.
+    let unknown = aaa::store::RunId::new().to_string();
+    let mut watcher = Clients::with_token(&server, &token("watcher")).await;
     for rpc in ["GetRun", "StreamEvents", "Signal app.note", "CancelRun"] {
         let status = expect_err(call(&mut duo, rpc, &mine).await);
-        let info = assert_error(&status, Code::PermissionDenied, "NOT_RUN_OWNER");
+        let info = assert_error(&status, Code::NotFound, "RUN_NOT_FOUND");
         assert_eq!(info.metadata["run_id"], mine, "{rpc}");
+        let for_unknown = expect_err(call(&mut duo, rpc, &unknown).await);
+        assert_error(&for_unknown, Code::NotFound, "RUN_NOT_FOUND");
+        assert_eq!(
+            for_unknown.message().replace(&unknown, "ID"),
+            status.message().replace(&mine, "ID"),
+            "{rpc}"
+        );
+        if rpc == "Signal app.note" || rpc == "CancelRun" {
+            let status = expect_err(call(&mut watcher, rpc, &mine).await);
+            let info = assert_error(&status, Code::PermissionDenied, "NOT_RUN_OWNER");
+            assert_eq!(info.metadata["run_id"], mine, "{rpc}");
+        } else {
+            call(&mut watcher, rpc, &mine).await.expect(rpc);
+        }
     }
     let listed = |response: aaa::proto::ListRunsResponse| -> Vec<String> {
         response.runs.into_iter().map(|r| r.run_id).collect()
@@ -298,12 +324,42 @@ async fn missing_or_unknown_credentials_are_unauthenticated_but_health_is_open()
         let status = expect_err(call(&mut clients, "PollTask", "").await);
         assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
     }
-    // A header that is not a bearer token counts as unknown credentials.
-    let mut request = tonic::Request::new(ListRunsRequest::default());
-    let basic = "Basic dXNlcjpwYXNz".parse().unwrap();
-    request.metadata_mut().insert("authorization", basic);
-    let status = expect_err(server.runs().await.list_runs(request).await);
-    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    // The header must be exactly one `Bearer TOKEN` (the scheme in any case).
+    let runner = format!("Bearer {}", token("runner"));
+    // Tokens are compared exactly.
+    let upper = format!("Bearer {}", token("runner").to_uppercase());
+    let odd_case = format!("bEaReR {}", token("runner"));
+    let bare = token("runner");
+    let header_cases: [(Vec<&[u8]>, bool); 8] = [
+        (vec![runner.as_bytes()], true),
+        (vec![upper.as_bytes()], false),
+        (vec![odd_case.as_bytes()], true),
+        (vec![bare.as_bytes()], false),
+        (vec![b"Basic dXNlcjpwYXNz"], false),
+        (vec![b"Bearer "], false),
+        (vec![b"Bearer token-\xff"], false),
+        (vec![runner.as_bytes(), runner.as_bytes()], false),
+    ];
+    for (values, accepted) in header_cases {
+        let mut request = tonic::Request::new(ListRunsRequest::default());
+        for value in &values {
+            let value = tonic::metadata::MetadataValue::try_from(*value).expect("header bytes");
+            request.metadata_mut().append("authorization", value);
+        }
+        let result = server.runs().await.list_runs(request).await;
+        let shown = values
+            .iter()
+            .map(|v| String::from_utf8_lossy(v))
+            .collect::<Vec<_>>();
+        match accepted {
+            true => drop(result.unwrap_or_else(|e| panic!("{shown:?}: {e:?}"))),
+            false => {
+                let status = result.expect_err(&format!("{shown:?} was accepted"));
+                assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+                assert!(!status.message().contains("token-runner"), "{status:?}");
+            }
+        }
+    }
 
     let mut health = HealthClient::new(channel);
     let request = HealthCheckRequest {
@@ -313,6 +369,57 @@ async fn missing_or_unknown_credentials_are_unauthenticated_but_health_is_open()
         .check(request)
         .await
         .expect("Health/Check needs no token");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_ids_are_each_principals_own() {
+    let server = start_with_auth(auth_toml(false)).await;
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    let mut duo = Clients::with_token(&server, &token("duo")).await;
+    let start = |clients: &mut Clients| {
+        let mut runs = clients.runs.clone();
+        async move {
+            let mut request = echo_run();
+            request.request_id = "nightly-1".into();
+            let answer = runs.start_run(request).await.expect("StartRun");
+            let answer = answer.into_inner();
+            (answer.run_id, answer.created)
+        }
+    };
+    let (of_runner, created) = start(&mut runner).await;
+    assert!(created);
+    // The same id from another principal starts its own run...
+    let (of_duo, created) = start(&mut duo).await;
+    assert!(created);
+    assert_ne!(of_runner, of_duo);
+    // ...and each retry finds its own principal's run.
+    assert_eq!(start(&mut runner).await, (of_runner.clone(), false));
+    assert_eq!(start(&mut duo).await, (of_duo, false));
+
+    // Signal: the run's owner and an admin send the same request id to the
+    // same (waiting) run; each gets an event of its own.
+    let mut worker = Clients::with_token(&server, &token("worker")).await;
+    let register = RegisterWorkerRequest {
+        tools: vec![wire_money()],
+        ..Default::default()
+    };
+    worker.workers.register_worker(register).await.unwrap();
+    let waiting = runner.runs.start_run(scripted_reference_run()).await;
+    let waiting = waiting.expect("StartRun").into_inner().run_id;
+    runner
+        .wait_for_event(&waiting, "aaa.approval.requested")
+        .await;
+    let admin = Clients::with_token(&server, &token("admin")).await;
+    let mut seqs = Vec::new();
+    for clients in [&runner, &admin, &runner] {
+        let mut request = signal_request(&waiting, "app.note", serde_json::json!({}));
+        request.request_id = "note-1".into();
+        let answer = clients.runs.clone().signal(request).await.expect("Signal");
+        seqs.push(answer.into_inner().seq);
+    }
+    assert_ne!(seqs[0], seqs[1], "another principal's request id answered");
+    assert_eq!(seqs[0], seqs[2], "a retry appended again");
     server.shutdown().await;
 }
 
@@ -383,11 +490,13 @@ async fn the_approver_is_the_recorded_actor_of_the_grant_with_its_comment() {
     assert_eq!(actor("aaa.run.started"), (client, "runner".to_string()));
     assert_eq!(actor("aaa.approval.granted"), (client, "approver".into()));
     assert_eq!(actor("aaa.tool.requested"), (engine, String::new()));
-    // The identity the worker polled with.
+    // The identity the worker polled with, and (below) its principal.
     assert_eq!(
         actor("aaa.tool.completed"),
         (worker_kind, "payments-1".into())
     );
+    let completed = find(&events, "aaa.tool.completed").actor.clone().unwrap();
+    assert_eq!(completed.principal, "worker");
     let granted = data(find(&events, "aaa.approval.granted"));
     assert_eq!(granted["comment"], "checked with finance");
     server.shutdown().await;
@@ -605,13 +714,21 @@ async fn a_connection_gets_no_more_concurrent_streams_than_the_cap() {
 /// certificate DER hash, as the auth config names it.
 pub struct Pki {
     ca_pem: String,
-    client_cert_pem: String,
-    client_key_pem: String,
-    client_cert_sha256: String,
+    client: ClientCert,
+    /// Signed by the same CA, but without extendedKeyUsage.
+    no_usage: ClientCert,
+}
+
+pub struct ClientCert {
+    cert_pem: String,
+    key_pem: String,
+    sha256: String,
 }
 
 pub fn make_pki(dir: &Path) -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -621,36 +738,40 @@ pub fn make_pki(dir: &Path) -> Pki {
     let server_key = KeyPair::generate().unwrap();
     let server_params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
     let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
-    let client_key = KeyPair::generate().unwrap();
-    let client_params = CertificateParams::new(vec!["robot".to_string()]).unwrap();
-    let client_cert = client_params.signed_by(&client_key, &issuer).unwrap();
+    let client = |usages: Vec<ExtendedKeyUsagePurpose>| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["robot".to_string()]).unwrap();
+        params.extended_key_usages = usages;
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        ClientCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            sha256: sha256_hex(cert.der()),
+        }
+    };
 
     std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
     std::fs::write(dir.join("server.pem"), server_cert.pem()).unwrap();
     std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
     Pki {
         ca_pem: ca_cert.pem(),
-        client_cert_pem: client_cert.pem(),
-        client_key_pem: client_key.serialize_pem(),
-        client_cert_sha256: sha256_hex(client_cert.der()),
+        client: client(vec![ExtendedKeyUsagePurpose::ClientAuth]),
+        no_usage: client(Vec::new()),
     }
 }
 
-/// Connects over TLS, trusting `pki`'s CA, with the client certificate or not.
+/// Connects over TLS, trusting `pki`'s CA, with a client certificate or not.
 async fn tls_channel(
     addr: std::net::SocketAddr,
     pki: &Pki,
-    with_cert: bool,
+    cert: Option<&ClientCert>,
 ) -> tonic::transport::Channel {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&pki.ca_pem))
         .domain_name("localhost");
-    if with_cert {
-        tls = tls.identity(Identity::from_pem(
-            &pki.client_cert_pem,
-            &pki.client_key_pem,
-        ));
+    if let Some(cert) = cert {
+        tls = tls.identity(Identity::from_pem(&cert.cert_pem, &cert.key_pem));
     }
     Endpoint::from_shared(format!("https://{addr}"))
         .unwrap()
@@ -668,8 +789,10 @@ async fn over_tls_a_client_certificate_or_a_token_names_the_caller() {
     let text = format!(
         "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"ca.pem\"\n\n\
          [[principal]]\nname = \"robot\"\nroles = [\"runner\"]\ncert_sha256 = \"{}\"\n\n\
+         [[principal]]\nname = \"no-usage\"\nroles = [\"runner\"]\ncert_sha256 = \"{}\"\n\n\
          [[principal]]\nname = \"reader\"\nroles = [\"reader\"]\ntoken_sha256 = \"{}\"\n",
-        pki.client_cert_sha256,
+        pki.client.sha256,
+        pki.no_usage.sha256,
         sha256_hex(token("reader").as_bytes()),
     );
     std::fs::write(pki_dir.path().join("auth.toml"), &text).unwrap();
@@ -677,7 +800,10 @@ async fn over_tls_a_client_certificate_or_a_token_names_the_caller() {
     let server = TestServer::start_with(move |config| config.auth = Some(auth.clone())).await;
 
     // The client certificate alone authenticates "robot".
-    let mut robot = Clients::new(tls_channel(server.addr(), &pki, true).await, None);
+    let mut robot = Clients::new(
+        tls_channel(server.addr(), &pki, Some(&pki.client)).await,
+        None,
+    );
     let run_id = robot
         .runs
         .start_run(echo_run())
@@ -687,16 +813,25 @@ async fn over_tls_a_client_certificate_or_a_token_names_the_caller() {
         .run_id;
     // A token over TLS, without a certificate.
     let mut reader = Clients::new(
-        tls_channel(server.addr(), &pki, false).await,
+        tls_channel(server.addr(), &pki, None).await,
         Some(&token("reader")),
     );
     let events = reader.history(&run_id).await;
     let actor = find(&events, "aaa.run.started").actor.clone().unwrap();
     assert_eq!((actor.kind, actor.name.as_str()), (3, "robot"));
     // Neither: UNAUTHENTICATED.
-    let mut anonymous = Clients::new(tls_channel(server.addr(), &pki, false).await, None);
+    let mut anonymous = Clients::new(tls_channel(server.addr(), &pki, None).await, None);
     let status = expect_err(anonymous.runs.list_runs(ListRunsRequest::default()).await);
     assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    // A certificate of the CA, listed in the config, but not for client
+    // authentication (no extendedKeyUsage): UNAUTHENTICATED, saying why.
+    let mut no_usage = Clients::new(
+        tls_channel(server.addr(), &pki, Some(&pki.no_usage)).await,
+        None,
+    );
+    let status = expect_err(no_usage.runs.list_runs(ListRunsRequest::default()).await);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    assert!(status.message().contains("clientAuth"), "{status:?}");
     // Plain text gets no answer from a TLS server.
     let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr()))
         .unwrap()
@@ -734,13 +869,13 @@ async fn grpcurl_connects_over_tls_with_a_token_or_a_client_certificate() {
     };
     let dir = tempfile::tempdir().unwrap();
     let pki = make_pki(dir.path());
-    std::fs::write(dir.path().join("client.pem"), &pki.client_cert_pem).unwrap();
-    std::fs::write(dir.path().join("client.key"), &pki.client_key_pem).unwrap();
+    std::fs::write(dir.path().join("client.pem"), &pki.client.cert_pem).unwrap();
+    std::fs::write(dir.path().join("client.key"), &pki.client.key_pem).unwrap();
     let text = format!(
         "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"ca.pem\"\n\n\
          [[principal]]\nname = \"robot\"\nroles = [\"reader\"]\ncert_sha256 = \"{}\"\n\n\
          [[principal]]\nname = \"reader\"\nroles = [\"reader\"]\ntoken_sha256 = \"{}\"\n",
-        pki.client_cert_sha256,
+        pki.client.sha256,
         sha256_hex(token("reader").as_bytes()),
     );
     let auth = Arc::new(AuthConfig::parse(&text, dir.path()).expect("auth config"));

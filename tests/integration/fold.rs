@@ -44,6 +44,7 @@ fn record(seq: u64, event_type: &str, data_json: String, actor: &Actor) -> Event
         time_ms: 1_000,
         actor_kind: actor.kind(),
         actor_name: actor.name().to_string(),
+        actor_principal: String::new(),
     }
 }
 
@@ -237,7 +238,7 @@ proptest! {
         for event in events {
             fold(&mut state, event).unwrap();
         }
-        let started = state.decide_tool_start("call-1", "w", 1_000).expect("startable");
+        let started = state.decide_tool_start("call-1", &"w".into(), 1_000).expect("startable");
         fold(&mut state, started).unwrap();
         let outcome = if failed {
             ToolOutcome::Failure {

@@ -103,6 +103,10 @@ async fn forged_engine_events_are_refused() {
         "aaa.llm.completed",
         "aaa.llm.x",
         "aaa.anything",
+        // The prefix in any case.
+        "AAA.approval.granted",
+        "Aaa.note",
+        "aAa.tool.completed",
     ] {
         let status = expect_err(signal(&mut runs, &run_id, ty, forged.clone()).await);
         assert_error(&status, Code::InvalidArgument, "RESERVED_EVENT_TYPE");

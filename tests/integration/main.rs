@@ -22,3 +22,4 @@ mod storage;
 mod stream;
 mod subscriptions;
 mod watch;
+mod worker_auth;

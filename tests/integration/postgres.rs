@@ -118,6 +118,7 @@ fn event(run: RunId, seq: u64, ty: &str) -> EventRecord {
         time_ms: 1_000 + seq as i64,
         actor_kind: 3,
         actor_name: "alice".into(),
+        actor_principal: String::new(),
     }
 }
 
@@ -785,7 +786,7 @@ async fn a_schema_newer_than_the_binary_is_refused_by_name() {
     assert!(
         error
             .to_string()
-            .contains("the database schema is version 99; this aaa knows versions up to 1"),
+            .contains("the database schema is version 99; this aaa knows versions up to 2"),
         "{error}"
     );
     db.drop().await;

@@ -178,8 +178,9 @@ const (
 	// PERMISSION_DENIED: the principal lacks the role the call needs;
 	// metadata["roles"] lists the roles that would do, metadata["method"] the call.
 	ErrorReason_PERMISSION_DENIED ErrorReason = 14
-	// PERMISSION_DENIED: a runner (without the reader role) acts on a run that
-	// another principal started.
+	// PERMISSION_DENIED: a runner with the reader role signals or cancels a run
+	// that another principal started. (A caller without reader gets
+	// RUN_NOT_FOUND instead, so that it cannot probe which run ids exist.)
 	ErrorReason_NOT_RUN_OWNER ErrorReason = 15
 	// PERMISSION_DENIED: with separation of duties on, the principal that
 	// started the run decides one of its calls.
@@ -201,6 +202,16 @@ const (
 	// INVALID_ARGUMENT: the request bytes are not a valid message of the
 	// method's type (a string that is not UTF-8, a truncated field, ...).
 	ErrorReason_MALFORMED_REQUEST ErrorReason = 24
+	// PERMISSION_DENIED: a worker principal registers or polls a tool or model
+	// that its `tools` / `models` in the auth config do not list;
+	// metadata["tool"] or metadata["model"] names it.
+	ErrorReason_NOT_ALLOWED_TO_SERVE ErrorReason = 25
+	// PERMISSION_DENIED: the worker identity was first used by another
+	// principal; metadata["identity"] names it.
+	ErrorReason_IDENTITY_TAKEN ErrorReason = 26
+	// PERMISSION_DENIED: a task's result or heartbeat comes from another
+	// principal than the one the task was handed to.
+	ErrorReason_NOT_TASK_HOLDER ErrorReason = 27
 )
 
 // Enum value maps for ErrorReason.
@@ -228,6 +239,9 @@ var (
 		22: "MEMBER_TOO_SLOW",
 		23: "STORAGE_UNAVAILABLE",
 		24: "MALFORMED_REQUEST",
+		25: "NOT_ALLOWED_TO_SERVE",
+		26: "IDENTITY_TAKEN",
+		27: "NOT_TASK_HOLDER",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -252,6 +266,9 @@ var (
 		"MEMBER_TOO_SLOW":          22,
 		"STORAGE_UNAVAILABLE":      23,
 		"MALFORMED_REQUEST":        24,
+		"NOT_ALLOWED_TO_SERVE":     25,
+		"IDENTITY_TAKEN":           26,
+		"NOT_TASK_HOLDER":          27,
 	}
 )
 
@@ -432,7 +449,11 @@ type Actor struct {
 	// The kind of actor.
 	Kind ActorKind `protobuf:"varint,1,opt,name=kind,proto3,enum=aaa.v1.ActorKind" json:"kind,omitempty"`
 	// Worker identity (for WORKER) or the caller's name (for CLIENT); empty for ENGINE.
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// For WORKER with auth on: the authenticated principal that served the
+	// task (a worker identity alone is only a label). Empty otherwise; a
+	// CLIENT's name is already its principal when auth is on.
+	Principal     string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -477,6 +498,13 @@ func (x *Actor) GetKind() ActorKind {
 func (x *Actor) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *Actor) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
 	}
 	return ""
 }
@@ -883,10 +911,11 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x04type\x18\x05 \x01(\tR\x04type\x12\x1b\n" +
 	"\tdata_json\x18\x06 \x01(\tR\bdataJson\x12.\n" +
 	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12#\n" +
-	"\x05actor\x18\b \x01(\v2\r.aaa.v1.ActorR\x05actor\"B\n" +
+	"\x05actor\x18\b \x01(\v2\r.aaa.v1.ActorR\x05actor\"`\n" +
 	"\x05Actor\x12%\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x11.aaa.v1.ActorKindR\x04kind\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\";\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\";\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\xa5\x02\n" +
@@ -925,7 +954,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xec\x03\n" +
+	"\tROLE_TOOL\x10\x04*\xaf\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -949,7 +978,10 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x0eGROUP_MISMATCH\x10\x15\x12\x13\n" +
 	"\x0fMEMBER_TOO_SLOW\x10\x16\x12\x17\n" +
 	"\x13STORAGE_UNAVAILABLE\x10\x17\x12\x15\n" +
-	"\x11MALFORMED_REQUEST\x10\x18Bq\n" +
+	"\x11MALFORMED_REQUEST\x10\x18\x12\x18\n" +
+	"\x14NOT_ALLOWED_TO_SERVE\x10\x19\x12\x12\n" +
+	"\x0eIDENTITY_TAKEN\x10\x1a\x12\x13\n" +
+	"\x0fNOT_TASK_HOLDER\x10\x1bBq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

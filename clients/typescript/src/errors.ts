@@ -76,7 +76,7 @@ export class AaaError extends Error {
 export class NotFound extends AaaError {}
 /** A consumer group that does not exist (reason GROUP_NOT_FOUND). */
 export class GroupNotFound extends NotFound {}
-/** The run id is unknown (reason RUN_NOT_FOUND). */
+/** The run id is unknown, or (auth on) names another principal's run and the caller lacks the reader role (reason RUN_NOT_FOUND). */
 export class RunNotFound extends NotFound {}
 /** The run has no such call, or no approval request for it (reason CALL_NOT_FOUND). */
 export class CallNotFound extends NotFound {}
@@ -115,14 +115,28 @@ export class Unauthenticated extends AaaError {}
 
 /**
  * PERMISSION_DENIED: the caller lacks the role (`metadata.roles` lists those that would do),
- * touches a run it did not start (reason NOT_RUN_OWNER), or decides a call of a run it started
- * under separation of duties (reason SEPARATION_OF_DUTIES).
+ * acts on a run it did not start (reason NOT_RUN_OWNER), decides a call of a run it started
+ * under separation of duties (reason SEPARATION_OF_DUTIES), serves a tool or model its auth
+ * config does not list (reason NOT_ALLOWED_TO_SERVE), uses another principal's worker identity
+ * (reason IDENTITY_TAKEN) or reports on another principal's task (reason NOT_TASK_HOLDER).
  */
 export class PermissionDenied extends AaaError {}
-/** A runner (without the reader role) acts on a run another principal started (reason NOT_RUN_OWNER). */
+/**
+ * A runner with the reader role acts on a run another principal started (a caller without reader
+ * gets {@link RunNotFound} instead); reason NOT_RUN_OWNER.
+ */
 export class NotRunOwner extends PermissionDenied {}
 /** With separation of duties on, the principal that started the run decides one of its calls (reason SEPARATION_OF_DUTIES). */
 export class SeparationOfDuties extends PermissionDenied {}
+/**
+ * A worker principal registers or polls a tool or model that its `tools` / `models` in the auth
+ * config do not list (reason NOT_ALLOWED_TO_SERVE); `metadata.tool` or `metadata.model` names it.
+ */
+export class NotAllowedToServe extends PermissionDenied {}
+/** The worker identity was first used by another principal (reason IDENTITY_TAKEN); `metadata.identity` names it. */
+export class IdentityTaken extends PermissionDenied {}
+/** CompleteTask, FailTask or HeartbeatTask from another principal than the one the task was handed to (reason NOT_TASK_HOLDER). */
+export class NotTaskHolder extends PermissionDenied {}
 
 /**
  * RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they piled up and the server
@@ -181,6 +195,9 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   MEMBER_TOO_SLOW: MemberTooSlow,
   STORAGE_UNAVAILABLE: StorageUnavailable,
   MALFORMED_REQUEST: MalformedRequest,
+  NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
+  IDENTITY_TAKEN: IdentityTaken,
+  NOT_TASK_HOLDER: NotTaskHolder,
 };
 
 /** The class of a reason the server sent, if this SDK knows it. */

@@ -31,6 +31,11 @@ export interface Actor {
   kind: "engine" | "worker" | "client" | "unspecified";
   /** Worker identity or caller name; empty for the engine. */
   name: string;
+  /**
+   * For a worker with auth on: the authenticated principal that served the task (an identity
+   * alone is only a label). Empty otherwise: a client's name already is its principal.
+   */
+  principal: string;
 }
 
 /** One event of a run's append-only log. `D` is the type of its data (see {@link EventDataMap}). */
@@ -407,7 +412,11 @@ export function eventFromProto(e: typesPb.Event): Event {
     data: e.dataJson === "" ? {} : parseObject(e.dataJson),
     dataJson: e.dataJson,
     time: optionalDate(e.time) ?? new Date(0),
-    actor: { kind: ACTOR_KIND[e.actor?.kind ?? typesPb.ActorKind.UNSPECIFIED] ?? "unspecified", name: e.actor?.name ?? "" },
+    actor: {
+      kind: ACTOR_KIND[e.actor?.kind ?? typesPb.ActorKind.UNSPECIFIED] ?? "unspecified",
+      name: e.actor?.name ?? "",
+      principal: e.actor?.principal ?? "",
+    },
   };
 }
 

@@ -184,7 +184,10 @@ export interface WorkerOptions {
   tools?: readonly AnyTool[];
   /** Model name to handler. */
   models?: Record<string, ModelHandler>;
-  /** The worker's name in events; default "node-HOST-PID". */
+  /**
+   * The worker's name in events; default "node-HOST-PID". With auth on it belongs to the principal
+   * that first uses it: another principal gets `IdentityTaken`.
+   */
   identity?: string;
   /** At most this many tasks at once; default 10. */
   concurrency?: number;

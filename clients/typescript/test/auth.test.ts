@@ -1,6 +1,7 @@
 /**
  * Tokens and TLS: a server with an auth config, reached over TLS with a bearer token or a client
- * certificate; refusals surface as Unauthenticated and PermissionDenied.
+ * certificate; refusals surface as Unauthenticated and PermissionDenied (and its kinds, such as
+ * the worker's NotAllowedToServe and IdentityTaken).
  */
 
 import assert from "node:assert/strict";
@@ -10,8 +11,21 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
-import { AaaError, PermissionDenied, Unauthenticated, connect, text, type Client, type ConnectOptions } from "../src/index.js";
-import { startServer, type Server } from "./helpers.js";
+import {
+  AaaError,
+  IdentityTaken,
+  NotAllowedToServe,
+  PermissionDenied,
+  Unauthenticated,
+  connect,
+  echo,
+  text,
+  tool,
+  toolCall,
+  type Client,
+  type ConnectOptions,
+} from "../src/index.js";
+import { WAIT_MS, startServer, type Server } from "./helpers.js";
 
 function hasOpenssl(): boolean {
   try {
@@ -52,6 +66,8 @@ before(async () => {
     `[[principal]]\nname = "runner"\nroles = ["runner"]\ntoken_sha256 = "${sha256("runner-token")}"\n`,
     `[[principal]]\nname = "approver"\nroles = ["approver"]\ntoken_sha256 = "${sha256("approver-token")}"\n`,
     `[[principal]]\nname = "robot"\nroles = ["runner"]\ncert_sha256 = "${sha256(robotDer)}"\n`,
+    `[[principal]]\nname = "payments"\nroles = ["worker"]\ntools = ["wire_money"]\ntoken_sha256 = "${sha256("payments-token")}"\n`,
+    `[[principal]]\nname = "intruder"\nroles = ["worker"]\ntools = ["wire_money"]\ntoken_sha256 = "${sha256("intruder-token")}"\n`,
   ].join("\n"));
   server = await startServer({ args: ["--auth-config", path.join(pki, "auth.toml")] });
 });
@@ -104,4 +120,51 @@ test("missing or unknown credentials are Unauthenticated; a missing role is Perm
   );
   assert.ok(err instanceof PermissionDenied && err instanceof AaaError, `${err}`);
   assert.equal(err.metadata.roles, "runner,admin");
+});
+
+/** The rejection of `promise` (failing the test if it resolves). */
+async function rejection(promise: Promise<unknown>): Promise<unknown> {
+  return promise.then(
+    () => assert.fail("the call succeeded"),
+    (e: unknown) => e,
+  );
+}
+
+test("a worker principal serves only its tools, under an identity it owns", { skip }, async () => {
+  const payments = await dial({ token: "payments-token" });
+  const intruder = await dial({ token: "intruder-token" });
+  const runner = await dial({ token: "runner-token" });
+  const wireMoney = tool({ name: "wire_money", handler: ({ amount }: { amount: number }) => ({ sent: amount }) });
+  const sendEmail = tool({ name: "send_email", handler: ({ to }: { to: string }) => to });
+
+  // A tool the principal's `tools` do not list.
+  const refused = await rejection(payments.worker({ tools: [sendEmail], identity: "payments-1" }).register());
+  assert.ok(refused instanceof NotAllowedToServe && refused instanceof PermissionDenied, `${refused}`);
+  assert.equal(refused.reason, "NOT_ALLOWED_TO_SERVE");
+  assert.equal(refused.metadata.tool, "send_email");
+
+  // payments-1 is payments' from its first use on: intruder may not register or poll as it,
+  // even for a tool intruder may serve.
+  const worker = payments.worker({ tools: [wireMoney], identity: "payments-1" });
+  await worker.start();
+  try {
+    const taken = await rejection(intruder.worker({ tools: [wireMoney], identity: "payments-1" }).register());
+    assert.ok(taken instanceof IdentityTaken && taken instanceof PermissionDenied, `${taken}`);
+    assert.equal(taken.reason, "IDENTITY_TAKEN");
+    assert.equal(taken.metadata.identity, "payments-1");
+    const poll = { identity: "payments-1", tools: ["wire_money"], waitS: 0.1 };
+    const polled = await rejection(intruder.call((o) => intruder.services.worker.pollTask(poll, o)));
+    assert.ok(polled instanceof IdentityTaken, `${polled}`);
+    assert.equal(polled.metadata.identity, "payments-1");
+
+    // The owner serves a run; the events name its identity and its principal.
+    const run = await runner.startRun("pay", { model: [toolCall(wireMoney, { amount: 5 }), echo()], tools: [wireMoney] });
+    assert.equal((await run.result({ timeoutMs: WAIT_MS })).status, "completed");
+    const completed = await run.waitFor("aaa.tool.completed", { timeoutMs: WAIT_MS });
+    assert.deepEqual(completed.actor, { kind: "worker", name: "payments-1", principal: "payments" });
+    const started = await run.waitFor("aaa.run.started", { timeoutMs: WAIT_MS });
+    assert.deepEqual(started.actor, { kind: "client", name: "runner", principal: "" });
+  } finally {
+    await worker.stop();
+  }
 });

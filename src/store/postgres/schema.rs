@@ -10,7 +10,10 @@ use super::database_error;
 use crate::store::{Result, StoreError};
 
 /// Every migration, in order: (version, SQL).
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("migrations/0001_init.sql")),
+    (2, include_str!("migrations/0002_actor_principal.sql")),
+];
 
 /// The newest schema version this binary knows.
 pub(super) const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

@@ -32,6 +32,7 @@ struct Events {
     time_ms: Vec<i64>,
     actor_kind: Vec<i32>,
     actor_name: Vec<String>,
+    actor_principal: Vec<String>,
 }
 
 /// What a set of batches writes. `None` (or `false`) marks a deletion.
@@ -92,6 +93,7 @@ impl Writes {
             e.time_ms.push(event.time_ms);
             e.actor_kind.push(event.actor_kind);
             e.actor_name.push(event.actor_name.clone());
+            e.actor_principal.push(event.actor_principal.clone());
         }
         for op in batch.ops() {
             self.add_op(batch, op);
@@ -172,6 +174,7 @@ impl Writes {
                     Box::new(e.time_ms),
                     Box::new(e.actor_kind),
                     Box::new(e.actor_name),
+                    Box::new(e.actor_principal),
                 ],
             ));
         }
@@ -468,9 +471,9 @@ fn dead_letters(
 }
 
 const INSERT_EVENTS: &str = "INSERT INTO aaa_events \
-    (position, run_id, seq, id, type, data, time_ms, actor_kind, actor_name) \
+    (position, run_id, seq, id, type, data, time_ms, actor_kind, actor_name, actor_principal) \
     SELECT * FROM UNNEST($1::bigint[], $2::uuid[], $3::bigint[], $4::bytea[], $5::text[], \
-    $6::text[], $7::bigint[], $8::int[], $9::text[])";
+    $6::text[], $7::bigint[], $8::int[], $9::text[], $10::text[])";
 
 const UPSERT_RUNS: &str = "INSERT INTO aaa_runs \
     (run_id, status, task, model, tools, labels, created_ms, updated_ms, deadline_ms, \

@@ -64,7 +64,8 @@ class NotFound(AaaError):
 
 
 class RunNotFound(NotFound):
-    """The run id is unknown (reason RUN_NOT_FOUND)."""
+    """The run id is unknown, or (auth on) names another principal's run and the caller lacks
+    the reader role (reason RUN_NOT_FOUND)."""
 
 
 class CallNotFound(NotFound):
@@ -143,17 +144,37 @@ class Unauthenticated(AaaError):
 
 class PermissionDenied(AaaError):
     """PERMISSION_DENIED: the caller lacks the role (``metadata["roles"]`` lists those that
-    would do), touches a run it did not start (reason NOT_RUN_OWNER), or decides a call of a
-    run it started under separation of duties (reason SEPARATION_OF_DUTIES)."""
+    would do), acts on a run it did not start (reason NOT_RUN_OWNER), decides a call of a
+    run it started under separation of duties (reason SEPARATION_OF_DUTIES), serves a tool or
+    model its auth config does not list (reason NOT_ALLOWED_TO_SERVE), uses another principal's
+    worker identity (reason IDENTITY_TAKEN) or reports on another principal's task (reason
+    NOT_TASK_HOLDER)."""
 
 
 class NotRunOwner(PermissionDenied):
-    """A runner (without the reader role) acts on a run another principal started (reason NOT_RUN_OWNER)."""
+    """A runner with the reader role acts on a run another principal started (a caller without
+    reader gets ``RunNotFound`` instead); reason NOT_RUN_OWNER."""
 
 
 class SeparationOfDuties(PermissionDenied):
     """With separation of duties on, the principal that started the run decides one of its calls
     (reason SEPARATION_OF_DUTIES)."""
+
+
+class NotAllowedToServe(PermissionDenied):
+    """A worker principal registers or polls a tool or model that its ``tools`` / ``models`` in
+    the auth config do not list (reason NOT_ALLOWED_TO_SERVE); ``metadata["tool"]`` or
+    ``metadata["model"]`` names it."""
+
+
+class IdentityTaken(PermissionDenied):
+    """The worker identity was first used by another principal (reason IDENTITY_TAKEN);
+    ``metadata["identity"]`` names it: choose another identity."""
+
+
+class NotTaskHolder(PermissionDenied):
+    """CompleteTask, FailTask or HeartbeatTask from another principal than the one the task was
+    handed to (reason NOT_TASK_HOLDER)."""
 
 
 class MemberTooSlow(AaaError):
@@ -206,6 +227,9 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.MEMBER_TOO_SLOW: MemberTooSlow,
         types_pb2.STORAGE_UNAVAILABLE: StorageUnavailable,
         types_pb2.MALFORMED_REQUEST: MalformedRequest,
+        types_pb2.NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
+        types_pb2.IDENTITY_TAKEN: IdentityTaken,
+        types_pb2.NOT_TASK_HOLDER: NotTaskHolder,
     }.items()
 }
 

@@ -111,10 +111,14 @@ class ErrorDetail:
 
 @dataclass(frozen=True)
 class Actor:
-    """Who caused an event: ``kind`` is "engine", "worker" or "client"; ``name`` identifies it."""
+    """Who caused an event: ``kind`` is "engine", "worker" or "client"; ``name`` identifies it
+    (a worker's identity, a client's name). ``principal`` is, for a worker with auth on, the
+    authenticated principal that served the task (an identity alone is only a label); empty
+    otherwise (a client's name already is its principal when auth is on)."""
 
     kind: str
     name: str = ""
+    principal: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ class Event:
             data=loads(msg.data_json, {}),
             data_json=msg.data_json,
             time=_time(msg, "time"),
-            actor=Actor(kind, msg.actor.name),
+            actor=Actor(kind, msg.actor.name, msg.actor.principal),
         )
 
 

@@ -97,7 +97,9 @@ class Worker:
         client: the connection to use.
         tools: ``@tool`` functions to serve.
         models: model name -> handler (a callable from ``ModelRequest`` to a reply).
-        identity: the worker's name in events; defaults to "python-HOST-PID".
+        identity: the worker's name in events; defaults to "python-HOST-PID". With auth on it
+            belongs to the principal that first uses it: another principal gets
+            ``IdentityTaken``.
         concurrency: at most this many tasks run at once.
         poll_wait_s: longest wait of one PollTask (0: the server's cap).
         stop_grace_s: how long ``stop()`` lets running tasks finish before

@@ -49,6 +49,9 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMBER_TOO_SLOW: _ClassVar[ErrorReason]
     STORAGE_UNAVAILABLE: _ClassVar[ErrorReason]
     MALFORMED_REQUEST: _ClassVar[ErrorReason]
+    NOT_ALLOWED_TO_SERVE: _ClassVar[ErrorReason]
+    IDENTITY_TAKEN: _ClassVar[ErrorReason]
+    NOT_TASK_HOLDER: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
@@ -80,6 +83,9 @@ GROUP_MISMATCH: ErrorReason
 MEMBER_TOO_SLOW: ErrorReason
 STORAGE_UNAVAILABLE: ErrorReason
 MALFORMED_REQUEST: ErrorReason
+NOT_ALLOWED_TO_SERVE: ErrorReason
+IDENTITY_TAKEN: ErrorReason
+NOT_TASK_HOLDER: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")
@@ -102,12 +108,14 @@ class Event(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ..., id: _Optional[str] = ..., type: _Optional[str] = ..., data_json: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[_Union[Actor, _Mapping]] = ...) -> None: ...
 
 class Actor(_message.Message):
-    __slots__ = ("kind", "name")
+    __slots__ = ("kind", "name", "principal")
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     kind: ActorKind
     name: str
-    def __init__(self, kind: _Optional[_Union[ActorKind, str]] = ..., name: _Optional[str] = ...) -> None: ...
+    principal: str
+    def __init__(self, kind: _Optional[_Union[ActorKind, str]] = ..., name: _Optional[str] = ..., principal: _Optional[str] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("type", "message")
