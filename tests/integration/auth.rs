@@ -372,6 +372,59 @@ async fn missing_or_unknown_credentials_are_unauthenticated_but_health_is_open()
     server.shutdown().await;
 }
 
+/// "worker" registers wire_money as payments-1; "runner" starts the
+/// reference run, "approver" grants its call (with `comment`), and "worker"
+/// polls the task with one long poll, which gets it at once.
+pub async fn granted_task(
+    server: &TestServer,
+    worker: &mut Clients,
+    comment: &str,
+) -> (String, aaa::proto::Task) {
+    let register = RegisterWorkerRequest {
+        identity: "payments-1".into(),
+        tools: vec![wire_money()],
+        models: vec![],
+    };
+    worker
+        .workers
+        .register_worker(register)
+        .await
+        .expect("RegisterWorker");
+    let mut runner = Clients::with_token(server, &token("runner")).await;
+    let run_id = runner
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    let events = runner
+        .wait_for_event(&run_id, "aaa.approval.requested")
+        .await;
+    let call = call_id(events.last().unwrap());
+    let grant = serde_json::json!({ "call_id": call, "comment": comment });
+    let mut approver = Clients::with_token(server, &token("approver")).await;
+    approver
+        .runs
+        .signal(signal_request(&run_id, "aaa.approval.granted", grant))
+        .await
+        .expect("grant");
+    let request = PollTaskRequest {
+        identity: "payments-1".into(),
+        tools: vec!["wire_money".into()],
+        models: vec![],
+        wait_s: WAIT.as_secs_f64(),
+    };
+    let task = tokio::time::timeout(WAIT, worker.workers.poll_task(request))
+        .await
+        .expect("PollTask answered")
+        .expect("PollTask")
+        .into_inner()
+        .task
+        .expect("the granted call, within WAIT");
+    (run_id, task)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn request_ids_are_each_principals_own() {
     let server = start_with_auth(auth_toml(false)).await;
@@ -427,49 +480,8 @@ async fn request_ids_are_each_principals_own() {
 async fn the_approver_is_the_recorded_actor_of_the_grant_with_its_comment() {
     let server = start_with_auth(auth_toml(false)).await;
     let mut worker = Clients::with_token(&server, &token("worker")).await;
-    worker
-        .workers
-        .register_worker(RegisterWorkerRequest {
-            identity: "payments-1".into(),
-            tools: vec![wire_money()],
-            models: vec![],
-        })
-        .await
-        .expect("RegisterWorker");
+    let (run_id, task) = granted_task(&server, &mut worker, "checked with finance").await;
     let mut runner = Clients::with_token(&server, &token("runner")).await;
-    let run_id = runner
-        .runs
-        .start_run(scripted_reference_run())
-        .await
-        .expect("StartRun")
-        .into_inner()
-        .run_id;
-    let events = runner
-        .wait_for_event(&run_id, "aaa.approval.requested")
-        .await;
-    let call = call_id(events.last().unwrap());
-
-    let mut approver = Clients::with_token(&server, &token("approver")).await;
-    let grant = serde_json::json!({ "call_id": call, "comment": "checked with finance" });
-    approver
-        .runs
-        .signal(signal_request(&run_id, "aaa.approval.granted", grant))
-        .await
-        .expect("grant");
-    let request = PollTaskRequest {
-        identity: "payments-1".into(),
-        tools: vec!["wire_money".into()],
-        models: vec![],
-        wait_s: WAIT.as_secs_f64(),
-    };
-    // One long poll, bounded: the granted call is handed out at once.
-    let task = tokio::time::timeout(WAIT, worker.workers.poll_task(request))
-        .await
-        .expect("PollTask answered")
-        .expect("PollTask")
-        .into_inner()
-        .task
-        .expect("the granted call, within WAIT");
     worker
         .workers
         .complete_task(CompleteTaskRequest {

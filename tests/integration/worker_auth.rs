@@ -4,11 +4,11 @@
 
 use aaa::proto::{
     CompleteTaskRequest, ErrorDetail, FailTaskRequest, HeartbeatTaskRequest, PollTaskRequest,
-    RegisterWorkerRequest, Task, ToolDefinition,
+    RegisterWorkerRequest, ToolDefinition,
 };
 use tonic::Code;
 
-use crate::auth::{auth_toml, signal_request, start_with_auth, token};
+use crate::auth::{auth_toml, granted_task, start_with_auth, token};
 use crate::support::*;
 
 fn poll_request(identity: &str, tools: &[&str], models: &[&str]) -> PollTaskRequest {
@@ -28,50 +28,11 @@ fn register_request(identity: &str, tools: Vec<ToolDefinition>) -> RegisterWorke
     }
 }
 
-/// "worker" registers wire_money as payments-1; "runner" starts the
-/// reference run, "approver" grants its call, and "worker" polls the task.
-async fn granted_task(server: &TestServer, worker: &mut Clients) -> (String, Task) {
-    worker
-        .workers
-        .register_worker(register_request("payments-1", vec![wire_money()]))
-        .await
-        .expect("RegisterWorker");
-    let mut runner = Clients::with_token(server, &token("runner")).await;
-    let run_id = runner
-        .runs
-        .start_run(scripted_reference_run())
-        .await
-        .expect("StartRun")
-        .into_inner()
-        .run_id;
-    let events = runner
-        .wait_for_event(&run_id, "aaa.approval.requested")
-        .await;
-    let grant = serde_json::json!({ "call_id": call_id(events.last().unwrap()) });
-    let mut approver = Clients::with_token(server, &token("approver")).await;
-    approver
-        .runs
-        .signal(signal_request(&run_id, "aaa.approval.granted", grant))
-        .await
-        .expect("grant");
-    let mut request = poll_request("payments-1", &["wire_money"], &[]);
-    request.wait_s = WAIT.as_secs_f64();
-    let task = worker
-        .workers
-        .poll_task(request)
-        .await
-        .expect("PollTask")
-        .into_inner()
-        .task
-        .expect("the granted call");
-    (run_id, task)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_is_reported_only_by_the_principal_that_polled_it() {
     let server = start_with_auth(auth_toml(false)).await;
     let mut worker = Clients::with_token(&server, &token("worker")).await;
-    let (run_id, task) = granted_task(&server, &mut worker).await;
+    let (run_id, task) = granted_task(&server, &mut worker, "").await;
 
     // Another worker principal holding the token gets nowhere.
     let mut other = Clients::with_token(&server, &token("other-worker")).await;
