@@ -208,9 +208,23 @@ impl TestServer {
             configure(&mut config);
         }
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(aaa::serve(listener, config, || {}, async move {
-            let _ = rx.await;
-        }));
+        let (ready_tx, ready_rx) = oneshot::channel::<()>();
+        let mut task = tokio::spawn(aaa::serve(
+            listener,
+            config,
+            move || {
+                let _ = ready_tx.send(());
+            },
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        // Wait until it serves, or say why it never did (a client would
+        // only see a refused connection).
+        tokio::select! {
+            ready = ready_rx => ready.expect("serve dropped its ready signal"),
+            ended = &mut task => panic!("serve ended before it was ready: {ended:?}"),
+        }
         self.running = Some((tx, task));
     }
 
