@@ -6,6 +6,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// How many shards runs are spread over, by [`RunId::shard`]: the unit of
+/// ownership a server holds on a shared database (see
+/// `store::postgres::ownership`). Fixed: a run never changes shard.
+pub const SHARDS: usize = 256;
+
 /// A run's id: a time-ordered UUID (v7), so id order is start order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId(uuid::Uuid);
@@ -14,6 +19,12 @@ impl RunId {
     /// A new id, later than every id minted before it by this process.
     pub fn new() -> Self {
         RunId(uuid::Uuid::now_v7())
+    }
+
+    /// The run's shard: its id's last byte, which is random in a UUIDv7, so
+    /// runs spread evenly over the [`SHARDS`].
+    pub fn shard(&self) -> u8 {
+        self.0.as_bytes()[15]
     }
 
     /// Parses the hyphenated text form clients see.

@@ -38,6 +38,14 @@ pub enum ServeError {
     Webhooks(#[from] crate::subscriptions::Error),
 }
 
+/// Where the store is, as errors and logs name it (no password).
+fn store_place(config: &Config) -> String {
+    match &config.store_url {
+        Some(url) => crate::store::redact(url),
+        None => config.data_dir.display().to_string(),
+    }
+}
+
 /// Serves aaa on `listener` until `shutdown` completes, then stops
 /// gracefully: health turns NOT_SERVING, streams and long polls end,
 /// in-flight calls get `config.shutdown_grace` to finish, and the store
@@ -87,12 +95,22 @@ pub async fn serve(
     let store = crate::store::open(&config)
         .await
         .map_err(|source| ServeError::Store {
-            place: match &config.store_url {
-                Some(url) => crate::store::redact(url),
-                None => config.data_dir.display().to_string(),
-            },
+            place: store_place(&config),
             source,
         })?;
+    // This server writes every run from now on; on a shared database a
+    // server that wrote them before is fenced out.
+    let name = match listener.local_addr() {
+        Ok(addr) => format!("aaa pid {} on {addr}", std::process::id()),
+        Err(_) => format!("aaa pid {}", std::process::id()),
+    };
+    if let Err(source) = store.claim_runs(&name).await {
+        store.close().await;
+        return Err(ServeError::Store {
+            place: store_place(&config),
+            source,
+        });
+    }
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
     let engine = match Engine::start(store.clone(), config, stopping.clone()).await {

@@ -82,6 +82,10 @@ var (
 	// writes (disk full, I/O error, database unreachable) and wrote nothing of
 	// the call; retried like any UNAVAILABLE.
 	ErrStorageUnavailable = reasonOf(aaav1.ErrorReason_STORAGE_UNAVAILABLE)
+	// ErrOwnershipLost (UNAVAILABLE): another aaa server on the same
+	// PostgreSQL database took the run over; this server wrote nothing of
+	// the call. Send it to the server that serves the deployment now.
+	ErrOwnershipLost = reasonOf(aaav1.ErrorReason_OWNERSHIP_LOST)
 	// ErrMalformedRequest (INVALID_ARGUMENT): the request bytes are not a valid
 	// message of the method's type: a bug of the client that sent them.
 	ErrMalformedRequest = reasonOf(aaav1.ErrorReason_MALFORMED_REQUEST)

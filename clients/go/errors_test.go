@@ -150,7 +150,7 @@ func TestEveryErrorReasonHasASentinel(t *testing.T) {
 		aaa.ErrReservedEventType, aaa.ErrRunFinished, aaa.ErrStaleAttempt, aaa.ErrArgumentsMismatch,
 		aaa.ErrToolNotRegistered, aaa.ErrInvalidToken, aaa.ErrShuttingDown, aaa.ErrInternal,
 		aaa.ErrUnauthenticated, aaa.ErrPermissionDenied, aaa.ErrNotRunOwner, aaa.ErrSeparationOfDuties,
-		aaa.ErrGroupNotFound, aaa.ErrGroupMismatch, aaa.ErrMemberTooSlow, aaa.ErrStorageUnavailable,
+		aaa.ErrGroupNotFound, aaa.ErrGroupMismatch, aaa.ErrMemberTooSlow, aaa.ErrStorageUnavailable, aaa.ErrOwnershipLost,
 		aaa.ErrMalformedRequest, aaa.ErrNotAllowedToServe, aaa.ErrIdentityTaken, aaa.ErrNotTaskHolder,
 	}
 	known := map[string]aaa.Reason{}

@@ -114,6 +114,7 @@ pub fn to_status(error: Error) -> Status {
             (Code::InvalidArgument, ErrorReason::InvalidToken)
         }
         Error::Refused(refusal) => return refused(refusal),
+        Error::OwnershipLost(_) => (Code::Unavailable, ErrorReason::OwnershipLost),
         Error::ShuttingDown => (Code::Unavailable, ErrorReason::ShuttingDown),
         Error::StorageUnavailable(cause) => {
             tracing::warn!("refused a write: the store is unavailable: {cause}");

@@ -36,6 +36,9 @@ pub enum Error {
     ShuttingDown,
     #[error("the store cannot take writes ({0}); nothing of this call was written, retry later")]
     StorageUnavailable(String),
+    /// Another server claimed the run: this one no longer writes it.
+    #[error("{0}; nothing of this call was written: send it to the server that runs this deployment now")]
+    OwnershipLost(String),
     /// Who may do what (auth on): a refusal found by the engine, such as a
     /// task token of another principal.
     #[error("{0}")]
@@ -108,6 +111,9 @@ impl From<crate::store::StoreError> for Error {
             // before its next change, so a retry is right.
             conflict @ crate::store::StoreError::Conflict { .. } => {
                 Error::StorageUnavailable(conflict.to_string())
+            }
+            fenced @ crate::store::StoreError::Fenced { .. } => {
+                Error::OwnershipLost(fenced.to_string())
             }
             other => Error::Internal(other.to_string()),
         }

@@ -61,6 +61,11 @@ pub enum StoreError {
         expected: u64,
         actual: u64,
     },
+    /// Another server claimed the shard of a run the batch touches (its
+    /// epoch is newer than the one this store holds): this store no longer
+    /// writes that run. Nothing of the batch was written.
+    #[error("another aaa server took over the runs of shard {shard} (its epoch {current}, this server's {held}); this server no longer writes them")]
+    Fenced { shard: u8, held: i64, current: i64 },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -149,6 +154,27 @@ impl WriteBatch {
             }
         }
         out
+    }
+
+    /// Every run the batch touches: by its events or by its ops.
+    pub fn runs(&self) -> Vec<RunId> {
+        let by_events = self.events.iter().map(|e| e.run_id.as_slice());
+        let by_ops = self.ops.iter().filter_map(|op| match op {
+            Op::PutRun(run) => Some(run.run_id.as_slice()),
+            Op::PutApproval(approval) => Some(approval.run_id.as_slice()),
+            Op::DeleteApproval { run, .. } | Op::SetActive { run, .. } => {
+                Some(run.as_bytes().as_slice())
+            }
+            Op::PutTimer(timer) | Op::DeleteTimer(timer) => Some(timer.run.as_bytes().as_slice()),
+            _ => None,
+        });
+        let mut runs: Vec<RunId> = by_events
+            .chain(by_ops)
+            .filter_map(RunId::from_slice)
+            .collect();
+        runs.sort_unstable();
+        runs.dedup();
+        runs
     }
 
     pub fn put_run(&mut self, run: &RunRecord) {
@@ -290,6 +316,15 @@ pub trait Store: Send + Sync + 'static {
     /// Lets in-flight commits finish, then refuses new ones with
     /// [`StoreError::Closed`].
     async fn close(&self);
+
+    /// Makes this store the only writer of every run, for `server` (a name
+    /// for logs and status): from now on a batch that touches a run commits
+    /// only while this store still owns the run's shard, and a later claim
+    /// by another server fences this one out ([`StoreError::Fenced`]).
+    /// Until it is called, writes are not fenced (tools such as `aaa
+    /// migrate`). The embedded store is one process's by its lock: nothing
+    /// to do.
+    async fn claim_runs(&self, server: &str) -> Result<()>;
 
     /// The secret that signs task tokens, made when the store was created
     /// and kept in it, so tokens stay valid across restarts.

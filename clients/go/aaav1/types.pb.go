@@ -212,6 +212,11 @@ const (
 	// PERMISSION_DENIED: a task's result or heartbeat comes from another
 	// principal than the one the task was handed to.
 	ErrorReason_NOT_TASK_HOLDER ErrorReason = 27
+	// UNAVAILABLE: another aaa server on the same PostgreSQL database claimed
+	// the run's shard, so this server no longer writes it (it reports
+	// NOT_SERVING); nothing of the call was written. Send it to the server
+	// that serves the deployment now.
+	ErrorReason_OWNERSHIP_LOST ErrorReason = 28
 )
 
 // Enum value maps for ErrorReason.
@@ -242,6 +247,7 @@ var (
 		25: "NOT_ALLOWED_TO_SERVE",
 		26: "IDENTITY_TAKEN",
 		27: "NOT_TASK_HOLDER",
+		28: "OWNERSHIP_LOST",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -269,6 +275,7 @@ var (
 		"NOT_ALLOWED_TO_SERVE":     25,
 		"IDENTITY_TAKEN":           26,
 		"NOT_TASK_HOLDER":          27,
+		"OWNERSHIP_LOST":           28,
 	}
 )
 
@@ -954,7 +961,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xaf\x04\n" +
+	"\tROLE_TOOL\x10\x04*\xc3\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -981,7 +988,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x11MALFORMED_REQUEST\x10\x18\x12\x18\n" +
 	"\x14NOT_ALLOWED_TO_SERVE\x10\x19\x12\x12\n" +
 	"\x0eIDENTITY_TAKEN\x10\x1a\x12\x13\n" +
-	"\x0fNOT_TASK_HOLDER\x10\x1bBq\n" +
+	"\x0fNOT_TASK_HOLDER\x10\x1b\x12\x12\n" +
+	"\x0eOWNERSHIP_LOST\x10\x1cBq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

@@ -153,6 +153,12 @@ export class ShuttingDown extends Unavailable {}
  * nothing of the call (reason STORAGE_UNAVAILABLE): retried with backoff like any `Unavailable`.
  */
 export class StorageUnavailable extends Unavailable {}
+/**
+ * Another aaa server on the same PostgreSQL database took the run over, so this server no longer
+ * writes it and wrote nothing of the call (reason OWNERSHIP_LOST): send the call to the server that
+ * serves the deployment now.
+ */
+export class OwnershipLost extends Unavailable {}
 
 /** INTERNAL: the server failed; its log has the details (reason INTERNAL_ERROR). */
 export class InternalError extends AaaError {}
@@ -194,6 +200,7 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   GROUP_MISMATCH: GroupMismatch,
   MEMBER_TOO_SLOW: MemberTooSlow,
   STORAGE_UNAVAILABLE: StorageUnavailable,
+  OWNERSHIP_LOST: OwnershipLost,
   MALFORMED_REQUEST: MalformedRequest,
   NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
   IDENTITY_TAKEN: IdentityTaken,

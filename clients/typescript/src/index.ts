@@ -104,6 +104,7 @@ export {
   ShuttingDown,
   StaleAttempt,
   StorageUnavailable,
+  OwnershipLost,
   Timeout,
   ToolNotRegistered,
   Unauthenticated,

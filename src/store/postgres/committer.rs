@@ -6,8 +6,10 @@
 //! its statements are pipelined (sent together, answered in order):
 //! 1. `BEGIN`, `synchronous_commit` made at least `on` for the transaction,
 //!    the head row locked `FOR UPDATE` (serialising writers of every server
-//!    on the database) and the last seq of each run the round appends to.
-//! 2. After checking each batch's expected seqs and giving its events the
+//!    on the database), the last seq of each run the round appends to, and
+//!    (once the store claimed runs) the epochs of the shards it touches.
+//! 2. After checking each batch's shards (see [`super::ownership`]) and
+//!    expected seqs, and giving its events the
 //!    next positions, in memory: one multi-row statement per table for all
 //!    batches, the head row moved, `pg_notify` with the new head, `COMMIT`.
 //!
@@ -38,6 +40,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::ownership::{self, Ownership};
 use super::writes::{self, Writes};
 use super::{describe, is_down, with_causes, Durable, NOTIFY_CHANNEL};
 use crate::store::queue::{self, Message, Request};
@@ -57,6 +60,15 @@ pub(super) struct Committer {
     pub writable: watch::Sender<bool>,
     /// The connection of the last round that went well, kept for the next.
     pub connection: Option<Object>,
+    pub ownership: Arc<Ownership>,
+}
+
+/// What a round's first round trip read: the head, the last seq of each
+/// run it appends to, and the epochs of the shards it touches.
+struct Begun {
+    head: u64,
+    heads: HashMap<RunId, u64>,
+    epochs: HashMap<i16, i64>,
 }
 
 /// Why a whole round failed: nothing of it may be taken as written.
@@ -129,7 +141,7 @@ impl Committer {
         let outcome = match self.connection().await {
             Err(down) => Err(down),
             Ok(client) => {
-                let attempt = commit(&client, round, &mut answers);
+                let attempt = commit(&client, &self.ownership, round, &mut answers);
                 let outcome = tokio::time::timeout(ROUND_TIMEOUT, attempt)
                     .await
                     .unwrap_or_else(|_| {
@@ -150,7 +162,10 @@ impl Committer {
         match outcome {
             Ok(head) => {
                 self.durable.advance(head);
-                if !self.writable.send_replace(true) {
+                // Fenced out, the store stays unwritable: health says so
+                // and writes are refused until the server restarts.
+                let writable = !self.ownership.is_lost();
+                if self.writable.send_replace(writable) != writable && writable {
                     tracing::info!("the database takes writes again");
                 }
                 for (request, answer) in round.drain(..).zip(answers) {
@@ -193,15 +208,23 @@ impl Committer {
 /// of them is refused. Fills in the answers; returns the new head.
 async fn commit(
     client: &ClientWrapper,
+    ownership: &Ownership,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
 ) -> std::result::Result<u64, Down> {
-    let runs = round_runs(round, answers);
-    let (head, mut heads) = begin(client, &runs).await?;
+    let Begun {
+        head,
+        mut heads,
+        epochs,
+    } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     let mut staged = Vec::new();
     for (i, request) in round.iter_mut().enumerate() {
         if answers[i].is_some() {
+            continue;
+        }
+        if let Err(fenced) = ownership.check(&request.batch, &epochs) {
+            answers[i] = Some(Err(fenced));
             continue;
         }
         match stage(&mut request.batch, &heads, &mut next) {
@@ -230,7 +253,7 @@ async fn commit(
             for (answer, request) in answers.iter_mut().zip(round.iter()) {
                 *answer = writes::check(&request.batch).err().map(Err);
             }
-            one_by_one(client, round, answers).await
+            one_by_one(client, ownership, round, answers).await
         }
     }
 }
@@ -238,14 +261,22 @@ async fn commit(
 /// The round again, each batch under its own savepoint.
 async fn one_by_one(
     client: &ClientWrapper,
+    ownership: &Ownership,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
 ) -> std::result::Result<u64, Down> {
-    let runs = round_runs(round, answers);
-    let (head, mut heads) = begin(client, &runs).await?;
+    let Begun {
+        head,
+        mut heads,
+        epochs,
+    } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     for (i, request) in round.iter_mut().enumerate() {
         if answers[i].is_some() {
+            continue;
+        }
+        if let Err(fenced) = ownership.check(&request.batch, &epochs) {
+            answers[i] = Some(Err(fenced));
             continue;
         }
         let start = next;
@@ -329,32 +360,37 @@ async fn last_seq(client: &ClientWrapper, run: RunId) -> Option<u64> {
     row.try_get::<_, i64>(0).ok().map(|seq| seq as u64)
 }
 
-/// Every run the round's unanswered batches append to.
-fn round_runs(round: &[Request], answers: &[Option<Result<Vec<u64>>>]) -> Vec<Uuid> {
-    let mut runs: Vec<Uuid> = round
-        .iter()
-        .zip(answers)
-        .filter(|(_, answer)| answer.is_none())
-        .flat_map(|(request, _)| request.batch.expected_seqs())
+/// Opens the round's transaction: locks the head row, reads the last seq of
+/// each run the unanswered batches append to and, when the store is fenced,
+/// the epochs of the shards they touch.
+async fn begin(
+    client: &ClientWrapper,
+    ownership: &Ownership,
+    round: &[Request],
+    answers: &[Option<Result<Vec<u64>>>],
+) -> std::result::Result<Begun, Down> {
+    let unanswered = || {
+        round
+            .iter()
+            .zip(answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(request, _)| &request.batch)
+    };
+    let mut runs: Vec<Uuid> = unanswered()
+        .flat_map(|batch| batch.expected_seqs())
         .map(|(run, _)| run.as_uuid())
         .collect();
     runs.sort_unstable();
     runs.dedup();
-    runs
-}
-
-/// Opens the round's transaction: locks the head row and reads the last seq
-/// of each run in `runs`.
-async fn begin(
-    client: &ClientWrapper,
-    runs: &[Uuid],
-) -> std::result::Result<(u64, HashMap<RunId, u64>), Down> {
-    let runs = runs.to_vec();
-    let steps = vec![
+    let shards = ownership.shards_of(unanswered());
+    let mut steps = vec![
         Step::Simple(BEGIN),
         Step::Query(LOCK_HEAD, vec![]),
         Step::Query(RUN_HEADS, vec![&runs]),
     ];
+    if let Some(shards) = &shards {
+        steps.push(Step::Query(ownership::EPOCHS, vec![shards]));
+    }
     let mut results = pipeline(client, steps).await.into_iter();
     let (Some(begun), Some(head), Some(heads)) = (results.next(), results.next(), results.next())
     else {
@@ -377,7 +413,22 @@ async fn begin(
             seq as u64,
         );
     }
-    Ok((head as u64, last))
+    let mut epochs = HashMap::new();
+    if shards.is_some() {
+        let rows = results
+            .next()
+            .ok_or_else(|| Down("the database gave too few answers".into()))?;
+        for row in rows.map_err(down)? {
+            let shard: i16 = row.try_get(0).map_err(down)?;
+            let epoch: i64 = row.try_get(1).map_err(down)?;
+            epochs.insert(shard, epoch);
+        }
+    }
+    Ok(Begun {
+        head: head as u64,
+        heads: last,
+        epochs,
+    })
 }
 
 /// Checks the batch's expected seqs against `heads` and gives its events

@@ -30,6 +30,7 @@
 mod committer;
 mod connect;
 mod listener;
+mod ownership;
 mod schema;
 mod writes;
 
@@ -67,6 +68,7 @@ struct Inner {
     durable: Arc<Durable>,
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
+    ownership: Arc<ownership::Ownership>,
     /// Stops the listener.
     stop: CancellationToken,
 }
@@ -203,11 +205,13 @@ impl PostgresStore {
         });
         let (writable_tx, writable) = watch::channel(true);
         let (commits, messages) = crate::store::queue::Queue::new();
+        let ownership = Arc::new(ownership::Ownership::default());
         let committer = committer::Committer {
             pool: pool.clone(),
             durable: durable.clone(),
             writable: writable_tx,
             connection: Some(client),
+            ownership: ownership.clone(),
         };
         tokio::spawn(committer::run(committer, messages));
         let stop = CancellationToken::new();
@@ -229,6 +233,7 @@ impl PostgresStore {
                 durable,
                 writable,
                 token_key,
+                ownership,
                 stop,
             }),
         })
@@ -469,6 +474,11 @@ impl super::Store for PostgresStore {
     async fn close(&self) {
         self.inner.commits.close().await;
         self.inner.stop.cancel();
+    }
+
+    async fn claim_runs(&self, server: &str) -> Result<()> {
+        let mut client = self.client().await?;
+        self.inner.ownership.claim_all(&mut client, server).await
     }
 
     fn token_key(&self) -> [u8; 32] {

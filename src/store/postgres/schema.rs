@@ -13,6 +13,7 @@ use crate::store::{Result, StoreError};
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("migrations/0001_init.sql")),
     (2, include_str!("migrations/0002_actor_principal.sql")),
+    (3, include_str!("migrations/0003_shards.sql")),
 ];
 
 /// The newest schema version this binary knows.

@@ -195,6 +195,12 @@ class StorageUnavailable(Unavailable):
     wrote nothing of the call (reason STORAGE_UNAVAILABLE): retry with backoff, as the SDK does."""
 
 
+class OwnershipLost(Unavailable):
+    """UNAVAILABLE: another aaa server on the same PostgreSQL database took the run over, so this
+    server no longer writes it and wrote nothing of the call (reason OWNERSHIP_LOST); send the
+    call to the server that serves the deployment now."""
+
+
 class InternalError(AaaError):
     """INTERNAL: the server failed; its log has the details."""
 
@@ -226,6 +232,7 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.GROUP_MISMATCH: GroupMismatch,
         types_pb2.MEMBER_TOO_SLOW: MemberTooSlow,
         types_pb2.STORAGE_UNAVAILABLE: StorageUnavailable,
+        types_pb2.OWNERSHIP_LOST: OwnershipLost,
         types_pb2.MALFORMED_REQUEST: MalformedRequest,
         types_pb2.NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
         types_pb2.IDENTITY_TAKEN: IdentityTaken,
