@@ -57,6 +57,13 @@ pub struct Config {
     /// The engine's time: event times, deadlines, timers and leases. Tests
     /// use a manual clock to move time forward instead of waiting.
     pub clock: Clock,
+    /// On PostgreSQL: how long this server's claim on the runs lasts
+    /// unless renewed (every third of it); a standby takes them over once
+    /// it has lapsed.
+    pub lease: Duration,
+    /// On PostgreSQL: wait while another server holds the runs, and take
+    /// them over when its claim lapses (instead of at once).
+    pub standby: bool,
 }
 
 impl Config {
@@ -78,6 +85,8 @@ impl Config {
             keepalive_interval: Duration::from_secs(30),
             webhooks: Vec::new(),
             clock: Clock::system(),
+            lease: Duration::from_secs(3),
+            standby: false,
         }
     }
 }

@@ -11,6 +11,18 @@ use std::fmt;
 /// `store::postgres::ownership`). Fixed: a run never changes shard.
 pub const SHARDS: usize = 256;
 
+/// How a server claims the runs of a shared store (see
+/// `Store::claim_runs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The claim lapses unless renewed within this time; the server renews
+    /// it every third of it.
+    pub lease: std::time::Duration,
+    /// Wait until no other server holds a live claim, instead of taking
+    /// the runs over at once.
+    pub standby: bool,
+}
+
 /// A run's id: a time-ordered UUID (v7), so id order is start order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId(uuid::Uuid);

@@ -99,6 +99,16 @@ struct ServeArgs {
     /// Webhooks to POST events to (a TOML file; see docs/subscriptions.md).
     #[arg(long, env = "AAA_WEBHOOKS")]
     webhooks: Option<PathBuf>,
+    /// With --store postgres://...: wait while another server holds the
+    /// runs, and take them over once its claim lapses (see docs/postgres.md).
+    #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
+    standby: bool,
+    /// With --store postgres://...: how long this server's claim on the
+    /// runs lasts unless renewed (every third of it), in seconds (> 0, at
+    /// most 600); a standby takes over once it lapses.
+    #[arg(long, env = "AAA_LEASE_S", default_value_t = 3.0,
+          allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_LEASE))]
+    lease_s: f64,
 }
 
 #[derive(clap::Args)]
@@ -223,6 +233,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
         max_streams_per_connection,
         max_connections,
         webhooks,
+        standby,
+        lease_s,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -240,6 +252,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.poll_wait_cap = aaa::seconds::duration(poll_wait_cap_s);
     config.default_heartbeat_timeout = aaa::seconds::duration(heartbeat_timeout_s);
     config.shutdown_grace = aaa::seconds::duration(shutdown_grace_s);
+    config.lease = aaa::seconds::duration(lease_s);
+    config.standby = standby;
+    if standby && config.store_url.is_none() {
+        eprintln!(
+            "aaa: --standby needs --store postgres://...: the embedded store belongs to one server"
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     if let Some(path) = auth_config {
         match aaa::auth::AuthConfig::load(&path) {
             Ok(auth) => config.auth = Some(std::sync::Arc::new(auth)),

@@ -61,6 +61,12 @@ pub const SERVER_HEARTBEAT: Range = Range {
     zero: None,
 };
 
+/// Flag `--lease-s`.
+pub const SERVER_LEASE: Range = Range {
+    max: 600.0,
+    zero: None,
+};
+
 impl Range {
     /// `value` if it lies in the range; else a sentence naming the range.
     pub fn check(&self, value: f64) -> Result<f64, String> {

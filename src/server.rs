@@ -104,7 +104,20 @@ pub async fn serve(
         Ok(addr) => format!("aaa pid {} on {addr}", std::process::id()),
         Err(_) => format!("aaa pid {}", std::process::id()),
     };
-    if let Err(source) = store.claim_runs(&name).await {
+    let claim = crate::store::Claim {
+        lease: config.lease,
+        standby: config.standby,
+    };
+    // A standby may wait here a long time: a stop signal ends the wait.
+    let mut shutdown = Box::pin(shutdown);
+    let claimed = tokio::select! {
+        claimed = store.claim_runs(&name, claim) => claimed,
+        () = &mut shutdown => {
+            store.close().await;
+            return Ok(());
+        }
+    };
+    if let Err(source) = claimed {
         store.close().await;
         return Err(ServeError::Store {
             place: store_place(&config),

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 pub use crate::domain::{
-    ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, RunId, RunRecord, Timer,
+    ApprovalRecord, Claim, DeadLetterRecord, EventRecord, GroupRecord, RunId, RunRecord, Timer,
 };
 
 /// Store failures. Any of them but `Conflict` means the disk or the
@@ -320,11 +320,13 @@ pub trait Store: Send + Sync + 'static {
     /// Makes this store the only writer of every run, for `server` (a name
     /// for logs and status): from now on a batch that touches a run commits
     /// only while this store still owns the run's shard, and a later claim
-    /// by another server fences this one out ([`StoreError::Fenced`]).
-    /// Until it is called, writes are not fenced (tools such as `aaa
-    /// migrate`). The embedded store is one process's by its lock: nothing
-    /// to do.
-    async fn claim_runs(&self, server: &str) -> Result<()>;
+    /// by another server fences this one out ([`StoreError::Fenced`]). The
+    /// store renews the claim in the background; closing it hands the runs
+    /// over at once. With `claim.standby` it first waits until no other
+    /// server holds a live claim. Until it is called, writes are not fenced
+    /// (tools such as `aaa migrate`). The embedded store is one process's
+    /// by its lock: nothing to do.
+    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<()>;
 
     /// The secret that signs task tokens, made when the store was created
     /// and kept in it, so tokens stay valid across restarts.

@@ -1197,13 +1197,17 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
         return;
     };
     let (first, second) = (db.open().await, db.open().await);
-    first.claim_runs("first").await.expect("claim");
+    let claim = aaa::store::Claim {
+        lease: Duration::from_secs(60),
+        standby: false,
+    };
+    first.claim_runs("first", claim).await.expect("claim");
     let run = RunId::new();
     let mut batch = WriteBatch::default();
     batch.push_event(event(run, 1, "aaa.run.started"));
     first.commit(batch).await.expect("the owner writes");
 
-    second.claim_runs("second").await.expect("claim");
+    second.claim_runs("second", claim).await.expect("claim");
     let fenced = |result: Result<Vec<u64>, StoreError>| match result {
         Err(StoreError::Fenced {
             shard,
@@ -1243,4 +1247,62 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
     first.close().await;
     second.close().await;
     db.drop().await;
+}
+
+/// A standby server takes the runs over when the serving one stops
+/// renewing its claim (here: paused with SIGSTOP, as a long GC pause or a
+/// partition would); the paused one, woken, is fenced out: NOT_SERVING,
+/// its writes refused, nothing doubled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let first = ChildServer::start_args(dir_a.path(), &args).await;
+    let mut runs = first.runs().await;
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let standby = ChildServer::spawn_args(dir_b.path(), &[&args[..], &["--standby"]].concat());
+
+    first.signal(libc::SIGSTOP);
+    let paused_at = Instant::now();
+    let second = standby.ready().await;
+    eprintln!(
+        "the standby served {:?} after the pause",
+        paused_at.elapsed()
+    );
+    let (mut runs, mut workers) = (second.runs().await, second.workers().await);
+    grant_and_finish(&mut runs, &mut workers, &run_id, &call_id).await;
+
+    first.signal(libc::SIGCONT);
+    wait_for_health(&first, ServingStatus::NotServing).await;
+    let mut stale = first.runs().await;
+    let note = signal(&mut stale, &run_id, "app.note", serde_json::json!({})).await;
+    assert_error(
+        &expect_err(note),
+        tonic::Code::Unavailable,
+        "OWNERSHIP_LOST",
+    );
+    let events = history(&mut runs, &run_id).await;
+    assert_dense(&events, 1);
+    assert_eq!(count(&events, "app.note"), 0);
+    assert_eq!(count(&events, "aaa.tool.started"), 1);
+    assert!(is_terminal(&events.last().unwrap().r#type));
+    wait_for_health(&second, ServingStatus::Serving).await;
+}
+
+#[test]
+fn standby_without_a_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = serve_refused(dir.path(), &["--listen", "127.0.0.1:0", "--standby"]);
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--standby needs --store postgres://"),
+        "{stderr}"
+    );
 }

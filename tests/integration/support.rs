@@ -262,6 +262,46 @@ impl Drop for TestServer {
     }
 }
 
+/// A child server that has not said it serves yet.
+pub struct StartingServer {
+    /// Taken by `ready`; killed on drop otherwise.
+    child: Option<Child>,
+    serving: oneshot::Receiver<SocketAddr>,
+    log_path: std::path::PathBuf,
+}
+
+impl StartingServer {
+    /// Waits (up to [`WAIT`]) for its `serving on ADDR` line.
+    pub async fn ready(mut self) -> ChildServer {
+        let serving = std::mem::replace(&mut self.serving, oneshot::channel().1);
+        let mut child = self.child.take().expect("a child");
+        let addr = match tokio::time::timeout(WAIT, serving).await {
+            Ok(Ok(addr)) if addr.ip().is_unspecified() => {
+                SocketAddr::from(([127, 0, 0, 1], addr.port()))
+            }
+            Ok(Ok(addr)) => addr,
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "aaa serve printed no `serving on ADDR` line; its log:\n{}",
+                    std::fs::read_to_string(&self.log_path).unwrap_or_default()
+                );
+            }
+        };
+        ChildServer { child, addr }
+    }
+}
+
+impl Drop for StartingServer {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The `aaa` binary as a child process, so it can be killed with SIGKILL.
 /// Data lives in `dir/data`, the server's stderr in `dir/server.log`.
 pub struct ChildServer {
@@ -312,9 +352,15 @@ impl ChildServer {
     }
 
     /// Runs `aaa serve ARGS --data-dir dir/data` (and `--store URL` with
-    /// `AAA_TEST_STORE=postgres`); ARGS must include `--listen`. An
-    /// unspecified address (0.0.0.0) is reached on loopback.
+    /// `AAA_TEST_STORE=postgres`, unless ARGS name a store); ARGS must
+    /// include `--listen`. An unspecified address (0.0.0.0) is reached on
+    /// loopback.
     pub async fn start_args(dir: &Path, args: &[&str]) -> Self {
+        Self::spawn_args(dir, args).ready().await
+    }
+
+    /// Starts the process without waiting for it to serve (a standby).
+    pub fn spawn_args(dir: &Path, args: &[&str]) -> StartingServer {
         let log_path = dir.join("server.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -326,7 +372,11 @@ impl ChildServer {
             .args(args)
             .arg("--data-dir")
             .arg(dir.join("data"))
-            .args(store_url_for(dir).map(|url| format!("--store={url}")))
+            .args(
+                store_url_for(dir)
+                    .filter(|_| !args.iter().any(|a| a.starts_with("--store")))
+                    .map(|url| format!("--store={url}")),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -347,21 +397,19 @@ impl ChildServer {
                 }
             }
         });
-        let addr = match tokio::time::timeout(WAIT, rx).await {
-            Ok(Ok(addr)) if addr.ip().is_unspecified() => {
-                SocketAddr::from(([127, 0, 0, 1], addr.port()))
-            }
-            Ok(Ok(addr)) => addr,
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "aaa serve printed no `serving on ADDR` line; its log:\n{}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                );
-            }
-        };
-        ChildServer { child, addr }
+        StartingServer {
+            child: Some(child),
+            serving: rx,
+            log_path,
+        }
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the process.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill takes plain integers; the child is not reaped yet,
+        // so the pid is its own.
+        let done = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(done, 0, "kill({signal})");
     }
 
     /// SIGKILL, then reap the process.
@@ -664,7 +712,7 @@ pub fn completed_text(events: &[Event]) -> String {
 
 /// Waits (bounded) until health on "" says `status`: the server follows
 /// the store's state in a task of its own.
-pub async fn wait_for_health(server: &TestServer, status: ServingStatus) {
+pub async fn wait_for_health(server: &impl Server, status: ServingStatus) {
     let mut health = HealthClient::new(server.channel().await);
     let give_up = tokio::time::Instant::now() + WAIT;
     let mut watch = health

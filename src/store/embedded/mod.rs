@@ -295,7 +295,7 @@ impl super::Store for EmbeddedStore {
         self.inner.commits.commit(batch).await
     }
 
-    async fn claim_runs(&self, _server: &str) -> Result<()> {
+    async fn claim_runs(&self, _server: &str, _claim: super::Claim) -> Result<()> {
         // The data directory's lock keeps every other process out.
         Ok(())
     }

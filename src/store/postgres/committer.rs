@@ -107,7 +107,13 @@ pub(super) async fn run(mut committer: Committer, mut messages: mpsc::Receiver<M
     let mut closed = None;
     while closed.is_none() {
         let message = if *committer.writable.borrow() {
-            messages.recv().await
+            tokio::select! {
+                message = messages.recv() => message,
+                () = committer.ownership.lost_notify.notified() => {
+                    committer.writable.send_replace(false);
+                    continue;
+                }
+            }
         } else {
             tokio::select! {
                 message = messages.recv() => message,

@@ -47,8 +47,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, Result, RunId,
-    RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+    ApprovalQuery, ApprovalRecord, Claim, DeadLetterRecord, EventRecord, GroupRecord, Result,
+    RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
 };
 
 /// The channel commits NOTIFY with their new head position.
@@ -473,12 +473,61 @@ impl super::Store for PostgresStore {
 
     async fn close(&self) {
         self.inner.commits.close().await;
+        // Nothing more will be written: hand the runs over at once.
+        if let Ok(client) = self.client().await {
+            if let Err(e) = self.inner.ownership.release(&client).await {
+                tracing::warn!(
+                    "could not hand the runs over (they pass on when the lease lapses): {e}"
+                );
+            }
+        }
         self.inner.stop.cancel();
     }
 
-    async fn claim_runs(&self, server: &str) -> Result<()> {
-        let mut client = self.client().await?;
-        self.inner.ownership.claim_all(&mut client, server).await
+    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<()> {
+        let lease_ms = i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX);
+        let every = claim.lease / 3;
+        let ownership = &self.inner.ownership;
+        let mut waiting = false;
+        loop {
+            let claimed = match self.client().await {
+                Ok(mut client) => {
+                    ownership
+                        .claim_all(&mut client, server, lease_ms, claim.standby)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match claimed {
+                Ok(true) => break,
+                Ok(false) if !waiting => {
+                    waiting = true;
+                    tracing::info!(
+                        "standing by: another server holds the runs; taking them over once its \
+                         claim has not been renewed for {:?}",
+                        claim.lease
+                    );
+                }
+                Ok(false) => {}
+                // A standby waits out the database's trouble too.
+                Err(StoreError::Unavailable(cause)) if claim.standby => {
+                    tracing::warn!("standing by: {cause}")
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = self.inner.stop.cancelled() => return Err(StoreError::Closed),
+            }
+        }
+        tokio::spawn(ownership::renew_every(
+            self.inner.pool.clone(),
+            self.inner.ownership.clone(),
+            lease_ms,
+            every,
+            self.inner.stop.clone(),
+        ));
+        Ok(())
     }
 
     fn token_key(&self) -> [u8; 32] {
