@@ -1306,3 +1306,46 @@ fn standby_without_a_database_is_refused() {
         "{stderr}"
     );
 }
+
+/// A standby's claim waits while the owner holds the runs, and goes
+/// through as soon as the owner closes its store (a graceful stop hands the
+/// runs over without waiting for the lease).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closing_owner_hands_the_runs_to_the_standby_at_once() {
+    let Some(db) = TestDb::create("a_closing_owner_hands_the_runs_to_the_standby_at_once").await
+    else {
+        return;
+    };
+    // A lease far longer than the test: only the hand-over can end the wait.
+    let lease = Duration::from_secs(600);
+    let (owner, standby) = (db.open().await, db.open().await);
+    let claim = move |standby| aaa::store::Claim { lease, standby };
+    owner
+        .claim_runs("owner", claim(false))
+        .await
+        .expect("claim");
+    let waiting = {
+        let standby = standby.clone();
+        tokio::spawn(async move { standby.claim_runs("standby", claim(true)).await })
+    };
+    let run = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(run, 1, "aaa.run.started"));
+    owner
+        .commit(batch)
+        .await
+        .expect("the owner writes while the standby waits");
+    assert!(!waiting.is_finished(), "the standby claimed a live claim");
+
+    owner.close().await;
+    tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the standby still waits after the hand-over")
+        .expect("task")
+        .expect("claim");
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(run, 2, "app.note"));
+    standby.commit(batch).await.expect("the new owner writes");
+    standby.close().await;
+    db.drop().await;
+}

@@ -55,6 +55,8 @@ use super::{
 const NOTIFY_CHANNEL: &str = "aaa_head";
 /// Longest a read waits for the database.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a standby tries to claim the runs.
+const STANDBY_POLL: Duration = Duration::from_millis(500);
 
 /// The PostgreSQL store. Cheap to clone.
 #[derive(Clone)]
@@ -515,8 +517,10 @@ impl super::Store for PostgresStore {
                 }
                 Err(e) => return Err(e),
             }
+            // A standby looks often: a graceful stop hands the runs over
+            // at once, whatever the lease.
             tokio::select! {
-                () = tokio::time::sleep(every) => {}
+                () = tokio::time::sleep(every.min(STANDBY_POLL)) => {}
                 () = self.inner.stop.cancelled() => return Err(StoreError::Closed),
             }
         }
