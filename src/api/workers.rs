@@ -5,7 +5,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{convert, peer_name, principal};
-use crate::auth::Served;
+use crate::auth::{Principal, Refusal, Served};
 use crate::engine::event::WorkerId;
 use crate::engine::{Engine, Error, QueueKey, Report};
 use crate::proto::{self, worker_service_server::WorkerService};
@@ -33,14 +33,9 @@ impl WorkerService for WorkerApi {
         for (i, model) in request.models.iter().enumerate() {
             convert::name(&format!("models[{i}]"), model)?;
         }
-        if let Some(caller) = &caller {
-            for tool in &tools {
-                caller.may_serve(Served::Tool, &tool.name)?;
-            }
-            for model in &request.models {
-                caller.may_serve(Served::Model, model)?;
-            }
-        }
+        let tool_names = tools.iter().map(|t| t.name.as_str());
+        let model_names = request.models.iter().map(String::as_str);
+        check_serves(caller.as_ref(), tool_names, model_names)?;
         self.engine.claim_identity(&worker).await?;
         let stored = self.engine.register_tools(tools).await?;
         Ok(Response::new(proto::RegisterWorkerResponse {
@@ -56,20 +51,17 @@ impl WorkerService for WorkerApi {
         let caller = principal(&request).cloned();
         let request = request.into_inner();
         let mut keys = Vec::new();
-        for (i, tool) in request.tools.into_iter().enumerate() {
-            convert::name(&format!("tools[{i}]"), &tool)?;
-            if let Some(caller) = &caller {
-                caller.may_serve(Served::Tool, &tool)?;
-            }
-            keys.push(QueueKey::Tool(tool));
+        for (i, tool) in request.tools.iter().enumerate() {
+            convert::name(&format!("tools[{i}]"), tool)?;
         }
-        for (i, model) in request.models.into_iter().enumerate() {
-            convert::name(&format!("models[{i}]"), &model)?;
-            if let Some(caller) = &caller {
-                caller.may_serve(Served::Model, &model)?;
-            }
-            keys.push(QueueKey::Model(model));
+        for (i, model) in request.models.iter().enumerate() {
+            convert::name(&format!("models[{i}]"), model)?;
         }
+        let tool_names = request.tools.iter().map(String::as_str);
+        let model_names = request.models.iter().map(String::as_str);
+        check_serves(caller.as_ref(), tool_names, model_names)?;
+        keys.extend(request.tools.into_iter().map(QueueKey::Tool));
+        keys.extend(request.models.into_iter().map(QueueKey::Model));
         if keys.is_empty() {
             return Err(Error::invalid("tools", "name at least one tool or model to serve").into());
         }
@@ -150,6 +142,23 @@ fn worker_id<T>(request: &Request<T>, identity: &str) -> WorkerId {
         identity,
         principal: principal_name(request),
     }
+}
+
+/// With auth on, refuses a tool or model the caller's principal may not
+/// serve (RegisterWorker and PollTask ask the same).
+fn check_serves<'a>(
+    caller: Option<&Principal>,
+    tools: impl Iterator<Item = &'a str>,
+    models: impl Iterator<Item = &'a str>,
+) -> Result<(), Refusal> {
+    let Some(caller) = caller else {
+        return Ok(());
+    };
+    let tools = tools.map(|t| (Served::Tool, t));
+    let models = models.map(|m| (Served::Model, m));
+    tools
+        .chain(models)
+        .try_for_each(|(kind, name)| caller.may_serve(kind, name))
 }
 
 /// The caller's principal; empty with auth off.
