@@ -64,6 +64,10 @@ pub struct Config {
     /// On PostgreSQL: wait while another server holds the runs, and take
     /// them over when its claim lapses (instead of at once).
     pub standby: bool,
+    /// On PostgreSQL: the `host:port` the other servers of the cluster
+    /// reach this one at, to forward calls to it while it owns the runs.
+    /// `None`: the listening address (loopback if it listens on all).
+    pub advertise: Option<String>,
 }
 
 impl Config {
@@ -87,6 +91,7 @@ impl Config {
             clock: Clock::system(),
             lease: Duration::from_secs(3),
             standby: false,
+            advertise: None,
         }
     }
 }

@@ -23,6 +23,52 @@ pub struct Claim {
     pub standby: bool,
 }
 
+/// A server of a shared store, as its membership row says (see
+/// `Store::join`). Times are the database's, in Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The name it claims shards under: its address and process id.
+    pub server: String,
+    /// Where the other servers reach it (`--advertise`).
+    pub address: String,
+    pub started_ms: i64,
+    /// It counts as alive until then; it renews every third of its lease.
+    pub seen_until_ms: i64,
+}
+
+/// Who holds a shard, with which epoch, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLease {
+    pub shard: u8,
+    /// The holder's [`Member::server`]; empty if never claimed.
+    pub owner: String,
+    pub epoch: i64,
+    pub lease_until_ms: i64,
+}
+
+/// The members and shard leases of a shared store, read at one moment of
+/// the database's clock. Empty for a store that belongs to one server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// The database's time when it was read.
+    pub now_ms: i64,
+    pub members: Vec<Member>,
+    pub shards: Vec<ShardLease>,
+}
+
+impl ClusterView {
+    /// The live member whose live lease covers `shard`, if any.
+    pub fn owner_of(&self, shard: u8) -> Option<&Member> {
+        let lease = self
+            .shards
+            .iter()
+            .find(|lease| lease.shard == shard && lease.lease_until_ms > self.now_ms)?;
+        self.members
+            .iter()
+            .find(|member| member.server == lease.owner && member.seen_until_ms > self.now_ms)
+    }
+}
+
 /// A run's id: a time-ordered UUID (v7), so id order is start order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId(uuid::Uuid);

@@ -26,6 +26,7 @@ pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod connections;
 pub mod domain;

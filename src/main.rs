@@ -109,6 +109,11 @@ struct ServeArgs {
     #[arg(long, env = "AAA_LEASE_S", default_value_t = 3.0,
           allow_negative_numbers = true, value_parser = seconds_in(aaa::seconds::SERVER_LEASE))]
     lease_s: f64,
+    /// With --store postgres://...: the host:port the other servers of the
+    /// cluster reach this one at (default: the listening address, or
+    /// 127.0.0.1 with its port when listening on every interface).
+    #[arg(long, env = "AAA_ADVERTISE")]
+    advertise: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -235,6 +240,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         webhooks,
         standby,
         lease_s,
+        advertise,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -254,6 +260,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.shutdown_grace = aaa::seconds::duration(shutdown_grace_s);
     config.lease = aaa::seconds::duration(lease_s);
     config.standby = standby;
+    config.advertise = advertise;
     if standby && config.store_url.is_none() {
         eprintln!(
             "aaa: --standby needs --store postgres://...: the embedded store belongs to one server"

@@ -2,19 +2,25 @@
 
 use std::future::Future;
 
+use std::sync::{Arc, OnceLock};
+
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
-use crate::api::{malformed, ApprovalApi, RunApi, SubscriptionApi, WorkerApi};
+use crate::api::{malformed, ApprovalApi, ClusterApi, RunApi, SubscriptionApi, WorkerApi};
 use crate::auth::AuthLayer;
+use crate::cluster::forward::Routed;
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::connections;
 use crate::engine::Engine;
 use crate::proto::approval_service_server::ApprovalServiceServer;
+use crate::proto::cluster_service_server::ClusterServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
+use crate::store::SharedStore;
 use tonic::server::NamedService;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -52,6 +58,11 @@ fn store_place(config: &Config) -> String {
 /// commits what it has and closes. `ready` runs once the store is open and
 /// the services are about to take calls (connections made before wait in
 /// the listener's backlog).
+///
+/// On a shared database the server claims the runs before it serves (a
+/// server that wrote them before is fenced out), or, as a standby, serves
+/// at once by forwarding every call to the owner and claims the runs when
+/// the owner's lease lapses (see [`crate::cluster`]).
 pub async fn serve(
     listener: TcpListener,
     config: Config,
@@ -74,71 +85,66 @@ pub async fn serve(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls.server_config())?;
     }
-    // In front of every service: authentication and roles, and the one
-    // answer to requests that do not decode.
-    let mut builder = builder
-        .layer(tower::util::option_layer(
-            config.auth.clone().map(AuthLayer::new),
-        ))
-        .layer(malformed::layer());
-    let separation_of_duties = config
-        .auth
-        .as_ref()
-        .is_some_and(|auth| auth.separation_of_duties);
-    let max_message = config.max_message_bytes;
     match &config.auth {
         Some(auth) => tracing::info!("callers must authenticate: {auth:?}"),
         None => tracing::warn!("no auth config: every caller may call every RPC"),
     }
 
-    let webhooks = config.webhooks.clone();
     let store = crate::store::open(&config)
         .await
         .map_err(|source| ServeError::Store {
             place: store_place(&config),
             source,
         })?;
-    // This server writes every run from now on; on a shared database a
-    // server that wrote them before is fenced out.
-    let name = match listener.local_addr() {
-        Ok(addr) => format!("aaa pid {} on {addr}", std::process::id()),
-        Err(_) => format!("aaa pid {}", std::process::id()),
-    };
-    let claim = crate::store::Claim {
-        lease: config.lease,
-        standby: config.standby,
-    };
-    // A standby may wait here a long time: a stop signal ends the wait.
-    let mut shutdown = Box::pin(shutdown);
-    let claimed = tokio::select! {
-        claimed = store.claim_runs(&name, claim) => claimed,
-        () = &mut shutdown => {
+    let cluster = match join(&listener, &config, &store).await {
+        Ok(cluster) => cluster,
+        Err(source) => {
             store.close().await;
-            return Ok(());
+            return Err(ServeError::Store {
+                place: store_place(&config),
+                source,
+            });
         }
     };
-    if let Err(source) = claimed {
-        store.close().await;
-        return Err(ServeError::Store {
-            place: store_place(&config),
-            source,
-        });
-    }
+    // In front of every service: authentication and roles, and the one
+    // answer to requests that do not decode.
+    let mut builder = builder
+        .layer(tower::util::option_layer(
+            config
+                .auth
+                .clone()
+                .map(|auth| AuthLayer::new(auth, store.token_key())),
+        ))
+        .layer(malformed::layer());
+
     let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
-    let engine = match Engine::start(store.clone(), config, stopping.clone()).await {
-        Ok(engine) => engine,
-        Err(e) => {
+    let local = LocalServices::default();
+    let mut shutdown = Box::pin(shutdown);
+    let owning = own_runs(
+        cluster.clone(),
+        config.clone(),
+        stopping.clone(),
+        local.clone(),
+    );
+    let mut owning = Box::pin(owning);
+    // A standby serves at once (by forwarding) and owns the runs later;
+    // any other server owns them before it serves. Either may wait long
+    // for the database: a stop signal ends the wait.
+    let mut owned = !config.standby;
+    if owned {
+        let result = tokio::select! {
+            result = &mut owning => result,
+            () = &mut shutdown => {
+                store.close().await;
+                return Ok(());
+            }
+        };
+        if let Err(e) = result {
+            stopping.cancel();
             store.close().await;
-            return Err(e.into());
+            return Err(e);
         }
-    };
-    let subscriptions = SubscriptionApi::new(&engine);
-    if let Err(e) = subscriptions.start_webhooks(&webhooks).await {
-        stopping.cancel();
-        drop((engine, subscriptions));
-        store.close().await;
-        return Err(e.into());
     }
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -174,45 +180,175 @@ pub async fn serve(
             set_health(&health, ServingStatus::NotServing).await;
         }
     };
+    let max_message = config.max_message_bytes;
+    let store_kind = match config.store_url {
+        Some(_) => "postgres",
+        None => "embedded",
+    };
     let server = builder
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(
-            RunServiceServer::new(RunApi {
-                engine: engine.clone(),
-                separation_of_duties,
-            })
-            .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            ApprovalServiceServer::new(ApprovalApi {
-                engine: engine.clone(),
-            })
-            .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            WorkerServiceServer::new(WorkerApi {
-                engine: engine.clone(),
-            })
-            .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            SubscriptionServiceServer::new(subscriptions).max_decoding_message_size(max_message),
-        )
+        .add_service(Routed::new(
+            local.runs.clone(),
+            cluster.clone(),
+            max_message + 64,
+        ))
+        .add_service(Routed::new(
+            local.approvals.clone(),
+            cluster.clone(),
+            max_message + 64,
+        ))
+        .add_service(Routed::new(
+            local.workers.clone(),
+            cluster.clone(),
+            max_message + 64,
+        ))
+        .add_service(Routed::new(
+            local.subscriptions.clone(),
+            cluster.clone(),
+            max_message + 64,
+        ))
+        .add_service(ClusterServiceServer::new(ClusterApi {
+            cluster: cluster.clone(),
+            store: store_kind,
+        }))
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(server);
-    let served = tokio::select! {
-        served = &mut server => served,
-        _ = async { stopping.cancelled().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!("calls still running after the {grace:?} grace period are dropped");
-            Ok(())
+    let served = loop {
+        tokio::select! {
+            served = &mut server => break served,
+            result = &mut owning, if !owned => {
+                owned = true;
+                if let Err(e) = result {
+                    stopping.cancel();
+                    store.close().await;
+                    return Err(e);
+                }
+            }
+            _ = async { stopping.cancelled().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!("calls still running after the {grace:?} grace period are dropped");
+                break Ok(());
+            }
         }
     };
     stopping.cancel();
-    drop(engine);
+    drop(local);
     store.close().await;
     served?;
+    Ok(())
+}
+
+/// The aaa services of this server, filled once it owns the runs; until
+/// then (and after it lost them) calls are forwarded to the owner.
+#[derive(Clone, Default)]
+struct LocalServices {
+    runs: Arc<OnceLock<RunServiceServer<RunApi>>>,
+    approvals: Arc<OnceLock<ApprovalServiceServer<ApprovalApi>>>,
+    workers: Arc<OnceLock<WorkerServiceServer<WorkerApi>>>,
+    subscriptions: Arc<OnceLock<SubscriptionServiceServer<SubscriptionApi>>>,
+}
+
+/// Makes this server a member of the store's deployment, under a name made
+/// of its advertised address and process id.
+async fn join(
+    listener: &TcpListener,
+    config: &Config,
+    store: &SharedStore,
+) -> Result<Arc<Cluster>, crate::store::StoreError> {
+    let listening = listener.local_addr().ok();
+    let address = match (&config.advertise, listening) {
+        (Some(address), _) => address.clone(),
+        (None, Some(addr)) if addr.ip().is_unspecified() => format!("127.0.0.1:{}", addr.port()),
+        (None, Some(addr)) => addr.to_string(),
+        (None, None) => "unknown".to_string(),
+    };
+    let server = format!("{address} pid {}", std::process::id());
+    store.join(&server, &address, config.lease).await?;
+    // Servers with TLS reach each other with it, trusting what the
+    // server's own certificate file holds (its chain up to the CA).
+    let ca = config
+        .auth
+        .as_ref()
+        .and_then(|auth| auth.tls.as_ref())
+        .map(|tls| tls.cert_pem.as_slice());
+    Ok(Cluster::new(
+        store.clone(),
+        server,
+        address,
+        ca,
+        config.lease,
+    ))
+}
+
+/// Claims the runs (a standby waits until the owner's lease lapses), starts
+/// the engine and the webhooks on them, and serves calls here from then
+/// on, until the store finds itself fenced out by another server (from
+/// then on calls are forwarded to the new owner, and health, which follows
+/// the store, says NOT_SERVING: restart the server to make it a standby).
+async fn own_runs(
+    cluster: Arc<Cluster>,
+    config: Config,
+    stopping: CancellationToken,
+    local: LocalServices,
+) -> Result<(), ServeError> {
+    let store = cluster.store().clone();
+    let place = store_place(&config);
+    let claim = crate::store::Claim {
+        lease: config.lease,
+        standby: config.standby,
+    };
+    let holding = store
+        .claim_runs(&cluster.server, claim)
+        .await
+        .map_err(|source| ServeError::Store { place, source })?;
+    let separation_of_duties = config
+        .auth
+        .as_ref()
+        .is_some_and(|auth| auth.separation_of_duties);
+    let max_message = config.max_message_bytes;
+    let webhooks = config.webhooks.clone();
+    let engine = Engine::start(store, config, stopping.clone()).await?;
+    let subscriptions = SubscriptionApi::new(&engine);
+    subscriptions.start_webhooks(&webhooks).await?;
+    let filled = [
+        local
+            .runs
+            .set(
+                RunServiceServer::new(RunApi {
+                    engine: engine.clone(),
+                    separation_of_duties,
+                })
+                .max_decoding_message_size(max_message),
+            )
+            .is_ok(),
+        local
+            .approvals
+            .set(
+                ApprovalServiceServer::new(ApprovalApi {
+                    engine: engine.clone(),
+                })
+                .max_decoding_message_size(max_message),
+            )
+            .is_ok(),
+        local
+            .workers
+            .set(
+                WorkerServiceServer::new(WorkerApi { engine })
+                    .max_decoding_message_size(max_message),
+            )
+            .is_ok(),
+        local
+            .subscriptions
+            .set(
+                SubscriptionServiceServer::new(subscriptions)
+                    .max_decoding_message_size(max_message),
+            )
+            .is_ok(),
+    ];
+    debug_assert!(filled.iter().all(|f| *f), "the runs are owned once");
+    cluster.serve_here(holding);
+    tracing::info!("{} owns the runs and serves them", cluster.server);
     Ok(())
 }
 

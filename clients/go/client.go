@@ -30,6 +30,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
@@ -42,7 +44,8 @@ const DefaultAddress = "127.0.0.1:50051"
 // unavailable, unless WithRetryTimeout says otherwise.
 const DefaultRetryTimeout = 30 * time.Second
 
-// Client is a connection to an aaa server. It is safe for concurrent use.
+// Client is a connection to an aaa server (or, made by DialCluster, to the
+// servers of a cluster). It is safe for concurrent use.
 //
 // Calls retry while the server is unavailable (a dropped connection, a
 // restarting server) for up to the retry timeout. StartRun and Signal get a
@@ -114,6 +117,46 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	if address == "" {
 		address = DefaultAddress
 	}
+	return dial(address, nil, opts)
+}
+
+// clusterScheme is the resolver scheme of the targets of DialCluster.
+const clusterScheme = "aaa-cluster"
+
+// roundRobin is the service config of DialCluster: each call goes to the next
+// server whose connection is ready.
+const roundRobin = `{"loadBalancingConfig":[{"round_robin":{}}]}`
+
+// DialCluster returns a client of the servers of a cluster (several aaa
+// servers sharing one PostgreSQL database), each at "host:port". Calls are
+// spread over the servers whose connection is ready (gRPC's round_robin); a
+// server that is down is left out and connected again in the background
+// until it answers. Host names are resolved at each connection attempt.
+// Over TLS each server's certificate is checked against the host of its own
+// address, unless the tls.Config names a ServerName. The options are those of
+// Dial. One address is the same as Dial(address); none is an error.
+func DialCluster(addresses []string, opts ...Option) (*Client, error) {
+	switch len(addresses) {
+	case 0:
+		return nil, errors.New("aaa: DialCluster needs at least one server address")
+	case 1:
+		return Dial(addresses[0], opts...)
+	}
+	endpoints := make([]resolver.Endpoint, len(addresses))
+	for i, address := range addresses {
+		endpoints[i] = resolver.Endpoint{Addresses: []resolver.Address{{Addr: address, ServerName: address}}}
+	}
+	// A resolver of this client's own (WithResolvers) that gives the list once.
+	static := manual.NewBuilderWithScheme(clusterScheme)
+	static.InitialState(resolver.State{Endpoints: endpoints})
+	cluster := []grpc.DialOption{grpc.WithResolvers(static), grpc.WithDefaultServiceConfig(roundRobin)}
+	// The target names the first server: it is the :authority of the calls.
+	return dial(clusterScheme+":///"+addresses[0], cluster, opts)
+}
+
+// dial makes the client of Dial and DialCluster: a connection to target with
+// the options the SDK sets, then extra, then the caller's.
+func dial(target string, extra []grpc.DialOption, opts []Option) (*Client, error) {
 	o := clientOptions{retryTimeout: DefaultRetryTimeout}
 	for _, opt := range opts {
 		opt(&o)
@@ -125,7 +168,7 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	if o.token == "" {
 		o.token = os.Getenv("AAA_TOKEN")
 	}
-	dial := []grpc.DialOption{
+	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(transport),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
@@ -133,9 +176,10 @@ func Dial(address string, opts ...Option) (*Client, error) {
 		}),
 	}
 	if o.token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(bearer(o.token)))
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearer(o.token)))
 	}
-	conn, err := grpc.NewClient(address, append(dial, o.dialOptions...)...)
+	dialOpts = append(dialOpts, extra...)
+	conn, err := grpc.NewClient(target, append(dialOpts, o.dialOptions...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -86,6 +86,12 @@ var (
 	// PostgreSQL database took the run over; this server wrote nothing of
 	// the call. Send it to the server that serves the deployment now.
 	ErrOwnershipLost = reasonOf(aaav1.ErrorReason_OWNERSHIP_LOST)
+	// ErrOwnerUnavailable (UNAVAILABLE): this server forwards the call to the
+	// server of the cluster that owns the runs, and none answers now (the
+	// owner died and its lease has not lapsed yet, or no server holds the
+	// runs); Metadata["owner"] names the last owner known. Retried like any
+	// UNAVAILABLE: another server takes the runs over within seconds.
+	ErrOwnerUnavailable = reasonOf(aaav1.ErrorReason_OWNER_UNAVAILABLE)
 	// ErrMalformedRequest (INVALID_ARGUMENT): the request bytes are not a valid
 	// message of the method's type: a bug of the client that sent them.
 	ErrMalformedRequest = reasonOf(aaav1.ErrorReason_MALFORMED_REQUEST)

@@ -11,8 +11,10 @@ import (
 	aaa "aaa.dev/clients/go"
 	"aaa.dev/clients/go/aaav1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestTypedErrors(t *testing.T) {
@@ -151,6 +153,7 @@ func TestEveryErrorReasonHasASentinel(t *testing.T) {
 		aaa.ErrToolNotRegistered, aaa.ErrInvalidToken, aaa.ErrShuttingDown, aaa.ErrInternal,
 		aaa.ErrUnauthenticated, aaa.ErrPermissionDenied, aaa.ErrNotRunOwner, aaa.ErrSeparationOfDuties,
 		aaa.ErrGroupNotFound, aaa.ErrGroupMismatch, aaa.ErrMemberTooSlow, aaa.ErrStorageUnavailable, aaa.ErrOwnershipLost,
+		aaa.ErrOwnerUnavailable,
 		aaa.ErrMalformedRequest, aaa.ErrNotAllowedToServe, aaa.ErrIdentityTaken, aaa.ErrNotTaskHolder,
 	}
 	known := map[string]aaa.Reason{}
@@ -178,5 +181,45 @@ func TestEveryErrorReasonHasASentinel(t *testing.T) {
 	}
 	for name := range known {
 		t.Errorf("Err variable %s names no value of ErrorReason", name)
+	}
+}
+
+// forwarder is a connection to a server of a cluster whose owner of the runs
+// does not answer for the first calls: they fail with OWNER_UNAVAILABLE.
+type forwarder struct {
+	grpc.ClientConnInterface
+	failures int
+	calls    int
+}
+
+func (f *forwarder) Invoke(_ context.Context, _ string, _, reply any, _ ...grpc.CallOption) error {
+	f.calls++
+	if f.calls <= f.failures {
+		info := &errdetails.ErrorInfo{Reason: "OWNER_UNAVAILABLE", Domain: aaa.ErrorDomain, Metadata: map[string]string{"owner": "aaa-2"}}
+		st, err := status.New(codes.Unavailable, "no owner answers").WithDetails(info)
+		if err != nil {
+			return err
+		}
+		return st.Err()
+	}
+	proto.Merge(reply.(proto.Message), &aaav1.GetRunResponse{Run: &aaav1.Run{RunId: "r1"}})
+	return nil
+}
+
+// OWNER_UNAVAILABLE is an UNAVAILABLE: retried within the retry timeout, and
+// then ErrOwnerUnavailable with the owner in its metadata.
+func TestOwnerUnavailableIsRetried(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	conn := &forwarder{failures: 2}
+	run, err := aaa.NewClient(conn).GetRun(ctx, "r1")
+	if err != nil || run.ID != "r1" || conn.calls != 3 {
+		t.Fatalf("GetRun after two OWNER_UNAVAILABLE: %+v, %v after %d calls", run, err, conn.calls)
+	}
+	conn = &forwarder{failures: 1}
+	_, err = aaa.NewClient(conn, aaa.WithRetryTimeout(0)).GetRun(ctx, "r1")
+	e := wantReason(t, err, aaa.ErrOwnerUnavailable)
+	if e.Code != codes.Unavailable || e.Metadata["owner"] != "aaa-2" || conn.calls != 1 {
+		t.Fatalf("without retries: %#v after %d calls", e, conn.calls)
 	}
 }

@@ -2,6 +2,7 @@
 //! or read the store, and map errors once (see `status`).
 
 mod approvals;
+mod cluster;
 pub(crate) mod convert;
 pub mod malformed;
 mod runs;
@@ -12,6 +13,7 @@ mod workers;
 use tonic::{Request, Status};
 
 pub use approvals::ApprovalApi;
+pub use cluster::ClusterApi;
 pub use runs::RunApi;
 pub use subscriptions::SubscriptionApi;
 pub use workers::WorkerApi;

@@ -152,7 +152,8 @@ pub fn refused(refusal: &Refusal) -> Status {
     let (code, reason) = match refusal {
         Refusal::MissingCredentials
         | Refusal::UnknownCredentials
-        | Refusal::MalformedCredentials(_) => (Code::Unauthenticated, ErrorReason::Unauthenticated),
+        | Refusal::MalformedCredentials(_)
+        | Refusal::ForwardRefused(_) => (Code::Unauthenticated, ErrorReason::Unauthenticated),
         Refusal::MissingRole { needed, method, .. } => {
             metadata.insert("roles".to_string(), needed.join(","));
             metadata.insert("method".to_string(), method.clone());

@@ -10,18 +10,23 @@ use std::task::{Context, Poll};
 use tonic::codegen::http;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use super::{authorize, is_open, AuthConfig, Principal, Refusal};
+use super::{authorize, forwarded, is_open, AuthConfig, Principal, Refusal};
 
 /// Checks every call against the auth config. Without one (local
 /// development) the server adds no layer at all.
 #[derive(Clone)]
 pub struct AuthLayer {
     auth: Arc<AuthConfig>,
+    /// The store's secret key, which signs calls other servers forward.
+    key: Arc<[u8; 32]>,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Arc<AuthConfig>) -> Self {
-        AuthLayer { auth }
+    pub fn new(auth: Arc<AuthConfig>, key: [u8; 32]) -> Self {
+        AuthLayer {
+            auth,
+            key: Arc::new(key),
+        }
     }
 }
 
@@ -32,6 +37,7 @@ impl<S> tower::Layer<S> for AuthLayer {
         AuthService {
             inner,
             auth: self.auth.clone(),
+            key: self.key.clone(),
         }
     }
 }
@@ -40,6 +46,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct AuthService<S> {
     inner: S,
     auth: Arc<AuthConfig>,
+    key: Arc<[u8; 32]>,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -59,7 +66,7 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        match check(&self.auth, &request) {
+        match check(&self.auth, &self.key[..], &request) {
             Ok(Some(principal)) => {
                 request.extensions_mut().insert(principal);
             }
@@ -79,10 +86,23 @@ where
 }
 
 /// The caller's principal, `None` for open methods, or why it is refused.
-fn check<B>(auth: &AuthConfig, request: &http::Request<B>) -> Result<Option<Principal>, Refusal> {
+fn check<B>(
+    auth: &AuthConfig,
+    key: &[u8],
+    request: &http::Request<B>,
+) -> Result<Option<Principal>, Refusal> {
     let method = request.uri().path();
     if is_open(method) {
         return Ok(None);
+    }
+    // Wall time: signatures are compared across servers' clocks.
+    let now_ms = crate::engine::now_ms();
+    if let Some(name) = forwarded::verify(request.headers(), key, method, now_ms)? {
+        let principal = auth
+            .principal_named(name)
+            .ok_or(Refusal::UnknownCredentials)?;
+        authorize(method, &principal)?;
+        return Ok(Some(principal));
     }
     let bearer = bearer_token(request.headers())?;
     let certs = request

@@ -5,6 +5,7 @@
 //! Secrets never stay in memory: the file holds SHA-256 hashes of tokens and
 //! of client certificates, and a presented token is hashed before lookup.
 
+pub mod forwarded;
 mod layer;
 
 use std::collections::HashMap;
@@ -74,6 +75,7 @@ pub const RULES: &[(&str, &[Role])] = &[
         "/aaa.v1.SubscriptionService/ListDeadLetters",
         &[Worker, Reader],
     ),
+    ("/aaa.v1.ClusterService/GetCluster", &[Reader]),
 ];
 
 /// Services anyone may call: load balancers probe health, and tools list
@@ -184,6 +186,8 @@ pub enum Refusal {
     IdentityTaken { identity: String },
     #[error("{principal} may not report on this task: it was handed to another principal")]
     NotTaskHolder { principal: String },
+    #[error("a call forwarded by another aaa server is refused: {0}")]
+    ForwardRefused(&'static str),
 }
 
 /// Is `method` (a gRPC path, `/package.Service/Method`) open to anyone?
@@ -443,6 +447,16 @@ impl AuthConfig {
             (None, None) => return Err(Refusal::MissingCredentials),
         };
         found.cloned().ok_or(Refusal::UnknownCredentials)
+    }
+
+    /// The principal of that name (a call another server forwarded names
+    /// its caller so).
+    pub fn principal_named(&self, name: &str) -> Option<Principal> {
+        self.by_token
+            .values()
+            .chain(self.by_cert.values())
+            .find(|p| p.name == name)
+            .cloned()
     }
 }
 

@@ -1,9 +1,10 @@
 //! The `aaa` command for people: the client subcommands (`runs`,
 //! `approvals`, `approve`, `deny`), how they reach the server, and the exit
-//! codes scripts rely on. Each command is one call or one stream of the
+//! codes scripts rely on (and `cluster status`). Each command is one call or one stream of the
 //! generated tonic client; `render` turns answers into lines and JSON.
 
 mod approvals;
+mod cluster;
 mod render;
 mod runs;
 
@@ -20,6 +21,7 @@ use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
 use crate::proto::approval_service_client::ApprovalServiceClient;
+use crate::proto::cluster_service_client::ClusterServiceClient;
 use crate::proto::run_service_client::RunServiceClient;
 
 /// The exit codes, shown in the help of every client command.
@@ -59,6 +61,11 @@ pub enum Command {
     /// Example: aaa deny "$RUN" call-1 --reason "not this vendor"
     #[command(after_help = EXIT_CODES)]
     Deny(approvals::DenyArgs),
+    /// The servers of the deployment: who owns the runs, who stands by.
+    ///
+    /// Example: aaa cluster status
+    #[command(after_help = EXIT_CODES)]
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Where the server is and who we are; every client command takes these.
@@ -125,6 +132,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Approvals(args) => (&args.connection, approvals::run(args).await),
         Command::Approve(args) => (&args.connection, approvals::approve(args).await),
         Command::Deny(args) => (&args.connection, approvals::deny(args).await),
+        Command::Cluster(args) => (&args.connection, cluster::run(args).await),
     };
     let server = &connection.server;
     let Err(error) = result else {
@@ -214,6 +222,10 @@ impl Client {
 
     fn approvals(&self) -> ApprovalServiceClient<Transport> {
         ApprovalServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
+    }
+
+    fn cluster(&self) -> ClusterServiceClient<Transport> {
+        ClusterServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
     }
 }
 

@@ -31,7 +31,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 pub use crate::domain::{
-    ApprovalRecord, Claim, DeadLetterRecord, EventRecord, GroupRecord, RunId, RunRecord, Timer,
+    ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GroupRecord, Member, RunId,
+    RunRecord, ShardLease, Timer,
 };
 
 /// Store failures. Any of them but `Conflict` means the disk or the
@@ -325,8 +326,19 @@ pub trait Store: Send + Sync + 'static {
     /// over at once. With `claim.standby` it first waits until no other
     /// server holds a live claim. Until it is called, writes are not fenced
     /// (tools such as `aaa migrate`). The embedded store is one process's
-    /// by its lock: nothing to do.
-    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<()>;
+    /// by its lock: nothing to do. The answer is true until this store finds
+    /// itself fenced out.
+    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<watch::Receiver<bool>>;
+
+    /// Makes this server a member of a shared store: writes its row (name,
+    /// the address others reach it at) and renews it every third of
+    /// `lease` until the store closes, so the others can forward calls to
+    /// it and see that it is alive. The embedded store has no members.
+    async fn join(&self, server: &str, address: &str, lease: std::time::Duration) -> Result<()>;
+
+    /// The members of a shared store and who holds each shard (empty for
+    /// the embedded store).
+    async fn cluster(&self) -> Result<ClusterView>;
 
     /// The secret that signs task tokens, made when the store was created
     /// and kept in it, so tokens stay valid across restarts.

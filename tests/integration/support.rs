@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aaa::proto::approval_service_client::ApprovalServiceClient;
+use aaa::proto::cluster_service_client::ClusterServiceClient;
 use aaa::proto::run_service_client::RunServiceClient;
 use aaa::proto::worker_service_client::WorkerServiceClient;
 use aaa::proto::{
@@ -84,6 +85,9 @@ pub trait Server {
     }
     async fn workers(&self) -> WorkerClient {
         WorkerServiceClient::new(self.channel().await)
+    }
+    async fn cluster(&self) -> ClusterServiceClient<Channel> {
+        ClusterServiceClient::new(self.channel().await)
     }
 }
 
@@ -731,6 +735,51 @@ pub async fn wait_for_health(server: &impl Server, status: ServingStatus) {
         if seen.status == status as i32 {
             return;
         }
+    }
+}
+
+// ----------------------------------------------------------------- cluster
+
+/// The server's member name, as GetCluster reports it.
+pub async fn member_of(server: &impl Server) -> String {
+    cluster_of(server).await.this_server
+}
+
+pub async fn cluster_of(server: &impl Server) -> aaa::proto::GetClusterResponse {
+    server
+        .cluster()
+        .await
+        .get_cluster(aaa::proto::GetClusterRequest {})
+        .await
+        .expect("GetCluster")
+        .into_inner()
+}
+
+/// The member that holds every shard with a live lease, if one does.
+pub async fn owner(server: &impl Server) -> Option<String> {
+    let cluster = cluster_of(server).await;
+    cluster
+        .members
+        .into_iter()
+        .find(|m| m.alive && m.shards == cluster.shards)
+        .map(|m| m.server)
+}
+
+/// Asks `server` (bounded by [`WAIT`]) until it reports `member` as the
+/// owner of the runs. Ownership moves by leases in the database, which no
+/// stream announces, so this asks every 50 ms.
+pub async fn wait_until_owner(server: &impl Server, member: &str) {
+    let give_up = tokio::time::Instant::now() + WAIT;
+    loop {
+        if owner(server).await.as_deref() == Some(member) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "{member} never owned the runs: {:?}",
+            cluster_of(server).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -217,6 +217,12 @@ const (
 	// NOT_SERVING); nothing of the call was written. Send it to the server
 	// that serves the deployment now.
 	ErrorReason_OWNERSHIP_LOST ErrorReason = 28
+	// UNAVAILABLE: this server forwards the call to the server of the cluster
+	// that owns the runs, and none answers now (the owner died and its lease
+	// has not lapsed yet, or no server holds the runs); metadata["owner"]
+	// names the last owner known. Retry with backoff: another server takes
+	// the runs over within seconds.
+	ErrorReason_OWNER_UNAVAILABLE ErrorReason = 29
 )
 
 // Enum value maps for ErrorReason.
@@ -248,6 +254,7 @@ var (
 		26: "IDENTITY_TAKEN",
 		27: "NOT_TASK_HOLDER",
 		28: "OWNERSHIP_LOST",
+		29: "OWNER_UNAVAILABLE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -276,6 +283,7 @@ var (
 		"IDENTITY_TAKEN":           26,
 		"NOT_TASK_HOLDER":          27,
 		"OWNERSHIP_LOST":           28,
+		"OWNER_UNAVAILABLE":        29,
 	}
 )
 
@@ -961,7 +969,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xc3\x04\n" +
+	"\tROLE_TOOL\x10\x04*\xda\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -989,7 +997,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x14NOT_ALLOWED_TO_SERVE\x10\x19\x12\x12\n" +
 	"\x0eIDENTITY_TAKEN\x10\x1a\x12\x13\n" +
 	"\x0fNOT_TASK_HOLDER\x10\x1b\x12\x12\n" +
-	"\x0eOWNERSHIP_LOST\x10\x1cBq\n" +
+	"\x0eOWNERSHIP_LOST\x10\x1c\x12\x15\n" +
+	"\x11OWNER_UNAVAILABLE\x10\x1dBq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

@@ -1,9 +1,10 @@
-"""Helpers shared by the tests: strict JSON comparison, event collection and a droppable TCP proxy."""
+"""Helpers shared by the tests: strict JSON comparison, event collection, a closed port, a droppable TCP proxy."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any, AsyncIterator
 
 import aaa
@@ -33,6 +34,13 @@ async def next_item(iterator: AsyncIterator[Any], timeout: float = WAIT_S) -> An
 def of_type(events: list[aaa.Event], event_type: str) -> list[aaa.Event]:
     """The events of one type."""
     return [e for e in events if e.type == event_type]
+
+
+def closed_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on: bound, read, closed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class Proxy:

@@ -17,7 +17,7 @@ from aaa import echo, text, tool, tool_call
 from aaa.pb import worker_pb2
 
 from conftest import start_server, stop_process
-from helpers import WAIT_S
+from helpers import WAIT_S, closed_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -87,6 +87,16 @@ def _address(server) -> str:
 async def test_a_token_names_the_caller_in_the_events(tls_server):
     creds = _credentials(tls_server.pki)
     async with await aaa.connect(_address(tls_server), token="runner-token", credentials=creds) as client:
+        run = await client.start_run("hello", model=[text("done")])
+        started = await run.wait_for("aaa.run.started")
+        assert started.actor == aaa.Actor(kind="client", name="runner")
+        assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+
+
+async def test_tls_and_a_token_work_the_same_with_a_list_of_addresses(tls_server):
+    creds = _credentials(tls_server.pki)
+    addresses = [f"localhost:{closed_port()}", _address(tls_server)]
+    async with await aaa.connect(addresses, token="runner-token", credentials=creds) as client:
         run = await client.start_run("hello", model=[text("done")])
         started = await run.wait_for("aaa.run.started")
         assert started.actor == aaa.Actor(kind="client", name="runner")

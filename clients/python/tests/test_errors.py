@@ -84,14 +84,19 @@ async def test_unreachable_server():
         await aaa.connect("127.0.0.1:1", timeout=0.5)
 
 
+def _details_trailer(code: grpc.StatusCode, reason: str, metadata: dict[str, str] | None = None):
+    """The grpc-status-details-bin trailer of a refusal with this reason."""
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=aaa.errors.DOMAIN, metadata=metadata or {})
+    status = status_pb2.Status(code=code.value[0], message="refused")
+    status.details.add().Pack(info)
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
 class _FakeRpcError(grpc.RpcError):
     """A failed call as grpc.aio reports it: a code and the status-details trailer."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
-        info = error_details_pb2.ErrorInfo(reason=reason, domain=aaa.errors.DOMAIN)
-        status = status_pb2.Status(code=code.value[0], message="refused")
-        status.details.add().Pack(info)
-        self._code, self._trailers = code, (("grpc-status-details-bin", status.SerializeToString()),)
+    def __init__(self, code: grpc.StatusCode, reason: str, metadata: dict[str, str] | None = None) -> None:
+        self._code, self._trailers = code, _details_trailer(code, reason, metadata)
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -111,8 +116,33 @@ def test_every_error_reason_of_the_proto_has_its_class():
         assert type(err) is aaa.errors._BY_REASON[reason] and err.reason == reason
     storage = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "STORAGE_UNAVAILABLE"))
     assert isinstance(storage, aaa.StorageUnavailable) and isinstance(storage, aaa.Unavailable)
+    lost = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "OWNERSHIP_LOST"))
+    assert isinstance(lost, aaa.OwnershipLost) and isinstance(lost, aaa.Unavailable)
+    no_owner = aaa.errors.from_rpc_error(
+        _FakeRpcError(grpc.StatusCode.UNAVAILABLE, "OWNER_UNAVAILABLE", {"owner": "aaa-2"})
+    )
+    assert isinstance(no_owner, aaa.OwnerUnavailable) and isinstance(no_owner, aaa.Unavailable)
+    assert no_owner.code == grpc.StatusCode.UNAVAILABLE and no_owner.metadata == {"owner": "aaa-2"}
     malformed = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST"))
     assert isinstance(malformed, aaa.MalformedRequest) and isinstance(malformed, aaa.InvalidArgument)
     # A reason newer than the SDK falls back to the class of its status code.
     newer = aaa.errors.from_rpc_error(_FakeRpcError(grpc.StatusCode.NOT_FOUND, "SOMETHING_NEW"))
     assert type(newer) is aaa.NotFound and newer.reason == "SOMETHING_NEW"
+
+
+async def test_owner_unavailable_is_retried_like_any_unavailable(client):
+    """A server of a cluster whose owner does not answer yet: the call is retried until it does."""
+    tries = []
+
+    async def forwarded(request, timeout=None):
+        tries.append(request)
+        if len(tries) < 3:
+            trailer = _details_trailer(grpc.StatusCode.UNAVAILABLE, "OWNER_UNAVAILABLE", {"owner": "aaa-2"})
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(*trailer), "no owner")
+        return "answered"
+
+    assert await client._call(forwarded, "request") == "answered" and len(tries) == 3
+    tries.clear()
+    with pytest.raises(aaa.OwnerUnavailable) as err:
+        await client._call(forwarded, "request", retry=False)
+    assert len(tries) == 1 and err.value.reason == "OWNER_UNAVAILABLE" and err.value.metadata["owner"] == "aaa-2"

@@ -16,15 +16,28 @@
  * second event. Event and approval streams resume from their cursor after a
  * dropped connection, with no gap and no duplicate.
  *
+ * Given several addresses (the servers of a cluster), the client spreads its
+ * calls over them (round robin) and leaves out those that do not answer,
+ * until they do again.
+ *
  * @module
  */
 
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import { createClient, type CallOptions, type Client as ServiceClient, type Interceptor } from "@connectrpc/connect";
+import {
+  createClient,
+  type CallOptions,
+  type Client as ServiceClient,
+  type ContextValues,
+  type Interceptor,
+  type StreamResponse,
+  type Transport,
+  type UnaryResponse,
+} from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ApprovalService } from "./gen/aaa/v1/approval_pb.js";
-import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { DescMessage, DescMethodStreaming, DescMethodUnary, MessageInitShape } from "@bufbuild/protobuf";
 import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
 import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
 import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
@@ -157,12 +170,13 @@ export interface WatchOptions {
 }
 
 /**
- * Connects to an aaa server and waits until it answers.
+ * Connects to an aaa server, or to the servers of a cluster, and waits until one answers.
  *
  * @param address "host:port" (or an http:// URL); defaults to env AAA_SERVER, then 127.0.0.1:50051.
+ *   An array of them (the servers of a cluster) spreads the calls over those that answer.
  * @throws Unavailable when no server answers within `timeoutMs`.
  */
-export async function connect(address?: string, options: ConnectOptions = {}): Promise<Client> {
+export async function connect(address?: string | readonly string[], options: ConnectOptions = {}): Promise<Client> {
   const client = new Client(address, options);
   const timeoutMs = options.timeoutMs ?? 10_000;
   const deadline = Date.now() + timeoutMs;
@@ -171,7 +185,7 @@ export async function connect(address?: string, options: ConnectOptions = {}): P
     const left = deadline - Date.now();
     const timer = new AbortController();
     const state = await Promise.race([
-      client.sessions.connect(),
+      anyConnected(client.allSessions),
       sleep(Math.max(left, 0), "timeout" as const, { signal: timer.signal }),
     ]);
     timer.abort();
@@ -180,11 +194,114 @@ export async function connect(address?: string, options: ConnectOptions = {}): P
       client.close();
       throw new Unavailable(`no aaa server answered at ${client.address} within ${timeoutMs} ms`, {
         code: Code.Unavailable,
-        cause: client.sessions.error(),
+        cause: client.allSessions.map((s) => s.error()).find((e) => e !== undefined),
       });
     }
     await sleep(delay);
     delay = Math.min(delay * 2, 1000);
+  }
+}
+
+/** Connects each manager: "open" or "idle" as soon as one is, "error" when all failed. */
+function anyConnected(managers: readonly Http2SessionManager[]): Promise<"open" | "idle" | "error"> {
+  if (managers.length === 1) return managers[0].connect();
+  return new Promise((resolve) => {
+    let failed = 0;
+    for (const manager of managers) {
+      void manager.connect().then((state) => {
+        if (state !== "error") resolve(state);
+        else if (++failed === managers.length) resolve("error");
+      });
+    }
+  });
+}
+
+/** A server of a {@link RoundRobin}: its connection, its transport, and when to try it again. */
+interface Member {
+  readonly sessions: Http2SessionManager;
+  readonly transport: Transport;
+  /** A connection attempt made by the picker is under way. */
+  probing: boolean;
+  /** Not tried again before this time (ms since the epoch). */
+  retryAt: number;
+  /** The wait after its next failed attempt (ms). */
+  delay: number;
+}
+
+/** The headers argument of a {@link Transport}'s methods. */
+type HeaderArg = Parameters<Transport["unary"]>[3];
+
+/** The first and the longest wait before connecting again to a server that did not answer (ms). */
+const RECONNECT_MIN_MS = 100;
+const RECONNECT_MAX_MS = 2000;
+
+/**
+ * The transport of a client of several servers: each call goes to the next server (round robin)
+ * whose connection is up, as with gRPC's `round_robin` policy. A server whose connection is not up
+ * is connected in the background, again after 100 ms doubling up to 2 s while it fails, and takes
+ * calls again once it answers. When none is up, calls go round all of them and fail or wait for the
+ * connection; the client's retries do the rest.
+ */
+class RoundRobin implements Transport {
+  private next = 0;
+
+  constructor(
+    private readonly members: readonly Member[],
+    private readonly closed: AbortSignal,
+  ) {}
+
+  unary<I extends DescMessage, O extends DescMessage>(
+    method: DescMethodUnary<I, O>,
+    signal: AbortSignal | undefined,
+    timeoutMs: number | undefined,
+    header: HeaderArg,
+    input: MessageInitShape<I>,
+    contextValues?: ContextValues,
+  ): Promise<UnaryResponse<I, O>> {
+    return this.pick().unary(method, signal, timeoutMs, header, input, contextValues);
+  }
+
+  stream<I extends DescMessage, O extends DescMessage>(
+    method: DescMethodStreaming<I, O>,
+    signal: AbortSignal | undefined,
+    timeoutMs: number | undefined,
+    header: HeaderArg,
+    input: AsyncIterable<MessageInitShape<I>>,
+    contextValues?: ContextValues,
+  ): Promise<StreamResponse<I, O>> {
+    return this.pick().stream(method, signal, timeoutMs, header, input, contextValues);
+  }
+
+  /** The transport of the next server that is up, else of the next one not known down, else the next. */
+  private pick(): Transport {
+    const now = Date.now();
+    const up = this.members.map((m) => {
+      const state = m.sessions.state();
+      const isUp = state === "open" || state === "idle" || state === "verifying";
+      if (!isUp && !m.probing && now >= m.retryAt && !this.closed.aborted) this.probe(m);
+      return isUp;
+    });
+    const usable = up.some(Boolean) ? up : this.members.map((m) => !m.probing && m.sessions.state() !== "error");
+    const n = this.members.length;
+    const inTurn = Array.from({ length: n }, (_, i) => (this.next + i) % n);
+    const k = inTurn.find((j) => usable[j]) ?? this.next;
+    this.next = (k + 1) % n;
+    return this.members[k].transport;
+  }
+
+  /** Connects a server that is not up in the background. */
+  private probe(m: Member): void {
+    m.probing = true;
+    void m.sessions.connect().then((state) => {
+      m.probing = false;
+      if (state === "error") {
+        m.retryAt = Date.now() + m.delay;
+        m.delay = Math.min(m.delay * 2, RECONNECT_MAX_MS);
+      } else {
+        m.retryAt = 0;
+        m.delay = RECONNECT_MIN_MS;
+      }
+    });
   }
 }
 
@@ -240,8 +357,10 @@ function timeoutError(what: string, ms: number): Timeout {
  * {@link Client.close}.
  */
 export class Client {
-  /** The server address ("host:port" or URL). */
+  /** The server address ("host:port" or URL); those of an array joined by commas. */
   readonly address: string;
+  /** The server addresses: one, unless an array was given. */
+  readonly addresses: readonly string[];
   /** How long calls retry while the server is unavailable (ms). */
   readonly retryMs: number;
   /** List and watch pending approvals. */
@@ -256,25 +375,36 @@ export class Client {
     readonly worker: ServiceClient<typeof WorkerService>;
     readonly subscription: ServiceClient<typeof SubscriptionService>;
   };
-  /** The HTTP/2 connection manager (exposed for `connect` and tests). */
+  /** The HTTP/2 connection manager (exposed for `connect` and tests); of the first address when there are several. */
   readonly sessions: Http2SessionManager;
+  /** The HTTP/2 connection manager of each address, in the order of {@link addresses}. */
+  readonly allSessions: readonly Http2SessionManager[];
   private readonly closing = new AbortController();
 
   /** Creates a client without waiting for the server; prefer {@link connect}. */
-  constructor(address?: string, options: ConnectOptions = {}) {
-    this.address = address || process.env.AAA_SERVER || DEFAULT_ADDRESS;
+  constructor(address?: string | readonly string[], options: ConnectOptions = {}) {
+    this.addresses =
+      address === undefined || typeof address === "string" ? [address || process.env.AAA_SERVER || DEFAULT_ADDRESS] : [...address];
+    if (this.addresses.length === 0) throw new TypeError("no server address given");
+    this.address = this.addresses.join(",");
     this.retryMs = options.retryMs ?? 30_000;
     const scheme = options.tls ? "https" : "http";
-    const baseUrl = /^https?:\/\//.test(this.address) ? this.address : `${scheme}://${this.address}`;
     const pings = { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 };
-    this.sessions = new Http2SessionManager(baseUrl, pings, options.tls);
     const token = options.token ?? process.env.AAA_TOKEN;
     const bearer: Interceptor = (next) => (request) => {
       request.header.set("authorization", `Bearer ${token}`);
       return next(request);
     };
     const interceptors = token ? [bearer] : [];
-    const transport = createGrpcTransport({ baseUrl, sessionManager: this.sessions, interceptors });
+    const members = this.addresses.map((server): Member => {
+      const baseUrl = /^https?:\/\//.test(server) ? server : `${scheme}://${server}`;
+      const sessions = new Http2SessionManager(baseUrl, pings, options.tls);
+      const transport = createGrpcTransport({ baseUrl, sessionManager: sessions, interceptors });
+      return { sessions, transport, probing: false, retryAt: 0, delay: RECONNECT_MIN_MS };
+    });
+    this.allSessions = members.map((m) => m.sessions);
+    this.sessions = this.allSessions[0];
+    const transport = members.length === 1 ? members[0].transport : new RoundRobin(members, this.closing.signal);
     this.services = {
       run: createClient(RunService, transport),
       approval: createClient(ApprovalService, transport),
@@ -294,7 +424,7 @@ export class Client {
     if (!this.closing.signal.aborted) {
       this.closing.abort(new Cancelled("the client was closed", { code: Code.Canceled }));
     }
-    this.sessions.abort();
+    for (const sessions of this.allSessions) sessions.abort();
   }
 
   /**

@@ -159,6 +159,13 @@ export class StorageUnavailable extends Unavailable {}
  * serves the deployment now.
  */
 export class OwnershipLost extends Unavailable {}
+/**
+ * This server forwards the call to the server of the cluster that owns the runs, and none answers
+ * now (the owner died and its lease has not lapsed yet, or no server holds the runs); `metadata.owner`
+ * names the last owner known (reason OWNER_UNAVAILABLE). Retried with backoff like any `Unavailable`:
+ * another server takes the runs over within seconds.
+ */
+export class OwnerUnavailable extends Unavailable {}
 
 /** INTERNAL: the server failed; its log has the details (reason INTERNAL_ERROR). */
 export class InternalError extends AaaError {}
@@ -201,6 +208,7 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   MEMBER_TOO_SLOW: MemberTooSlow,
   STORAGE_UNAVAILABLE: StorageUnavailable,
   OWNERSHIP_LOST: OwnershipLost,
+  OWNER_UNAVAILABLE: OwnerUnavailable,
   MALFORMED_REQUEST: MalformedRequest,
   NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
   IDENTITY_TAKEN: IdentityTaken,

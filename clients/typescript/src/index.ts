@@ -105,6 +105,7 @@ export {
   StaleAttempt,
   StorageUnavailable,
   OwnershipLost,
+  OwnerUnavailable,
   Timeout,
   ToolNotRegistered,
   Unauthenticated,

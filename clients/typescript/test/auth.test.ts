@@ -25,7 +25,7 @@ import {
   type Client,
   type ConnectOptions,
 } from "../src/index.js";
-import { WAIT_MS, startServer, type Server } from "./helpers.js";
+import { WAIT_MS, closedPort, startServer, type Server } from "./helpers.js";
 
 function hasOpenssl(): boolean {
   try {
@@ -78,8 +78,8 @@ after(async () => {
   if (pki) rmSync(pki, { recursive: true, force: true });
 });
 
-async function dial(options: ConnectOptions): Promise<Client> {
-  const client = await connect(server.address, {
+async function dial(options: ConnectOptions, address: string | string[] = server.address): Promise<Client> {
+  const client = await connect(address, {
     ...options,
     tls: { ca: readFileSync(path.join(pki, "ca.pem")), servername: "localhost", ...options.tls },
   });
@@ -95,6 +95,14 @@ async function startedBy(client: Client): Promise<string> {
 
 test("a token over TLS names the caller in the events", { skip }, async () => {
   assert.equal(await startedBy(await dial({ token: "runner-token" })), "runner");
+});
+
+test("TLS and a token work the same with a list of addresses", { skip }, async () => {
+  const port = server.address.slice(server.address.lastIndexOf(":") + 1);
+  // The certificate's names: with servername, then each address's own host name.
+  assert.equal(await startedBy(await dial({ token: "runner-token" }, [`127.0.0.1:${await closedPort()}`, server.address])), "runner");
+  const byName = await dial({ token: "runner-token", tls: { servername: undefined } }, [`localhost:${await closedPort()}`, `localhost:${port}`]);
+  assert.equal(await startedBy(byName), "runner");
 });
 
 test("a client certificate authenticates without a token", { skip }, async () => {

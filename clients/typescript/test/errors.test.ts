@@ -14,6 +14,8 @@ import {
   InvalidField,
   MalformedRequest,
   NotFound,
+  OwnerUnavailable,
+  OwnershipLost,
   ReservedEventType,
   RunFinished,
   RunNotFound,
@@ -128,12 +130,18 @@ test("ErrorInfo is decoded from its protobuf bytes", () => {
   assert.deepEqual(decodeErrorInfo(bytes), { reason: "RUN_NOT_FOUND", domain: "aaa.v1", metadata: { field: "run_id" } });
 });
 
-/** A failed call as connect reports it: a code and an aaa ErrorInfo with this reason. */
-function refusal(code: Code, reason: string): ConnectError {
-  const info = new BinaryWriter()
+/** A failed call as connect reports it: a code and an aaa ErrorInfo with this reason (and metadata). */
+function refusal(code: Code, reason: string, metadata: Record<string, string> = {}): ConnectError {
+  const writer = new BinaryWriter()
     .tag(1, WireType.LengthDelimited).string(reason)
-    .tag(2, WireType.LengthDelimited).string("aaa.v1")
-    .finish();
+    .tag(2, WireType.LengthDelimited).string("aaa.v1");
+  for (const [key, value] of Object.entries(metadata)) {
+    writer.tag(3, WireType.LengthDelimited).fork()
+      .tag(1, WireType.LengthDelimited).string(key)
+      .tag(2, WireType.LengthDelimited).string(value)
+      .join();
+  }
+  const info = writer.finish();
   const err = new ConnectError("refused", code);
   err.details.push({ type: "google.rpc.ErrorInfo", value: info }); // as parsed from the trailer
   return err;
@@ -150,10 +158,31 @@ test("every ErrorReason of the proto has its error class", () => {
   }
   const storage = toAaaError(refusal(Code.Unavailable, "STORAGE_UNAVAILABLE"));
   assert.ok(storage instanceof StorageUnavailable && storage instanceof Unavailable);
+  const lost = toAaaError(refusal(Code.Unavailable, "OWNERSHIP_LOST"));
+  assert.ok(lost instanceof OwnershipLost && lost instanceof Unavailable);
+  const noOwner = toAaaError(refusal(Code.Unavailable, "OWNER_UNAVAILABLE", { owner: "aaa-2" }));
+  assert.ok(noOwner instanceof OwnerUnavailable && noOwner instanceof Unavailable);
+  assert.deepEqual([noOwner.code, noOwner.name, noOwner.metadata], [Code.Unavailable, "OwnerUnavailable", { owner: "aaa-2" }]);
   const malformed = toAaaError(refusal(Code.InvalidArgument, "MALFORMED_REQUEST"));
   assert.ok(malformed instanceof MalformedRequest && malformed instanceof InvalidArgument);
   // A reason newer than the SDK gets the class of its status code.
   const newer = toAaaError(refusal(Code.NotFound, "SOMETHING_NEW"));
   assert.equal(newer.constructor, NotFound);
   assert.equal(newer.reason, "SOMETHING_NEW");
+});
+
+test("OwnerUnavailable is retried like any Unavailable", async () => {
+  // A server of a cluster whose owner does not answer yet: the call is retried until it does.
+  let tries = 0;
+  const forwarded = async () => {
+    tries += 1;
+    if (tries < 3) throw refusal(Code.Unavailable, "OWNER_UNAVAILABLE", { owner: "aaa-2" });
+    return "answered";
+  };
+  assert.equal(await client.call(forwarded), "answered");
+  assert.equal(tries, 3);
+  tries = 0;
+  const err = await failure(client.call(forwarded, { retry: false }));
+  assert.ok(err instanceof OwnerUnavailable, `${err}`);
+  assert.deepEqual([tries, err.reason, err.metadata.owner], [1, "OWNER_UNAVAILABLE", "aaa-2"]);
 });

@@ -1,6 +1,6 @@
 /**
  * Test helpers: the real aaa server binary on a free port, event collection,
- * timeouts, and a TCP proxy whose connections can be cut.
+ * timeouts, a closed port, and a TCP proxy whose connections can be cut.
  *
  * The binary is env AAA_BIN, by default ../../target/debug/aaa relative to
  * clients/typescript (run `cargo build` in the repository first). Each test
@@ -199,6 +199,15 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): 
 /** Reads a child process's stdout line by line. */
 export function lineReader(child: ChildProcess): AsyncIterator<string> {
   return createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
+}
+
+/** A port of 127.0.0.1 that nothing listens on: bound, read, closed. */
+export async function closedPort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
 }
 
 /** A TCP proxy on 127.0.0.1 whose connections can be cut, to simulate a dropped network. */

@@ -295,9 +295,22 @@ impl super::Store for EmbeddedStore {
         self.inner.commits.commit(batch).await
     }
 
-    async fn claim_runs(&self, _server: &str, _claim: super::Claim) -> Result<()> {
-        // The data directory's lock keeps every other process out.
+    async fn claim_runs(
+        &self,
+        _server: &str,
+        _claim: super::Claim,
+    ) -> Result<tokio::sync::watch::Receiver<bool>> {
+        // The data directory's lock keeps every other process out, for as
+        // long as the store is open.
+        Ok(tokio::sync::watch::Sender::new(true).subscribe())
+    }
+
+    async fn join(&self, _server: &str, _address: &str, _lease: std::time::Duration) -> Result<()> {
         Ok(())
+    }
+
+    async fn cluster(&self) -> Result<super::ClusterView> {
+        Ok(super::ClusterView::default())
     }
 
     async fn close(&self) {

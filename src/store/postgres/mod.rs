@@ -30,6 +30,7 @@
 mod committer;
 mod connect;
 mod listener;
+mod members;
 mod ownership;
 mod schema;
 mod writes;
@@ -47,8 +48,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ApprovalQuery, ApprovalRecord, Claim, DeadLetterRecord, EventRecord, GroupRecord, Result,
-    RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+    ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GroupRecord,
+    Result, RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
 };
 
 /// The channel commits NOTIFY with their new head position.
@@ -71,6 +72,8 @@ struct Inner {
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
     ownership: Arc<ownership::Ownership>,
+    /// This server's name once it joined, to leave at close.
+    member: std::sync::Mutex<Option<String>>,
     /// Stops the listener.
     stop: CancellationToken,
 }
@@ -236,6 +239,7 @@ impl PostgresStore {
                 writable,
                 token_key,
                 ownership,
+                member: std::sync::Mutex::new(None),
                 stop,
             }),
         })
@@ -483,10 +487,36 @@ impl super::Store for PostgresStore {
                 );
             }
         }
+        let member = self.inner.member.lock().expect("poisoned").take();
+        if let Some(server) = member {
+            if let Err(e) = members::leave(&self.inner.pool, &server).await {
+                tracing::debug!("could not delete this server's membership: {e}");
+            }
+        }
         self.inner.stop.cancel();
     }
 
-    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<()> {
+    async fn join(&self, server: &str, address: &str, lease: Duration) -> Result<()> {
+        // The first row is written before answering, so a server that
+        // joined is visible (and a database that refuses it is an error).
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        members::renew(&self.inner.pool, server, address, lease_ms).await?;
+        tokio::spawn(members::keep(
+            self.inner.pool.clone(),
+            server.to_string(),
+            address.to_string(),
+            lease,
+            self.inner.stop.clone(),
+        ));
+        *self.inner.member.lock().expect("poisoned") = Some(server.to_string());
+        Ok(())
+    }
+
+    async fn cluster(&self) -> Result<ClusterView> {
+        members::view(&self.inner.pool).await
+    }
+
+    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<watch::Receiver<bool>> {
         let lease_ms = i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX);
         let every = claim.lease / 3;
         let ownership = &self.inner.ownership;
@@ -531,7 +561,7 @@ impl super::Store for PostgresStore {
             every,
             self.inner.stop.clone(),
         ));
-        Ok(())
+        Ok(self.inner.ownership.holding.subscribe())
     }
 
     fn token_key(&self) -> [u8; 32] {

@@ -24,7 +24,6 @@ use tokio::sync::Notify;
 use super::{database_error, describe};
 use crate::store::{Result, StoreError, WriteBatch};
 
-#[derive(Default)]
 pub(super) struct Ownership {
     /// Shard -> the epoch this store holds; `None` until it claims.
     held: Mutex<Option<HashMap<i16, i64>>>,
@@ -32,10 +31,23 @@ pub(super) struct Ownership {
     lost: AtomicBool,
     /// Woken when `lost` is set, so the store stops saying it is writable.
     pub lost_notify: Notify,
+    /// True from a claim until the store finds itself fenced out.
+    pub holding: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Ownership {
+    fn default() -> Self {
+        Ownership {
+            held: Mutex::default(),
+            lost: AtomicBool::default(),
+            lost_notify: Notify::new(),
+            holding: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 /// The database's time in milliseconds.
-const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+pub(super) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// The epochs of the shards a round touches, read after the head lock.
 pub(super) const EPOCHS: &str = "SELECT shard, epoch FROM aaa_shards WHERE shard = ANY($1)";
@@ -84,6 +96,7 @@ impl Ownership {
         }
         *self.held.lock().expect("poisoned") = Some(held);
         self.lost.store(false, Ordering::Release);
+        self.holding.send_replace(true);
         Ok(true)
     }
 
@@ -182,6 +195,7 @@ impl Ownership {
                  writes no run any more: stop it, or restart it to take the runs back"
             );
             self.lost_notify.notify_one();
+            self.holding.send_replace(false);
         }
     }
 

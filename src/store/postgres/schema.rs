@@ -14,6 +14,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("migrations/0001_init.sql")),
     (2, include_str!("migrations/0002_actor_principal.sql")),
     (3, include_str!("migrations/0003_shards.sql")),
+    (4, include_str!("migrations/0004_members.sql")),
 ];
 
 /// The newest schema version this binary knows.

@@ -13,12 +13,19 @@ are retried for up to ``retry_s`` seconds. StartRun and Signal get a fresh
 ``request_id`` when the caller gives none, so a retried call never starts a
 second run or appends a second event. Event and approval streams resume from
 their cursor after a dropped connection, with no gap and no duplicate.
+
+Given a list of addresses (the servers of a cluster), the client spreads its
+calls over them (gRPC's ``round_robin``) and leaves out those that do not
+answer, until they do again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import os
+import socket
 import uuid
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar, Union
@@ -71,6 +78,54 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30000),
     ("grpc.keepalive_timeout_ms", 10000),
 ]
+
+
+#: The service config of a channel to several servers: each call goes to the next one that answers.
+_ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+
+
+def _host_port(address: str) -> tuple[str, str]:
+    """The host and port of "host:port" or "[ipv6]:port"."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"a server address in a list must be host:port, not {address!r}")
+    return host, port
+
+
+def _cluster_target(addresses: Sequence[str]) -> str:
+    """The gRPC target of several servers: "ipv4:IP:PORT,..." or "ipv6:[IP]:PORT,...".
+
+    gRPC has no target naming several hosts, only several IP addresses of one family, so host
+    names are resolved here, once. A name that does not resolve is left out; an error if none
+    does. IPv4 is used when every server has an IPv4 address, else IPv6 when every one has one.
+    """
+    by_family: dict[int, list[str]] = {4: [], 6: []}
+    servers: list[set[int]] = []  # the families of each server that resolved
+    for address in addresses:
+        host, port = _host_port(address)
+        try:
+            ips = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except socket.gaierror:
+                continue
+            ips = [ipaddress.ip_address(str(info[4][0])) for info in infos]
+        servers.append({ip.version for ip in ips})
+        for ip in ips:
+            endpoint = f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
+            if endpoint not in by_family[ip.version]:
+                by_family[ip.version].append(endpoint)
+    if not servers:
+        raise Unavailable(
+            f"none of the server addresses {', '.join(addresses)} resolves", code=grpc.StatusCode.UNAVAILABLE
+        )
+    for version in (4, 6):
+        if all(version in families for families in servers):
+            return f"ipv{version}:" + ",".join(by_family[version])
+    raise ValueError(f"the servers {', '.join(addresses)} mix IPv4-only and IPv6-only hosts; gRPC cannot reach both")
 
 
 class _Backoff:
@@ -140,17 +195,19 @@ def _bearer(token: str) -> list[Any]:
 
 
 async def connect(
-    address: str | None = None,
+    address: str | Sequence[str] | None = None,
     *,
     token: str | None = None,
     credentials: grpc.ChannelCredentials | None = None,
     timeout: float = 10.0,
     retry_s: float = 30.0,
 ) -> Client:
-    """Connect to an aaa server and wait until it answers.
+    """Connect to an aaa server, or to the servers of a cluster, and wait until one answers.
 
     Args:
-        address: "host:port"; defaults to env AAA_SERVER, then 127.0.0.1:50051.
+        address: "host:port"; defaults to env AAA_SERVER, then 127.0.0.1:50051. A list of
+            "host:port" (the servers of a cluster, "[ipv6]:port" too) spreads the calls over
+            those that answer (round robin); host names in it are resolved once, here.
         token: bearer token sent with every call; defaults to env AAA_TOKEN.
         credentials: TLS settings, e.g. ``grpc.ssl_channel_credentials(ca_pem)``
             (with ``private_key`` and ``certificate_chain`` for a client
@@ -171,11 +228,12 @@ async def connect(
 
 
 class Client:
-    """A connection to an aaa server. Create it with ``await aaa.connect(...)``; close it with
-    ``await client.close()`` or ``async with client:``.
+    """A connection to an aaa server (or to the servers of a cluster). Create it with
+    ``await aaa.connect(...)``; close it with ``await client.close()`` or ``async with client:``.
 
     Attributes:
-        address: the server address.
+        address: the server address (those of a list joined by commas).
+        addresses: the server addresses, one unless a list was given.
         approvals: list and watch pending approvals (``Approvals``).
         stubs: the generated gRPC stubs (``stubs.run``, ``stubs.approval``,
             ``stubs.worker``, ``stubs.subscription``) for anything the SDK does not wrap.
@@ -183,24 +241,31 @@ class Client:
 
     def __init__(
         self,
-        address: str | None = None,
+        address: str | Sequence[str] | None = None,
         *,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         retry_s: float = 30.0,
     ) -> None:
-        self.address = address or os.environ.get("AAA_SERVER") or DEFAULT_ADDRESS
+        if address is None or isinstance(address, str):
+            self.addresses = [address or os.environ.get("AAA_SERVER") or DEFAULT_ADDRESS]
+        else:
+            self.addresses = list(address)
+            if not self.addresses:
+                raise ValueError("connect needs at least one server address")
+        self.address = ",".join(self.addresses)
         self.retry_s = retry_s
         token = token or os.environ.get("AAA_TOKEN")
         interceptors = _bearer(token) if token else None
+        target, options = self.addresses[0], list(_CHANNEL_OPTIONS)
+        if len(self.addresses) > 1:
+            # One authority for all: the first address (the name TLS checks the certificates for).
+            target = _cluster_target(self.addresses)
+            options += [("grpc.service_config", _ROUND_ROBIN), ("grpc.default_authority", self.addresses[0])]
         if credentials is None:
-            self._channel = grpc.aio.insecure_channel(
-                self.address, options=_CHANNEL_OPTIONS, interceptors=interceptors
-            )
+            self._channel = grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
         else:
-            self._channel = grpc.aio.secure_channel(
-                self.address, credentials, options=_CHANNEL_OPTIONS, interceptors=interceptors
-            )
+            self._channel = grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
         self.stubs = SimpleNamespace(
             run=run_pb2_grpc.RunServiceStub(self._channel),
             approval=approval_pb2_grpc.ApprovalServiceStub(self._channel),

@@ -201,6 +201,13 @@ class OwnershipLost(Unavailable):
     call to the server that serves the deployment now."""
 
 
+class OwnerUnavailable(Unavailable):
+    """UNAVAILABLE: this server forwards the call to the server of the cluster that owns the runs,
+    and none answers now (the owner died and its lease has not lapsed yet, or no server holds the
+    runs); ``metadata["owner"]`` names the last owner known (reason OWNER_UNAVAILABLE). Retried with
+    backoff like any ``Unavailable``: another server takes the runs over within seconds."""
+
+
 class InternalError(AaaError):
     """INTERNAL: the server failed; its log has the details."""
 
@@ -233,6 +240,7 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.MEMBER_TOO_SLOW: MemberTooSlow,
         types_pb2.STORAGE_UNAVAILABLE: StorageUnavailable,
         types_pb2.OWNERSHIP_LOST: OwnershipLost,
+        types_pb2.OWNER_UNAVAILABLE: OwnerUnavailable,
         types_pb2.MALFORMED_REQUEST: MalformedRequest,
         types_pb2.NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
         types_pb2.IDENTITY_TAKEN: IdentityTaken,

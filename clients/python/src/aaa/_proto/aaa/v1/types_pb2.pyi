@@ -53,6 +53,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IDENTITY_TAKEN: _ClassVar[ErrorReason]
     NOT_TASK_HOLDER: _ClassVar[ErrorReason]
     OWNERSHIP_LOST: _ClassVar[ErrorReason]
+    OWNER_UNAVAILABLE: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
@@ -88,6 +89,7 @@ NOT_ALLOWED_TO_SERVE: ErrorReason
 IDENTITY_TAKEN: ErrorReason
 NOT_TASK_HOLDER: ErrorReason
 OWNERSHIP_LOST: ErrorReason
+OWNER_UNAVAILABLE: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")

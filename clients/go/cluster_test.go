@@ -1,0 +1,126 @@
+package aaa_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"testing"
+
+	aaa "aaa.dev/clients/go"
+	"aaa.dev/clients/go/internal/testserver"
+	"google.golang.org/grpc/codes"
+)
+
+// closedAddr is an address of 127.0.0.1 that nothing listens on: a port that
+// was bound, read and closed.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func dialCluster(t *testing.T, addresses []string, opts ...aaa.Option) *aaa.Client {
+	t.Helper()
+	client, err := aaa.DialCluster(addresses, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+// startAndReadBack starts runs and reads each back: with round robin, every
+// call would meet the server that is down in turn.
+func startAndReadBack(t *testing.T, ctx context.Context, client *aaa.Client) {
+	t.Helper()
+	for range 4 {
+		started, err := client.StartRun(ctx, echoRun())
+		if err != nil {
+			t.Fatalf("StartRun: %v", err)
+		}
+		run, err := client.GetRun(ctx, started.RunID)
+		if err != nil || run.Task != "hello" {
+			t.Fatalf("GetRun: %+v, %v", run, err)
+		}
+		outcome, err := client.Result(ctx, started.RunID)
+		if err != nil || outcome.Text != "done" {
+			t.Fatalf("Result: %+v, %v", outcome, err)
+		}
+	}
+}
+
+func TestDialClusterSkipsTheServerThatIsDown(t *testing.T) {
+	e := setup(t)
+	_, port, _ := net.SplitHostPort(e.server.Addr)
+	_, closedPort, _ := net.SplitHostPort(closedAddr(t))
+	for _, addresses := range [][]string{
+		{closedAddr(t), e.server.Addr},
+		{net.JoinHostPort("localhost", closedPort), net.JoinHostPort("localhost", port)}, // host names
+	} {
+		startAndReadBack(t, e.ctx, dialCluster(t, addresses))
+	}
+}
+
+func TestDialClusterSpreadsCallsOverTheServers(t *testing.T) {
+	// Two servers that share nothing: each run stays where it was started,
+	// so each one's list shows how many of the calls it got.
+	e := setup(t)
+	other := testserver.Start(t)
+	client := dialCluster(t, []string{e.server.Addr, other.Addr})
+	for range 10 {
+		if _, err := client.StartRun(e.ctx, echoRun()); err != nil {
+			t.Fatalf("StartRun: %v", err)
+		}
+	}
+	var counts []int
+	for _, addr := range []string{e.server.Addr, other.Addr} {
+		n := 0
+		for _, err := range dial(t, addr).ListRuns(e.ctx, aaa.RunFilter{}) {
+			if err != nil {
+				t.Fatalf("ListRuns: %v", err)
+			}
+			n++
+		}
+		counts = append(counts, n)
+	}
+	// Evenly once both connections are ready; the first calls may all go to the first one ready.
+	if counts[0]+counts[1] != 10 || counts[0] == 0 || counts[1] == 0 {
+		t.Fatalf("runs per server: %v", counts)
+	}
+}
+
+func TestDialClusterOfNoServer(t *testing.T) {
+	if _, err := aaa.DialCluster(nil); err == nil {
+		t.Fatal("DialCluster(nil) made a client")
+	}
+	client := dialCluster(t, []string{closedAddr(t), closedAddr(t)}, aaa.WithRetryTimeout(0))
+	_, err := client.GetRun(context.Background(), "r1")
+	var e *aaa.Error
+	if !errors.As(err, &e) || e.Code != codes.Unavailable {
+		t.Fatalf("GetRun with no server up: %v", err)
+	}
+}
+
+func TestDialClusterOverTLSWithAToken(t *testing.T) {
+	server, p := startTLS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	_, port, _ := net.SplitHostPort(server.Addr)
+	_, closedPort, _ := net.SplitHostPort(closedAddr(t))
+	// The certificate names localhost and 127.0.0.1: each address is checked against its own host.
+	for _, addresses := range [][]string{
+		{closedAddr(t), server.Addr},
+		{net.JoinHostPort("localhost", closedPort), net.JoinHostPort("localhost", port)},
+	} {
+		client := dialCluster(t, addresses, aaa.WithTLS(&tls.Config{RootCAs: p.roots}), aaa.WithToken("runner-token"))
+		if actor := startedBy(t, ctx, client); actor.Name != "runner" {
+			t.Errorf("actor over TLS with a token = %+v, want runner", actor)
+		}
+	}
+}

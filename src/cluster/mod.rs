@@ -1,0 +1,180 @@
+//! This server's place among the servers of one database: its member name
+//! and advertised address, whether it serves calls itself (it owns the
+//! runs and its engine runs) or forwards them to the owner, and where the
+//! owner is (read from the database, kept until a forward to it fails).
+//! See [`forward`] for how a call travels, and docs/cluster.md.
+
+pub mod forward;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::Status;
+
+use crate::proto::ErrorReason;
+use crate::store::SharedStore;
+
+/// The shard whose owner calls are forwarded to. One server owns every
+/// shard at a time, so any shard names it.
+const ANY_SHARD: u8 = 0;
+/// How long a forward waits to connect to the owner.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where to reach the owner of the runs.
+#[derive(Clone)]
+pub struct Owner {
+    pub server: String,
+    pub address: String,
+    channel: Channel,
+}
+
+pub struct Cluster {
+    store: SharedStore,
+    /// This server's member name and the address the others reach it at.
+    pub server: String,
+    pub address: String,
+    /// Set once this server's engine serves the runs it claimed; with it,
+    /// the store's word that the claim still holds (see `serves_here`).
+    serving: AtomicBool,
+    holding: OnceLock<watch::Receiver<bool>>,
+    owner: Mutex<Option<Owner>>,
+    /// How connections to the owner are made (TLS, keepalive).
+    tls: Option<ClientTlsConfig>,
+    keepalive: Duration,
+    /// Signs the caller's principal on forwarded calls.
+    pub(crate) key: [u8; 32],
+}
+
+impl Cluster {
+    /// `ca_pem` is what the other servers' certificates chain to, when the
+    /// servers use TLS; `keepalive` bounds how long a forwarded call waits
+    /// on an owner that stopped answering (a paused or cut-off process).
+    pub fn new(
+        store: SharedStore,
+        server: String,
+        address: String,
+        ca_pem: Option<&[u8]>,
+        keepalive: Duration,
+    ) -> Arc<Cluster> {
+        let key = store.token_key();
+        Arc::new(Cluster {
+            store,
+            server,
+            address,
+            serving: AtomicBool::new(false),
+            holding: OnceLock::new(),
+            owner: Mutex::new(None),
+            tls: ca_pem.map(|ca| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca))),
+            keepalive,
+            key,
+        })
+    }
+
+    pub fn store(&self) -> &SharedStore {
+        &self.store
+    }
+
+    /// Whether calls are served here rather than forwarded: this server's
+    /// engine runs, and its store has not been fenced out since (the call
+    /// that met the fence failed with OWNERSHIP_LOST; every later one goes
+    /// to the new owner).
+    pub fn serves_here(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+            && self.holding.get().is_some_and(|holding| *holding.borrow())
+    }
+
+    /// From now on calls are served here, while `holding` (the store's
+    /// claim, see `Store::claim_runs`) says true.
+    pub fn serve_here(&self, holding: watch::Receiver<bool>) {
+        if self.holding.set(holding).is_ok() {
+            self.serving.store(true, Ordering::Release);
+        }
+    }
+
+    /// The owner of the runs: the one known, or the one the database names.
+    pub async fn owner(&self) -> Result<Owner, Status> {
+        if let Some(owner) = self.owner.lock().expect("poisoned").clone() {
+            return Ok(owner);
+        }
+        let view = self
+            .store
+            .cluster()
+            .await
+            .map_err(|e| unavailable(&format!("cannot read who owns the runs: {e}"), ""))?;
+        let Some(member) = view.owner_of(ANY_SHARD) else {
+            let last = view
+                .shards
+                .iter()
+                .find(|lease| lease.shard == ANY_SHARD)
+                .map_or("", |lease| lease.owner.as_str());
+            return Err(unavailable(
+                "no server of the cluster holds the runs now (the last owner stopped, and \
+                 another takes them over once its lease lapses); retry shortly",
+                last,
+            ));
+        };
+        if member.server == self.server {
+            return Err(unavailable(
+                "this server is taking the runs over; retry shortly",
+                &member.server,
+            ));
+        }
+        let owner = Owner {
+            server: member.server.clone(),
+            address: member.address.clone(),
+            channel: self.channel(&member.address)?,
+        };
+        *self.owner.lock().expect("poisoned") = Some(owner.clone());
+        Ok(owner)
+    }
+
+    /// Forgets `owner`, after a forward to it failed: the next call reads
+    /// the owner from the database again.
+    pub fn forget(&self, owner: &Owner) {
+        let mut known = self.owner.lock().expect("poisoned");
+        if known.as_ref().is_some_and(|k| k.server == owner.server) {
+            *known = None;
+        }
+    }
+
+    fn channel(&self, address: &str) -> Result<Channel, Status> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let bad = |e: &dyn std::fmt::Display| {
+            unavailable(
+                &format!("the owner's address '{address}' is unusable: {e}"),
+                "",
+            )
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| bad(&e))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(self.keepalive)
+            .keep_alive_timeout(self.keepalive)
+            .keep_alive_while_idle(true);
+        if let Some(tls) = &self.tls {
+            let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            endpoint = endpoint
+                .tls_config(tls.clone().domain_name(host))
+                .map_err(|e| bad(&e))?;
+        }
+        Ok(endpoint.connect_lazy())
+    }
+}
+
+/// UNAVAILABLE with OWNER_UNAVAILABLE, naming the last owner known.
+pub fn unavailable(message: &str, owner: &str) -> Status {
+    let metadata = match owner {
+        "" => Default::default(),
+        owner => [("owner".to_string(), owner.to_string())].into(),
+    };
+    crate::api::status::error_status(
+        tonic::Code::Unavailable,
+        ErrorReason::OwnerUnavailable,
+        message,
+        metadata,
+    )
+}

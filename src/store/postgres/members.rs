@@ -1,0 +1,135 @@
+//! Who is on the database (`aaa_members`): each server writes its row when
+//! it joins and renews it every third of its lease, so the others know the
+//! address to forward calls to and whether it is alive. A server leaving
+//! gracefully deletes its row; rows of servers silent for [`PRUNE_AFTER_MS`]
+//! are deleted by the live ones. Times are the database's clock.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio_util::sync::CancellationToken;
+
+use super::ownership::NOW_MS;
+use super::{database_error, describe};
+use crate::store::{ClusterView, Member, Result, ShardLease, StoreError};
+
+/// How long a dead member's row stays for `aaa cluster status` to show.
+const PRUNE_AFTER_MS: i64 = 10 * 60 * 1000;
+
+/// Renews the member's row every third of `lease` until `stop`. A renewal
+/// the database does not take is logged: the row lapses meanwhile.
+pub(super) async fn keep(
+    pool: Pool,
+    server: String,
+    address: String,
+    lease: Duration,
+    stop: CancellationToken,
+) {
+    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(lease / 3) => {}
+            () = stop.cancelled() => return,
+        }
+        if let Err(e) = renew(&pool, &server, &address, lease_ms).await {
+            tracing::warn!("could not renew this server's membership: {e}");
+        }
+    }
+}
+
+/// Deletes the member's row: it leaves.
+pub(super) async fn leave(pool: &Pool, server: &str) -> Result<()> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    client
+        .execute("DELETE FROM aaa_members WHERE server = $1", &[&server])
+        .await
+        .map_err(database_error)?;
+    Ok(())
+}
+
+/// Writes or renews the row, and prunes rows long dead.
+pub(super) async fn renew(pool: &Pool, server: &str, address: &str, lease_ms: i64) -> Result<()> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let upsert = format!(
+        "INSERT INTO aaa_members (server, address, started_ms, seen_until_ms) \
+         VALUES ($1, $2, {NOW_MS}, {NOW_MS} + $3) \
+         ON CONFLICT (server) DO UPDATE SET address = $2, seen_until_ms = {NOW_MS} + $3"
+    );
+    client
+        .execute(&upsert, &[&server, &address, &lease_ms])
+        .await
+        .map_err(database_error)?;
+    let prune = format!("DELETE FROM aaa_members WHERE seen_until_ms < {NOW_MS} - $1");
+    client
+        .execute(&prune, &[&PRUNE_AFTER_MS])
+        .await
+        .map_err(database_error)?;
+    Ok(())
+}
+
+/// The members and the shard leases, at one moment of the database's
+/// clock (one statement's snapshot).
+pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let now: i64 = client
+        .query_one(&format!("SELECT {NOW_MS}"), &[])
+        .await
+        .map_err(database_error)?
+        .try_get(0)
+        .map_err(|e| corrupt("aaa_members", &e))?;
+    let members = client
+        .query(
+            "SELECT server, address, started_ms, seen_until_ms FROM aaa_members ORDER BY server",
+            &[],
+        )
+        .await
+        .map_err(database_error)?
+        .iter()
+        .map(|row| {
+            Ok(Member {
+                server: row.try_get(0)?,
+                address: row.try_get(1)?,
+                started_ms: row.try_get(2)?,
+                seen_until_ms: row.try_get(3)?,
+            })
+        })
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+        .map_err(|e| corrupt("aaa_members", &e))?;
+    let shards = client
+        .query(
+            "SELECT shard, owner, epoch, lease_until_ms FROM aaa_shards ORDER BY shard",
+            &[],
+        )
+        .await
+        .map_err(database_error)?
+        .iter()
+        .map(|row| {
+            let shard: i16 = row.try_get(0)?;
+            Ok(ShardLease {
+                shard: u8::try_from(shard).unwrap_or(u8::MAX),
+                owner: row.try_get(1)?,
+                epoch: row.try_get(2)?,
+                lease_until_ms: row.try_get(3)?,
+            })
+        })
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+        .map_err(|e| corrupt("aaa_shards", &e))?;
+    Ok(ClusterView {
+        now_ms: now,
+        members,
+        shards,
+    })
+}
+
+fn corrupt(table: &str, e: &tokio_postgres::Error) -> StoreError {
+    StoreError::Corrupt(format!("postgres: {table}: {}", describe(e)))
+}
