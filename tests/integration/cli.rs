@@ -672,3 +672,36 @@ async fn review_wait_answers_a_request_that_comes_later() {
         "call-1"
     );
 }
+
+/// `aaa cluster status` names the server that answered and shows it as the
+/// owner of every shard (the embedded store, or a lone server on a
+/// database); the table has the same member.
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_status_shows_the_lone_server_as_the_owner() {
+    let server = TestServer::start().await;
+    let status = aaa(&server, &["cluster", "status", "--json"])
+        .await
+        .ok()
+        .json();
+    let store = if on_postgres() {
+        "postgres"
+    } else {
+        "embedded"
+    };
+    assert_eq!(status["store"], store, "{status}");
+    assert_eq!(status["unowned_shards"], 0, "{status}");
+    let members = status["members"].as_array().expect("members");
+    assert_eq!(members.len(), 1, "{status}");
+    assert_eq!(members[0]["server"], status["this_server"]);
+    assert_eq!(members[0]["role"], "owner");
+    assert_eq!(members[0]["shards"], 256);
+    let table = aaa(&server, &["cluster", "status"]).await.ok().stdout;
+    let name = status["this_server"].as_str().unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(name) && l.contains("owner")),
+        "{table}"
+    );
+    server.shutdown().await;
+}

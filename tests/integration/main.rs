@@ -5,6 +5,7 @@ mod support;
 
 mod auth;
 mod cli;
+mod cluster;
 mod concurrency;
 mod deadline;
 mod errors;

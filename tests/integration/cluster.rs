@@ -1,0 +1,273 @@
+//! Several servers on one PostgreSQL (these tests need one: they pass
+//! without doing anything otherwise). One owns the runs; the others answer
+//! every call by forwarding it to the owner, with the caller's principal;
+//! when the owner dies, one of them takes over and nothing is lost or run
+//! twice.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use aaa::auth::AuthConfig;
+use aaa::proto::{
+    complete_task_request, CompleteTaskRequest, PollTaskRequest, RegisterWorkerRequest,
+    SignalRequest,
+};
+use tonic::Code;
+
+use crate::auth::{auth_toml, token};
+use crate::support::*;
+
+/// An in-process server on `url` with the test principals; a standby if
+/// asked.
+async fn member(url: &str, standby: bool) -> TestServer {
+    let auth = Arc::new(AuthConfig::parse(&auth_toml(false), Path::new(".")).expect("auth"));
+    let url = url.to_string();
+    TestServer::start_with(move |config| {
+        config.auth = Some(auth.clone());
+        config.store_url = Some(url.clone());
+        config.standby = standby;
+    })
+    .await
+}
+
+/// Through a standby, every role does its part of the reference scenario:
+/// the owner serves the calls and records each caller's principal, as if
+/// they had called it. A client cannot pose as a forwarding server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let owner_server = member(&url, false).await;
+    let standby = member(&url, true).await;
+    let mut runner = Clients::with_token(&standby, &token("runner")).await;
+    let mut worker = Clients::with_token(&standby, &token("worker")).await;
+    let mut approver = Clients::with_token(&standby, &token("approver")).await;
+
+    worker
+        .workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "payments-1".into(),
+            tools: vec![wire_money()],
+            ..Default::default()
+        })
+        .await
+        .expect("RegisterWorker through the standby");
+    let run_id = runner
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun through the standby")
+        .into_inner()
+        .run_id;
+    let events = runner
+        .wait_for_event(&run_id, "aaa.approval.requested")
+        .await;
+    let call_id = call_id(events.last().unwrap());
+    approver
+        .runs
+        .signal(SignalRequest {
+            run_id: run_id.clone(),
+            r#type: "aaa.approval.granted".into(),
+            data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("a grant through the standby");
+    let task = loop {
+        let polled = worker
+            .workers
+            .poll_task(PollTaskRequest {
+                identity: "payments-1".into(),
+                tools: vec!["wire_money".into()],
+                wait_s: 1.0,
+                ..Default::default()
+            })
+            .await
+            .expect("PollTask through the standby")
+            .into_inner();
+        if let Some(task) = polled.task {
+            break task;
+        }
+    };
+    worker
+        .workers
+        .complete_task(CompleteTaskRequest {
+            token: task.token,
+            result: Some(complete_task_request::Result::OutputJson(
+                REFERENCE_OUTPUT.into(),
+            )),
+        })
+        .await
+        .expect("CompleteTask through the standby");
+    let events = runner.wait_for_event(&run_id, "aaa.run.completed").await;
+    assert_eq!(types(&events), REFERENCE_TYPES);
+    // A client is named by its principal; a worker by its identity, with
+    // its principal beside it.
+    let actor = |ty| find(&events, ty).actor.clone().expect("actor");
+    assert_eq!(actor("aaa.run.started").name, "runner");
+    assert_eq!(actor("aaa.approval.granted").name, "approver");
+    assert_eq!(actor("aaa.tool.started").principal, "worker");
+
+    // Roles are checked for forwarded calls too (here, at the standby).
+    let refused = runner
+        .runs
+        .signal(SignalRequest {
+            run_id: run_id.clone(),
+            r#type: "aaa.approval.granted".into(),
+            data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(expect_err(refused).code(), Code::PermissionDenied);
+
+    // A client that sends the forwarding headers itself is refused.
+    let mut forged = tonic::Request::new(aaa::proto::GetRunRequest {
+        run_id: run_id.clone(),
+    });
+    let headers = forged.metadata_mut();
+    headers.insert("aaa-forwarded-principal", "admin".parse().unwrap());
+    headers.insert(
+        "aaa-forwarded-signature",
+        format!("{}.{}", i64::MAX, "00".repeat(32)).parse().unwrap(),
+    );
+    let status = expect_err(owner_server.runs().await.get_run(forged).await);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+
+    // Both answer GetCluster from the database alike (a reader may ask).
+    let mut views = Vec::new();
+    for server in [&owner_server, &standby] {
+        let mut cluster =
+            aaa::proto::cluster_service_client::ClusterServiceClient::with_interceptor(
+                server.channel().await,
+                Bearer::new(Some(&token("reader"))),
+            );
+        let view = cluster
+            .get_cluster(aaa::proto::GetClusterRequest {})
+            .await
+            .expect("GetCluster")
+            .into_inner();
+        views.push(view);
+    }
+    let (at_owner, at_standby) = (&views[0], &views[1]);
+    assert_eq!(at_owner.members.len(), 2, "{at_owner:?}");
+    assert_eq!(at_standby.unowned_shards, 0);
+    let owner_row = |view: &aaa::proto::GetClusterResponse| {
+        view.members
+            .iter()
+            .find(|m| m.shards == 256)
+            .map(|m| m.server.clone())
+    };
+    assert_eq!(owner_row(at_standby), Some(at_owner.this_server.clone()));
+    assert_ne!(at_standby.this_server, at_owner.this_server);
+    standby.shutdown().await;
+    owner_server.shutdown().await;
+}
+
+/// Retries a call while the cluster answers UNAVAILABLE (the owner died
+/// and no other server holds the runs yet), as the SDKs do.
+async fn retrying<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let give_up = Instant::now() + WAIT;
+    loop {
+        match call().await {
+            Ok(answer) => return answer,
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < give_up => {
+                tokio::task::yield_now().await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+}
+
+/// Three servers; runs wait for approval on the owner; it is killed (-9).
+/// A standby takes over; grants sent through the third server reach it,
+/// every run completes, each gated call runs once, and the worker, polling
+/// through a standby all along, never got one attempt twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn three_servers_carry_on_after_the_owner_is_killed() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let standby_args = [&args[..], &["--standby"]].concat();
+    let first = ChildServer::start_args(dirs[0].path(), &args).await;
+    let second = ChildServer::start_args(dirs[1].path(), &standby_args).await;
+    let third = ChildServer::start_args(dirs[2].path(), &standby_args).await;
+    assert_eq!(owner(&third).await, Some(member_of(&first).await));
+
+    register(&mut second.workers().await, vec![wire_money()], &[]).await;
+    let mut runs = third.runs().await;
+    let mut waiting = Vec::new();
+    for _ in 0..8 {
+        let run_id = start_run(&mut runs, scripted_reference_run()).await;
+        let call_id = wait_for_approval(&mut runs, &run_id).await;
+        waiting.push((run_id, call_id));
+    }
+    // One granted and finished before the kill, through the standbys.
+    let mut workers = second.workers().await;
+    let (run_id, call_id) = waiting.remove(0);
+    grant_and_finish(&mut runs, &mut workers, &run_id, &call_id).await;
+
+    first.kill9();
+    let killed_at = Instant::now();
+    let mut executed: HashMap<(String, String, u32), usize> = HashMap::new();
+    for (run_id, call_id) in &waiting {
+        let request = || SignalRequest {
+            run_id: run_id.clone(),
+            r#type: "aaa.approval.granted".into(),
+            data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+            request_id: format!("grant-{run_id}"),
+        };
+        retrying(|| {
+            let mut granting = runs.clone();
+            let request = request();
+            async move { granting.signal(request).await }
+        })
+        .await;
+        if executed.is_empty() {
+            eprintln!(
+                "the first grant after the kill landed {:?} after it",
+                killed_at.elapsed()
+            );
+        }
+        let task = retrying(|| {
+            let mut workers = workers.clone();
+            async move { Ok(poll_until_task(&mut workers, "w", &["wire_money"], &[]).await) }
+        })
+        .await;
+        *executed
+            .entry((task.run_id.clone(), task.call_id.clone(), task.attempt))
+            .or_default() += 1;
+        retrying(|| {
+            let mut workers = workers.clone();
+            let token = task.token.clone();
+            async move { complete_tool(&mut workers, &token, REFERENCE_OUTPUT).await }
+        })
+        .await;
+    }
+    eprintln!(
+        "every run granted and served {:?} after the kill",
+        killed_at.elapsed()
+    );
+    assert!(executed.values().all(|n| *n == 1), "{executed:?}");
+    for (run_id, _) in &waiting {
+        let events = wait_for_end(&mut runs, run_id).await;
+        assert_eq!(completed_text(&events), REFERENCE_TEXT);
+        assert_dense(&events, 1);
+        assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
+        assert_eq!(count(&events, "aaa.approval.granted"), 1, "{run_id}");
+    }
+    let new_owner = owner(&third).await.expect("a new owner");
+    assert!(
+        [member_of(&second).await, member_of(&third).await].contains(&new_owner),
+        "{new_owner}"
+    );
+}
