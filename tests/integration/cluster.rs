@@ -32,6 +32,17 @@ async fn member(url: &str, standby: bool) -> TestServer {
     .await
 }
 
+/// A grant with a request id of its own, so that a retry after an
+/// UNAVAILABLE answer cannot append a second one.
+fn grant_request(run_id: &str, call_id: &str) -> SignalRequest {
+    SignalRequest {
+        run_id: run_id.into(),
+        r#type: "aaa.approval.granted".into(),
+        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+        request_id: format!("grant-{run_id}-{call_id}"),
+    }
+}
+
 /// Through a standby, every role does its part of the reference scenario:
 /// the owner serves the calls and records each caller's principal, as if
 /// they had called it. A client cannot pose as a forwarding server.
@@ -68,12 +79,7 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
     let call_id = call_id(events.last().unwrap());
     approver
         .runs
-        .signal(SignalRequest {
-            run_id: run_id.clone(),
-            r#type: "aaa.approval.granted".into(),
-            data_json: serde_json::json!({ "call_id": call_id }).to_string(),
-            ..Default::default()
-        })
+        .signal(grant_request(&run_id, &call_id))
         .await
         .expect("a grant through the standby");
     let task = loop {
@@ -112,15 +118,7 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
     assert_eq!(actor("aaa.tool.started").principal, "worker");
 
     // Roles are checked for forwarded calls too (here, at the standby).
-    let refused = runner
-        .runs
-        .signal(SignalRequest {
-            run_id: run_id.clone(),
-            r#type: "aaa.approval.granted".into(),
-            data_json: serde_json::json!({ "call_id": call_id }).to_string(),
-            ..Default::default()
-        })
-        .await;
+    let refused = runner.runs.signal(grant_request(&run_id, &call_id)).await;
     assert_eq!(expect_err(refused).code(), Code::PermissionDenied);
 
     // A client that sends the forwarding headers itself is refused.
@@ -220,15 +218,9 @@ async fn three_servers_carry_on_after_the_owner_is_killed() {
     let killed_at = Instant::now();
     let mut executed: HashMap<(String, String, u32), usize> = HashMap::new();
     for (run_id, call_id) in &waiting {
-        let request = || SignalRequest {
-            run_id: run_id.clone(),
-            r#type: "aaa.approval.granted".into(),
-            data_json: serde_json::json!({ "call_id": call_id }).to_string(),
-            request_id: format!("grant-{run_id}"),
-        };
         retrying(|| {
             let mut granting = runs.clone();
-            let request = request();
+            let request = grant_request(run_id, call_id);
             async move { granting.signal(request).await }
         })
         .await;
