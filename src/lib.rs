@@ -24,6 +24,7 @@
 pub mod api;
 pub mod auth;
 pub mod bench;
+pub mod causes;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

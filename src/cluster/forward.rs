@@ -221,7 +221,7 @@ async fn send(
                 "the owner of the runs, {} at {}, did not answer ({}){}",
                 owner.server,
                 owner.address,
-                crate::api::status::clip(&chain(&e)),
+                crate::api::status::clip(&crate::causes::with_causes(&e)),
                 if refused {
                     ""
                 } else {
@@ -246,17 +246,6 @@ fn never_connected(error: &(dyn std::error::Error + 'static)) -> bool {
         cause = e.source();
     }
     false
-}
-
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        cause = e.source();
-    }
-    text
 }
 
 /// The owner's answer, passed on; if its connection breaks mid-answer (a

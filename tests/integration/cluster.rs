@@ -176,7 +176,9 @@ where
         match call().await {
             Ok(answer) => return answer,
             Err(status) if status.code() == Code::Unavailable && Instant::now() < give_up => {
-                tokio::task::yield_now().await;
+                // A backoff, as the SDKs have: not a wait for a state, which
+                // the next attempt asks the servers about.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             Err(status) => panic!("{status:?}"),
         }

@@ -42,7 +42,8 @@ use uuid::Uuid;
 
 use super::ownership::{self, Ownership};
 use super::writes::{self, Writes};
-use super::{describe, is_down, with_causes, Durable, NOTIFY_CHANNEL};
+use super::{describe, is_down, Durable, NOTIFY_CHANNEL};
+use crate::causes::with_causes;
 use crate::store::queue::{self, Message, Request};
 use crate::store::{Result, RunId, StoreError, WriteBatch};
 

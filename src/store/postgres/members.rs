@@ -10,7 +10,7 @@ use deadpool_postgres::Pool;
 use tokio_util::sync::CancellationToken;
 
 use super::ownership::NOW_MS;
-use super::{database_error, describe};
+use super::{database_error, describe, pool_error};
 use crate::store::{ClusterView, Member, Result, ShardLease, StoreError};
 
 /// How long a dead member's row stays for `aaa cluster status` to show.
@@ -39,10 +39,7 @@ pub(super) async fn keep(
 
 /// Deletes the member's row: it leaves.
 pub(super) async fn leave(pool: &Pool, server: &str) -> Result<()> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let client = pool.get().await.map_err(pool_error)?;
     client
         .execute("DELETE FROM aaa_members WHERE server = $1", &[&server])
         .await
@@ -52,10 +49,7 @@ pub(super) async fn leave(pool: &Pool, server: &str) -> Result<()> {
 
 /// Writes or renews the row, and prunes rows long dead.
 pub(super) async fn renew(pool: &Pool, server: &str, address: &str, lease_ms: i64) -> Result<()> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let client = pool.get().await.map_err(pool_error)?;
     let upsert = format!(
         "INSERT INTO aaa_members (server, address, started_ms, seen_until_ms) \
          VALUES ($1, $2, {NOW_MS}, {NOW_MS} + $3) \
@@ -73,13 +67,11 @@ pub(super) async fn renew(pool: &Pool, server: &str, address: &str, lease_ms: i6
     Ok(())
 }
 
-/// The members and the shard leases, at one moment of the database's
-/// clock (one statement's snapshot).
+/// The members and the shard leases, with the database's time read just
+/// before them (three reads, not one snapshot: a lease may move between
+/// them, which a status and an owner lookup tolerate).
 pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let client = pool.get().await.map_err(pool_error)?;
     let now: i64 = client
         .query_one(&format!("SELECT {NOW_MS}"), &[])
         .await
@@ -131,5 +123,5 @@ pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
 }
 
 fn corrupt(table: &str, e: &tokio_postgres::Error) -> StoreError {
-    StoreError::Corrupt(format!("postgres: {table}: {}", describe(e)))
+    super::corrupt(format!("{table}: {}", describe(e)))
 }

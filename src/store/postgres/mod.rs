@@ -35,6 +35,8 @@ mod ownership;
 mod schema;
 mod writes;
 
+use crate::causes::with_causes;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -113,21 +115,6 @@ fn describe(e: &tokio_postgres::Error) -> String {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => with_causes(e),
     }
-}
-
-/// An error's text followed by its causes' (a TLS handshake failure says
-/// why only in its source).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(source) = cause {
-        let more = source.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        cause = source.source();
-    }
-    text
 }
 
 /// Whether an error is the database's trouble (unreachable, shutting down,
