@@ -185,6 +185,8 @@ pub async fn serve(
         Some(_) => "postgres",
         None => "embedded",
     };
+    // A forwarded request is buffered whole: one message and its framing.
+    let forward_limit = max_message + 64;
     let server = builder
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -192,22 +194,22 @@ pub async fn serve(
         .add_service(Routed::new(
             local.runs.clone(),
             cluster.clone(),
-            max_message + 64,
+            forward_limit,
         ))
         .add_service(Routed::new(
             local.approvals.clone(),
             cluster.clone(),
-            max_message + 64,
+            forward_limit,
         ))
         .add_service(Routed::new(
             local.workers.clone(),
             cluster.clone(),
-            max_message + 64,
+            forward_limit,
         ))
         .add_service(Routed::new(
             local.subscriptions.clone(),
             cluster.clone(),
-            max_message + 64,
+            forward_limit,
         ))
         .add_service(ClusterServiceServer::new(ClusterApi {
             cluster: cluster.clone(),
