@@ -164,27 +164,6 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
     owner_server.shutdown().await;
 }
 
-/// Retries a call while the cluster answers UNAVAILABLE (the owner died
-/// and no other server holds the runs yet), as the SDKs do.
-async fn retrying<T, F, Fut>(mut call: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-{
-    let give_up = Instant::now() + WAIT;
-    loop {
-        match call().await {
-            Ok(answer) => return answer,
-            Err(status) if status.code() == Code::Unavailable && Instant::now() < give_up => {
-                // A backoff, as the SDKs have: not a wait for a state, which
-                // the next attempt asks the servers about.
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(status) => panic!("{status:?}"),
-        }
-    }
-}
-
 /// Three servers; runs wait for approval on the owner; it is killed (-9).
 /// A standby takes over; grants sent through the third server reach it,
 /// every run completes, each gated call runs once, and the worker, polling

@@ -9,6 +9,7 @@ mod cluster;
 mod concurrency;
 mod deadline;
 mod errors;
+mod failover;
 mod fold;
 mod fuzz;
 mod gate;

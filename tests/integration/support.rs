@@ -783,6 +783,29 @@ pub async fn wait_until_owner(server: &impl Server, member: &str) {
     }
 }
 
+/// Retries a call while the cluster answers UNAVAILABLE (the owner died
+/// and no other server holds the runs yet), as the SDKs do.
+pub async fn retrying<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        match call().await {
+            Ok(answer) => return answer,
+            Err(status)
+                if status.code() == Code::Unavailable && std::time::Instant::now() < give_up =>
+            {
+                // A backoff, as the SDKs have: not a wait for a state, which
+                // the next attempt asks the servers about.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+}
+
 // ----------------------------------------------------------------- signals
 
 pub async fn signal(

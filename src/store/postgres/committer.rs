@@ -7,7 +7,9 @@
 //! 1. `BEGIN`, `synchronous_commit` made at least `on` for the transaction,
 //!    the head row locked `FOR UPDATE` (serialising writers of every server
 //!    on the database), the last seq of each run the round appends to, and
-//!    (once the store claimed runs) the epochs of the shards it touches.
+//!    (once the store claimed runs) the epochs of the shards it touches,
+//!    with a limit on how long the transaction may sit idle (see
+//!    [`super::ownership`]).
 //! 2. After checking each batch's shards (see [`super::ownership`]) and
 //!    expected seqs, and giving its events the
 //!    next positions, in memory: one multi-row statement per table for all
@@ -390,20 +392,28 @@ async fn begin(
     runs.sort_unstable();
     runs.dedup();
     let shards = ownership.shards_of(unanswered());
-    let mut steps = vec![
-        Step::Simple(BEGIN),
-        Step::Query(LOCK_HEAD, vec![]),
-        Step::Query(RUN_HEADS, vec![&runs]),
-    ];
+    let stall_limit = ownership.stall_limit();
+    let mut steps = vec![Step::Simple(BEGIN)];
+    if let Some(limit) = &stall_limit {
+        steps.push(Step::Query(ownership::STALL_LIMIT, vec![limit]));
+    }
+    steps.push(Step::Query(LOCK_HEAD, vec![]));
+    steps.push(Step::Query(RUN_HEADS, vec![&runs]));
     if let Some(shards) = &shards {
         steps.push(Step::Query(ownership::EPOCHS, vec![shards]));
     }
+    let expected = steps.len();
     let mut results = pipeline(client, steps).await.into_iter();
-    let (Some(begun), Some(head), Some(heads)) = (results.next(), results.next(), results.next())
-    else {
+    if results.len() < expected {
+        return Err(Down("the database gave too few answers".into()));
+    }
+    results.next().expect("counted").map_err(down)?;
+    if stall_limit.is_some() {
+        results.next().expect("counted").map_err(down)?;
+    }
+    let (Some(head), Some(heads)) = (results.next(), results.next()) else {
         return Err(Down("the database gave too few answers".into()));
     };
-    begun.map_err(down)?;
     let head = head
         .map_err(down)?
         .first()
@@ -422,9 +432,7 @@ async fn begin(
     }
     let mut epochs = HashMap::new();
     if shards.is_some() {
-        let rows = results
-            .next()
-            .ok_or_else(|| Down("the database gave too few answers".into()))?;
+        let rows = results.next().expect("counted");
         for row in rows.map_err(down)? {
             let shard: i16 = row.try_get(0).map_err(down)?;
             let epoch: i64 = row.try_get(1).map_err(down)?;

@@ -11,11 +11,20 @@
 //! that closes its store gives them up at once. Times are the database's
 //! clock, so servers' clocks need not agree.
 //!
+//! A server paused in the middle of a commit round (SIGSTOP, a VM frozen, a
+//! swap storm) would hold the head row's lock, and with it every other
+//! server's commits and claims, for as long as it stays paused. So once a
+//! store claims runs, each round's transaction carries a limit on idle time
+//! (`idle_in_transaction_session_timeout`) of one lease: the database ends
+//! the session of a server stalled that long mid-round, which frees the
+//! lock; the round fails unacknowledged, and the fence refuses whatever the
+//! server tries once it wakes.
+//!
 //! Until the store claims runs, nothing is fenced (tools such as `aaa
 //! migrate`, tests of the store alone).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Mutex;
 
 use deadpool_postgres::Object;
@@ -33,6 +42,8 @@ pub(super) struct Ownership {
     pub lost_notify: Notify,
     /// True from a claim until the store finds itself fenced out.
     pub holding: tokio::sync::watch::Sender<bool>,
+    /// The claim's lease in ms; 0 before a claim.
+    lease_ms: AtomicI64,
 }
 
 impl Default for Ownership {
@@ -42,12 +53,17 @@ impl Default for Ownership {
             lost: AtomicBool::default(),
             lost_notify: Notify::new(),
             holding: tokio::sync::watch::Sender::new(false),
+            lease_ms: AtomicI64::new(0),
         }
     }
 }
 
 /// The database's time in milliseconds.
 pub(super) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// Limits a round's idle time in its transaction (ms, as text).
+pub(super) const STALL_LIMIT: &str =
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true)";
 
 /// The epochs of the shards a round touches, read after the head lock.
 pub(super) const EPOCHS: &str = "SELECT shard, epoch FROM aaa_shards WHERE shard = ANY($1)";
@@ -95,6 +111,7 @@ impl Ownership {
             held.insert(shard, epoch);
         }
         *self.held.lock().expect("poisoned") = Some(held);
+        self.lease_ms.store(lease_ms, Ordering::Release);
         self.lost.store(false, Ordering::Release);
         self.holding.send_replace(true);
         Ok(true)
@@ -141,6 +158,13 @@ impl Ownership {
             .await
             .map_err(database_error)?;
         Ok(())
+    }
+
+    /// How long a round's transaction may sit idle (ms, as text): one
+    /// lease, once the store claimed runs; no limit before.
+    pub fn stall_limit(&self) -> Option<String> {
+        let lease_ms = self.lease_ms.load(Ordering::Acquire);
+        (lease_ms > 0).then(|| lease_ms.to_string())
     }
 
     fn held_lists(&self) -> Option<(Vec<i16>, Vec<i64>)> {

@@ -1,0 +1,518 @@
+//! Failover under load (these tests need PostgreSQL: they pass without
+//! doing anything otherwise). Three servers and a hundred runs, half of
+//! them gated. A worker, a consumer group, a StreamEvents follower and a
+//! WatchApprovals watcher are all attached to servers that do not own the
+//! runs. The owner is killed (-9), or paused (SIGSTOP) and woken once
+//! another server has taken its runs over.
+//!
+//! Afterwards: every run completes; each attempt starts once and runs at
+//! most once; seqs and global positions are dense; every acknowledged grant
+//! is in its place; the group, the follower and the watcher saw what the
+//! new owner wrote. An owner that wakes from a pause is fenced: it writes
+//! nothing more.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use aaa::proto::subscription_service_client::SubscriptionServiceClient;
+use aaa::proto::{
+    stream_events_response, subscribe_request, subscribe_response, watch_approvals_response, Ack,
+    Event, PollTaskRequest, SignalRequest, StartFrom, StartRunRequest, StreamEventsRequest,
+    SubscribeRequest, SubscriptionOpen, ToolDefinition, WatchApprovalsRequest,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::support::*;
+
+/// Runs in all; every other one is gated.
+const RUNS: usize = 100;
+/// Runs started before the outage; half of their gated calls are granted
+/// just before it, so their tools run while the owner goes away.
+const BEFORE: usize = 60;
+/// The tools' attempt lease. A PollTask whose answer the owner had
+/// committed but not yet sent when it died leaves an attempt no worker
+/// holds; it is lost (AttemptLost, the gated default) once this lapses.
+const ATTEMPT_LEASE_S: f64 = 3.0;
+/// The consumer group's subscription: every run lifecycle event.
+const GROUP_TYPES: &str = "aaa.run.";
+
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    Kill,
+    Pause,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_owner_loses_nothing_under_load() {
+    failover(Outage::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_owner_is_fenced_when_it_wakes() {
+    failover(Outage::Pause).await;
+}
+
+async fn failover(outage: Outage) {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let standby_args = [&args[..], &["--standby"]].concat();
+    let first = ChildServer::start_args(dirs[0].path(), &args).await;
+    let second = ChildServer::start_args(dirs[1].path(), &standby_args).await;
+    let third = ChildServer::start_args(dirs[2].path(), &standby_args).await;
+    assert_eq!(owner(&third).await, Some(member_of(&first).await));
+    let tools = [wire_money(), lookup()].map(|tool| ToolDefinition {
+        heartbeat_timeout_s: ATTEMPT_LEASE_S,
+        ..tool
+    });
+    register(&mut second.workers().await, tools.to_vec(), &[]).await;
+
+    // Everyone attaches to a standby: the worker to the second, the group,
+    // the watcher and (later) the follower to the third.
+    let executed = Seen::<Executed>::new();
+    let delivered = Seen::<BTreeSet<(String, u64)>>::new();
+    let watched = Seen::<Watched>::new();
+    let followed = Seen::<Vec<Event>>::new();
+    let mut background = Background(vec![
+        tokio::spawn(serve_tools(second.workers().await, executed.clone())),
+        tokio::spawn(consume(third.channel().await, delivered.clone())),
+        tokio::spawn(watch_approvals_of(third.channel().await, watched.clone())),
+    ]);
+    watched
+        .wait_until("the watcher's snapshot", |w| w.position.is_some())
+        .await;
+
+    let mut runs = third.runs().await;
+    let mut started = Vec::new();
+    for i in 0..BEFORE {
+        let run_id = start_run(&mut runs, run_request(i)).await;
+        started.push((run_id, is_gated(i)));
+    }
+    let mut waiting = Vec::new();
+    for (run_id, _) in started.iter().filter(|(_, gated)| *gated) {
+        waiting.push((run_id.clone(), wait_for_approval(&mut runs, run_id).await));
+    }
+    let mut granted = Vec::new();
+    for (run_id, call_id) in waiting.drain(..waiting.len() / 2) {
+        let seq = runs
+            .signal(grant_request(&run_id, &call_id))
+            .await
+            .expect("grant before the outage")
+            .into_inner()
+            .seq;
+        granted.push((run_id, call_id, seq));
+    }
+    let followed_run = waiting[0].0.clone();
+    background.0.push(tokio::spawn(follow(
+        third.runs().await,
+        followed_run.clone(),
+        followed.clone(),
+    )));
+
+    let outage_at = Instant::now();
+    let paused = match outage {
+        Outage::Kill => {
+            first.kill9();
+            None
+        }
+        Outage::Pause => {
+            first.signal(libc::SIGSTOP);
+            Some(first)
+        }
+    };
+
+    // The rest goes through the second server, retried as the SDKs do.
+    let runs = second.runs().await;
+    for i in BEFORE..RUNS {
+        let request = run_request(i);
+        let run_id = retrying(|| {
+            let (mut runs, request) = (runs.clone(), request.clone());
+            async move { runs.start_run(request).await }
+        })
+        .await
+        .into_inner()
+        .run_id;
+        started.push((run_id, is_gated(i)));
+    }
+    for (run_id, _) in started[BEFORE..].iter().filter(|(_, gated)| *gated) {
+        let call_id = watched
+            .wait_until("a request of a run started after the outage", |w| {
+                w.requested.iter().any(|(run, _)| run == run_id)
+            })
+            .await
+            .requested
+            .iter()
+            .find(|(run, _)| run == run_id)
+            .map(|(_, call)| call.clone())
+            .unwrap();
+        waiting.push((run_id.clone(), call_id));
+    }
+    for (run_id, call_id) in waiting {
+        let seq = retrying(|| {
+            let (mut runs, request) = (runs.clone(), grant_request(&run_id, &call_id));
+            async move { runs.signal(request).await }
+        })
+        .await
+        .into_inner()
+        .seq;
+        granted.push((run_id, call_id, seq));
+    }
+    let mut histories = HashMap::new();
+    for (run_id, _) in &started {
+        let events = wait_for_end(&mut runs.clone(), run_id).await;
+        histories.insert(run_id.clone(), events);
+    }
+    eprintln!(
+        "{outage:?}: all {RUNS} runs ended {:?} after the outage",
+        outage_at.elapsed()
+    );
+
+    if let Some(paused) = paused {
+        // It wakes up owning nothing; whatever it tries to write is refused.
+        paused.signal(libc::SIGCONT);
+        wait_for_health(&paused, ServingStatus::NotServing).await;
+        let mut after = HashMap::new();
+        for (run_id, _) in &started {
+            after.insert(run_id.clone(), history(&mut runs.clone(), run_id).await);
+        }
+        assert!(after == histories, "the woken owner wrote to the runs");
+    }
+
+    for (run_id, gated) in &started {
+        let events = &histories[run_id];
+        assert_eq!(
+            events.last().map(|e| e.r#type.as_str()),
+            Some("aaa.run.completed"),
+            "{run_id}: {:?}",
+            types(events)
+        );
+        assert_dense(events, 1);
+        let attempts: Vec<u64> = events
+            .iter()
+            .filter(|e| e.r#type == "aaa.tool.started")
+            .map(|e| data(e)["attempt"].as_u64().expect("attempt"))
+            .collect();
+        let distinct: BTreeSet<_> = attempts.iter().collect();
+        assert_eq!(distinct.len(), attempts.len(), "{run_id}: {attempts:?}");
+        let grants = count(events, "aaa.approval.granted");
+        assert_eq!(grants, usize::from(*gated), "{run_id}: {:?}", types(events));
+    }
+    for (run_id, call_id, seq) in &granted {
+        let event = &histories[run_id][*seq as usize - 1];
+        assert_eq!(event.r#type, "aaa.approval.granted", "{run_id} seq {seq}");
+        assert_eq!(&self::call_id(event), call_id);
+    }
+    let mut positions: Vec<u64> = histories.values().flatten().map(|e| e.position).collect();
+    positions.sort_unstable();
+    assert!(
+        positions.iter().copied().eq(1..=positions.len() as u64),
+        "global positions are not dense"
+    );
+
+    let executed = executed.read(|e| (e.attempts.clone(), e.errors.clone()));
+    assert!(executed.1.is_empty(), "worker errors: {:?}", executed.1);
+    for ((run_id, call_id, attempt), times) in &executed.0 {
+        assert_eq!(
+            *times, 1,
+            "{run_id} {call_id} attempt {attempt} ran {times} times"
+        );
+    }
+    let lost: Vec<_> = histories
+        .iter()
+        .filter(|(_, events)| events.iter().any(|e| e.data_json.contains("AttemptLost")))
+        .map(|(run_id, _)| run_id)
+        .collect();
+    eprintln!(
+        "{outage:?}: {} attempts executed, {} runs lost an attempt to the outage: {lost:?}",
+        executed.0.len(),
+        lost.len()
+    );
+
+    let matching: BTreeSet<(String, u64)> = histories
+        .values()
+        .flatten()
+        .filter(|e| e.r#type.starts_with(GROUP_TYPES))
+        .map(|e| (e.run_id.clone(), e.seq))
+        .collect();
+    delivered
+        .wait_until("every run event at the group", |got| {
+            matching.is_subset(got)
+        })
+        .await;
+    let gated_calls: BTreeSet<(String, String)> = granted
+        .iter()
+        .map(|(run, call, _)| (run.clone(), call.clone()))
+        .collect();
+    watched
+        .wait_until("every request and its grant at the watcher", |w| {
+            gated_calls.is_subset(&w.requested) && gated_calls.is_subset(&w.resolved)
+        })
+        .await;
+    let seen = followed
+        .wait_until("the followed run's end", |events| {
+            events.last().is_some_and(|e| is_terminal(&e.r#type))
+        })
+        .await;
+    assert!(
+        seen == histories[&followed_run],
+        "the follower: {:?}",
+        types(&seen)
+    );
+}
+
+fn lookup() -> ToolDefinition {
+    ToolDefinition {
+        name: "lookup".into(),
+        description: "Look a payee up".into(),
+        parameters_json: r#"{"type":"object"}"#.into(),
+        requires_approval: false,
+        ..Default::default()
+    }
+}
+
+fn is_gated(i: usize) -> bool {
+    i.is_multiple_of(2)
+}
+
+/// Run `i`: gated (wire_money) or not (lookup), with a request id, so a
+/// StartRun retried after an UNAVAILABLE answer starts it once.
+fn run_request(i: usize) -> StartRunRequest {
+    let request = match is_gated(i) {
+        true => scripted_reference_run(),
+        false => scripted_run("lookup", r#"{"payee":"ACME"}"#),
+    };
+    StartRunRequest {
+        request_id: format!("failover-{i}"),
+        ..request
+    }
+}
+
+/// A grant with a request id of its own, so that a retry after an
+/// UNAVAILABLE answer cannot append a second one.
+fn grant_request(run_id: &str, call_id: &str) -> SignalRequest {
+    SignalRequest {
+        run_id: run_id.into(),
+        r#type: "aaa.approval.granted".into(),
+        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+        request_id: format!("grant-{run_id}-{call_id}"),
+    }
+}
+
+/// The pause before a client tries again, as the SDKs' retry has.
+async fn backoff() {
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+}
+
+/// What a client in the background saw, and a signal each time it saw more.
+struct Seen<T> {
+    state: Mutex<T>,
+    changed: watch::Sender<u64>,
+}
+
+impl<T: Default + Clone> Seen<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Seen {
+            state: Mutex::default(),
+            changed: watch::Sender::new(0),
+        })
+    }
+
+    fn update(&self, change: impl FnOnce(&mut T)) {
+        change(&mut self.state.lock().unwrap());
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn read<R>(&self, look: impl FnOnce(&T) -> R) -> R {
+        look(&self.state.lock().unwrap())
+    }
+
+    /// Waits (bounded by [`WAIT`]) until `done` holds; answers what was seen.
+    async fn wait_until(&self, what: &str, done: impl Fn(&T) -> bool) -> T {
+        let mut changes = self.changed.subscribe();
+        let give_up = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(seen) = self.read(|seen| done(seen).then(|| seen.clone())) {
+                return seen;
+            }
+            tokio::time::timeout_at(give_up, changes.changed())
+                .await
+                .unwrap_or_else(|_| panic!("{what} never came"))
+                .expect("the sender lives in self");
+        }
+    }
+}
+
+/// Background clients, stopped when the test ends (or fails).
+struct Background(Vec<JoinHandle<()>>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.0.iter().for_each(JoinHandle::abort);
+    }
+}
+
+#[derive(Default, Clone)]
+struct Executed {
+    /// (run, call, attempt) -> how often this worker executed it.
+    attempts: HashMap<(String, String, u32), usize>,
+    errors: Vec<String>,
+}
+
+/// A worker for both tools: records every attempt it executes; retries a
+/// call answered UNAVAILABLE.
+async fn serve_tools(mut workers: WorkerClient, seen: Arc<Seen<Executed>>) {
+    loop {
+        let request = PollTaskRequest {
+            identity: "failover-worker".into(),
+            tools: vec!["wire_money".into(), "lookup".into()],
+            wait_s: 1.0,
+            ..Default::default()
+        };
+        let task = match workers.poll_task(request).await {
+            Ok(answer) => answer.into_inner().task,
+            Err(status) => {
+                if status.code() != Code::Unavailable {
+                    seen.update(|s| s.errors.push(format!("PollTask: {status:?}")));
+                }
+                backoff().await;
+                continue;
+            }
+        };
+        let Some(task) = task else { continue };
+        let attempt = (task.run_id.clone(), task.call_id.clone(), task.attempt);
+        seen.update(|s| *s.attempts.entry(attempt).or_default() += 1);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT).await {
+                Ok(()) => break,
+                Err(status) if status.code() == Code::Unavailable => backoff().await,
+                // A retry after an UNAVAILABLE answer may find the first
+                // try applied; that is the one answer allowed to differ.
+                Err(_) if tries > 1 => break,
+                Err(status) => {
+                    seen.update(|s| s.errors.push(format!("CompleteTask: {status:?}")));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A member of the group "failover-audit": records and acks each delivery;
+/// subscribes again whenever its stream breaks.
+async fn consume(channel: Channel, seen: Arc<Seen<BTreeSet<(String, u64)>>>) {
+    loop {
+        let (requests, outgoing) = mpsc::channel(1024);
+        let open = SubscriptionOpen {
+            group: "failover-audit".into(),
+            event_types: vec![format!("{GROUP_TYPES}*")],
+            start_from: StartFrom::Beginning as i32,
+            ..Default::default()
+        };
+        let first = SubscribeRequest {
+            kind: Some(subscribe_request::Kind::Open(open)),
+        };
+        requests.send(first).await.expect("request channel");
+        let mut client = SubscriptionServiceClient::new(channel.clone());
+        let outgoing = tokio_stream::wrappers::ReceiverStream::new(outgoing);
+        if let Ok(responses) = client.subscribe(outgoing).await {
+            let mut responses = responses.into_inner();
+            while let Ok(Some(response)) = responses.message().await {
+                let Some(subscribe_response::Item::Delivery(delivery)) = response.item else {
+                    continue;
+                };
+                let event = delivery.event.expect("a delivery's event");
+                seen.update(|s| {
+                    s.insert((event.run_id, event.seq));
+                });
+                let ack = Ack {
+                    delivery_id: delivery.delivery_id,
+                };
+                let ack = SubscribeRequest {
+                    kind: Some(subscribe_request::Kind::Ack(ack)),
+                };
+                if requests.send(ack).await.is_err() {
+                    break;
+                }
+            }
+        }
+        backoff().await;
+    }
+}
+
+#[derive(Default, Clone)]
+struct Watched {
+    requested: BTreeSet<(String, String)>,
+    resolved: BTreeSet<(String, String)>,
+    /// The last position received; a broken watch resumes after it.
+    position: Option<u64>,
+}
+
+/// A WatchApprovals client that resumes after its last position whenever
+/// its stream breaks.
+async fn watch_approvals_of(channel: Channel, seen: Arc<Seen<Watched>>) {
+    use watch_approvals_response::Item;
+    let mut approvals = aaa::proto::approval_service_client::ApprovalServiceClient::new(channel);
+    loop {
+        let request = WatchApprovalsRequest {
+            after_position: seen.read(|w| w.position),
+            heartbeat_s: 1.0,
+            ..Default::default()
+        };
+        if let Ok(stream) = approvals.watch_approvals(request).await {
+            let mut stream = stream.into_inner();
+            while let Ok(Some(response)) = stream.message().await {
+                let position = response.position;
+                seen.update(|w| match response.item {
+                    Some(Item::Requested(approval)) => {
+                        w.requested.insert((approval.run_id, approval.call_id));
+                        w.position = Some(position);
+                    }
+                    Some(Item::Resolved(resolution)) => {
+                        w.resolved.insert((resolution.run_id, resolution.call_id));
+                        w.position = Some(position);
+                    }
+                    Some(Item::SnapshotComplete(_)) => w.position = Some(position),
+                    _ => {}
+                });
+            }
+        }
+        backoff().await;
+    }
+}
+
+/// Follows one run to its end, resuming after its last event whenever its
+/// stream breaks.
+async fn follow(mut runs: RunClient, run_id: String, seen: Arc<Seen<Vec<Event>>>) {
+    use stream_events_response::Item;
+    loop {
+        let request = StreamEventsRequest {
+            run_id: run_id.clone(),
+            after_seq: seen.read(|events| events.last().map_or(0, |e| e.seq)),
+            follow: true,
+            stop_at_end: true,
+            ..Default::default()
+        };
+        if let Ok(stream) = runs.stream_events(request).await {
+            let mut stream = stream.into_inner();
+            while let Ok(Some(response)) = stream.message().await {
+                if let Some(Item::Event(event)) = response.item {
+                    seen.update(|events| events.push(event));
+                }
+            }
+        }
+        if seen.read(|events| events.last().is_some_and(|e| is_terminal(&e.r#type))) {
+            return;
+        }
+        backoff().await;
+    }
+}
