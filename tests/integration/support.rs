@@ -416,6 +416,24 @@ impl ChildServer {
         assert_eq!(done, 0, "kill({signal})");
     }
 
+    /// SIGTERM, then waits (up to [`WAIT`], else SIGKILL) for the process
+    /// to exit; asserts that it stopped cleanly.
+    pub fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let pid = self.child.id() as libc::pid_t;
+        let (exited, watchdog) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = watchdog.recv_timeout(WAIT) {
+                // SAFETY: kill takes plain integers; the child is not reaped
+                // until `exited` is sent, so the pid is still its own.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+        let status = tokio::task::block_in_place(|| self.child.wait()).expect("wait for aaa serve");
+        let _ = exited.send(());
+        assert!(status.success(), "aaa serve did not stop cleanly: {status}");
+    }
+
     /// SIGKILL, then reap the process.
     pub fn kill9(mut self) {
         self.child.kill().expect("kill -9");
@@ -783,8 +801,18 @@ pub async fn wait_until_owner(server: &impl Server, member: &str) {
     }
 }
 
-/// Retries a call while the cluster answers UNAVAILABLE (the owner died
-/// and no other server holds the runs yet), as the SDKs do.
+/// Whether a client retries the call: UNAVAILABLE, or a call the
+/// connection closed under before any answer (tonic says CANCELLED, with
+/// the transport error as its source; gRPC's core libraries retry this
+/// transparently, as the request was refused by the server's GOAWAY).
+pub fn is_retryable(status: &Status) -> bool {
+    use std::error::Error;
+    status.code() == Code::Unavailable
+        || (status.code() == Code::Cancelled && status.source().is_some())
+}
+
+/// Retries a call while it [`is_retryable`] (the owner died and no other
+/// server holds the runs yet, a server stopped), as the SDKs do.
 pub async fn retrying<T, F, Fut>(mut call: F) -> T
 where
     F: FnMut() -> Fut,
@@ -794,9 +822,7 @@ where
     loop {
         match call().await {
             Ok(answer) => return answer,
-            Err(status)
-                if status.code() == Code::Unavailable && std::time::Instant::now() < give_up =>
-            {
+            Err(status) if is_retryable(&status) && std::time::Instant::now() < give_up => {
                 // A backoff, as the SDKs have: not a wait for a state, which
                 // the next attempt asks the servers about.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
