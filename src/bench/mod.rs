@@ -9,7 +9,10 @@
 //! - `cycle`: the approval cycle at 1, 16 and 64 runs in flight;
 //! - `appends`: Signal appends from 64 clients, each on its own parked run;
 //! - `fanout`: followers of one run while events are appended to it;
-//! - `parked`: N runs waiting for approval, memory, listing, kill -9 and restart.
+//! - `parked`: N runs waiting for approval, memory, listing, kill -9 and restart;
+//! - `cluster` (`--cluster N`, with `--store`): 1..=N servers on one
+//!   database, the cycle spread over all of them, forwarding's cost, and a
+//!   kill -9 of the owner.
 //!
 //! The floors a selected scenario is judged against are measured with it.
 //! Every figure is reported; a correctness problem (an RPC error, a wrong
@@ -18,6 +21,7 @@
 
 mod appends;
 mod client;
+mod cluster;
 mod cycle;
 mod fanout;
 mod floors;
@@ -53,6 +57,10 @@ pub struct BenchArgs {
     /// commit floor (see docs/postgres.md).
     #[arg(long, env = "AAA_BENCH_STORE", conflicts_with = "server", value_parser = postgres_url)]
     pub store: Option<String>,
+    /// Measure clusters of 1 to N servers on the `--store` database (the
+    /// cluster scenario; the only one run unless `--only` names others).
+    #[arg(long, requires = "store", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub cluster: Option<u16>,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench.json")]
     pub out: PathBuf,
@@ -80,6 +88,9 @@ pub enum Scenario {
     Fanout,
     /// Runs waiting for approval: memory, listing, kill -9 and restart.
     Parked,
+    /// 1..=N servers on one PostgreSQL (`--cluster N`, default 3): cycles
+    /// spread over all, forwarded latency, kill -9 of the owner.
+    Cluster,
 }
 
 fn postgres_url(text: &str) -> Result<String, String> {
@@ -110,6 +121,10 @@ struct Plan {
     followers: usize,
     fanout_events: usize,
     parked: usize,
+    /// Most cycles at 64 in flight per cluster size.
+    cluster_cycles: usize,
+    /// Runs parked for the cluster's failover.
+    failover_parked: usize,
     limit: Duration,
 }
 
@@ -133,6 +148,8 @@ impl Plan {
                 followers: 20,
                 fanout_events: 50,
                 parked: args.parked.unwrap_or(200),
+                cluster_cycles: 64,
+                failover_parked: 5,
                 limit,
             },
             false => Plan {
@@ -145,6 +162,8 @@ impl Plan {
                 followers: 1_000,
                 fanout_events: 1_000,
                 parked: args.parked.unwrap_or(100_000),
+                cluster_cycles: 20_000,
+                failover_parked: 20,
                 limit,
             },
         })
@@ -165,6 +184,7 @@ pub struct Results {
     appends: Option<appends::Appends>,
     fanout: Option<fanout::Fanout>,
     parked: Option<parked::Parked>,
+    cluster: Option<cluster::Cluster>,
     /// Scenarios that could not run to the end, with why.
     failed: Vec<String>,
 }
@@ -186,6 +206,10 @@ impl Results {
         self.appends.iter().for_each(|a| add(&a.problems));
         self.fanout.iter().for_each(|f| add(&f.problems));
         self.parked.iter().for_each(|p| add(&p.problems));
+        if let Some(cluster) = &self.cluster {
+            add(&cluster.problems);
+            cluster.sizes.iter().for_each(|s| add(&s.cycle.problems));
+        }
         for failure in &self.failed {
             all.add(failure.clone());
         }
@@ -277,7 +301,12 @@ async fn measure_on(
     database: Option<&postgres::Database>,
     results: &mut Results,
 ) -> anyhow::Result<()> {
-    let wanted = |s: Scenario| args.only.is_empty() || args.only.contains(&s);
+    // The cluster scenario runs when asked for; `--cluster` alone asks for
+    // it only.
+    let wanted = |s: Scenario| match s {
+        Scenario::Cluster => args.cluster.is_some() || args.only.contains(&s),
+        _ => args.only.contains(&s) || (args.only.is_empty() && args.cluster.is_none()),
+    };
     let scratch = |tag: &str| database.map(|d| d.scratch(tag));
 
     // Floors, and the scenarios that share one server.
@@ -349,6 +378,24 @@ async fn measure_on(
             parked::run(&addr, child.as_mut(), session, plan.parked).await
         };
         results.parked = results.record("parked", parked.await);
+    }
+
+    if wanted(Scenario::Cluster) {
+        let Some(database) = database else {
+            bail!("the cluster scenario needs --store (a PostgreSQL URL)");
+        };
+        let most = args.cluster.map_or(3, usize::from);
+        let cluster = cluster::run(
+            database,
+            session,
+            most,
+            plan.cluster_cycles,
+            plan.rtt_calls,
+            plan.failover_parked,
+            plan.limit,
+        )
+        .await;
+        results.cluster = Some(cluster);
     }
     Ok(())
 }

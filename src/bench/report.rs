@@ -373,6 +373,10 @@ pub fn table(results: &Results) -> Table {
         }
     }
 
+    if let Some(cluster) = &results.cluster {
+        cluster_rows(&mut t, cluster);
+    }
+
     let problems = results.problems();
     t.judge(
         "all",
@@ -382,4 +386,93 @@ pub fn table(results: &Results) -> Table {
         Some(problems.is_empty()),
     );
     t
+}
+
+/// The cluster's rows: cycles per size against one server's, forwarding's
+/// cost, failover times against the target.
+fn cluster_rows(t: &mut Table, cluster: &super::cluster::Cluster) {
+    let alone = cluster
+        .sizes
+        .iter()
+        .find(|s| s.servers == 1)
+        .map(|s| s.cycle.per_second);
+    for size in &cluster.sizes {
+        let scenario = format!("cluster x{}", size.servers);
+        // The two cores are shared by every server: more servers may not
+        // add cycles, but coordination must not collapse them.
+        let (target, pass) = match (size.servers, alone) {
+            (1, _) | (_, None) => (String::new(), None),
+            (_, Some(alone)) => (
+                format!(">= 0.8x one server = {}/s", thousands(0.8 * alone)),
+                Some(size.cycle.per_second >= 0.8 * alone),
+            ),
+        };
+        t.judge(
+            &scenario,
+            &format!(
+                "cycles/s, 64 in flight, {:.0}% of calls forwarded ({} cycles)",
+                100.0 * size.forwarded_share,
+                size.cycle.cycles
+            ),
+            thousands(size.cycle.per_second),
+            &target,
+            pass,
+        );
+        t.add(
+            &scenario,
+            "StartRun -> completed p50 / p99",
+            size.cycle.latency.text(),
+        );
+        let cpu = match size.servers {
+            1 => format!("{} ms", ms(size.owner_cpu_ms_per_cycle)),
+            _ => format!(
+                "{} + {} ms",
+                ms(size.owner_cpu_ms_per_cycle),
+                ms(size.standbys_cpu_ms_per_cycle)
+            ),
+        };
+        t.add(&scenario, "server CPU per cycle: owner + standbys", cpu);
+        t.add(
+            &scenario,
+            "GetRun at the owner p50 / p99",
+            size.direct.text(),
+        );
+        if let Some(forwarded) = &size.forwarded {
+            t.add(
+                &scenario,
+                "GetRun through a standby p50 / p99 (extra p50)",
+                format!(
+                    "{} (+{} ms)",
+                    forwarded.text(),
+                    ms(forwarded.p50_ms - size.direct.p50_ms)
+                ),
+            );
+        }
+    }
+    if let Some(f) = &cluster.failover {
+        let scenario = format!("failover x{}", f.servers);
+        t.add(
+            &scenario,
+            &format!(
+                "kill -9 of the owner -> runs owned again (lease {} s)",
+                cluster.lease_s
+            ),
+            format!("{:.2} s", f.owned_again_s),
+        );
+        t.judge(
+            &scenario,
+            "kill -9 -> first parked run granted and completed",
+            format!("{:.2} s", f.first_completed_s),
+            "< 5 s",
+            Some(f.first_completed_s < 5.0),
+        );
+        t.add(
+            &scenario,
+            &format!(
+                "kill -9 -> all {} parked runs completed (one by one)",
+                f.parked
+            ),
+            format!("{:.2} s", f.all_completed_s),
+        );
+    }
 }

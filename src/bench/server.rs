@@ -1,6 +1,7 @@
 //! What the bench connects to and cleans up: scratch directories, the `aaa
 //! serve` child process (spawn, read its address, RSS, kill -9, restart on the
-//! same data) and a pool of gRPC channels used round-robin.
+//! same data) and a pool of gRPC channels used round-robin, over one server
+//! or several.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 use crate::proto::approval_service_client::ApprovalServiceClient;
+use crate::proto::cluster_service_client::ClusterServiceClient;
 use crate::proto::run_service_client::RunServiceClient;
 use crate::proto::worker_service_client::WorkerServiceClient;
 
@@ -57,15 +59,27 @@ pub struct ChildServer {
     dir: ScratchDir,
     /// `--store`: a PostgreSQL URL, or `None` for the embedded store.
     store_url: Option<String>,
+    /// More `aaa serve` arguments (`--standby`, `--lease-s`, ...).
+    extra_args: Vec<String>,
 }
 
 impl ChildServer {
     pub async fn start(tag: &str, store_url: Option<String>) -> anyhow::Result<ChildServer> {
+        Self::start_with(tag, store_url, Vec::new()).await
+    }
+
+    /// [`Self::start`] with more `aaa serve` arguments.
+    pub async fn start_with(
+        tag: &str,
+        store_url: Option<String>,
+        extra_args: Vec<String>,
+    ) -> anyhow::Result<ChildServer> {
         let mut server = ChildServer {
             child: None,
             addr: String::new(),
             dir: ScratchDir::new(tag)?,
             store_url,
+            extra_args,
         };
         server.resume().await?;
         Ok(server)
@@ -91,6 +105,7 @@ impl ChildServer {
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(self.store_url.iter().map(|url| format!("--store={url}")))
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -135,6 +150,20 @@ impl ChildServer {
             .lines()
             .find_map(|line| line.strip_prefix("VmRSS:"))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// CPU time the child used so far (user + system), in seconds.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command's closing parenthesis (which may hold
+        // spaces): state is the 3rd field, utime and stime the 14th, 15th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // /proc counts in USER_HZ, 100 per second on Linux whatever the
+        // kernel's own tick.
+        Some(ticks as f64 / 100.0)
     }
 
     /// SIGKILL, then reap.
@@ -206,14 +235,21 @@ pub type ApprovalClient = ApprovalServiceClient<Channel>;
 
 impl Pool {
     pub async fn connect(addr: &str, connections: usize) -> anyhow::Result<Pool> {
-        let endpoint = endpoint(addr)?;
-        let mut channels = Vec::with_capacity(connections);
+        Self::connect_all(&[addr], connections).await
+    }
+
+    /// `connections` to each of `addrs`, used in turn: a load spread evenly
+    /// over the servers of a cluster.
+    pub async fn connect_all(addrs: &[&str], connections: usize) -> anyhow::Result<Pool> {
+        let mut channels = Vec::with_capacity(addrs.len() * connections);
         for _ in 0..connections.max(1) {
-            let channel = endpoint
-                .connect()
-                .await
-                .with_context(|| format!("connecting to {addr}"))?;
-            channels.push(channel);
+            for addr in addrs {
+                let channel = endpoint(addr)?
+                    .connect()
+                    .await
+                    .with_context(|| format!("connecting to {addr}"))?;
+                channels.push(channel);
+            }
         }
         Ok(Pool {
             channels: channels.into(),
@@ -236,6 +272,10 @@ impl Pool {
 
     pub fn approvals(&self) -> ApprovalClient {
         ApprovalServiceClient::new(self.channel())
+    }
+
+    pub fn cluster(&self) -> ClusterServiceClient<Channel> {
+        ClusterServiceClient::new(self.channel())
     }
 
     pub fn health(&self) -> HealthClient<Channel> {

@@ -1,0 +1,346 @@
+//! The cluster scenario (`--cluster N`, PostgreSQL only). For 1, 2, ... N
+//! servers on one database (a fresh schema for each size; the first server
+//! owns the runs, the others are standbys that forward every call to it):
+//! - the approval cycle at 64 in flight, with the bench's connections spread
+//!   evenly over the servers, so (n-1)/n of the calls reach a standby and
+//!   are forwarded;
+//! - the extra latency of one forwarded call: GetRun one at a time, to the
+//!   owner and through a standby.
+//!
+//! On the largest cluster (2 servers or more), failover: runs park at
+//! approval, the owner is killed (-9), and the bench measures how long until
+//! another server owns the runs (GetCluster) and until the parked runs,
+//! granted and served through the standbys from the moment of the kill (the
+//! calls retried while nobody owns the runs, as the SDKs do), complete.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::appends::park_runs;
+use super::client::{self, HOLD, WIRE_OUTPUT};
+use super::cycle::{self, Level};
+use super::postgres::Database;
+use super::server::{wait_serving, ChildServer, Pool};
+use super::stats::{millis, Problems, Summary, OP_TIMEOUT};
+use super::CONNECTIONS;
+use crate::proto::{
+    complete_task_request, CompleteTaskRequest, GetClusterRequest, GetRunRequest, PollTaskRequest,
+    SignalRequest,
+};
+
+/// The servers' lease: a dead owner's runs move after at most this.
+const LEASE_S: f64 = 2.0;
+
+#[derive(Debug, Serialize)]
+pub struct Cluster {
+    pub lease_s: f64,
+    pub sizes: Vec<Size>,
+    pub failover: Option<Failover>,
+    /// Sizes or failovers that could not be measured, with why.
+    pub problems: Problems,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Size {
+    pub servers: usize,
+    /// The share of the bench's calls that reached a standby.
+    pub forwarded_share: f64,
+    /// The approval cycle at 64 in flight over all servers.
+    pub cycle: Level,
+    /// CPU time per cycle of the owner, and of all standbys together (ms).
+    pub owner_cpu_ms_per_cycle: f64,
+    pub standbys_cpu_ms_per_cycle: f64,
+    /// GetRun, one at a time, answered by the owner itself.
+    pub direct: Summary,
+    /// The same through a standby (forwarded); none for one server.
+    pub forwarded: Option<Summary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Failover {
+    pub servers: usize,
+    pub parked: usize,
+    /// Kill -9 of the owner -> GetCluster names another owner.
+    pub owned_again_s: f64,
+    /// Kill -9 -> the first parked run, granted then, completed.
+    pub first_completed_s: f64,
+    /// Kill -9 -> every parked run completed (granted and served one by one).
+    pub all_completed_s: f64,
+}
+
+/// Measures clusters of 1..=`most` servers on `database`.
+pub async fn run(
+    database: &Database,
+    session: &str,
+    most: usize,
+    cycles: usize,
+    calls: usize,
+    parked: usize,
+    limit: Duration,
+) -> Cluster {
+    let mut cluster = Cluster {
+        lease_s: LEASE_S,
+        sizes: Vec::new(),
+        failover: None,
+        problems: Problems::default(),
+    };
+    for servers in 1..=most {
+        let measured = async {
+            let mut members = start(database, servers).await?;
+            let size = measure_size(&members, session, cycles, calls, limit).await?;
+            let failover = match servers == most && servers > 1 {
+                true => Some(failover(&mut members, session, parked).await?),
+                false => None,
+            };
+            anyhow::Ok((size, failover))
+        };
+        match measured.await {
+            Ok((size, failover)) => {
+                cluster.sizes.push(size);
+                cluster.failover = cluster.failover.take().or(failover);
+            }
+            Err(e) => cluster.problems.add(format!("cluster of {servers}: {e:#}")),
+        }
+    }
+    cluster
+}
+
+/// Starts `servers` servers on a fresh schema: the owner first, then the
+/// standbys.
+async fn start(database: &Database, servers: usize) -> anyhow::Result<Vec<ChildServer>> {
+    let url = database.scratch(&format!("cluster{servers}"));
+    let mut members = Vec::with_capacity(servers);
+    for i in 0..servers {
+        let mut args = vec!["--lease-s".to_string(), LEASE_S.to_string()];
+        if i > 0 {
+            args.push("--standby".into());
+        }
+        let tag = format!("cluster{servers}-{i}");
+        let member = ChildServer::start_with(&tag, Some(url.clone()), args).await?;
+        wait_serving(member.addr()).await?;
+        members.push(member);
+    }
+    Ok(members)
+}
+
+async fn measure_size(
+    members: &[ChildServer],
+    session: &str,
+    cycles: usize,
+    calls: usize,
+    limit: Duration,
+) -> anyhow::Result<Size> {
+    let servers = members.len();
+    let addrs: Vec<&str> = members.iter().map(ChildServer::addr).collect();
+    eprintln!("aaa bench: cluster of {servers}, cycle at 64 in flight");
+    let everywhere = Pool::connect_all(&addrs, CONNECTIONS).await?;
+    client::register_tools(&everywhere).await?;
+    let cpu_before = cpu_seconds(members);
+    let mut cycle = cycle::run(&everywhere, session, &[(64, cycles)], limit).await;
+    let cpu: Vec<f64> = cpu_seconds(members)
+        .iter()
+        .zip(&cpu_before)
+        .map(|(after, before)| after - before)
+        .collect();
+    let mut level = cycle.levels.pop().expect("one level");
+    level.problems.merge(cycle.problems);
+    // The warm-up's few cycles are counted in the CPU time too.
+    let per_cycle = |seconds: f64| 1000.0 * seconds / level.cycles.max(1) as f64;
+
+    let owner = Pool::connect(addrs[0], 1).await?;
+    let run_id = park_runs(&owner, session, 1).await?.remove(0);
+    let direct = get_run_latency(&owner, &run_id, calls, limit).await?;
+    let forwarded = match addrs.get(1) {
+        Some(standby) => {
+            let standby = Pool::connect(standby, 1).await?;
+            Some(get_run_latency(&standby, &run_id, calls, limit).await?)
+        }
+        None => None,
+    };
+    Ok(Size {
+        servers,
+        forwarded_share: (servers - 1) as f64 / servers as f64,
+        owner_cpu_ms_per_cycle: per_cycle(cpu[0]),
+        standbys_cpu_ms_per_cycle: per_cycle(cpu[1..].iter().sum()),
+        cycle: level,
+        direct,
+        forwarded,
+    })
+}
+
+/// Each member's CPU time so far, in seconds (0 where unknown).
+fn cpu_seconds(members: &[ChildServer]) -> Vec<f64> {
+    members
+        .iter()
+        .map(|m| m.cpu_seconds().unwrap_or(0.0))
+        .collect()
+}
+
+/// GetRun of one run, one call at a time, after a warm-up of a tenth.
+async fn get_run_latency(
+    pool: &Pool,
+    run_id: &str,
+    calls: usize,
+    limit: Duration,
+) -> anyhow::Result<Summary> {
+    let mut runs = pool.runs();
+    let mut samples = Vec::with_capacity(calls);
+    let deadline = Instant::now() + limit;
+    for i in 0..calls + calls / 10 {
+        if Instant::now() > deadline {
+            break;
+        }
+        let request = GetRunRequest {
+            run_id: run_id.into(),
+        };
+        let t0 = Instant::now();
+        runs.get_run(request).await?;
+        if i >= calls / 10 {
+            samples.push(t0.elapsed());
+        }
+    }
+    Ok(Summary::of(&mut samples))
+}
+
+/// Parks runs, kills the owner (-9), and grants and serves the runs
+/// through the standbys from that moment on.
+async fn failover(
+    members: &mut [ChildServer],
+    session: &str,
+    parked: usize,
+) -> anyhow::Result<Failover> {
+    let standby_addrs: Vec<&str> = members[1..].iter().map(ChildServer::addr).collect();
+    let standbys = Pool::connect_all(&standby_addrs, 1).await?;
+    eprintln!(
+        "aaa bench: cluster of {}, failover with {parked} parked runs",
+        members.len()
+    );
+    let mut waiting = Vec::with_capacity(parked);
+    for run_id in park_runs(&standbys, session, parked).await? {
+        let call_id = client::wait_parked(&mut standbys.runs(), &run_id)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        waiting.push((run_id, call_id));
+    }
+    let before = owner(&standbys)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no server owns the runs before the kill"))?;
+
+    members[0].kill9();
+    let killed = Instant::now();
+    let owned_again = async {
+        loop {
+            // Ownership moves by leases in the database, which no stream
+            // announces: ask every 10 ms.
+            if let Some(now) = owner(&standbys).await.ok().flatten() {
+                if now != before {
+                    return killed.elapsed();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let completed = async {
+        let mut first = None;
+        for (run_id, call_id) in &waiting {
+            grant_and_serve(&standbys, run_id, call_id).await?;
+            first.get_or_insert(killed.elapsed());
+        }
+        anyhow::Ok((first.unwrap_or_default(), killed.elapsed()))
+    };
+    let (owned_again, completed) =
+        tokio::join!(tokio::time::timeout(OP_TIMEOUT, owned_again), completed);
+    let owned_again = owned_again
+        .map_err(|_| anyhow::anyhow!("no other server owned the runs within {OP_TIMEOUT:?}"))?;
+    let (first, all) = completed?;
+    Ok(Failover {
+        servers: members.len(),
+        parked,
+        owned_again_s: millis(owned_again) / 1000.0,
+        first_completed_s: millis(first) / 1000.0,
+        all_completed_s: millis(all) / 1000.0,
+    })
+}
+
+/// The member that holds every shard with a live lease, if one does.
+async fn owner(pool: &Pool) -> anyhow::Result<Option<String>> {
+    let view = pool
+        .cluster()
+        .get_cluster(GetClusterRequest {})
+        .await?
+        .into_inner();
+    Ok(view
+        .members
+        .into_iter()
+        .find(|m| m.alive && m.shards == view.shards)
+        .map(|m| m.server))
+}
+
+/// Grants the run's call, serves it as a worker and waits for the run to
+/// complete; each call retried while the cluster answers UNAVAILABLE.
+async fn grant_and_serve(pool: &Pool, run_id: &str, call_id: &str) -> anyhow::Result<()> {
+    let grant = SignalRequest {
+        run_id: run_id.into(),
+        r#type: "aaa.approval.granted".into(),
+        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+        // A retry after an UNAVAILABLE answer cannot grant twice.
+        request_id: format!("bench-grant-{run_id}"),
+    };
+    retrying(|| {
+        let (mut runs, grant) = (pool.runs(), grant.clone());
+        async move { runs.signal(grant).await }
+    })
+    .await?;
+    let poll = PollTaskRequest {
+        identity: "aaa-bench-failover".into(),
+        tools: vec![HOLD.into()],
+        models: vec![],
+        wait_s: 5.0,
+    };
+    let task = loop {
+        let answer = retrying(|| {
+            let (mut workers, poll) = (pool.workers(), poll.clone());
+            async move { workers.poll_task(poll).await }
+        })
+        .await?;
+        if let Some(task) = answer.into_inner().task {
+            break task;
+        }
+    };
+    let complete = CompleteTaskRequest {
+        token: task.token,
+        result: Some(complete_task_request::Result::OutputJson(
+            WIRE_OUTPUT.into(),
+        )),
+    };
+    retrying(|| {
+        let (mut workers, complete) = (pool.workers(), complete.clone());
+        async move { workers.complete_task(complete).await }
+    })
+    .await?;
+    client::wait_completed(&mut pool.runs(), run_id)
+        .await
+        .map_err(anyhow::Error::msg)
+}
+
+/// Calls until the answer is not UNAVAILABLE (bounded by [`OP_TIMEOUT`]),
+/// with a 10 ms pause between tries.
+async fn retrying<T, F, Fut>(mut call: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    let give_up = Instant::now() + OP_TIMEOUT;
+    loop {
+        match call().await {
+            Err(status)
+                if status.code() == tonic::Code::Unavailable && Instant::now() < give_up =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            answer => return Ok(answer?),
+        }
+    }
+}
