@@ -14,7 +14,7 @@ use crate::cluster::forward::Routed;
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::connections;
-use crate::engine::Engine;
+use crate::engine::{Engine, Reads};
 use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::cluster_service_server::ClusterServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
@@ -181,6 +181,12 @@ pub async fn serve(
         }
     };
     let max_message = config.max_message_bytes;
+    // On a shared store, reads are answered here from the database while
+    // another server owns the runs.
+    let readers = config
+        .store_url
+        .is_some()
+        .then(|| ReadServices::new(&config, Reads::from_log(store.clone(), stopping.clone())));
     let store_kind = match config.store_url {
         Some(_) => "postgres",
         None => "embedded",
@@ -191,16 +197,14 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(Routed::new(
-            local.runs.clone(),
-            cluster.clone(),
-            forward_limit,
-        ))
-        .add_service(Routed::new(
-            local.approvals.clone(),
-            cluster.clone(),
-            forward_limit,
-        ))
+        .add_service(
+            Routed::new(local.runs.clone(), cluster.clone(), forward_limit)
+                .with_reads(readers.as_ref().map(|r| r.runs.clone())),
+        )
+        .add_service(
+            Routed::new(local.approvals.clone(), cluster.clone(), forward_limit)
+                .with_reads(readers.map(|r| r.approvals)),
+        )
         .add_service(Routed::new(
             local.workers.clone(),
             cluster.clone(),
@@ -249,6 +253,34 @@ struct LocalServices {
     approvals: Arc<OnceLock<ApprovalServiceServer<ApprovalApi>>>,
     workers: Arc<OnceLock<WorkerServiceServer<WorkerApi>>>,
     subscriptions: Arc<OnceLock<SubscriptionServiceServer<SubscriptionApi>>>,
+}
+
+/// The services' reads, answered from the database without an engine.
+struct ReadServices {
+    runs: RunServiceServer<RunApi>,
+    approvals: ApprovalServiceServer<ApprovalApi>,
+}
+
+impl ReadServices {
+    fn new(config: &Config, reads: Reads) -> ReadServices {
+        let runs = RunApi {
+            reads: reads.clone(),
+            engine: None,
+            separation_of_duties: separation_of_duties(config),
+        };
+        ReadServices {
+            runs: RunServiceServer::new(runs).max_decoding_message_size(config.max_message_bytes),
+            approvals: ApprovalServiceServer::new(ApprovalApi { reads })
+                .max_decoding_message_size(config.max_message_bytes),
+        }
+    }
+}
+
+fn separation_of_duties(config: &Config) -> bool {
+    config
+        .auth
+        .as_ref()
+        .is_some_and(|auth| auth.separation_of_duties)
 }
 
 /// Makes this server a member of the store's deployment, under a name made
@@ -304,10 +336,7 @@ async fn own_runs(
         .claim_runs(&cluster.server, claim)
         .await
         .map_err(|source| ServeError::Store { place, source })?;
-    let separation_of_duties = config
-        .auth
-        .as_ref()
-        .is_some_and(|auth| auth.separation_of_duties);
+    let separation_of_duties = separation_of_duties(&config);
     let max_message = config.max_message_bytes;
     let webhooks = config.webhooks.clone();
     let engine = Engine::start(store, config, stopping.clone()).await?;
@@ -318,7 +347,8 @@ async fn own_runs(
             .runs
             .set(
                 RunServiceServer::new(RunApi {
-                    engine: engine.clone(),
+                    reads: engine.reads().clone(),
+                    engine: Some(engine.clone()),
                     separation_of_duties,
                 })
                 .max_decoding_message_size(max_message),
@@ -328,7 +358,7 @@ async fn own_runs(
             .approvals
             .set(
                 ApprovalServiceServer::new(ApprovalApi {
-                    engine: engine.clone(),
+                    reads: engine.reads().clone(),
                 })
                 .max_decoding_message_size(max_message),
             )

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use super::runs::page_size;
 use super::{convert, status::to_status, unavailable, STREAM_BUFFER};
 use crate::engine::event::*;
-use crate::engine::{Engine, Error};
+use crate::engine::{Error, Reads};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
 use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId};
@@ -21,8 +21,10 @@ const LOG_CHUNK: usize = 512;
 /// Pending approvals read at once for a watch's snapshot.
 const SNAPSHOT_CHUNK: usize = 512;
 
+/// Reads only: any server answers them from the database (see
+/// [`Reads`]).
 pub struct ApprovalApi {
-    pub engine: Engine,
+    pub reads: Reads,
 }
 
 /// The filters both RPCs take.
@@ -62,7 +64,7 @@ impl Filter {
     /// read from the run.
     async fn passes(
         &self,
-        engine: &Engine,
+        reads: &Reads,
         run: &[u8],
         tool: &str,
         item: &proto::watch_approvals_response::Item,
@@ -85,7 +87,7 @@ impl Filter {
         let Some(id) = RunId::from_slice(run) else {
             return Ok(false);
         };
-        let facts = engine.run_facts(id).await?;
+        let facts = reads.run_facts(id).await?;
         Ok(facts.is_some_and(|f| labels_match(&self.labels, &f.labels)))
     }
 }
@@ -118,7 +120,7 @@ impl ApprovalService for ApprovalApi {
         let limit = page_size(request.page_size);
         // One more than a page: whether there is a next page.
         let mut records = self
-            .engine
+            .reads
             .store()
             .approvals(&filter.query(after, limit + 1))
             .await
@@ -149,7 +151,7 @@ impl ApprovalService for ApprovalApi {
                 0.0 => DEFAULT_HEARTBEAT,
                 s => seconds::duration(s.max(0.05)),
             };
-        let head = self.engine.store().durable_position();
+        let head = self.reads.store().durable_position();
         if let Some(after) = request.after_position.filter(|after| *after > head) {
             return Err(Error::invalid(
                 "after_position",
@@ -158,10 +160,10 @@ impl ApprovalService for ApprovalApi {
             .into());
         }
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
-        let engine = self.engine.clone();
+        let reads = self.reads.clone();
         let after = request.after_position;
         tokio::spawn(async move {
-            if let Err(status) = watch(&engine, filter, after, heartbeat, &sender).await {
+            if let Err(status) = watch(&reads, filter, after, heartbeat, &sender).await {
                 let _ = sender.send(Err(status)).await;
             }
         });
@@ -181,14 +183,14 @@ async fn send(sender: &Sender, position: u64, item: proto::watch_approvals_respo
 }
 
 async fn watch(
-    engine: &Engine,
+    reads: &Reads,
     filter: Filter,
     after: Option<u64>,
     heartbeat: Duration,
     sender: &Sender,
 ) -> Result<(), Status> {
     use proto::watch_approvals_response::Item;
-    let store = engine.store();
+    let store = reads.store();
     let mut durable = store.watch_durable();
     let mut cursor = match after {
         Some(position) => position,
@@ -239,10 +241,10 @@ async fn watch(
                 continue;
             }
             let run_id = event.run_id.clone();
-            let Some((tool, item)) = approval_item(engine, event).await? else {
+            let Some((tool, item)) = approval_item(reads, event).await? else {
                 continue;
             };
-            if !filter.passes(engine, &run_id, &tool, &item).await? {
+            if !filter.passes(reads, &run_id, &tool, &item).await? {
                 continue;
             }
             if !send(sender, position, item).await {
@@ -259,7 +261,7 @@ async fn watch(
                     return Ok(());
                 }
             }
-            _ = engine.shutdown_token().cancelled() => return Err(unavailable()),
+            _ = reads.shutdown_token().cancelled() => return Err(unavailable()),
             _ = sender.closed() => return Ok(()),
         }
     }
@@ -267,7 +269,7 @@ async fn watch(
 
 /// The watch item an approval event stands for, with its tool's name.
 async fn approval_item(
-    engine: &Engine,
+    reads: &Reads,
     event: EventRecord,
 ) -> Result<Option<(String, proto::watch_approvals_response::Item)>, Status> {
     use proto::watch_approvals_response::Item;
@@ -293,7 +295,7 @@ async fn approval_item(
         APPROVAL_REQUESTED => {
             let data: ApprovalRequested = serde_json::from_str(&event.data_json).map_err(bad)?;
             let facts = match RunId::from_slice(&event.run_id) {
-                Some(run) => engine.run_facts(run).await?,
+                Some(run) => reads.run_facts(run).await?,
                 None => None,
             };
             let (labels, task) = facts

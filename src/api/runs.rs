@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
 use crate::auth::{self, Principal, Refusal};
 use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
-use crate::engine::{Engine, Error};
+use crate::engine::{Engine, Error, Reads};
 use crate::proto::{self, run_service_server::RunService};
 use crate::store::{EventRecord, RunId, RunQuery, RunRecord};
 
@@ -17,8 +17,11 @@ const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 1000;
 const READ_CHUNK: usize = 256;
 
+/// Reads are answered from `reads` on any server; writes need the engine,
+/// which only the server that owns the runs has (the others forward them).
 pub struct RunApi {
-    pub engine: Engine,
+    pub reads: Reads,
+    pub engine: Option<Engine>,
     /// The principal that started a run may not decide its approvals.
     pub separation_of_duties: bool,
 }
@@ -39,6 +42,14 @@ fn is_terminal(event_type: &str) -> bool {
 }
 
 impl RunApi {
+    /// The engine, for a write; a server without one forwards writes
+    /// rather than call this.
+    fn engine(&self) -> Result<&Engine, Status> {
+        self.engine.as_ref().ok_or_else(|| {
+            Status::unavailable("this server does not own the runs; send writes to one that does")
+        })
+    }
+
     /// The run as the API shows it, with the approvals it waits for.
     async fn run_with_approvals(
         &self,
@@ -47,7 +58,7 @@ impl RunApi {
     ) -> Result<proto::Run, Status> {
         let mut out = convert::run(record);
         out.pending_approvals = self
-            .engine
+            .reads
             .store()
             .run_approvals(run)
             .await
@@ -61,7 +72,7 @@ impl RunApi {
     async fn known_run(&self, text: &str) -> Result<(RunId, RunRecord), Error> {
         let run = convert::run_id("run_id", text)?;
         let record = self
-            .engine
+            .reads
             .store()
             .run(run)
             .await?
@@ -74,7 +85,7 @@ impl RunApi {
     /// NOT_FOUND).
     async fn starter(&self, run: RunId) -> Result<Option<String>, Status> {
         let first = self
-            .engine
+            .reads
             .store()
             .event(run, 1)
             .await
@@ -138,7 +149,7 @@ impl RunService for RunApi {
         let principal = principal(&request).map_or_else(String::new, |p| p.name.clone());
         let mut start = convert::start_run(request.into_inner())?;
         start.principal = principal;
-        let (run, created) = self.engine.start_run(start, actor).await?;
+        let (run, created) = self.engine()?.start_run(start, actor).await?;
         Ok(Response::new(proto::StartRunResponse {
             run_id: run.to_string(),
             created,
@@ -181,7 +192,7 @@ impl RunService for RunApi {
             limit: limit + 1,
         };
         let mut records = self
-            .engine
+            .reads
             .store()
             .list_runs(&query)
             .await
@@ -217,8 +228,8 @@ impl RunService for RunApi {
         // Subscribe, then read: no append is missed in between. Only when the
         // first read is empty is the run's summary needed, to tell an unknown
         // run or a cursor past the end from a run with nothing new yet.
-        let head = self.engine.follow(run);
-        let first = read_events(&self.engine, run, request.after_seq).await?;
+        let head = self.reads.follow(run);
+        let first = read_events(&self.reads, run, request.after_seq).await?;
         let mut ended = false;
         if first.is_empty() {
             let (_, record) = self.known_run(&request.run_id).await?;
@@ -237,9 +248,9 @@ impl RunService for RunApi {
         }
         let start = Start { head, first, ended };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
-        let engine = self.engine.clone();
+        let reads = self.reads.clone();
         tokio::spawn(async move {
-            if let Err(status) = follow_events(&engine, run, request, start, &sender).await {
+            if let Err(status) = follow_events(&reads, run, request, start, &sender).await {
                 let _ = sender.send(Err(status)).await;
             }
         });
@@ -274,7 +285,7 @@ impl RunService for RunApi {
         }
         let data = convert::json_object("data_json", &request.data_json)?;
         let answer = self
-            .engine
+            .engine()?
             .signal(
                 run,
                 &request.r#type,
@@ -305,7 +316,7 @@ impl RunService for RunApi {
         } else {
             request.reason
         };
-        let seq = self.engine.cancel_run(run, &reason, actor).await?;
+        let seq = self.engine()?.cancel_run(run, &reason, actor).await?;
         Ok(Response::new(proto::CancelRunResponse { seq }))
     }
 }
@@ -319,8 +330,8 @@ struct Start {
     ended: bool,
 }
 
-async fn read_events(engine: &Engine, run: RunId, after: u64) -> Result<Vec<EventRecord>, Status> {
-    engine
+async fn read_events(reads: &Reads, run: RunId, after: u64) -> Result<Vec<EventRecord>, Status> {
+    reads
         .store()
         .run_events(run, after, READ_CHUNK)
         .await
@@ -330,7 +341,7 @@ async fn read_events(engine: &Engine, run: RunId, after: u64) -> Result<Vec<Even
 /// Sends the run's events after the cursor, the caught-up marker, then live
 /// events. Subscribes before each read, so no append is missed in between.
 async fn follow_events(
-    engine: &Engine,
+    reads: &Reads,
     run: RunId,
     request: proto::StreamEventsRequest,
     start: Start,
@@ -350,7 +361,7 @@ async fn follow_events(
             Some(events) => events,
             None => {
                 head.borrow_and_update();
-                read_events(engine, run, cursor).await?
+                read_events(reads, run, cursor).await?
             }
         };
         let full = events.len() == READ_CHUNK;
@@ -395,7 +406,7 @@ async fn follow_events(
         }
         tokio::select! {
             changed = head.changed() => if changed.is_err() { return Err(unavailable()) },
-            _ = engine.shutdown_token().cancelled() => return Err(unavailable()),
+            _ = reads.shutdown_token().cancelled() => return Err(unavailable()),
             _ = sender.closed() => return Ok(()),
         }
     }

@@ -1,9 +1,10 @@
 //! How a call travels when this server does not serve it. [`Routed`] wraps
 //! each aaa service: while this server owns the runs it calls the service;
 //! otherwise (a standby, a server taking over, one that lost the runs) it
-//! forwards the call as it came, HTTP/2 frames and all, to the owner's
-//! address, and passes the answer back: unary calls, server streams and
-//! Subscribe's two-way stream alike.
+//! answers [`READS`] itself from the database, and forwards every other
+//! call as it came, HTTP/2 frames and all, to the owner's address, and
+//! passes the answer back: unary calls, server streams and Subscribe's
+//! two-way stream alike.
 //!
 //! The caller was authenticated here; the owner learns who it is from a
 //! signed header (see `auth::forwarded`) instead of its credentials, so the
@@ -36,15 +37,25 @@ const HOPS: &str = "aaa-forward-hops";
 /// A call forwarded this often is refused rather than sent on: the runs
 /// are moving, and the caller retries.
 const MAX_HOPS: u32 = 2;
+/// The calls every server answers from the database, owner or not.
+const READS: [&str; 5] = [
+    "/aaa.v1.RunService/GetRun",
+    "/aaa.v1.RunService/ListRuns",
+    "/aaa.v1.RunService/StreamEvents",
+    "/aaa.v1.ApprovalService/ListApprovals",
+    "/aaa.v1.ApprovalService/WatchApprovals",
+];
 /// The one call whose request is a stream (it is not buffered or resent).
 const SUBSCRIBE: &str = "/aaa.v1.SubscriptionService/Subscribe";
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
 /// A service served here while this server owns the runs, forwarded to
-/// the owner otherwise. `local` is filled once this server's engine runs.
+/// the owner otherwise. `local` is filled once this server's engine runs;
+/// `reads`, where the service has reads, answers them meanwhile.
 pub struct Routed<S> {
     local: Arc<OnceLock<S>>,
+    reads: Option<S>,
     cluster: Arc<Cluster>,
     /// Largest request body buffered for a resend (the message limit).
     max_request: usize,
@@ -54,16 +65,24 @@ impl<S> Routed<S> {
     pub fn new(local: Arc<OnceLock<S>>, cluster: Arc<Cluster>, max_request: usize) -> Self {
         Routed {
             local,
+            reads: None,
             cluster,
             max_request,
         }
     }
+
+    /// Answers the service's [`READS`] with `reads` while this server does
+    /// not own the runs.
+    pub fn with_reads(self, reads: Option<S>) -> Self {
+        Routed { reads, ..self }
+    }
 }
 
-impl<S> Clone for Routed<S> {
+impl<S: Clone> Clone for Routed<S> {
     fn clone(&self) -> Self {
         Routed {
             local: self.local.clone(),
+            reads: self.reads.clone(),
             cluster: self.cluster.clone(),
             max_request: self.max_request,
         }
@@ -96,6 +115,12 @@ where
             if let Some(local) = self.local.get() {
                 let mut local = local.clone();
                 return Box::pin(async move { local.call(request).await });
+            }
+        }
+        if let Some(reads) = &self.reads {
+            if READS.contains(&request.uri().path()) {
+                let mut reads = reads.clone();
+                return Box::pin(async move { reads.call(request).await });
             }
         }
         let cluster = self.cluster.clone();

@@ -27,6 +27,12 @@ impl Heads {
             .subscribe()
     }
 
+    /// Whether no run is followed (some entries may be of runs whose
+    /// followers have gone).
+    pub fn is_empty(&self) -> bool {
+        self.runs.lock().expect("poisoned").is_empty()
+    }
+
     pub fn publish(&self, run: RunId, last_seq: u64) {
         let mut runs = self.runs.lock().expect("poisoned");
         if let Some(sender) = runs.get(&run) {

@@ -14,6 +14,7 @@ pub mod event;
 mod facts;
 mod heads;
 mod leases;
+mod reads;
 mod recorded;
 pub mod state;
 
@@ -26,17 +27,16 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use serde_json::Value;
 use sha2::Sha256;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use dispatch::QueueKey;
 use dispatch::{Dispatcher, Reservation, TaskRef};
 pub use error::Error;
 use event::*;
-use facts::FactsCache;
 pub use facts::RunFacts;
-use heads::Heads;
 use leases::{LeaseKind, Leases};
+pub use reads::Reads;
 use state::{Action, DecisionOutcome, Message, RunState, ToolOutcome};
 
 use crate::config::Config;
@@ -258,8 +258,8 @@ struct Inner {
     cache: Mutex<lru::LruCache<RunId, RunState>>,
     dispatcher: Dispatcher,
     leases: Leases,
-    heads: Heads,
-    facts: FactsCache,
+    /// The store, run heads and facts as the api's reads see them.
+    reads: Reads,
     /// Worker identities and the principals they belong to (auth on).
     identities: Mutex<lru::LruCache<String, String>>,
     timers_changed: Notify,
@@ -305,6 +305,7 @@ impl Engine {
     ) -> Result<Engine, Error> {
         let cache_size = NonZeroUsize::new(config.run_cache_size.max(1)).expect("non-zero");
         let leases = Leases::new(config.clock.clone());
+        let reads = Reads::new(store.clone(), shutdown.clone());
         let engine = Engine {
             inner: Arc::new(Inner {
                 store,
@@ -314,8 +315,7 @@ impl Engine {
                 cache: Mutex::new(lru::LruCache::new(cache_size)),
                 dispatcher: Dispatcher::default(),
                 leases,
-                heads: Heads::default(),
-                facts: FactsCache::default(),
+                reads,
                 identities: Mutex::new(lru::LruCache::new(
                     NonZeroUsize::new(IDENTITIES_CACHED).expect("non-zero"),
                 )),
@@ -346,26 +346,9 @@ impl Engine {
         &self.inner.shutdown
     }
 
-    /// The run's labels and task (`None` for an unknown run), from the
-    /// cache when it has them.
-    pub async fn run_facts(&self, run: RunId) -> Result<Option<Arc<RunFacts>>, Error> {
-        if let Some(facts) = self.inner.facts.get(run) {
-            return Ok(Some(facts));
-        }
-        let Some(record) = self.inner.store.run(run).await? else {
-            return Ok(None);
-        };
-        let facts = Arc::new(RunFacts {
-            labels: record.labels,
-            task: record.task,
-        });
-        self.inner.facts.put(run, facts.clone());
-        Ok(Some(facts))
-    }
-
-    /// Changes whenever the run's durable head moves.
-    pub fn follow(&self, run: RunId) -> watch::Receiver<u64> {
-        self.inner.heads.subscribe(run)
+    /// What the api's reads use: the store, run heads, run facts.
+    pub fn reads(&self) -> &Reads {
+        &self.inner.reads
     }
 
     /// Re-offers the work of runs that were active when the server stopped,
@@ -546,7 +529,7 @@ impl Engine {
         if staged.timers_changed {
             self.durable_timers_changed();
         }
-        self.inner.heads.publish(state.id, state.last_seq);
+        self.inner.reads.publish(state.id, state.last_seq);
         Ok(())
     }
 
@@ -710,7 +693,7 @@ impl Engine {
         }
         self.commit_detached(guard, state, Vec::new(), batch, actions)
             .await?;
-        self.inner.facts.put(run, facts);
+        self.inner.reads.remember(run, facts);
         Ok((run, true))
     }
 

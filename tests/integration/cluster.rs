@@ -7,12 +7,13 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aaa::auth::AuthConfig;
 use aaa::proto::{
-    complete_task_request, CompleteTaskRequest, PollTaskRequest, RegisterWorkerRequest,
-    SignalRequest,
+    complete_task_request, stream_events_response, watch_approvals_response, CompleteTaskRequest,
+    ListApprovalsRequest, ListRunsRequest, PollTaskRequest, RegisterWorkerRequest, SignalRequest,
+    StreamEventsRequest, WatchApprovalsRequest,
 };
 use tonic::Code;
 
@@ -242,5 +243,94 @@ async fn three_servers_carry_on_after_the_owner_is_killed() {
     assert!(
         [member_of(&second).await, member_of(&third).await].contains(&new_owner),
         "{new_owner}"
+    );
+}
+
+/// A standby answers reads from the database itself: with the owner paused
+/// (and a lease long enough that nobody takes over), GetRun, ListRuns,
+/// ListApprovals and a WatchApprovals snapshot still answer through it.
+/// Once the owner wakes, a follower and a watcher on the standby see the
+/// owner's new events as they are committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_answers_reads_itself_and_follows_the_owners_commits() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "60"];
+    let standby_args = [&args[..], &["--standby"]].concat();
+    let owner_server = ChildServer::start_args(dirs[0].path(), &args).await;
+    let standby = ChildServer::start_args(dirs[1].path(), &standby_args).await;
+    register(&mut standby.workers().await, vec![wire_money()], &[]).await;
+    let mut runs = standby.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let mut approvals = standby.approvals().await;
+    let mut watch = watch_approvals(&mut approvals, WatchApprovalsRequest::default()).await;
+    assert_eq!(read_snapshot(&mut watch).await.len(), 1);
+    let seen = history(&mut runs, &run_id).await.len() as u64;
+    let mut follower = runs
+        .stream_events(StreamEventsRequest {
+            run_id: run_id.clone(),
+            after_seq: seen,
+            follow: true,
+            stop_at_end: true,
+            ..Default::default()
+        })
+        .await
+        .expect("StreamEvents through the standby")
+        .into_inner();
+
+    owner_server.signal(libc::SIGSTOP);
+    // Forwarded, these would wait for the paused owner; answered here,
+    // they come at once. The bound only keeps a failure from hanging.
+    let local = Duration::from_secs(10);
+    let reads = async {
+        let run = get_run(&mut runs, &run_id).await;
+        assert_eq!(run.pending_approvals.len(), 1);
+        let listed = runs
+            .list_runs(ListRunsRequest::default())
+            .await
+            .expect("ListRuns");
+        assert_eq!(listed.into_inner().runs.len(), 1);
+        let pending = list_approvals(&mut approvals, ListApprovalsRequest::default()).await;
+        assert_eq!(pending[0].call_id, call_id);
+        let mut again = watch_approvals(&mut approvals, WatchApprovalsRequest::default()).await;
+        assert_eq!(read_snapshot(&mut again).await.len(), 1);
+    };
+    tokio::time::timeout(local, reads)
+        .await
+        .expect("reads through the standby waited for the paused owner");
+    owner_server.signal(libc::SIGCONT);
+
+    grant(&mut runs, &run_id, &call_id).await;
+    let resolved = next_watch_change(&mut watch).await;
+    assert!(
+        matches!(
+            resolved.item,
+            Some(watch_approvals_response::Item::Resolved(_))
+        ),
+        "{resolved:?}"
+    );
+    let mut workers = standby.workers().await;
+    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
+    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("CompleteTask");
+    let mut followed = Vec::new();
+    while let Some(item) = tokio::time::timeout(WAIT, follower.message())
+        .await
+        .expect("the follower on the standby heard nothing")
+        .expect("StreamEvents")
+    {
+        if let Some(stream_events_response::Item::Event(event)) = item.item {
+            followed.push(event);
+        }
+    }
+    assert_eq!(
+        types(&followed),
+        REFERENCE_TYPES[5..].to_vec(),
+        "what the follower on the standby saw"
     );
 }
