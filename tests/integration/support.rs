@@ -225,9 +225,15 @@ impl TestServer {
         ));
         // Wait until it serves, or say why it never did (a client would
         // only see a refused connection).
-        tokio::select! {
-            ready = ready_rx => ready.expect("serve dropped its ready signal"),
-            ended = &mut task => panic!("serve ended before it was ready: {ended:?}"),
+        let ended = tokio::select! {
+            ready = ready_rx => match ready {
+                Ok(()) => None,
+                Err(_) => Some(tokio::time::timeout(WAIT, &mut task).await),
+            },
+            ended = &mut task => Some(Ok(ended)),
+        };
+        if let Some(ended) = ended {
+            panic!("serve ended before it was ready: {ended:?}");
         }
         self.running = Some((tx, task));
     }
