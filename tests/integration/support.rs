@@ -808,13 +808,14 @@ pub async fn wait_until_owner(server: &impl Server, member: &str) {
 }
 
 /// Whether a client retries the call: UNAVAILABLE, or a call the
-/// connection closed under before any answer (tonic says CANCELLED, with
-/// the transport error as its source; gRPC's core libraries retry this
-/// transparently, as the request was refused by the server's GOAWAY).
+/// connection failed under before any answer came, as when a server stops
+/// and its HTTP/2 GOAWAY refuses the streams it did not take. Tonic makes
+/// such a status itself (CANCELLED or INTERNAL, with the transport error
+/// as its source; a status a server sent has none); gRPC's core libraries
+/// retry these calls transparently.
 pub fn is_retryable(status: &Status) -> bool {
     use std::error::Error;
-    status.code() == Code::Unavailable
-        || (status.code() == Code::Cancelled && status.source().is_some())
+    status.code() == Code::Unavailable || status.source().is_some()
 }
 
 /// Retries a call while it [`is_retryable`] (the owner died and no other
