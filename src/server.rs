@@ -183,10 +183,12 @@ pub async fn serve(
     let max_message = config.max_message_bytes;
     // On a shared store, reads are answered here from the database while
     // another server owns the runs.
-    let readers = config
-        .store_url
-        .is_some()
-        .then(|| ReadServices::new(&config, Reads::from_log(store.clone(), stopping.clone())));
+    let readers = config.store_url.is_some().then(|| {
+        ReadServices::new(
+            &config,
+            Reads::from_database(store.clone(), stopping.clone()),
+        )
+    });
     let store_kind = match config.store_url {
         Some(_) => "postgres",
         None => "embedded",

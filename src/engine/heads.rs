@@ -27,10 +27,12 @@ impl Heads {
             .subscribe()
     }
 
-    /// Whether no run is followed (some entries may be of runs whose
-    /// followers have gone).
-    pub fn is_empty(&self) -> bool {
-        self.runs.lock().expect("poisoned").is_empty()
+    /// Tells every follower to look again (which runs moved is unknown).
+    pub fn touch_all(&self) {
+        let runs = self.runs.lock().expect("poisoned");
+        for sender in runs.values() {
+            sender.send_modify(|_| {});
+        }
     }
 
     pub fn publish(&self, run: RunId, last_seq: u64) {

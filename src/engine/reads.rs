@@ -3,21 +3,20 @@
 //! signal. The engine's own [`Reads`] hear of each of its commits as it
 //! makes it. A server that does not own the runs (a standby of a cluster,
 //! or one fenced out) answers reads from the shared database with
-//! [`Reads::from_log`]: it follows the log, woken by the other servers'
-//! commits, and tells the followers of the runs it finds there.
+//! [`Reads::from_database`]: the database tells it which runs the other
+//! servers' commits moved ([`crate::store::Store::heads_moved`]), and it
+//! tells their followers.
 
 use std::sync::Arc;
 
+use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::facts::{FactsCache, RunFacts};
 use super::heads::Heads;
 use super::Error;
-use crate::store::{RunId, SharedStore};
-
-/// Events read from the log at once while following it.
-const LOG_CHUNK: usize = 1024;
+use crate::store::{HeadsMoved, RunId, SharedStore};
 
 #[derive(Clone)]
 pub struct Reads {
@@ -44,12 +43,11 @@ impl Reads {
         }
     }
 
-    /// Reads fed from the log: a task follows the durable position (moved
-    /// by every server's commits) until `shutdown`, and publishes the
-    /// heads of the followed runs it finds in the new events.
-    pub fn from_log(store: SharedStore, shutdown: CancellationToken) -> Reads {
+    /// Reads fed by the database: a task publishes the heads other
+    /// servers' commits moved, until `shutdown`.
+    pub fn from_database(store: SharedStore, shutdown: CancellationToken) -> Reads {
         let reads = Reads::new(store, shutdown);
-        tokio::spawn(reads.clone().follow_log());
+        tokio::spawn(reads.clone().follow_database());
         reads
     }
 
@@ -91,40 +89,26 @@ impl Reads {
         self.inner.facts.put(run, facts);
     }
 
-    /// Publishes the heads of followed runs from the log, after each move
-    /// of the durable position. While nobody follows a run, the log is not
-    /// read: a follower reads the store itself after subscribing.
-    async fn follow_log(self) {
-        let store = &self.inner.store;
-        let mut durable = store.watch_durable();
-        let mut read_to = *durable.borrow_and_update();
+    /// Publishes the heads of followed runs as the database says commits
+    /// moved them; when it cannot say which (too many, a notification
+    /// missed, this reader lagged), every follower looks again.
+    async fn follow_database(self) {
+        let mut moved = self.inner.store.heads_moved();
         loop {
-            tokio::select! {
-                changed = durable.changed() => if changed.is_err() { return },
+            let heard = tokio::select! {
+                heard = moved.recv() => heard,
                 () = self.inner.shutdown.cancelled() => return,
-            }
-            let head = *durable.borrow_and_update();
-            while read_to < head {
-                if self.inner.heads.is_empty() {
-                    read_to = head;
-                    break;
-                }
-                match store.log_after(read_to, LOG_CHUNK).await {
-                    Ok(events) if !events.is_empty() => {
-                        for event in &events {
-                            if let Some(run) = RunId::from_slice(&event.run_id) {
-                                self.publish(run, event.seq);
-                            }
-                            read_to = event.position;
-                        }
-                    }
-                    Ok(_) => break,
-                    Err(e) => {
-                        // The next move of the position reads from here again.
-                        tracing::warn!("following the log for readers here failed: {e}");
-                        break;
+            };
+            match heard {
+                Ok(HeadsMoved::Runs(runs)) => {
+                    for &(run, seq) in runs.iter() {
+                        self.publish(run, seq);
                     }
                 }
+                Ok(HeadsMoved::Unknown) | Err(RecvError::Lagged(_)) => {
+                    self.inner.heads.touch_all();
+                }
+                Err(RecvError::Closed) => return,
             }
         }
     }

@@ -28,7 +28,7 @@ mod queue;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 pub use crate::domain::{
     ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GroupRecord, Member, RunId,
@@ -354,6 +354,12 @@ pub trait Store: Send + Sync + 'static {
     /// Changes whenever the durable position moves.
     fn watch_durable(&self) -> watch::Receiver<u64>;
 
+    /// The runs whose heads the commits of every server on a shared store
+    /// moved, as this server hears of them from the database, so that a
+    /// server that does not own the runs can tell its followers. The
+    /// embedded store has no other writers and sends nothing.
+    fn heads_moved(&self) -> broadcast::Receiver<HeadsMoved>;
+
     /// Durable events of `run` with seq > `after_seq`, in seq order, at
     /// most `limit`.
     async fn run_events(
@@ -427,6 +433,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every consumer group.
     async fn list_groups(&self) -> Result<Vec<GroupRecord>>;
+}
+
+/// Which runs' heads a commit moved, as another server hears of it.
+#[derive(Debug, Clone)]
+pub enum HeadsMoved {
+    /// Each run and its new last seq.
+    Runs(Arc<[(RunId, u64)]>),
+    /// Some runs moved, which is not known (too many to name, or the
+    /// position was read rather than heard): every follower looks again.
+    Unknown,
 }
 
 /// A store shared by the engine, the api and the subscriptions.

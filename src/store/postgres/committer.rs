@@ -228,6 +228,7 @@ async fn commit(
     } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     let mut staged = Vec::new();
+    let mut moved_heads = Vec::new();
     for (i, request) in round.iter_mut().enumerate() {
         if answers[i].is_some() {
             continue;
@@ -238,7 +239,8 @@ async fn commit(
         }
         match stage(&mut request.batch, &heads, &mut next) {
             Ok(moved) => {
-                heads.extend(moved);
+                heads.extend(moved.iter().copied());
+                moved_heads.extend(moved);
                 staged.push(i);
             }
             Err(conflict) => answers[i] = Some(Err(conflict)),
@@ -249,7 +251,7 @@ async fn commit(
         writes.add(&round[i].batch);
     }
     let statements = writes.statements();
-    match first_error(finish(client, &statements, head, next - 1).await) {
+    match first_error(finish(client, &statements, head, next - 1, &moved_heads).await) {
         None => {
             for &i in &staged {
                 answers[i] = Some(Ok(positions(&round[i].batch)));
@@ -280,6 +282,7 @@ async fn one_by_one(
         epochs,
     } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
+    let mut moved_heads = Vec::new();
     for (i, request) in round.iter_mut().enumerate() {
         if answers[i].is_some() {
             continue;
@@ -304,7 +307,8 @@ async fn one_by_one(
         steps.push(Step::Simple(RELEASE));
         match first_error(pipeline(client, steps).await) {
             None => {
-                heads.extend(moved);
+                heads.extend(moved.iter().copied());
+                moved_heads.extend(moved);
                 answers[i] = Some(Ok(positions(&request.batch)));
             }
             Some(e) if is_down(&e) => return Err(down(e)),
@@ -318,7 +322,7 @@ async fn one_by_one(
             }
         }
     }
-    match first_error(finish(client, &[], head, next - 1).await) {
+    match first_error(finish(client, &[], head, next - 1, &moved_heads).await) {
         None => Ok(next - 1),
         Some(e) => Err(down(e)),
     }
@@ -479,14 +483,16 @@ fn positions(batch: &WriteBatch) -> Vec<u64> {
 }
 
 /// The round's writes, the head moved to `last` (when it moved) with a
-/// notification, and COMMIT, in one pipeline.
+/// notification naming the runs whose heads moved, and COMMIT, in one
+/// pipeline.
 async fn finish(
     client: &ClientWrapper,
     statements: &[writes::Statement],
     head: u64,
     last: u64,
+    moved: &[(RunId, u64)],
 ) -> Vec<Rows> {
-    let (position, text) = (last as i64, last.to_string());
+    let (position, text) = (last as i64, notification(last, moved));
     let mut steps = queries(statements);
     if last > head {
         steps.push(Step::Query(MOVE_HEAD, vec![&position]));
@@ -494,6 +500,34 @@ async fn finish(
     }
     steps.push(Step::Simple("COMMIT"));
     pipeline(client, steps).await
+}
+
+/// The longest run list a notification carries (PostgreSQL takes 8000
+/// bytes of payload, with the schema's name in front).
+const MOST_NOTIFIED: usize = 7800;
+
+/// A commit's notification text (after the schema's name): the new head,
+/// then the runs whose heads moved, as "HEAD;RUN=SEQ,RUN=SEQ", or "HEAD;*"
+/// when they would not fit (see [`super::listener`]).
+fn notification(last: u64, moved: &[(RunId, u64)]) -> String {
+    use std::fmt::Write;
+    // A batch's events of one run come together: keep each run's last.
+    let mut heads: Vec<(RunId, u64)> = Vec::new();
+    for &(run, seq) in moved {
+        match heads.last_mut() {
+            Some((last_run, last_seq)) if *last_run == run => *last_seq = seq,
+            _ => heads.push((run, seq)),
+        }
+    }
+    let mut text = format!("{last};");
+    for (i, (run, seq)) in heads.iter().enumerate() {
+        if text.len() > MOST_NOTIFIED {
+            return format!("{last};*");
+        }
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(text, "{comma}{run}={seq}");
+    }
+    text
 }
 
 fn queries(statements: &[writes::Statement]) -> Vec<Step<'_>> {

@@ -1,6 +1,8 @@
 //! Hearing other servers' commits: a dedicated connection LISTENs on the
-//! channel every commit NOTIFYs with its schema and new head, and moves the
-//! durable position when one of its own schema arrives. The same connection reads the head row every
+//! channel every commit NOTIFYs with its schema, new head and the runs
+//! whose heads moved ("SCHEMA:HEAD;RUN=SEQ,..." or "SCHEMA:HEAD;*" when
+//! they did not fit), moves the durable position when one of its own schema
+//! arrives, and passes the runs on (see [`crate::store::Store::heads_moved`]). The same connection reads the head row every
 //! [`POLL_EVERY`] as well, which bounds the delay when a notification is
 //! lost (a reconnect) or never comes (a transaction-pooling pgbouncer, which
 //! does not pass LISTEN on). While the database is unreachable it tries to
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::connect::CONNECT_TIMEOUT;
 use super::{describe, Durable, NOTIFY_CHANNEL};
+use crate::store::{HeadsMoved, RunId};
 
 /// How often the head row is read even if no notification comes.
 const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -86,9 +89,10 @@ async fn listen(
                     let ours = payload
                         .rsplit_once(':')
                         .filter(|(from, _)| *from == schema)
-                        .and_then(|(_, position)| position.parse::<u64>().ok());
-                    if let Some(position) = ours {
+                        .and_then(|(_, text)| parse(text));
+                    if let Some((position, moved)) = ours {
                         durable.advance(position);
+                        let _ = durable.heads_moved.send(moved);
                     }
                 }
                 None => return Err("the connection closed".into()),
@@ -96,10 +100,35 @@ async fn listen(
             _ = tick.tick() => {
                 let row = bounded(client.query_one(read_head, &[])).await?;
                 let position: i64 = row.try_get(0).map_err(|e| describe(&e))?;
-                durable.advance(position as u64);
+                // A notification missed (a reconnect): which runs moved is
+                // not known.
+                if durable.advance(position as u64) {
+                    let _ = durable.heads_moved.send(HeadsMoved::Unknown);
+                }
             }
         }
     }
+}
+
+/// A notification's "HEAD;RUN=SEQ,..." (or "HEAD;*", or a bare "HEAD" of
+/// an older server): the head and the runs that moved.
+fn parse(text: &str) -> Option<(u64, HeadsMoved)> {
+    let (head, runs) = text.split_once(';').unwrap_or((text, "*"));
+    let head = head.parse().ok()?;
+    if runs == "*" {
+        return Some((head, HeadsMoved::Unknown));
+    }
+    let mut moved = Vec::new();
+    for pair in runs.split(',').filter(|pair| !pair.is_empty()) {
+        let parsed = pair
+            .split_once('=')
+            .and_then(|(run, seq)| Some((RunId::parse(run)?, seq.parse().ok()?)));
+        match parsed {
+            Some(run_head) => moved.push(run_head),
+            None => return Some((head, HeadsMoved::Unknown)),
+        }
+    }
+    Some((head, HeadsMoved::Runs(moved.into())))
 }
 
 /// A query, bounded in time.
@@ -118,5 +147,25 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notification_names_the_head_and_the_runs_that_moved() {
+        let run = RunId::parse("01a23a1a-205d-72d5-bdf8-595f9c171f82").unwrap();
+        let (head, moved) = parse(&format!("42;{run}=7")).unwrap();
+        assert_eq!(head, 42);
+        assert!(matches!(moved, HeadsMoved::Runs(runs) if runs[..] == [(run, 7)]));
+        assert!(matches!(parse("42;*"), Some((42, HeadsMoved::Unknown))));
+        assert!(matches!(parse("42"), Some((42, HeadsMoved::Unknown))));
+        assert!(matches!(
+            parse("42;nonsense"),
+            Some((42, HeadsMoved::Unknown))
+        ));
+        assert!(parse("x;*").is_none());
     }
 }

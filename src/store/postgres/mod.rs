@@ -91,11 +91,20 @@ impl Drop for Inner {
 struct Durable {
     position: AtomicU64,
     watch: watch::Sender<u64>,
+    /// The runs other servers' commits moved (see [`Store::heads_moved`]).
+    heads_moved: tokio::sync::broadcast::Sender<crate::store::HeadsMoved>,
 }
 
+/// Notices of moved heads a slow reader may fall behind by before it is
+/// told it lagged (and looks at every run it follows again).
+const HEADS_MOVED_KEPT: usize = 1024;
+
 impl Durable {
-    fn advance(&self, to: u64) {
-        if self.position.fetch_max(to, Ordering::AcqRel) < to {
+    /// Moves the position to `to` if that is further; answers whether it
+    /// moved.
+    fn advance(&self, to: u64) -> bool {
+        let moved = self.position.fetch_max(to, Ordering::AcqRel) < to;
+        if moved {
             self.watch.send_if_modified(|current| {
                 let moved = to > *current;
                 if moved {
@@ -104,6 +113,7 @@ impl Durable {
                 moved
             });
         }
+        moved
     }
 }
 
@@ -194,6 +204,7 @@ impl PostgresStore {
         let durable = Arc::new(Durable {
             position: AtomicU64::new(head),
             watch: durable_tx,
+            heads_moved: tokio::sync::broadcast::Sender::new(HEADS_MOVED_KEPT),
         });
         let (writable_tx, writable) = watch::channel(true);
         let (commits, messages) = crate::store::queue::Queue::new();
@@ -565,6 +576,10 @@ impl super::Store for PostgresStore {
 
     fn watch_durable(&self) -> watch::Receiver<u64> {
         self.inner.durable.watch.subscribe()
+    }
+
+    fn heads_moved(&self) -> tokio::sync::broadcast::Receiver<crate::store::HeadsMoved> {
+        self.inner.durable.heads_moved.subscribe()
     }
 
     async fn run_events(
