@@ -334,3 +334,86 @@ async fn a_standby_answers_reads_itself_and_follows_the_owners_commits() {
         "what the follower on the standby saw"
     );
 }
+
+/// With TLS, a standby reaches the owner over TLS, trusting the CA that
+/// follows the server's certificate in its file and checking the owner's
+/// advertised host (here an IP address): a write through the standby is
+/// served by the owner and names the caller.
+#[tokio::test(flavor = "multi_thread")]
+async fn servers_with_tls_forward_to_each_other_over_tls() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ca_pem = cluster_pki(dir.path());
+    // Top-level keys first: [tls] opens a table.
+    let text = format!(
+        "{}\n[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n",
+        auth_toml(false)
+    );
+    std::fs::write(dir.path().join("auth.toml"), text).unwrap();
+    let auth = Arc::new(AuthConfig::load(&dir.path().join("auth.toml")).expect("auth config"));
+    let start = |standby: bool| {
+        let (auth, url) = (auth.clone(), url.clone());
+        TestServer::start_with(move |config| {
+            config.auth = Some(auth.clone());
+            config.store_url = Some(url.clone());
+            config.standby = standby;
+        })
+    };
+    let owner_server = start(false).await;
+    let standby = start(true).await;
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{}", standby.addr()))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .expect("TLS to the standby");
+    let mut runner = Clients::new(channel, Some(&token("runner")));
+    let run_id = runner
+        .runs
+        .start_run(crate::auth::echo_run())
+        .await
+        .expect("StartRun through the standby, forwarded over TLS")
+        .into_inner()
+        .run_id;
+    let events = runner.wait_for_event(&run_id, "aaa.run.completed").await;
+    assert_eq!(
+        find(&events, "aaa.run.started")
+            .actor
+            .as_ref()
+            .unwrap()
+            .name,
+        "runner"
+    );
+    standby.shutdown().await;
+    owner_server.shutdown().await;
+}
+
+/// A CA and a server certificate for "localhost" and 127.0.0.1, written as
+/// the servers' `server.pem` (the certificate, then the CA's) and
+/// `server.key` in `dir`. Returns the CA's PEM.
+fn cluster_pki(dir: &Path) -> String {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let server_cert = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let chain = format!("{}{}", server_cert.pem(), ca_cert.pem());
+    std::fs::write(dir.join("server.pem"), chain).unwrap();
+    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+    ca_cert.pem()
+}
