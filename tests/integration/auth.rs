@@ -722,10 +722,11 @@ async fn a_connection_gets_no_more_concurrent_streams_than_the_cap() {
 // ---------------------------------------------------------------------- TLS
 
 /// A CA, a server certificate for "localhost" and a client certificate,
-/// both signed by the CA; PEM files in `dir`. Returns the client's
+/// both signed by the CA; PEM files in `dir` (`server.pem`
+/// holds the server's certificate, then the CA's). Returns the client's
 /// certificate DER hash, as the auth config names it.
 pub struct Pki {
-    ca_pem: String,
+    pub ca_pem: String,
     client: ClientCert,
     /// Signed by the same CA, but without extendedKeyUsage.
     no_usage: ClientCert,
@@ -738,6 +739,12 @@ pub struct ClientCert {
 }
 
 pub fn make_pki(dir: &Path) -> Pki {
+    make_pki_for(dir, &["localhost"])
+}
+
+/// [`make_pki`] with a server certificate for these names (DNS names or
+/// IP addresses).
+pub fn make_pki_for(dir: &Path, names: &[&str]) -> Pki {
     use rcgen::{
         BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };
@@ -748,7 +755,8 @@ pub fn make_pki(dir: &Path) -> Pki {
     let issuer = Issuer::from_params(&ca_params, &ca_key);
 
     let server_key = KeyPair::generate().unwrap();
-    let server_params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let server_params = CertificateParams::new(names).unwrap();
     let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
     let client = |usages: Vec<ExtendedKeyUsagePurpose>| {
         let key = KeyPair::generate().unwrap();
@@ -763,7 +771,9 @@ pub fn make_pki(dir: &Path) -> Pki {
     };
 
     std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
-    std::fs::write(dir.join("server.pem"), server_cert.pem()).unwrap();
+    // The server's file holds its chain: servers of a cluster trust it.
+    let chain = format!("{}{}", server_cert.pem(), ca_cert.pem());
+    std::fs::write(dir.join("server.pem"), chain).unwrap();
     std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
     Pki {
         ca_pem: ca_cert.pem(),

@@ -174,13 +174,10 @@ async fn three_servers_carry_on_after_the_owner_is_killed() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
-    let standby_args = [&args[..], &["--standby"]].concat();
-    let first = ChildServer::start_args(dirs[0].path(), &args).await;
-    let second = ChildServer::start_args(dirs[1].path(), &standby_args).await;
-    let third = ChildServer::start_args(dirs[2].path(), &standby_args).await;
+    let (_dirs, servers) = cluster_members(&url, 3, "1").await;
+    let Ok([first, second, third]) = <[ChildServer; 3]>::try_from(servers) else {
+        unreachable!("three servers")
+    };
     assert_eq!(owner(&third).await, Some(member_of(&first).await));
 
     register(&mut second.workers().await, vec![wire_money()], &[]).await;
@@ -256,12 +253,10 @@ async fn a_standby_answers_reads_itself_and_follows_the_owners_commits() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "60"];
-    let standby_args = [&args[..], &["--standby"]].concat();
-    let owner_server = ChildServer::start_args(dirs[0].path(), &args).await;
-    let standby = ChildServer::start_args(dirs[1].path(), &standby_args).await;
+    let (_dirs, servers) = cluster_members(&url, 2, "60").await;
+    let Ok([owner_server, standby]) = <[ChildServer; 2]>::try_from(servers) else {
+        unreachable!("two servers")
+    };
     register(&mut standby.workers().await, vec![wire_money()], &[]).await;
     let mut runs = standby.runs().await;
     let run_id = start_run(&mut runs, scripted_reference_run()).await;
@@ -345,7 +340,7 @@ async fn servers_with_tls_forward_to_each_other_over_tls() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let ca_pem = cluster_pki(dir.path());
+    let ca_pem = crate::auth::make_pki_for(dir.path(), &["localhost", "127.0.0.1"]).ca_pem;
     // Top-level keys first: [tls] opens a table.
     let text = format!(
         "{}\n[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n",
@@ -394,26 +389,4 @@ async fn servers_with_tls_forward_to_each_other_over_tls() {
     );
     standby.shutdown().await;
     owner_server.shutdown().await;
-}
-
-/// A CA and a server certificate for "localhost" and 127.0.0.1, written as
-/// the servers' `server.pem` (the certificate, then the CA's) and
-/// `server.key` in `dir`. Returns the CA's PEM.
-fn cluster_pki(dir: &Path) -> String {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::from_params(&ca_params, &ca_key);
-    let server_key = KeyPair::generate().unwrap();
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    let server_cert = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&server_key, &issuer)
-        .unwrap();
-    let chain = format!("{}{}", server_cert.pem(), ca_cert.pem());
-    std::fs::write(dir.join("server.pem"), chain).unwrap();
-    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
-    ca_cert.pem()
 }

@@ -64,13 +64,10 @@ async fn failover(outage: Outage) {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
-    let standby_args = [&args[..], &["--standby"]].concat();
-    let first = ChildServer::start_args(dirs[0].path(), &args).await;
-    let second = ChildServer::start_args(dirs[1].path(), &standby_args).await;
-    let third = ChildServer::start_args(dirs[2].path(), &standby_args).await;
+    let (_dirs, servers) = cluster_members(&url, 3, "1").await;
+    let Ok([first, second, third]) = <[ChildServer; 3]>::try_from(servers) else {
+        unreachable!("three servers")
+    };
     assert_eq!(owner(&third).await, Some(member_of(&first).await));
     let tools = [wire_money(), lookup()].map(|tool| ToolDefinition {
         heartbeat_timeout_s: ATTEMPT_LEASE_S,

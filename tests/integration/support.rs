@@ -764,6 +764,27 @@ pub async fn wait_for_health(server: &impl Server, status: ServingStatus) {
 
 // ----------------------------------------------------------------- cluster
 
+/// `count` child servers on the PostgreSQL at `url` with `--lease-s
+/// LEASE_S`: the first owns the runs, the others start as standbys. Their
+/// data and logs are in the temp dirs returned beside them.
+pub async fn cluster_members(
+    url: &str,
+    count: usize,
+    lease_s: &str,
+) -> (Vec<tempfile::TempDir>, Vec<ChildServer>) {
+    let dirs: Vec<_> = (0..count).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = format!("--store={url}");
+    let mut servers = Vec::with_capacity(count);
+    for (i, dir) in dirs.iter().enumerate() {
+        let mut args = vec!["--listen", "127.0.0.1:0", &store, "--lease-s", lease_s];
+        if i > 0 {
+            args.push("--standby");
+        }
+        servers.push(ChildServer::start_args(dir.path(), &args).await);
+    }
+    (dirs, servers)
+}
+
 /// The server's member name, as GetCluster reports it.
 pub async fn member_of(server: &impl Server) -> String {
     cluster_of(server).await.this_server
