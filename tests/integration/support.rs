@@ -765,7 +765,8 @@ pub async fn wait_for_health(server: &impl Server, status: ServingStatus) {
 // ----------------------------------------------------------------- cluster
 
 /// `count` child servers on the PostgreSQL at `url` with `--lease-s
-/// LEASE_S`: the first owns the runs, the others start as standbys. Their
+/// LEASE_S`: the first owns the runs (checked), the others start as
+/// standbys. Their
 /// data and logs are in the temp dirs returned beside them.
 pub async fn cluster_members(
     url: &str,
@@ -782,6 +783,8 @@ pub async fn cluster_members(
         }
         servers.push(ChildServer::start_args(dir.path(), &args).await);
     }
+    let (first, last) = (&servers[0], &servers[count - 1]);
+    assert_eq!(owner(last).await, Some(member_of(first).await));
     (dirs, servers)
 }
 
