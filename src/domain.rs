@@ -11,6 +11,16 @@ use std::fmt;
 /// `store::postgres::ownership`). Fixed: a run never changes shard.
 pub const SHARDS: usize = 256;
 
+/// A consumer group's shard: owned and fenced like runs' shards, so that
+/// one server at a time moves a group's cursor. A stable hash of the name
+/// (FNV-1a), the same on every server and version.
+pub fn group_shard(name: &str) -> u8 {
+    let hash = name.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    (hash % SHARDS as u32) as u8
+}
+
 /// How a server claims the runs of a shared store (see
 /// `Store::claim_runs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,4 +292,18 @@ pub fn random_key() -> [u8; 32] {
     key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
     key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
     key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Servers of one cluster must agree on a group's shard, across
+    /// versions too: these values may never change.
+    #[test]
+    fn a_groups_shard_is_fixed_by_its_name() {
+        assert_eq!(group_shard(""), 197);
+        assert_eq!(group_shard("audit"), 168);
+        assert_eq!(group_shard("billing.approvals"), 26);
+    }
 }

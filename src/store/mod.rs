@@ -178,6 +178,28 @@ impl WriteBatch {
         runs
     }
 
+    /// The shards whose owner alone may commit the batch: its runs' and
+    /// its consumer groups' (see [`crate::domain::group_shard`]). Tools,
+    /// idempotency records and the token key belong to no shard.
+    pub fn shards(&self) -> Vec<u8> {
+        let groups = self.ops.iter().filter_map(|op| match op {
+            Op::PutGroup(group) => Some(group.name.as_str()),
+            Op::PutDeadLetter { group, .. } | Op::DeleteDeadLetter { group, .. } => {
+                Some(group.as_str())
+            }
+            _ => None,
+        });
+        let mut shards: Vec<u8> = self
+            .runs()
+            .iter()
+            .map(RunId::shard)
+            .chain(groups.map(crate::domain::group_shard))
+            .collect();
+        shards.sort_unstable();
+        shards.dedup();
+        shards
+    }
+
     pub fn put_run(&mut self, run: &RunRecord) {
         self.ops.push(Op::PutRun(run.clone()));
     }

@@ -1201,13 +1201,13 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
     first.commit(batch).await.expect("the owner writes");
 
     second.claim_runs("second", claim).await.expect("claim");
-    let fenced = |result: Result<Vec<u64>, StoreError>| match result {
+    let fenced = |result: Result<Vec<u64>, StoreError>, expected: u8| match result {
         Err(StoreError::Fenced {
             shard,
             held,
             current,
         }) => {
-            assert_eq!(shard, run.shard());
+            assert_eq!(shard, expected);
             assert!(current > held, "{current} > {held}");
         }
         other => panic!("expected Fenced, got {other:?}"),
@@ -1216,16 +1216,26 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
     by_event.push_event(event(run, 2, "app.late"));
     let mut by_op = WriteBatch::default();
     by_op.set_active(run, true);
+    // A consumer group's cursor moves only at the owner of its shard.
+    let mut group = WriteBatch::default();
+    group.put_group(&aaa::store::GroupRecord {
+        name: "audit".into(),
+        cursor: 7,
+        ..Default::default()
+    });
     let mut tool = WriteBatch::default();
     tool.put_tool("t", b"x".to_vec());
-    let (a, b, c) = tokio::join!(
+    let (a, b, c, d) = tokio::join!(
         first.commit(by_event),
         first.commit(by_op),
+        first.commit(group),
         first.commit(tool)
     );
-    fenced(a);
-    fenced(b);
-    c.expect("a write that touches no run");
+    fenced(a, run.shard());
+    fenced(b, run.shard());
+    fenced(c, aaa::domain::group_shard("audit"));
+    d.expect("a write that touches no run or group");
+    assert!(second.group("audit").await.unwrap().is_none());
     assert!(!*first.watch_writable().borrow(), "a fenced store says so");
 
     let mut batch = WriteBatch::default();

@@ -175,29 +175,26 @@ impl Ownership {
     /// The shards a round's batches touch, when this store is fenced.
     pub fn shards_of<'a>(&self, batches: impl Iterator<Item = &'a WriteBatch>) -> Option<Vec<i16>> {
         self.held.lock().expect("poisoned").as_ref()?;
-        let mut shards: Vec<i16> = batches
-            .flat_map(|b| b.runs())
-            .map(|run| i16::from(run.shard()))
-            .collect();
+        let mut shards: Vec<i16> = batches.flat_map(|b| b.shards()).map(i16::from).collect();
         shards.sort_unstable();
         shards.dedup();
         Some(shards)
     }
 
-    /// Refuses the batch if a run it touches is in a shard whose epoch
-    /// (`current`, read in the round) is not the one this store holds.
+    /// Refuses the batch if a run or group it touches is in a shard whose
+    /// epoch (`current`, read in the round) is not the one this store holds.
     pub fn check(&self, batch: &WriteBatch, current: &HashMap<i16, i64>) -> Result<()> {
         let refusal = {
             let held = self.held.lock().expect("poisoned");
             let Some(held) = held.as_ref() else {
                 return Ok(());
             };
-            batch.runs().into_iter().find_map(|run| {
-                let shard = i16::from(run.shard());
-                let held = held.get(&shard).copied().unwrap_or(-1);
-                let current = current.get(&shard).copied().unwrap_or(-1);
+            batch.shards().into_iter().find_map(|shard| {
+                let key = i16::from(shard);
+                let held = held.get(&key).copied().unwrap_or(-1);
+                let current = current.get(&key).copied().unwrap_or(-1);
                 (held != current).then_some(StoreError::Fenced {
-                    shard: run.shard(),
+                    shard,
                     held,
                     current,
                 })
