@@ -106,15 +106,11 @@ pub async fn serve(
             });
         }
     };
-    // In front of every service: authentication and roles, and the one
-    // answer to requests that do not decode.
+    // In front of every service: authentication and roles (with auth off,
+    // only the caller a forwarding server names), and the one answer to
+    // requests that do not decode.
     let mut builder = builder
-        .layer(tower::util::option_layer(
-            config
-                .auth
-                .clone()
-                .map(|auth| AuthLayer::new(auth, store.token_key())),
-        ))
+        .layer(AuthLayer::new(config.auth.clone(), store.token_key()))
         .layer(malformed::layer());
 
     let stopping = CancellationToken::new();

@@ -31,6 +31,10 @@ fn peer_name<T>(request: &Request<T>) -> String {
     if let Some(principal) = principal(request) {
         return principal.name.clone();
     }
+    // Auth off, a call another server forwarded: the client it came from.
+    if let Some(peer) = request.extensions().get::<crate::auth::ForwardedPeer>() {
+        return peer.0.clone();
+    }
     request
         .remote_addr()
         .map_or_else(|| "unknown".to_string(), |addr| addr.to_string())

@@ -4,12 +4,20 @@
 //! call acts, checks roles and records the actor exactly as if the caller
 //! had called it. The signature covers the principal, the method and an
 //! expiry a little ahead, so it cannot be moved to another call or kept.
+//! With auth off there are no principals; the header then names the
+//! caller's address ([`ForwardedPeer`]).
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tonic::codegen::http::HeaderMap;
 
 use super::Refusal;
+
+/// With auth off, the address of the client a forwarded call came from:
+/// the forwarding server signs it in place of a principal, so that the
+/// actor of what the call appends names the client, not the forwarder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedPeer(pub String);
 
 /// The caller's principal name, as the forwarding server authenticated it.
 pub const PRINCIPAL: &str = "aaa-forwarded-principal";

@@ -10,19 +10,20 @@ use std::task::{Context, Poll};
 use tonic::codegen::http;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use super::{authorize, forwarded, is_open, AuthConfig, Principal, Refusal};
+use super::{authorize, forwarded, is_open, AuthConfig, ForwardedPeer, Principal, Refusal};
 
 /// Checks every call against the auth config. Without one (local
-/// development) the server adds no layer at all.
+/// development) it checks only what a forwarding server says about the
+/// caller: its address, for the actor of the events the call appends.
 #[derive(Clone)]
 pub struct AuthLayer {
-    auth: Arc<AuthConfig>,
+    auth: Option<Arc<AuthConfig>>,
     /// The store's secret key, which signs calls other servers forward.
     key: Arc<[u8; 32]>,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Arc<AuthConfig>, key: [u8; 32]) -> Self {
+    pub fn new(auth: Option<Arc<AuthConfig>>, key: [u8; 32]) -> Self {
         AuthLayer {
             auth,
             key: Arc::new(key),
@@ -45,7 +46,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct AuthService<S> {
     inner: S,
-    auth: Arc<AuthConfig>,
+    auth: Option<Arc<AuthConfig>>,
     key: Arc<[u8; 32]>,
 }
 
@@ -66,9 +67,16 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        match check(&self.auth, &self.key[..], &request) {
-            Ok(Some(principal)) => {
+        let checked = match &self.auth {
+            Some(auth) => check(auth, &self.key[..], &request).map(|p| p.map(Caller::Principal)),
+            None => forwarded_peer(&self.key[..], &request).map(|p| p.map(Caller::Peer)),
+        };
+        match checked {
+            Ok(Some(Caller::Principal(principal))) => {
                 request.extensions_mut().insert(principal);
+            }
+            Ok(Some(Caller::Peer(peer))) => {
+                request.extensions_mut().insert(peer);
             }
             Ok(None) => {}
             Err(refusal) => {
@@ -83,6 +91,25 @@ where
         }
         Box::pin(self.inner.call(request))
     }
+}
+
+/// Who the caller is, as far as this server knows.
+enum Caller {
+    Principal(Principal),
+    Peer(ForwardedPeer),
+}
+
+/// With auth off: the address of the client a forwarded call came from,
+/// once the forwarding server's signature verifies; `None` for a call
+/// that was not forwarded.
+fn forwarded_peer<B>(
+    key: &[u8],
+    request: &http::Request<B>,
+) -> Result<Option<ForwardedPeer>, Refusal> {
+    let method = request.uri().path();
+    let now_ms = crate::engine::now_ms();
+    let peer = forwarded::verify(request.headers(), key, method, now_ms)?;
+    Ok(peer.map(|address| ForwardedPeer(address.to_string())))
 }
 
 /// The caller's principal, `None` for open methods, or why it is refused.

@@ -6,6 +6,7 @@
 //! of client certificates, and a presented token is hashed before lookup.
 
 pub mod forwarded;
+pub use forwarded::ForwardedPeer;
 mod layer;
 
 use std::collections::HashMap;

@@ -30,7 +30,7 @@ use tonic::server::NamedService;
 use tonic::Status;
 
 use super::{unavailable, Cluster, Owner};
-use crate::auth::{forwarded, Principal};
+use crate::auth::{forwarded, ForwardedPeer, Principal};
 
 /// How many servers a call has passed through.
 const HOPS: &str = "aaa-forward-hops";
@@ -154,14 +154,8 @@ async fn forward(
             "",
         ));
     }
-    let principal = parts.extensions.get::<Principal>().map(|p| p.name.clone());
-    prepare_headers(
-        cluster,
-        &mut parts.headers,
-        hops,
-        principal,
-        parts.uri.path(),
-    );
+    let caller = caller(&parts.extensions);
+    prepare_headers(cluster, &mut parts.headers, hops, caller, parts.uri.path());
 
     if parts.uri.path() == SUBSCRIBE {
         let owner = cluster.owner().await?;
@@ -201,20 +195,42 @@ async fn forward(
     }
 }
 
-/// The caller's credentials stay here: the owner gets the signed principal
+/// Who the owner is told the caller is: its principal; with auth off, the
+/// address it called from (as a server before this one said, or as this
+/// server sees it).
+fn caller(extensions: &http::Extensions) -> Option<String> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    if let Some(principal) = extensions.get::<Principal>() {
+        return Some(principal.name.clone());
+    }
+    if let Some(peer) = extensions.get::<ForwardedPeer>() {
+        return Some(peer.0.clone());
+    }
+    extensions
+        .get::<TcpConnectInfo>()
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(|info| info.get_ref())
+        })
+        .and_then(|info| info.remote_addr())
+        .map(|addr| addr.to_string())
+}
+
+/// The caller's credentials stay here: the owner gets the caller, signed,
 /// and the hop count instead.
 fn prepare_headers(
     cluster: &Cluster,
     headers: &mut HeaderMap,
     hops: u32,
-    principal: Option<String>,
+    caller: Option<String>,
     method: &str,
 ) {
     headers.remove(header::AUTHORIZATION);
     headers.remove(forwarded::PRINCIPAL);
     headers.remove(forwarded::SIGNATURE);
     headers.insert(HOPS, http::HeaderValue::from(hops + 1));
-    if let Some(name) = principal {
+    if let Some(name) = caller {
         let now_ms = crate::engine::now_ms();
         forwarded::sign(headers, &cluster.key, &name, method, now_ms);
     }

@@ -389,3 +389,60 @@ async fn servers_with_tls_forward_to_each_other_over_tls() {
     standby.shutdown().await;
     owner_server.shutdown().await;
 }
+
+/// With auth off, the actor of a call a standby forwarded is the client's
+/// address, as it would be had the client called the owner, not the
+/// standby's; a client cannot name itself with the forwarding headers.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_auth_off_a_forwarded_call_names_the_client() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let start = |standby: bool| {
+        let url = url.clone();
+        TestServer::start_with(move |config| {
+            config.store_url = Some(url.clone());
+            config.standby = standby;
+        })
+    };
+    let owner_server = start(false).await;
+    let standby = start(true).await;
+    // Connect on a socket whose local address the test knows.
+    let (local_tx, local_rx) = std::sync::mpsc::channel();
+    let target = standby.addr();
+    let channel = tonic::transport::Endpoint::from_static("http://standby")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let local_tx = local_tx.clone();
+            async move {
+                let stream = tokio::net::TcpStream::connect(target).await?;
+                let _ = local_tx.send(stream.local_addr()?);
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .expect("connect to the standby");
+    let client = local_rx.recv().unwrap().to_string();
+    let mut runs = aaa::proto::run_service_client::RunServiceClient::new(channel);
+    let run_id = start_run(&mut runs, crate::auth::echo_run()).await;
+    let events = wait_for_event(&mut runs, &run_id, "aaa.run.completed").await;
+    assert_eq!(
+        find(&events, "aaa.run.started")
+            .actor
+            .as_ref()
+            .unwrap()
+            .name,
+        client
+    );
+
+    let mut forged = tonic::Request::new(crate::auth::echo_run());
+    let headers = forged.metadata_mut();
+    headers.insert("aaa-forwarded-principal", "10.0.0.1:1".parse().unwrap());
+    headers.insert(
+        "aaa-forwarded-signature",
+        format!("{}.{}", i64::MAX, "00".repeat(32)).parse().unwrap(),
+    );
+    let status = expect_err(owner_server.runs().await.start_run(forged).await);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    standby.shutdown().await;
+    owner_server.shutdown().await;
+}
