@@ -2,10 +2,11 @@
 //! servers on one database (a fresh schema for each size; the first server
 //! owns the runs, the others are standbys that forward every call to it):
 //! - the approval cycle at 64 in flight, with the bench's connections spread
-//!   evenly over the servers, so (n-1)/n of the calls reach a standby and
-//!   are forwarded;
-//! - the extra latency of one forwarded call: GetRun one at a time, to the
-//!   owner and through a standby.
+//!   evenly over the servers, so (n-1)/n of the calls reach a standby, which
+//!   answers the reads and forwards the writes;
+//! - the extra latency of one forwarded write: Signal (an application
+//!   event appended to a parked run) one at a time, to the owner and
+//!   through a standby.
 //!
 //! On the largest cluster (2 servers or more), failover: runs park at
 //! approval, the owner is killed (-9), and the bench measures how long until
@@ -26,8 +27,7 @@ use super::server::{wait_serving, ChildServer, Pool};
 use super::stats::{millis, Problems, Summary, OP_TIMEOUT};
 use super::CONNECTIONS;
 use crate::proto::{
-    complete_task_request, CompleteTaskRequest, GetClusterRequest, GetRunRequest, PollTaskRequest,
-    SignalRequest,
+    complete_task_request, CompleteTaskRequest, GetClusterRequest, PollTaskRequest, SignalRequest,
 };
 
 /// The servers' lease: a dead owner's runs move after at most this.
@@ -52,7 +52,7 @@ pub struct Size {
     /// CPU time per cycle of the owner, and of all standbys together (ms).
     pub owner_cpu_ms_per_cycle: f64,
     pub standbys_cpu_ms_per_cycle: f64,
-    /// GetRun, one at a time, answered by the owner itself.
+    /// Signal, one at a time, served by the owner itself.
     pub direct: Summary,
     /// The same through a standby (forwarded); none for one server.
     pub forwarded: Option<Summary>,
@@ -151,11 +151,11 @@ async fn measure_size(
 
     let owner = Pool::connect(addrs[0], 1).await?;
     let run_id = park_runs(&owner, session, 1).await?.remove(0);
-    let direct = get_run_latency(&owner, &run_id, calls, limit).await?;
+    let direct = signal_latency(&owner, &run_id, calls, limit).await?;
     let forwarded = match addrs.get(1) {
         Some(standby) => {
             let standby = Pool::connect(standby, 1).await?;
-            Some(get_run_latency(&standby, &run_id, calls, limit).await?)
+            Some(signal_latency(&standby, &run_id, calls, limit).await?)
         }
         None => None,
     };
@@ -178,8 +178,9 @@ fn cpu_seconds(members: &[ChildServer]) -> Vec<f64> {
         .collect()
 }
 
-/// GetRun of one run, one call at a time, after a warm-up of a tenth.
-async fn get_run_latency(
+/// Signals an application event to one run, one call at a time, after a
+/// warm-up of a tenth: each is a commit, made by the owner.
+async fn signal_latency(
     pool: &Pool,
     run_id: &str,
     calls: usize,
@@ -192,11 +193,10 @@ async fn get_run_latency(
         if Instant::now() > deadline {
             break;
         }
-        let request = GetRunRequest {
-            run_id: run_id.into(),
-        };
         let t0 = Instant::now();
-        runs.get_run(request).await?;
+        client::signal(&mut runs, run_id, "bench.note", "{}".into())
+            .await
+            .map_err(anyhow::Error::msg)?;
         if i >= calls / 10 {
             samples.push(t0.elapsed());
         }

@@ -434,13 +434,13 @@ fn cluster_rows(t: &mut Table, cluster: &super::cluster::Cluster) {
         t.add(&scenario, "server CPU per cycle: owner + standbys", cpu);
         t.add(
             &scenario,
-            "GetRun at the owner p50 / p99",
+            "Signal at the owner p50 / p99",
             size.direct.text(),
         );
         if let Some(forwarded) = &size.forwarded {
             t.add(
                 &scenario,
-                "GetRun through a standby p50 / p99 (extra p50)",
+                "Signal through a standby (forwarded) p50 / p99 (extra p50)",
                 format!(
                     "{} (+{} ms)",
                     forwarded.text(),
