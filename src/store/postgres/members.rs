@@ -67,24 +67,26 @@ pub(super) async fn renew(pool: &Pool, server: &str, address: &str, lease_ms: i6
     Ok(())
 }
 
-/// The members and the shard leases, with the database's time read just
-/// before them (three reads, not one snapshot: a lease may move between
-/// them, which a status and an owner lookup tolerate).
+/// The members and the shard leases, with the database's time. Three
+/// reads sent together (one round trip), not one snapshot: a lease may
+/// move between them, which a status and an owner lookup tolerate.
 pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
     let client = pool.get().await.map_err(pool_error)?;
-    let now: i64 = client
-        .query_one(&format!("SELECT {NOW_MS}"), &[])
-        .await
-        .map_err(database_error)?
-        .try_get(0)
-        .map_err(|e| corrupt("aaa_members", &e))?;
-    let members = client
-        .query(
+    let now_sql = format!("SELECT {NOW_MS}");
+    let (now, members, shards) = tokio::try_join!(
+        client.query_one(&now_sql, &[]),
+        client.query(
             "SELECT server, address, started_ms, seen_until_ms FROM aaa_members ORDER BY server",
             &[],
-        )
-        .await
-        .map_err(database_error)?
+        ),
+        client.query(
+            "SELECT shard, owner, epoch, lease_until_ms FROM aaa_shards ORDER BY shard",
+            &[],
+        ),
+    )
+    .map_err(database_error)?;
+    let now: i64 = now.try_get(0).map_err(|e| corrupt("aaa_members", &e))?;
+    let members = members
         .iter()
         .map(|row| {
             Ok(Member {
@@ -96,13 +98,7 @@ pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()
         .map_err(|e| corrupt("aaa_members", &e))?;
-    let shards = client
-        .query(
-            "SELECT shard, owner, epoch, lease_until_ms FROM aaa_shards ORDER BY shard",
-            &[],
-        )
-        .await
-        .map_err(database_error)?
+    let shards = shards
         .iter()
         .map(|row| {
             let shard: i16 = row.try_get(0)?;
