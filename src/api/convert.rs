@@ -274,6 +274,12 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
     check_size(&field("description"), &tool.description, 8 * 1024)?;
     check_size(&field("parameters_json"), &tool.parameters_json, 16 * 1024)?;
     let parameters = json_object(&field("parameters_json"), &tool.parameters_json)?;
+    engine::schema::check(&parameters).map_err(|why| {
+        Error::invalid(
+            &field("parameters_json"),
+            format!("is not a JSON Schema this server can check calls against: {why}"),
+        )
+    })?;
     let retry = tool.retry.unwrap_or_default();
     let default_attempts = if tool.requires_approval { 1 } else { 3 };
     let backoff = |value: f64, f: &str, default: f64| -> Result<f64, Error> {

@@ -16,6 +16,7 @@ mod heads;
 mod leases;
 mod reads;
 mod recorded;
+pub mod schema;
 pub mod state;
 
 use std::collections::VecDeque;

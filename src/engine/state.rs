@@ -413,6 +413,12 @@ impl RunState {
                     requested_ms: now,
                     approval_seq: 0,
                 };
+                // Arguments that do not fit the tool's schema never reach a
+                // human or a worker; the model reads why, and may correct them.
+                let violations = spec
+                    .as_ref()
+                    .map(|spec| super::schema::violations(&spec.parameters, &e.arguments))
+                    .unwrap_or_default();
                 match spec {
                     None => {
                         call.phase = Phase::Done;
@@ -424,6 +430,24 @@ impl RunState {
                                 error: ErrorData::new(
                                     "UnknownTool",
                                     format!("this run has no tool named '{}'", e.name),
+                                ),
+                            },
+                        )));
+                    }
+                    Some(_) if !violations.is_empty() => {
+                        call.phase = Phase::Done;
+                        actions.push(Action::Emit(NewEvent::engine(
+                            TOOL_FAILED,
+                            ToolFailed {
+                                call_id: e.call_id,
+                                attempt: 0,
+                                error: ErrorData::new(
+                                    "InvalidArguments",
+                                    format!(
+                                        "the arguments do not match {}'s parameters schema: {}",
+                                        e.name,
+                                        violations.join("; ")
+                                    ),
                                 ),
                             },
                         )));

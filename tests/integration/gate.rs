@@ -330,6 +330,7 @@ async fn gates_can_be_added_never_removed() {
     // A run gates a tool its worker does not.
     let lookup = ToolDefinition {
         name: "lookup".into(),
+        parameters_json: r#"{"type":"object"}"#.into(),
         requires_approval: false,
         ..wire_money()
     };
@@ -370,5 +371,80 @@ async fn gates_can_be_added_never_removed() {
         poll(&mut workers, "w", &["wire_money"], &[], 0.3).await,
         None
     );
+    server.shutdown().await;
+}
+
+/// A call whose arguments do not fit its tool's schema never reaches a
+/// human or a worker: it fails with InvalidArguments, naming what is wrong,
+/// and the model reads that (the scripted model echoes it).
+#[tokio::test(flavor = "multi_thread")]
+async fn arguments_that_do_not_fit_the_schema_are_never_shown() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(
+        &mut runs,
+        scripted_run("wire_money", r#"{"amount":"lots","to":"ACME"}"#),
+    )
+    .await;
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(
+        types(&events),
+        [
+            "aaa.run.started",
+            "aaa.llm.requested",
+            "aaa.llm.completed",
+            "aaa.tool.requested",
+            "aaa.tool.failed",
+            "aaa.llm.requested",
+            "aaa.llm.completed",
+            "aaa.run.completed",
+        ]
+    );
+    let failed = data(find(&events, "aaa.tool.failed"));
+    assert_eq!(failed["error"]["type"], "InvalidArguments", "{failed}");
+    let message = failed["error"]["message"].as_str().unwrap();
+    assert!(message.contains("/amount"), "{message}");
+    assert!(completed_text(&events).contains("/amount"));
+    let pending = list_approvals(&mut server.approvals().await, Default::default()).await;
+    assert!(pending.is_empty(), "{pending:?}");
+    let mut workers = server.workers().await;
+    assert!(poll(&mut workers, "w", &["wire_money"], &[], 0.05)
+        .await
+        .is_none());
+    server.shutdown().await;
+}
+
+/// A tool whose parameters_json is not a JSON Schema the server can check
+/// calls against (a wrong type, a reference to another document) is
+/// refused at registration, naming the field.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_with_an_unusable_schema_is_refused() {
+    let server = TestServer::start().await;
+    let mut workers = server.workers().await;
+    for schema in [
+        r#"{"type":"objekt"}"#,
+        r#"{"$ref":"https://example.com/payment.json"}"#,
+    ] {
+        let tool = aaa::proto::ToolDefinition {
+            parameters_json: schema.into(),
+            ..wire_money()
+        };
+        let status = expect_err(
+            workers
+                .register_worker(aaa::proto::RegisterWorkerRequest {
+                    identity: "w".into(),
+                    tools: vec![wire_money(), tool],
+                    models: vec![],
+                })
+                .await,
+        );
+        let info = assert_error(&status, tonic::Code::InvalidArgument, "INVALID_FIELD");
+        assert_eq!(
+            info.metadata.get("field").map(String::as_str),
+            Some("tools[1].parameters_json"),
+            "{status:?}"
+        );
+    }
     server.shutdown().await;
 }
