@@ -413,12 +413,6 @@ impl RunState {
                     requested_ms: now,
                     approval_seq: 0,
                 };
-                // Arguments that do not fit the tool's schema never reach a
-                // human or a worker; the model reads why, and may correct them.
-                let violations = spec
-                    .as_ref()
-                    .map(|spec| super::schema::violations(&spec.parameters, &e.arguments))
-                    .unwrap_or_default();
                 match spec {
                     None => {
                         call.phase = Phase::Done;
@@ -434,47 +428,57 @@ impl RunState {
                             },
                         )));
                     }
-                    Some(_) if !violations.is_empty() => {
-                        call.phase = Phase::Done;
-                        actions.push(Action::Emit(NewEvent::engine(
-                            TOOL_FAILED,
-                            ToolFailed {
-                                call_id: e.call_id,
-                                attempt: 0,
-                                error: ErrorData::new(
-                                    "InvalidArguments",
-                                    format!(
-                                        "the arguments do not match {}'s parameters schema: {}",
-                                        e.name,
-                                        violations.join("; ")
+                    Some(spec) => {
+                        let gated = e.requires_approval || spec.requires_approval;
+                        if gated {
+                            call.phase = Phase::AwaitingApproval;
+                        }
+                        // Arguments that do not fit the tool's schema never
+                        // reach a human or a worker; the model reads why. The
+                        // phase above still follows the log: the failure
+                        // recorded next ends the call (a log written before
+                        // schemas were checked goes on as it did).
+                        let violations = super::schema::violations(&spec.parameters, &e.arguments);
+                        if !violations.is_empty() {
+                            actions.push(Action::Emit(NewEvent::engine(
+                                TOOL_FAILED,
+                                ToolFailed {
+                                    call_id: e.call_id,
+                                    attempt: 0,
+                                    error: ErrorData::new(
+                                        "InvalidArguments",
+                                        format!(
+                                            "the arguments do not match {}'s parameters schema: {}",
+                                            e.name,
+                                            violations.join("; ")
+                                        ),
                                     ),
-                                ),
-                            },
-                        )));
-                    }
-                    Some(spec) if e.requires_approval || spec.requires_approval => {
-                        call.phase = Phase::AwaitingApproval;
-                        let timeout_due = (spec.approval_timeout_s > 0.0)
-                            .then(|| seconds::after_ms(now, spec.approval_timeout_s));
-                        let expires_at_ms = match (timeout_due, self.spec.deadline_at_ms) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
-                        actions.push(Action::Emit(NewEvent::engine(
-                            APPROVAL_REQUESTED,
-                            ApprovalRequested {
+                                },
+                            )));
+                        } else if gated {
+                            let timeout_due = (spec.approval_timeout_s > 0.0)
+                                .then(|| seconds::after_ms(now, spec.approval_timeout_s));
+                            let expires_at_ms = match (timeout_due, self.spec.deadline_at_ms) {
+                                (Some(a), Some(b)) => Some(a.min(b)),
+                                (a, b) => a.or(b),
+                            };
+                            actions.push(Action::Emit(NewEvent::engine(
+                                APPROVAL_REQUESTED,
+                                ApprovalRequested {
+                                    call_id: e.call_id,
+                                    name: e.name,
+                                    arguments_sha256: sha256_hex(&e.arguments),
+                                    arguments: e.arguments,
+                                    expires_at_ms,
+                                },
+                            )));
+                        } else {
+                            actions.push(Action::DispatchTool {
                                 call_id: e.call_id,
-                                name: e.name,
-                                arguments_sha256: sha256_hex(&e.arguments),
-                                arguments: e.arguments,
-                                expires_at_ms,
-                            },
-                        )));
+                                tool: e.name,
+                            });
+                        }
                     }
-                    Some(_) => actions.push(Action::DispatchTool {
-                        call_id: e.call_id,
-                        tool: e.name,
-                    }),
                 }
                 self.calls.push(call);
             }
@@ -1084,6 +1088,11 @@ mod tests {
         }
     }
 
+    thread_local! {
+        /// Every record this test's folds applied, the run's start included.
+        static FOLDED: std::cell::RefCell<Vec<EventRecord>> = Default::default();
+    }
+
     /// Folds `events` like the driver does (follow-ups included) and returns
     /// the non-emit actions.
     fn fold(state: &mut RunState, events: Vec<NewEvent>, log: &mut Vec<String>) -> Vec<Action> {
@@ -1091,7 +1100,9 @@ mod tests {
         let mut effects = Vec::new();
         while let Some(event) = queue.pop_front() {
             log.push(event.event_type.clone());
-            for action in state.apply(&record(state.last_seq + 1, &event)).unwrap() {
+            let record = record(state.last_seq + 1, &event);
+            FOLDED.with(|folded| folded.borrow_mut().push(record.clone()));
+            for action in state.apply(&record).unwrap() {
                 match action {
                     Action::Emit(next) => queue.push_back(next),
                     other => effects.push(other),
@@ -1130,7 +1141,9 @@ mod tests {
             },
         );
         let id = RunId::from_slice(&[1; 16]).unwrap();
-        let (mut state, actions) = RunState::start(id, &record(1, &start)).unwrap();
+        let first = record(1, &start);
+        FOLDED.with(|folded| *folded.borrow_mut() = vec![first.clone()]);
+        let (mut state, actions) = RunState::start(id, &first).unwrap();
         let mut log = vec![RUN_STARTED.to_string()];
         let follow_ups = actions
             .into_iter()
@@ -1141,6 +1154,59 @@ mod tests {
             .collect();
         let effects = fold(&mut state, follow_ups, &mut log);
         (state, log, effects)
+    }
+
+    /// A call that does not fit its tool's schema fails before anyone is
+    /// asked; the model is called again with the failure (the scripted one
+    /// echoes it and completes).
+    #[test]
+    fn a_call_that_does_not_fit_the_schema_fails_before_any_approval() {
+        let mut tool = wire_money(true);
+        tool.parameters = json!({"properties": {"amount": {"type": "string"}}});
+        let (state, log, effects) = started_with(tool);
+        assert_eq!(
+            log[3..],
+            [
+                TOOL_REQUESTED,
+                TOOL_FAILED,
+                LLM_REQUESTED,
+                LLM_COMPLETED,
+                RUN_COMPLETED
+            ],
+            "{log:?}"
+        );
+        assert!(
+            !effects
+                .iter()
+                .any(|a| matches!(a, Action::ApprovalPending { .. })),
+            "{effects:?}"
+        );
+        assert_eq!(state.call("call-1").unwrap().phase, Phase::Done);
+    }
+
+    /// A log written before schemas were checked (a request, then its
+    /// approval request, for arguments the schema refuses) replays as it
+    /// was: the call still waits for its decision.
+    #[test]
+    fn an_older_log_replays_as_it_was_written() {
+        started(true);
+        let strict = {
+            let mut tool = wire_money(true);
+            tool.parameters = json!({"properties": {"amount": {"type": "string"}}});
+            tool
+        };
+        // The same history, with the strict schema in its snapshot.
+        let id = RunId::from_slice(&[1; 16]).unwrap();
+        let mut events = FOLDED.with(|folded| folded.borrow().clone());
+        let mut started: RunStarted = serde_json::from_str(&events[0].data_json).unwrap();
+        started.tools = vec![strict];
+        events[0].data_json = canonical_json(&serde_json::to_value(&started).unwrap());
+        let replayed = RunState::replay(id, &events).unwrap();
+        assert_eq!(
+            replayed.call("call-1").unwrap().phase,
+            Phase::AwaitingApproval
+        );
+        assert_eq!(replayed.status_code(), 2, "waiting for approval");
     }
 
     /// A snapshot an older version accepted (no upper bound then) arms its
