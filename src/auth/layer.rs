@@ -199,7 +199,11 @@ fn require_client_auth(der: &[u8]) -> Result<(), Refusal> {
 
 /// The caller's address, for the log line of a refusal.
 fn peer<B>(request: &http::Request<B>) -> String {
-    let extensions = request.extensions();
+    remote_addr(request.extensions()).map_or_else(|| "unknown".to_string(), |a| a.to_string())
+}
+
+/// The address a call came from, over TCP or TLS.
+pub fn remote_addr(extensions: &http::Extensions) -> Option<std::net::SocketAddr> {
     extensions
         .get::<TcpConnectInfo>()
         .or_else(|| {
@@ -208,5 +212,4 @@ fn peer<B>(request: &http::Request<B>) -> String {
                 .map(|i| i.get_ref())
         })
         .and_then(|i| i.remote_addr())
-        .map_or_else(|| "unknown".to_string(), |a| a.to_string())
 }

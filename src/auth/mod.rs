@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-pub use layer::AuthLayer;
+pub use layer::{remote_addr, AuthLayer};
 
 /// What a principal may do (see [`RULES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

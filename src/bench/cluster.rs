@@ -24,7 +24,7 @@ use super::client::{self, HOLD, WIRE_OUTPUT};
 use super::cycle::{self, Level};
 use super::postgres::Database;
 use super::server::{wait_serving, ChildServer, Pool};
-use super::stats::{millis, Problems, Summary, OP_TIMEOUT};
+use super::stats::{millis, one_at_a_time, Problems, Summary, OP_TIMEOUT};
 use super::CONNECTIONS;
 use crate::proto::{
     complete_task_request, CompleteTaskRequest, GetClusterRequest, PollTaskRequest, SignalRequest,
@@ -178,30 +178,27 @@ fn cpu_seconds(members: &[ChildServer]) -> Vec<f64> {
         .collect()
 }
 
-/// Signals an application event to one run, one call at a time, after a
-/// warm-up of a tenth: each is a commit, made by the owner.
+/// Signals an application event to one run, one call at a time: each is
+/// a commit, made by the owner.
 async fn signal_latency(
     pool: &Pool,
     run_id: &str,
     calls: usize,
     limit: Duration,
 ) -> anyhow::Result<Summary> {
-    let mut runs = pool.runs();
-    let mut samples = Vec::with_capacity(calls);
-    let deadline = Instant::now() + limit;
-    for i in 0..calls + calls / 10 {
-        if Instant::now() > deadline {
-            break;
+    let (latency, problems) = one_at_a_time(calls, limit, || {
+        let mut runs = pool.runs();
+        async move {
+            client::signal(&mut runs, run_id, "bench.note", "{}".into())
+                .await
+                .map(|_| ())
         }
-        let t0 = Instant::now();
-        client::signal(&mut runs, run_id, "bench.note", "{}".into())
-            .await
-            .map_err(anyhow::Error::msg)?;
-        if i >= calls / 10 {
-            samples.push(t0.elapsed());
-        }
+    })
+    .await;
+    match problems.first.first() {
+        None => Ok(latency),
+        Some(problem) => anyhow::bail!("{} Signal calls failed, first: {problem}", problems.count),
     }
-    Ok(Summary::of(&mut samples))
 }
 
 /// Parks runs, kills the owner (-9), and grants and serves the runs

@@ -6,13 +6,15 @@
 //! commit latency with one writer (what each of a cycle's three commits in
 //! sequence costs at least).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 use super::server::{Pool, ScratchDir};
-use super::stats::{closed_loop, Problems, Summary};
+use super::stats::{closed_loop, one_at_a_time, Problems, Summary};
 use crate::store::{EventRecord, RunId, WriteBatch};
 
 #[derive(Debug, Serialize)]
@@ -23,25 +25,18 @@ pub struct Rtt {
 
 /// Sequential Health/Check calls on one connection, after a short warm-up.
 pub async fn rtt(pool: &Pool, calls: usize, limit: Duration) -> Rtt {
-    let mut health = pool.health();
-    let mut problems = Problems::default();
-    let mut samples = Vec::with_capacity(calls);
-    let deadline = Instant::now() + limit;
-    for i in 0..calls + calls / 10 {
-        if Instant::now() > deadline {
-            break;
-        }
-        let t0 = Instant::now();
-        match health.check(HealthCheckRequest::default()).await {
-            Ok(_) if i >= calls / 10 => samples.push(t0.elapsed()),
-            Ok(_) => {}
-            Err(status) => problems.add(format!("Health/Check: {status}")),
-        }
-    }
-    Rtt {
-        latency: Summary::of(&mut samples),
-        problems,
-    }
+    let health = pool.health();
+    let (latency, problems) = one_at_a_time(calls, limit, || check(health.clone())).await;
+    Rtt { latency, problems }
+}
+
+/// One Health/Check: the no-op call.
+async fn check(mut health: HealthClient<Channel>) -> Result<(), String> {
+    health
+        .check(HealthCheckRequest::default())
+        .await
+        .map(|_| ())
+        .map_err(|status| format!("Health/Check: {status}"))
 }
 
 #[derive(Debug, Serialize)]
@@ -57,17 +52,7 @@ pub struct NoopCalls {
 /// the pool's connections: the most calls/s any RPC could reach here.
 pub async fn noop_calls(pool: &Pool, clients: usize, total: usize, limit: Duration) -> NoopCalls {
     let pool = pool.clone();
-    let outcome = closed_loop(clients, total, limit, move |_, _| {
-        let mut health = pool.health();
-        async move {
-            health
-                .check(HealthCheckRequest::default())
-                .await
-                .map(|_| ())
-                .map_err(|status| format!("Health/Check: {status}"))
-        }
-    })
-    .await;
+    let outcome = closed_loop(clients, total, limit, move |_, _| check(pool.health())).await;
     let per_second = outcome.per_second();
     let mut latencies = outcome.latencies;
     NoopCalls {

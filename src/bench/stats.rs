@@ -120,6 +120,31 @@ impl Outcome {
     }
 }
 
+/// Times `op`, called one at a time: `calls` samples after a warm-up of a
+/// tenth as many, until `limit` has passed. A failed call is a problem,
+/// not a sample.
+pub async fn one_at_a_time<F, Fut>(calls: usize, limit: Duration, mut op: F) -> (Summary, Problems)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let mut problems = Problems::default();
+    let mut samples = Vec::with_capacity(calls);
+    let deadline = Instant::now() + limit;
+    for i in 0..calls + calls / 10 {
+        if Instant::now() > deadline {
+            break;
+        }
+        let t0 = Instant::now();
+        match op().await {
+            Ok(()) if i >= calls / 10 => samples.push(t0.elapsed()),
+            Ok(()) => {}
+            Err(problem) => problems.add(problem),
+        }
+    }
+    (Summary::of(&mut samples), problems)
+}
+
 /// Runs `op` from `clients` concurrent tasks, each starting its next
 /// operation when the previous one answered, until `total` operations were
 /// started or `limit` has passed. `op(client, round)` gets the client's

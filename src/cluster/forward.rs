@@ -30,6 +30,7 @@ use tonic::server::NamedService;
 use tonic::Status;
 
 use super::{unavailable, Cluster, Owner};
+use crate::auth::remote_addr;
 use crate::auth::{forwarded, ForwardedPeer, Principal};
 
 /// How many servers a call has passed through.
@@ -199,22 +200,13 @@ async fn forward(
 /// address it called from (as a server before this one said, or as this
 /// server sees it).
 fn caller(extensions: &http::Extensions) -> Option<String> {
-    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     if let Some(principal) = extensions.get::<Principal>() {
         return Some(principal.name.clone());
     }
     if let Some(peer) = extensions.get::<ForwardedPeer>() {
         return Some(peer.0.clone());
     }
-    extensions
-        .get::<TcpConnectInfo>()
-        .or_else(|| {
-            extensions
-                .get::<TlsConnectInfo<TcpConnectInfo>>()
-                .map(|info| info.get_ref())
-        })
-        .and_then(|info| info.remote_addr())
-        .map(|addr| addr.to_string())
+    remote_addr(extensions).map(|addr| addr.to_string())
 }
 
 /// The caller's credentials stay here: the owner gets the caller, signed,

@@ -416,17 +416,11 @@ impl RunState {
                 match spec {
                     None => {
                         call.phase = Phase::Done;
-                        actions.push(Action::Emit(NewEvent::engine(
-                            TOOL_FAILED,
-                            ToolFailed {
-                                call_id: e.call_id,
-                                attempt: 0,
-                                error: ErrorData::new(
-                                    "UnknownTool",
-                                    format!("this run has no tool named '{}'", e.name),
-                                ),
-                            },
-                        )));
+                        actions.push(fail_unstarted(
+                            e.call_id,
+                            "UnknownTool",
+                            format!("this run has no tool named '{}'", e.name),
+                        ));
                     }
                     Some(spec) => {
                         let gated = e.requires_approval || spec.requires_approval;
@@ -440,21 +434,15 @@ impl RunState {
                         // schemas were checked goes on as it did).
                         let violations = super::schema::violations(&spec.parameters, &e.arguments);
                         if !violations.is_empty() {
-                            actions.push(Action::Emit(NewEvent::engine(
-                                TOOL_FAILED,
-                                ToolFailed {
-                                    call_id: e.call_id,
-                                    attempt: 0,
-                                    error: ErrorData::new(
-                                        "InvalidArguments",
-                                        format!(
-                                            "the arguments do not match {}'s parameters schema: {}",
-                                            e.name,
-                                            violations.join("; ")
-                                        ),
-                                    ),
-                                },
-                            )));
+                            actions.push(fail_unstarted(
+                                e.call_id,
+                                "InvalidArguments",
+                                format!(
+                                    "the arguments do not match {}'s parameters schema: {}",
+                                    e.name,
+                                    violations.join("; ")
+                                ),
+                            ));
                         } else if gated {
                             let timeout_due = (spec.approval_timeout_s > 0.0)
                                 .then(|| seconds::after_ms(now, spec.approval_timeout_s));
@@ -1050,6 +1038,19 @@ pub fn output_text(output: &Value) -> String {
         Value::String(text) => text.clone(),
         other => canonical_json(other),
     }
+}
+
+/// A call that ends before any attempt (an unknown tool, arguments that
+/// do not fit): its failure, for the model to read.
+fn fail_unstarted(call_id: String, error_type: &str, message: String) -> Action {
+    Action::Emit(NewEvent::engine(
+        TOOL_FAILED,
+        ToolFailed {
+            call_id,
+            attempt: 0,
+            error: ErrorData::new(error_type, message),
+        },
+    ))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use aaa::auth::AuthConfig;
 use aaa::proto::{
     complete_task_request, stream_events_response, watch_approvals_response, CompleteTaskRequest,
-    ListApprovalsRequest, ListRunsRequest, PollTaskRequest, RegisterWorkerRequest, SignalRequest,
+    ListApprovalsRequest, ListRunsRequest, PollTaskRequest, RegisterWorkerRequest,
     StreamEventsRequest, WatchApprovalsRequest,
 };
 use tonic::Code;
@@ -24,24 +24,18 @@ use crate::support::*;
 /// asked.
 async fn member(url: &str, standby: bool) -> TestServer {
     let auth = Arc::new(AuthConfig::parse(&auth_toml(false), Path::new(".")).expect("auth"));
+    member_with(url, standby, Some(auth)).await
+}
+
+/// An in-process server on `url` with this auth config (or none).
+async fn member_with(url: &str, standby: bool, auth: Option<Arc<AuthConfig>>) -> TestServer {
     let url = url.to_string();
     TestServer::start_with(move |config| {
-        config.auth = Some(auth.clone());
+        config.auth = auth.clone();
         config.store_url = Some(url.clone());
         config.standby = standby;
     })
     .await
-}
-
-/// A grant with a request id of its own, so that a retry after an
-/// UNAVAILABLE answer cannot append a second one.
-fn grant_request(run_id: &str, call_id: &str) -> SignalRequest {
-    SignalRequest {
-        run_id: run_id.into(),
-        r#type: "aaa.approval.granted".into(),
-        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
-        request_id: format!("grant-{run_id}-{call_id}"),
-    }
 }
 
 /// Through a standby, every role does its part of the reference scenario:
@@ -347,16 +341,8 @@ async fn servers_with_tls_forward_to_each_other_over_tls() {
     );
     std::fs::write(dir.path().join("auth.toml"), text).unwrap();
     let auth = Arc::new(AuthConfig::load(&dir.path().join("auth.toml")).expect("auth config"));
-    let start = |standby: bool| {
-        let (auth, url) = (auth.clone(), url.clone());
-        TestServer::start_with(move |config| {
-            config.auth = Some(auth.clone());
-            config.store_url = Some(url.clone());
-            config.standby = standby;
-        })
-    };
-    let owner_server = start(false).await;
-    let standby = start(true).await;
+    let owner_server = member_with(&url, false, Some(auth.clone())).await;
+    let standby = member_with(&url, true, Some(auth)).await;
 
     let channel = tonic::transport::Endpoint::from_shared(format!("https://{}", standby.addr()))
         .unwrap()
@@ -398,15 +384,8 @@ async fn with_auth_off_a_forwarded_call_names_the_client() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let start = |standby: bool| {
-        let url = url.clone();
-        TestServer::start_with(move |config| {
-            config.store_url = Some(url.clone());
-            config.standby = standby;
-        })
-    };
-    let owner_server = start(false).await;
-    let standby = start(true).await;
+    let owner_server = member_with(&url, false, None).await;
+    let standby = member_with(&url, true, None).await;
     // Connect on a socket whose local address the test knows.
     let (local_tx, local_rx) = std::sync::mpsc::channel();
     let target = standby.addr();

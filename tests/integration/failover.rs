@@ -20,8 +20,8 @@ use std::time::Instant;
 use aaa::proto::subscription_service_client::SubscriptionServiceClient;
 use aaa::proto::{
     stream_events_response, subscribe_request, subscribe_response, watch_approvals_response, Ack,
-    Event, PollTaskRequest, SignalRequest, StartFrom, StartRunRequest, StreamEventsRequest,
-    SubscribeRequest, SubscriptionOpen, ToolDefinition, WatchApprovalsRequest,
+    Event, PollTaskRequest, StartFrom, StartRunRequest, StreamEventsRequest, SubscribeRequest,
+    SubscriptionOpen, ToolDefinition, WatchApprovalsRequest,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -577,17 +577,6 @@ fn run_request(i: usize) -> StartRunRequest {
     StartRunRequest {
         request_id: format!("failover-{i}"),
         ..request
-    }
-}
-
-/// A grant with a request id of its own, so that a retry after an
-/// UNAVAILABLE answer cannot append a second one.
-fn grant_request(run_id: &str, call_id: &str) -> SignalRequest {
-    SignalRequest {
-        run_id: run_id.into(),
-        r#type: "aaa.approval.granted".into(),
-        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
-        request_id: format!("grant-{run_id}-{call_id}"),
     }
 }
 

@@ -900,6 +900,17 @@ pub async fn grant_and_finish(
     );
 }
 
+/// A grant with a request id of its own, so that a retry after an
+/// UNAVAILABLE answer cannot append a second one.
+pub fn grant_request(run_id: &str, call_id: &str) -> SignalRequest {
+    SignalRequest {
+        run_id: run_id.into(),
+        r#type: "aaa.approval.granted".into(),
+        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+        request_id: format!("grant-{run_id}-{call_id}"),
+    }
+}
+
 pub async fn grant(runs: &mut RunClient, run_id: &str, call_id: &str) -> SignalResponse {
     signal(
         runs,
