@@ -261,11 +261,7 @@ struct ReadServices {
 
 impl ReadServices {
     fn new(config: &Config, reads: Reads) -> ReadServices {
-        let runs = RunApi {
-            reads: reads.clone(),
-            engine: None,
-            separation_of_duties: separation_of_duties(config),
-        };
+        let runs = RunApi::reading(reads.clone(), separation_of_duties(config));
         ReadServices {
             runs: RunServiceServer::new(runs).max_decoding_message_size(config.max_message_bytes),
             approvals: ApprovalServiceServer::new(ApprovalApi { reads })
@@ -344,12 +340,8 @@ async fn own_runs(
         local
             .runs
             .set(
-                RunServiceServer::new(RunApi {
-                    reads: engine.reads().clone(),
-                    engine: Some(engine.clone()),
-                    separation_of_duties,
-                })
-                .max_decoding_message_size(max_message),
+                RunServiceServer::new(RunApi::serving(engine.clone(), separation_of_duties))
+                    .max_decoding_message_size(max_message),
             )
             .is_ok(),
         local

@@ -20,10 +20,10 @@ const READ_CHUNK: usize = 256;
 /// Reads are answered from `reads` on any server; writes need the engine,
 /// which only the server that owns the runs has (the others forward them).
 pub struct RunApi {
-    pub reads: Reads,
-    pub engine: Option<Engine>,
+    reads: Reads,
+    engine: Option<Engine>,
     /// The principal that started a run may not decide its approvals.
-    pub separation_of_duties: bool,
+    separation_of_duties: bool,
 }
 
 type EventStream =
@@ -42,6 +42,24 @@ fn is_terminal(event_type: &str) -> bool {
 }
 
 impl RunApi {
+    /// The owner's: reads and writes, with its engine.
+    pub fn serving(engine: Engine, separation_of_duties: bool) -> RunApi {
+        RunApi {
+            reads: engine.reads().clone(),
+            engine: Some(engine),
+            separation_of_duties,
+        }
+    }
+
+    /// Any other server's: reads only.
+    pub fn reading(reads: Reads, separation_of_duties: bool) -> RunApi {
+        RunApi {
+            reads,
+            engine: None,
+            separation_of_duties,
+        }
+    }
+
     /// The engine, for a write; a server without one forwards writes
     /// rather than call this.
     fn engine(&self) -> Result<&Engine, Status> {

@@ -57,18 +57,28 @@ pub async fn run(
 /// Starts `count` runs of the gated hold tool and waits until each waits
 /// for approval. Returns their ids.
 pub async fn park_runs(pool: &Pool, session: &str, count: usize) -> anyhow::Result<Vec<String>> {
+    let parked = park_calls(pool, session, count).await?;
+    Ok(parked.into_iter().map(|(run_id, _)| run_id).collect())
+}
+
+/// [`park_runs`], answering each run's id with the call_id it waits on.
+pub async fn park_calls(
+    pool: &Pool,
+    session: &str,
+    count: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
     let mut starts = JoinSet::new();
     for _ in 0..count {
         let (mut runs, session) = (pool.runs(), session.to_string());
         starts.spawn(async move {
             let run_id = client::start_run(&mut runs, HOLD, &session).await?;
-            client::wait_parked(&mut runs, &run_id).await?;
-            Ok::<_, String>(run_id)
+            let call_id = client::wait_parked(&mut runs, &run_id).await?;
+            Ok::<_, String>((run_id, call_id))
         });
     }
-    let mut run_ids = Vec::with_capacity(count);
+    let mut parked = Vec::with_capacity(count);
     while let Some(joined) = starts.join_next().await {
-        run_ids.push(joined?.map_err(anyhow::Error::msg)?);
+        parked.push(joined?.map_err(anyhow::Error::msg)?);
     }
-    Ok(run_ids)
+    Ok(parked)
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::appends::park_runs;
+use super::appends::{park_calls, park_runs};
 use super::client::{self, HOLD, WIRE_OUTPUT};
 use super::cycle::{self, Level};
 use super::postgres::Database;
@@ -214,13 +214,7 @@ async fn failover(
         "aaa bench: cluster of {}, failover with {parked} parked runs",
         members.len()
     );
-    let mut waiting = Vec::with_capacity(parked);
-    for run_id in park_runs(&standbys, session, parked).await? {
-        let call_id = client::wait_parked(&mut standbys.runs(), &run_id)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        waiting.push((run_id, call_id));
-    }
+    let waiting = park_calls(&standbys, session, parked).await?;
     let before = owner(&standbys)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no server owns the runs before the kill"))?;

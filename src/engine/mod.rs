@@ -259,7 +259,8 @@ struct Inner {
     cache: Mutex<lru::LruCache<RunId, RunState>>,
     dispatcher: Dispatcher,
     leases: Leases,
-    /// The store, run heads and facts as the api's reads see them.
+    /// The store, run heads, facts and the stop signal, as the api's
+    /// reads see them.
     reads: Reads,
     /// Worker identities and the principals they belong to (auth on).
     identities: Mutex<lru::LruCache<String, String>>,
@@ -268,7 +269,6 @@ struct Inner {
     /// the earliest one again (not at every lease change, which on a
     /// database would be a query per attempt).
     durable_timers_changed: std::sync::atomic::AtomicBool,
-    shutdown: CancellationToken,
 }
 
 /// Where a method's request ids are kept: per method (and run), and per
@@ -306,7 +306,7 @@ impl Engine {
     ) -> Result<Engine, Error> {
         let cache_size = NonZeroUsize::new(config.run_cache_size.max(1)).expect("non-zero");
         let leases = Leases::new(config.clock.clone());
-        let reads = Reads::new(store.clone(), shutdown.clone());
+        let reads = Reads::new(store.clone(), shutdown);
         let engine = Engine {
             inner: Arc::new(Inner {
                 store,
@@ -322,7 +322,6 @@ impl Engine {
                 )),
                 timers_changed: Notify::new(),
                 durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
-                shutdown,
             }),
         };
         engine.recover().await?;
@@ -344,7 +343,7 @@ impl Engine {
     }
 
     pub fn shutdown_token(&self) -> &CancellationToken {
-        &self.inner.shutdown
+        self.inner.reads.shutdown_token()
     }
 
     /// What the api's reads use: the store, run heads, run facts.
@@ -893,7 +892,7 @@ impl Engine {
             let Some(delivery) = self
                 .inner
                 .dispatcher
-                .take(keys, worker, left, &self.inner.shutdown)
+                .take(keys, worker, left, self.shutdown_token())
                 .await
             else {
                 return Ok(None);
@@ -1210,10 +1209,10 @@ impl Engine {
                     _ = tokio::time::sleep(wait) => {}
                     _ = self.inner.timers_changed.notified() => continue,
                     _ = advances.next() => continue,
-                    _ = self.inner.shutdown.cancelled() => return,
+                    _ = self.shutdown_token().cancelled() => return,
                 }
             }
-            if self.inner.shutdown.is_cancelled() {
+            if self.shutdown_token().is_cancelled() {
                 return;
             }
             for expired in self.inner.leases.take_expired() {

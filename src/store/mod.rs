@@ -378,9 +378,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The runs whose heads the commits of every server on a shared store
     /// moved, as this server hears of them from the database, so that a
-    /// server that does not own the runs can tell its followers. The
-    /// embedded store has no other writers and sends nothing.
-    fn heads_moved(&self) -> broadcast::Receiver<HeadsMoved>;
+    /// server that does not own the runs can tell its followers. A store
+    /// with no other writers (the embedded one) has nothing to tell: the
+    /// default is closed at once.
+    fn heads_moved(&self) -> broadcast::Receiver<HeadsMoved> {
+        broadcast::channel(1).1
+    }
 
     /// Durable events of `run` with seq > `after_seq`, in seq order, at
     /// most `limit`.

@@ -12,7 +12,6 @@
 //! nothing more.
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -28,6 +27,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 
+use crate::postgres::Cluster;
 use crate::support::*;
 
 /// Runs in all; every other one is gated.
@@ -68,11 +68,7 @@ async fn failover(outage: Outage) {
     let Ok([first, second, third]) = <[ChildServer; 3]>::try_from(servers) else {
         unreachable!("three servers")
     };
-    let tools = [wire_money(), lookup()].map(|tool| ToolDefinition {
-        heartbeat_timeout_s: ATTEMPT_LEASE_S,
-        ..tool
-    });
-    register(&mut second.workers().await, tools.to_vec(), &[]).await;
+    register(&mut second.workers().await, failover_tools(), &[]).await;
 
     // Everyone attaches to a standby: the worker to the second, the group,
     // the watcher and (later) the follower to the third.
@@ -130,18 +126,10 @@ async fn failover(outage: Outage) {
     };
 
     // The rest goes through the second server, retried as the SDKs do.
+    let after = Seen::<Vec<(String, bool)>>::new();
+    start_runs(at_second.clone(), after.clone(), BEFORE..RUNS).await;
+    started.extend(after.read(Vec::clone));
     let runs = second.runs().await;
-    for i in BEFORE..RUNS {
-        let request = run_request(i);
-        let run_id = retrying(|| {
-            let (mut runs, request) = (runs.clone(), request.clone());
-            async move { runs.start_run(request).await }
-        })
-        .await
-        .into_inner()
-        .run_id;
-        started.push((run_id, is_gated(i)));
-    }
     for (run_id, _) in started[BEFORE..].iter().filter(|(_, gated)| *gated) {
         let call_id = watched
             .wait_until("a request of a run started after the outage", |w| {
@@ -309,11 +297,7 @@ async fn a_rolling_restart_under_load_loses_nothing() {
     }
     let everywhere = AddressList::new(&servers.iter().collect::<Vec<_>>());
     let ports: Vec<u16> = servers.iter().map(|s| s.addr().port()).collect();
-    let tools = [wire_money(), lookup()].map(|tool| ToolDefinition {
-        heartbeat_timeout_s: ATTEMPT_LEASE_S,
-        ..tool
-    });
-    register(&mut servers[0].workers().await, tools.to_vec(), &[]).await;
+    register(&mut servers[0].workers().await, failover_tools(), &[]).await;
 
     let executed = Seen::<Executed>::new();
     let granted = Seen::<Vec<(String, String, u64)>>::new();
@@ -371,16 +355,27 @@ async fn a_database_failover_loses_nothing_acknowledged() {
     if postgres().is_none() {
         return;
     }
-    let databases = Databases::start();
+    let primary = Cluster::start().await;
+    let replica = Cluster::replica_of(&primary).await;
+    // Both hosts; a connection goes to the one that takes writes.
+    let host = |url: &str| {
+        url.split('@')
+            .nth(1)
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let store = format!(
+        "--store=postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
+        host(&primary.url),
+        host(&replica.url)
+    );
     let server_dir = tempfile::tempdir().unwrap();
-    let store = format!("--store={}", databases.url());
     let server =
         ChildServer::start_args(server_dir.path(), &["--listen", "127.0.0.1:0", &store]).await;
-    let tools = [wire_money(), lookup()].map(|tool| ToolDefinition {
-        heartbeat_timeout_s: ATTEMPT_LEASE_S,
-        ..tool
-    });
-    register(&mut server.workers().await, tools.to_vec(), &[]).await;
+    register(&mut server.workers().await, failover_tools(), &[]).await;
     let at_server = AddressList::new(&[&server]);
     let executed = Seen::<Executed>::new();
     let granted = Seen::<Vec<(String, String, u64)>>::new();
@@ -395,7 +390,8 @@ async fn a_database_failover_loses_nothing_acknowledged() {
     let runs = 60;
     start_runs(at_server.clone(), started.clone(), 0..runs / 3).await;
     let failed_over = Instant::now();
-    databases.fail_over();
+    primary.run(&["kill"]).await;
+    replica.run(&["promote"]).await;
     start_runs(at_server.clone(), started.clone(), runs / 3..runs).await;
     let started = started.read(Vec::clone);
     let mut histories = HashMap::new();
@@ -413,82 +409,6 @@ async fn a_database_failover_loses_nothing_acknowledged() {
         .await;
     let lost = check_histories(&histories, &started, &granted, &executed);
     eprintln!("database failover: runs that lost an attempt: {lost:?}");
-}
-
-/// A PostgreSQL primary and its synchronous streaming replica, made by
-/// `.ci/postgres` in a temp dir; both stopped on drop.
-struct Databases {
-    dir: tempfile::TempDir,
-    primary: String,
-    replica: String,
-}
-
-impl Databases {
-    fn start() -> Databases {
-        let dir = tempfile::tempdir().unwrap();
-        let (primary_dir, replica_dir) = (dir.path().join("primary"), dir.path().join("replica"));
-        let primary = ci_postgres(&["start", path(&primary_dir)]);
-        let replica = ci_postgres(&["replica", path(&primary_dir), path(&replica_dir)]);
-        Databases {
-            dir,
-            primary,
-            replica,
-        }
-    }
-
-    /// Both hosts; a connection goes to the one that takes writes.
-    fn url(&self) -> String {
-        let host = |url: &str| {
-            url.split('@')
-                .nth(1)
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string()
-        };
-        format!(
-            "postgres://postgres@{},{}/postgres?target_session_attrs=read-write",
-            host(&self.primary),
-            host(&self.replica)
-        )
-    }
-
-    /// kill -9 of the primary, then the replica promoted.
-    fn fail_over(&self) {
-        ci_postgres(&["kill", path(&self.dir.path().join("primary"))]);
-        ci_postgres(&["promote", path(&self.dir.path().join("replica"))]);
-    }
-}
-
-impl Drop for Databases {
-    fn drop(&mut self) {
-        for name in ["replica", "primary"] {
-            let _ = Command::new("bash")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/postgres"))
-                .args(["stop", path(&self.dir.path().join(name)), "immediate"])
-                .output();
-        }
-    }
-}
-
-fn path(path: &std::path::Path) -> &str {
-    path.to_str().expect("a UTF-8 temp path")
-}
-
-/// Runs `.ci/postgres ARGS`; answers what it printed.
-fn ci_postgres(args: &[&str]) -> String {
-    let output = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/postgres"))
-        .args(args)
-        .output()
-        .expect("bash .ci/postgres");
-    assert!(
-        output.status.success(),
-        ".ci/postgres {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
 /// Starts runs `numbers` (see [`run_request`]) through the servers in
@@ -553,6 +473,16 @@ async fn grant_every_request(
     }
 }
 
+/// Both tools, with the attempt lease of these tests.
+fn failover_tools() -> Vec<ToolDefinition> {
+    [wire_money(), lookup()]
+        .map(|tool| ToolDefinition {
+            heartbeat_timeout_s: ATTEMPT_LEASE_S,
+            ..tool
+        })
+        .to_vec()
+}
+
 fn lookup() -> ToolDefinition {
     ToolDefinition {
         name: "lookup".into(),
@@ -578,11 +508,6 @@ fn run_request(i: usize) -> StartRunRequest {
         request_id: format!("failover-{i}"),
         ..request
     }
-}
-
-/// The pause before a client tries again, as the SDKs' retry has.
-async fn backoff() {
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
 }
 
 /// What a client in the background saw, and a signal each time it saw more.

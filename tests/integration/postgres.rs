@@ -808,10 +808,11 @@ async fn an_unsupported_scheme_and_an_unreachable_database_are_refused_without_t
 
 // ------------------------------------------------------------- the crash
 
-/// A cluster of the test's own, made and driven by `.ci/postgres`.
-struct Cluster {
+/// A cluster of the test's own, made and driven by `.ci/postgres`; stopped
+/// on drop.
+pub(crate) struct Cluster {
     dir: tempfile::TempDir,
-    url: String,
+    pub url: String,
 }
 
 fn ci_postgres(args: &[&str]) -> String {
@@ -830,7 +831,7 @@ fn ci_postgres(args: &[&str]) -> String {
 }
 
 impl Cluster {
-    async fn start() -> Cluster {
+    pub(crate) async fn start() -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().to_string_lossy().to_string();
         let url = tokio::task::spawn_blocking(move || ci_postgres(&["start", &path]))
@@ -839,7 +840,20 @@ impl Cluster {
         Cluster { dir, url }
     }
 
-    async fn run(&self, args: &'static [&'static str]) {
+    /// A streaming replica of `primary`, which waits for it at each commit
+    /// (synchronous replication).
+    pub(crate) async fn replica_of(primary: &Cluster) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let from = primary.dir.path().to_string_lossy().to_string();
+        let path = dir.path().to_string_lossy().to_string();
+        let url = tokio::task::spawn_blocking(move || ci_postgres(&["replica", &from, &path]))
+            .await
+            .expect("replica");
+        Cluster { dir, url }
+    }
+
+    /// `.ci/postgres ARGS[0] DIR ARGS[1..]` on this cluster.
+    pub(crate) async fn run(&self, args: &'static [&'static str]) {
         let path = self.dir.path().to_string_lossy().to_string();
         tokio::task::spawn_blocking(move || {
             let mut all = vec![args[0], path.as_str()];

@@ -842,6 +842,12 @@ pub fn is_retryable(status: &Status) -> bool {
     status.code() == Code::Unavailable || status.source().is_some()
 }
 
+/// The pause before a client tries again, as the SDKs' retry has: not a
+/// wait for a state, which the next attempt asks the servers about.
+pub async fn backoff() {
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+}
+
 /// Retries a call while it [`is_retryable`] (the owner died and no other
 /// server holds the runs yet, a server stopped), as the SDKs do.
 pub async fn retrying<T, F, Fut>(mut call: F) -> T
@@ -854,9 +860,7 @@ where
         match call().await {
             Ok(answer) => return answer,
             Err(status) if is_retryable(&status) && std::time::Instant::now() < give_up => {
-                // A backoff, as the SDKs have: not a wait for a state, which
-                // the next attempt asks the servers about.
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                backoff().await;
             }
             Err(status) => panic!("{status:?}"),
         }

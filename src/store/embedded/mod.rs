@@ -63,8 +63,6 @@ struct Inner {
     /// False while writes are refused (see [`Store::watch_writable`]).
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
-    /// Never sent on: this store has no other writers.
-    heads_moved: tokio::sync::broadcast::Sender<crate::store::HeadsMoved>,
 }
 
 /// The layout this version reads and writes. Version 1 kept events in sled
@@ -171,7 +169,6 @@ impl EmbeddedStore {
                 durable_position,
                 writable,
                 token_key,
-                heads_moved: tokio::sync::broadcast::Sender::new(1),
             }),
         })
     }
@@ -334,10 +331,6 @@ impl super::Store for EmbeddedStore {
 
     fn watch_durable(&self) -> watch::Receiver<u64> {
         self.inner.durable.clone()
-    }
-
-    fn heads_moved(&self) -> tokio::sync::broadcast::Receiver<crate::store::HeadsMoved> {
-        self.inner.heads_moved.subscribe()
     }
 
     async fn run_events(
