@@ -241,6 +241,27 @@ pub struct ApprovalRecord {
     /// Global position of that event, filled in by the store at commit.
     #[prost(uint64, tag = "15")]
     pub position: u64,
+    /// Grants from distinct approvers the call needs (0 in records written
+    /// before this field existed: read as 1).
+    #[prost(uint32, tag = "16")]
+    pub approvals_required: u32,
+    /// Grants cast so far.
+    #[prost(message, repeated, tag = "17")]
+    pub votes: Vec<VoteRecord>,
+    /// For an edited call: the call it replaces.
+    #[prost(string, tag = "18")]
+    pub edited_from: String,
+}
+
+/// One approver's grant of a call that needs several.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VoteRecord {
+    #[prost(string, tag = "1")]
+    pub approver: String,
+    #[prost(int64, tag = "2")]
+    pub time_ms: i64,
+    #[prost(string, tag = "3")]
+    pub comment: String,
 }
 
 /// A consumer group: what it subscribes to, and how far it has got.

@@ -264,7 +264,7 @@ impl ReadServices {
         let runs = RunApi::reading(reads.clone(), separation_of_duties(config));
         ReadServices {
             runs: RunServiceServer::new(runs).max_decoding_message_size(config.max_message_bytes),
-            approvals: ApprovalServiceServer::new(ApprovalApi { reads })
+            approvals: ApprovalServiceServer::new(ApprovalApi::reading(reads))
                 .max_decoding_message_size(config.max_message_bytes),
         }
     }
@@ -347,9 +347,10 @@ async fn own_runs(
         local
             .approvals
             .set(
-                ApprovalServiceServer::new(ApprovalApi {
-                    reads: engine.reads().clone(),
-                })
+                ApprovalServiceServer::new(ApprovalApi::serving(
+                    engine.clone(),
+                    separation_of_duties,
+                ))
                 .max_decoding_message_size(max_message),
             )
             .is_ok(),

@@ -1,4 +1,5 @@
-//! ApprovalService: list pending approvals and watch them change.
+//! ApprovalService: list pending approvals, watch them change, and decide
+//! several at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -9,9 +10,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::runs::page_size;
-use super::{convert, status::to_status, unavailable, STREAM_BUFFER};
+use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
 use crate::engine::event::*;
-use crate::engine::{Error, Reads};
+use crate::engine::{BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
 use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId};
@@ -21,11 +22,36 @@ const LOG_CHUNK: usize = 512;
 /// Pending approvals read at once for a watch's snapshot.
 const SNAPSHOT_CHUNK: usize = 512;
 
-/// Reads only: any server answers them from the database (see
-/// [`Reads`]).
+/// Reads are answered from `reads` on any server (see [`Reads`]); batch
+/// decisions need the engine, which only the owner of the runs has.
 pub struct ApprovalApi {
-    pub reads: Reads,
+    reads: Reads,
+    engine: Option<Engine>,
+    separation_of_duties: bool,
 }
+
+impl ApprovalApi {
+    /// The owner's: reads and decisions.
+    pub fn serving(engine: Engine, separation_of_duties: bool) -> ApprovalApi {
+        ApprovalApi {
+            reads: engine.reads().clone(),
+            engine: Some(engine),
+            separation_of_duties,
+        }
+    }
+
+    /// Any other server's: reads only (decisions are forwarded).
+    pub fn reading(reads: Reads) -> ApprovalApi {
+        ApprovalApi {
+            reads,
+            engine: None,
+            separation_of_duties: false,
+        }
+    }
+}
+
+/// Most items one DecideApprovals may name.
+const MAX_BATCH_ITEMS: usize = 1000;
 
 /// The filters both RPCs take.
 struct Filter {
@@ -138,6 +164,56 @@ impl ApprovalService for ApprovalApi {
         }))
     }
 
+    async fn decide_approvals(
+        &self,
+        request: Request<proto::DecideApprovalsRequest>,
+    ) -> Result<Response<proto::DecideApprovalsResponse>, Status> {
+        let reviewer = Reviewer {
+            actor: client_actor(&request),
+            principal: principal(&request).map_or_else(String::new, |p| p.name.clone()),
+            separation_of_duties: self.separation_of_duties,
+        };
+        let request = request.into_inner();
+        let grant = match proto::BatchDecision::try_from(request.decision) {
+            Ok(proto::BatchDecision::Grant) => true,
+            Ok(proto::BatchDecision::Deny) => false,
+            _ => {
+                return Err(Error::invalid(
+                    "decision",
+                    "required: BATCH_DECISION_GRANT or BATCH_DECISION_DENY",
+                )
+                .into())
+            }
+        };
+        let items = batch_items(&request.items)?;
+        let text = if grant {
+            &request.comment
+        } else {
+            &request.reason
+        };
+        convert::check_size(if grant { "comment" } else { "reason" }, text, 4 * 1024)?;
+        convert::check_size("approver", &request.approver, 256)?;
+        let engine = self.engine.as_ref().ok_or_else(|| {
+            Status::unavailable("this server does not own the runs; send writes to one that does")
+        })?;
+        let outcomes = engine
+            .decide_approvals(
+                &items,
+                grant,
+                text,
+                &request.approver,
+                &reviewer,
+                request.all_or_nothing,
+            )
+            .await?;
+        let results = items
+            .iter()
+            .zip(outcomes)
+            .map(|(item, outcome)| decision_result(item, outcome))
+            .collect();
+        Ok(Response::new(proto::DecideApprovalsResponse { results }))
+    }
+
     type WatchApprovalsStream = WatchStream;
 
     async fn watch_approvals(
@@ -169,6 +245,86 @@ impl ApprovalService for ApprovalApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
+}
+
+/// The batch's items, checked: each names a run, a call and the digest
+/// the reviewer saw, and no call appears twice.
+fn batch_items(items: &[proto::DecisionItem]) -> Result<Vec<BatchItem>, Error> {
+    if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
+        return Err(Error::invalid(
+            "items",
+            format!(
+                "{} items: a batch names 1 to {MAX_BATCH_ITEMS} calls",
+                items.len()
+            ),
+        ));
+    }
+    let mut out: Vec<BatchItem> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let run = convert::run_id(&format!("items[{i}].run_id"), &item.run_id)?;
+        if item.call_id.is_empty() {
+            return Err(Error::invalid(&format!("items[{i}].call_id"), "required"));
+        }
+        convert::check_size(&format!("items[{i}].call_id"), &item.call_id, 256)?;
+        let digest = &item.arguments_sha256;
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::invalid(
+                &format!("items[{i}].arguments_sha256"),
+                "required: the hex SHA-256 of the arguments the reviewer was shown (Approval.arguments_sha256); a batch never decides by filter alone",
+            ));
+        }
+        if let Some(first) = out
+            .iter()
+            .position(|o| o.run == run && o.call_id == item.call_id)
+        {
+            return Err(Error::invalid(
+                &format!("items[{i}]"),
+                format!("names the same call as items[{first}]"),
+            ));
+        }
+        out.push(BatchItem {
+            run,
+            call_id: item.call_id.clone(),
+            arguments_sha256: digest.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// The answer for one item.
+fn decision_result(item: &BatchItem, outcome: ItemOutcome) -> proto::DecisionResult {
+    use proto::DecisionStatus;
+    let mut result = proto::DecisionResult {
+        run_id: item.run.to_string(),
+        call_id: item.call_id.clone(),
+        ..Default::default()
+    };
+    let status = match outcome {
+        ItemOutcome::Decided { recorded, seq } => {
+            result.decision = recorded.to_string();
+            result.seq = seq;
+            DecisionStatus::Decided
+        }
+        ItemOutcome::AlreadyDecided(decision) => {
+            result.decision = decision.to_string();
+            DecisionStatus::AlreadyDecided
+        }
+        ItemOutcome::NotApplied => DecisionStatus::NotApplied,
+        ItemOutcome::Refused(error) => {
+            let status = match &error {
+                Error::ArgumentsMismatch { .. } => DecisionStatus::Mismatch,
+                Error::RunNotFound(_) | Error::CallNotFound { .. } => DecisionStatus::NotFound,
+                Error::AlreadyVoted { .. } => DecisionStatus::AlreadyDecided,
+                _ => DecisionStatus::Refused,
+            };
+            let (reason, message) = super::status::reason_and_message(error);
+            result.error_reason = reason;
+            result.error_message = message;
+            status
+        }
+    };
+    result.status = status as i32;
+    result
 }
 
 type Sender = mpsc::Sender<Result<proto::WatchApprovalsResponse, Status>>;
@@ -288,6 +444,7 @@ async fn approval_item(
                 reason,
                 seq: event.seq,
                 time: convert::timestamp(event.time_ms),
+                replaced_by: String::new(),
             });
             Some((tool, item))
         };
@@ -313,8 +470,42 @@ async fn approval_item(
                 seq: event.seq,
                 position: event.position,
                 task,
+                approvals_required: data.approvals_required.max(1),
+                votes: Vec::new(),
+                edited_from: data.edited_from,
             };
             Some((data.name, Item::Requested(approval)))
+        }
+        APPROVAL_VOTED => {
+            let data: ApprovalVoted = serde_json::from_str(&event.data_json).map_err(bad)?;
+            let item = Item::Voted(proto::ApprovalVoted {
+                run_id: run_id.clone(),
+                call_id: data.call_id,
+                tool: data.name.clone(),
+                vote: Some(proto::Vote {
+                    approver: data.approver,
+                    time: convert::timestamp(event.time_ms),
+                    comment: data.comment.unwrap_or_default(),
+                }),
+                votes: data.votes,
+                approvals_required: data.approvals_required,
+                seq: event.seq,
+            });
+            Some((data.name, item))
+        }
+        APPROVAL_EDITED => {
+            let data: ApprovalEdited = serde_json::from_str(&event.data_json).map_err(bad)?;
+            let item = Item::Resolved(proto::ApprovalResolution {
+                run_id: run_id.clone(),
+                call_id: data.call_id,
+                tool: data.name.clone(),
+                outcome: proto::ApprovalOutcome::Edited as i32,
+                reason: data.reason,
+                seq: event.seq,
+                time: convert::timestamp(event.time_ms),
+                replaced_by: data.new_call_id,
+            });
+            Some((data.name, item))
         }
         APPROVAL_GRANTED => {
             let data: ApprovalGranted = serde_json::from_str(&event.data_json).map_err(bad)?;

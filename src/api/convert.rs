@@ -34,7 +34,7 @@ fn run_id_text(bytes: &[u8]) -> String {
     RunId::from_slice(bytes).map_or_else(String::new, |id| id.to_string())
 }
 
-fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Error> {
+pub fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Error> {
     if text.len() > limit {
         return Err(Error::PayloadTooLarge {
             field: field.to_string(),
@@ -172,6 +172,10 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
                     &format!("tools[{i}].approval_timeout_s"),
                     tool.approval_timeout_s,
                     seconds::APPROVAL_TIMEOUT,
+                )?,
+                approvals_required: approvals_required(
+                    &format!("tools[{i}].approvals_required"),
+                    tool.approvals_required,
                 )?,
             })
         })
@@ -320,7 +324,26 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
             tool.approval_timeout_s,
             seconds::APPROVAL_TIMEOUT,
         )?,
+        approvals_required: approvals_required(
+            &field("approvals_required"),
+            tool.approvals_required,
+        )?
+        .max(1),
     })
+}
+
+/// Most grants a call may need: more distinct approvers than any team
+/// would ask for is a typo.
+pub const MAX_APPROVALS_REQUIRED: u32 = 16;
+
+fn approvals_required(field: &str, n: u32) -> Result<u32, Error> {
+    if n > MAX_APPROVALS_REQUIRED {
+        return Err(Error::invalid(
+            field,
+            format!("{n} is more than {MAX_APPROVALS_REQUIRED} approvers"),
+        ));
+    }
+    Ok(n)
 }
 
 pub fn tool_definition_out(spec: &ToolSpec) -> proto::ToolDefinition {
@@ -337,6 +360,7 @@ pub fn tool_definition_out(spec: &ToolSpec) -> proto::ToolDefinition {
         }),
         heartbeat_timeout_s: spec.heartbeat_timeout_s,
         approval_timeout_s: spec.approval_timeout_s,
+        approvals_required: spec.approvals_required,
     }
 }
 
@@ -409,6 +433,17 @@ pub fn approval(record: ApprovalRecord) -> proto::Approval {
         seq: record.seq,
         position: record.position,
         task: record.task,
+        approvals_required: record.approvals_required.max(1),
+        votes: record.votes.into_iter().map(vote).collect(),
+        edited_from: record.edited_from,
+    }
+}
+
+pub fn vote(vote: crate::domain::VoteRecord) -> proto::Vote {
+    proto::Vote {
+        approver: vote.approver,
+        time: timestamp(vote.time_ms),
+        comment: vote.comment,
     }
 }
 

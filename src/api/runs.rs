@@ -8,8 +8,8 @@ use tonic::{Request, Response, Status};
 
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
 use crate::auth::{self, Principal, Refusal};
-use crate::engine::event::{is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
-use crate::engine::{Engine, Error, Reads};
+use crate::engine::event::{is_decision, is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
+use crate::engine::{Engine, Error, Reads, Reviewer};
 use crate::proto::{self, run_service_server::RunService};
 use crate::store::{EventRecord, RunId, RunQuery, RunRecord};
 
@@ -141,19 +141,6 @@ impl RunApi {
             }
             _ => Ok(()),
         }
-    }
-
-    /// The separation-of-duties policy: the principal that started a run may
-    /// not decide its approvals.
-    async fn check_separation(&self, principal: &Principal, run: RunId) -> Result<(), Status> {
-        if self.separation_of_duties && self.starter(run).await?.as_ref() == Some(&principal.name) {
-            return Err(Refusal::SeparationOfDuties {
-                principal: principal.name.clone(),
-                run: run.to_string(),
-            }
-            .into());
-        }
-        Ok(())
     }
 }
 
@@ -288,11 +275,11 @@ impl RunService for RunApi {
             auth::authorize_signal(principal, &request.r#type)?;
         }
         let run = convert::run_id("run_id", &request.run_id)?;
-        match &principal {
-            Some(principal) if auth::is_decision(&request.r#type) => {
-                self.check_separation(principal, run).await?
-            }
-            principal => self.check_owner(principal.as_ref(), run, false).await?,
+        // An approver decides calls of any run (separation of duties is
+        // checked with the decision, by the engine); other signals are the
+        // starter's.
+        if !is_decision(&request.r#type) {
+            self.check_owner(principal.as_ref(), run, false).await?;
         }
         if request.r#type.is_empty() {
             return Err(Error::invalid("type", "required").into());
@@ -302,21 +289,23 @@ impl RunService for RunApi {
             return Err(Error::ReservedEventType(request.r#type).into());
         }
         let data = convert::json_object("data_json", &request.data_json)?;
+        let reviewer = Reviewer {
+            actor,
+            principal: principal.map_or_else(String::new, |p| p.name),
+            separation_of_duties: self.separation_of_duties,
+        };
         let answer = self
             .engine()?
-            .signal(
-                run,
-                &request.r#type,
-                data,
-                &request.request_id,
-                actor,
-                principal.as_ref().map_or("", |p| p.name.as_str()),
-            )
+            .signal(run, &request.r#type, data, &request.request_id, reviewer)
             .await?;
         Ok(Response::new(proto::SignalResponse {
             seq: answer.seq,
             already_decided: answer.already_decided,
             decision: answer.decision,
+            votes: answer.votes,
+            approvals_required: answer.approvals_required,
+            new_call_id: answer.new_call_id,
+            new_arguments_sha256: answer.new_arguments_sha256,
         }))
     }
 

@@ -105,6 +105,11 @@ pub fn to_status(error: Error) -> Status {
             metadata.insert("call_id".to_string(), call.clone());
             (Code::FailedPrecondition, ErrorReason::ArgumentsMismatch)
         }
+        Error::AlreadyVoted { call, approver } => {
+            metadata.insert("call_id".to_string(), call.clone());
+            metadata.insert("approver".to_string(), approver.clone());
+            (Code::FailedPrecondition, ErrorReason::AlreadyVoted)
+        }
         Error::ToolNotRegistered { field, .. } => {
             metadata.insert("field".to_string(), field.clone());
             (Code::InvalidArgument, ErrorReason::ToolNotRegistered)
@@ -131,6 +136,18 @@ pub fn to_status(error: Error) -> Status {
         }
     };
     error_status(code, reason, &error.to_string(), metadata)
+}
+
+/// The ErrorReason name and message `error` gets as a status, for answers
+/// that report an error per item (DecideApprovals).
+pub fn reason_and_message(error: Error) -> (String, String) {
+    let status = to_status(error);
+    let reason = status
+        .get_error_details()
+        .error_info()
+        .map(|info| info.reason.clone())
+        .unwrap_or_default();
+    (reason, status.message().to_string())
 }
 
 /// A request whose bytes did not decode as the method's message. tonic

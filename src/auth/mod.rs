@@ -64,6 +64,7 @@ pub const RULES: &[(&str, &[Role])] = &[
         "/aaa.v1.ApprovalService/WatchApprovals",
         &[Approver, Reader],
     ),
+    ("/aaa.v1.ApprovalService/DecideApprovals", &[Approver]),
     ("/aaa.v1.WorkerService/RegisterWorker", &[Worker]),
     ("/aaa.v1.WorkerService/PollTask", &[Worker]),
     ("/aaa.v1.WorkerService/HeartbeatTask", &[Worker]),
@@ -211,7 +212,7 @@ pub fn authorize(method: &str, principal: &Principal) -> Result<(), Refusal> {
 /// May `principal` append an event of `event_type` with Signal? Decisions
 /// need approver; application events need runner.
 pub fn authorize_signal(principal: &Principal, event_type: &str) -> Result<(), Refusal> {
-    let needed: &[Role] = if is_decision(event_type) {
+    let needed: &[Role] = if crate::engine::event::is_decision(event_type) {
         &[Approver]
     } else {
         &[Runner]
@@ -224,12 +225,6 @@ pub fn authorize_signal(principal: &Principal, event_type: &str) -> Result<(), R
         &format!("Signal {event_type}"),
         needed,
     ))
-}
-
-/// Is this Signal type an approval decision?
-pub fn is_decision(event_type: &str) -> bool {
-    event_type == crate::engine::event::APPROVAL_GRANTED
-        || event_type == crate::engine::event::APPROVAL_DENIED
 }
 
 fn missing_role(principal: &Principal, method: &str, allowed: &[Role]) -> Refusal {

@@ -1,20 +1,17 @@
-//! `aaa approvals` (ls, watch, review) and `aaa approve` / `aaa deny`: the
-//! inbox of tool calls waiting for a human, and the decisions, which are
-//! RunService.Signal calls with aaa.approval.granted / aaa.approval.denied.
+//! `aaa approvals` (ls, watch, review): the inbox of tool calls waiting for
+//! a human, and the interactive review that decides them (the decisions
+//! themselves are in `decisions`).
 
 use std::io::IsTerminal;
 
 use serde_json::{json, Value};
 
+use super::decisions::{self, deny_data, edit_data, grant_data, signal, DENIED, EDITED, GRANTED};
 use super::render::{self, Output, Style};
-use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
+use super::{label, Connection, Error, Format, Page, EXIT_CODES};
 use crate::proto::{
-    watch_approvals_response, Approval, ListApprovalsRequest, SignalRequest, SignalResponse,
-    WatchApprovalsRequest,
+    watch_approvals_response, Approval, ListApprovalsRequest, WatchApprovalsRequest,
 };
-
-const GRANTED: &str = "aaa.approval.granted";
-const DENIED: &str = "aaa.approval.denied";
 
 #[derive(clap::Args)]
 pub struct ApprovalsArgs {
@@ -38,10 +35,13 @@ enum ApprovalsCommand {
     #[command(after_help = EXIT_CODES)]
     Watch(WatchArgs),
     /// Go through the pending approvals one by one: each is shown with its
-    /// run, tool and arguments, and you answer approve, deny (then a reason),
-    /// skip or quit. Answers are read from stdin line by line, so they can be
-    /// piped. A grant approves exactly the arguments shown (arguments_sha256).
-    /// With --wait it then stays on call for new requests.
+    /// run, tool, arguments and the grants it has, and you answer approve,
+    /// deny (then a reason), edit (new arguments, a reason; your grant goes
+    /// with it), skip or quit. Answers are read from stdin line by line, so
+    /// they can be piped. A decision is bound to exactly the arguments shown
+    /// (arguments_sha256). With --wait it then stays on call for new
+    /// requests. With --batch, the pending calls are listed, numbered, and
+    /// you pick several (`1,3-5` or `all`) to approve or deny at once.
     ///
     /// Example: aaa approvals review --tool wire_money --wait
     #[command(after_help = EXIT_CODES)]
@@ -112,42 +112,11 @@ struct ReviewArgs {
     filter: Filter,
     /// After the pending calls, wait for new requests and ask about each
     /// as it comes, until `q` or the end of input.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "batch")]
     wait: bool,
-}
-
-#[derive(clap::Args)]
-pub struct ApproveArgs {
-    #[command(flatten)]
-    pub connection: Connection,
-    /// The run's id.
-    run: String,
-    /// The call's id (`call_id` in `aaa approvals ls`).
-    call: String,
-    /// A note recorded with the grant.
-    #[arg(long, value_name = "TEXT")]
-    comment: Option<String>,
-    /// Approve only if the call's arguments have this SHA-256 (hex, as
-    /// `arguments_sha256` in `aaa approvals ls --json`).
-    #[arg(long, value_name = "HEX")]
-    sha256: Option<String>,
-    #[command(flatten)]
-    format: Format,
-}
-
-#[derive(clap::Args)]
-pub struct DenyArgs {
-    #[command(flatten)]
-    pub connection: Connection,
-    /// The run's id.
-    run: String,
-    /// The call's id (`call_id` in `aaa approvals ls`).
-    call: String,
-    /// Why: the model reads it as the tool's result.
-    #[arg(long, value_name = "TEXT")]
-    reason: String,
-    #[command(flatten)]
-    format: Format,
+    /// List the pending calls and decide a selection of them at once.
+    #[arg(long)]
+    batch: bool,
 }
 
 pub(super) async fn run(args: &ApprovalsArgs) -> Result<(), Error> {
@@ -217,98 +186,11 @@ async fn watch(connection: &Connection, args: &WatchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The data of a grant: the call, and optionally a comment and the hash of
-/// the arguments it approves.
-fn grant_data(call: &str, comment: Option<&str>, sha256: Option<&str>) -> Value {
-    let mut data = json!({ "call_id": call });
-    if let Some(comment) = comment {
-        data["comment"] = json!(comment);
-    }
-    if let Some(sha256) = sha256 {
-        data["arguments_sha256"] = json!(sha256);
-    }
-    data
-}
-
-fn deny_data(call: &str, reason: &str) -> Value {
-    json!({ "call_id": call, "reason": reason })
-}
-
-pub(super) async fn approve(args: &ApproveArgs) -> Result<(), Error> {
-    let data = grant_data(&args.call, args.comment.as_deref(), args.sha256.as_deref());
-    let client = args.connection.connect().await?;
-    let answer = signal(&client, &args.run, GRANTED, data).await?;
-    report(&args.run, &args.call, GRANTED, &answer, &args.format)
-}
-
-pub(super) async fn deny(args: &DenyArgs) -> Result<(), Error> {
-    let data = deny_data(&args.call, &args.reason);
-    let client = args.connection.connect().await?;
-    let answer = signal(&client, &args.run, DENIED, data).await?;
-    report(&args.run, &args.call, DENIED, &answer, &args.format)
-}
-
-async fn signal(
-    client: &Client,
-    run_id: &str,
-    event_type: &str,
-    data: Value,
-) -> Result<SignalResponse, Error> {
-    let request = SignalRequest {
-        run_id: run_id.into(),
-        r#type: event_type.into(),
-        data_json: data.to_string(),
-        request_id: String::new(),
-    };
-    Ok(client.runs().signal(request).await?.into_inner())
-}
-
-/// Prints what a decision did. The first decision on a call wins and Signal
-/// answers OK either way, so a decision that lost to another one is turned
-/// into exit 1 here: a script that approved must not think the tool runs.
-fn report(
-    run_id: &str,
-    call_id: &str,
-    wanted: &str,
-    answer: &SignalResponse,
-    format: &Format,
-) -> Result<(), Error> {
-    let out = Output::new(format.json);
-    if out.json {
-        out.document(&json!({
-            "run_id": run_id,
-            "call_id": call_id,
-            "seq": answer.seq,
-            "already_decided": answer.already_decided,
-            "decision": answer.decision,
-        }))?;
-    }
-    let line = decision_line(run_id, call_id, wanted, answer);
-    if answer.decision != wanted {
-        return Err(Error::Failed(line));
-    }
-    match out.json {
-        true => Ok(()),
-        false => out.line(&line),
-    }
-}
-
-/// "granted call-1 of run R", or what stands when it was already decided.
-fn decision_line(run_id: &str, call_id: &str, wanted: &str, answer: &SignalResponse) -> String {
-    let stands = answer.decision.trim_start_matches("aaa.approval.");
-    match (answer.already_decided, answer.decision == wanted) {
-        (false, _) => format!("{stands} {call_id} of run {run_id}"),
-        (true, true) => format!("{call_id} of run {run_id} was already {stands}"),
-        (true, false) => {
-            format!("{call_id} of run {run_id} was already {stands}; this decision changed nothing")
-        }
-    }
-}
-
 /// What the reviewer answered about one call.
 enum Answer {
     Approve,
     Deny(String),
+    Edit { arguments: Value, reason: String },
     Skip,
     Quit,
 }
@@ -316,7 +198,10 @@ enum Answer {
 async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error> {
     let client = connection.connect().await?;
     let out = Output::new(false);
-    let (mut approved, mut denied, mut skipped) = (0, 0, 0);
+    if args.batch {
+        return review_batch(&client, &out, &args.filter).await;
+    }
+    let (mut approved, mut denied, mut edited, mut skipped) = (0, 0, 0, 0);
     // The inbox's snapshot, then (with --wait) each new request as it comes.
     let mut stream = client
         .approvals()
@@ -345,6 +230,14 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
                 denied += 1;
                 (DENIED, deny_data(&approval.call_id, &reason))
             }
+            Answer::Edit { arguments, reason } => {
+                edited += 1;
+                let sha256 = Some(approval.arguments_sha256.as_str());
+                (
+                    EDITED,
+                    edit_data(&approval.call_id, arguments, &reason, true, sha256),
+                )
+            }
             Answer::Skip => {
                 skipped += 1;
                 continue;
@@ -353,19 +246,123 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
         };
         // Someone may have decided meanwhile: the answer says what stands.
         let answer = signal(&client, &approval.run_id, event_type, data).await?;
-        let line = decision_line(&approval.run_id, &approval.call_id, event_type, &answer);
+        let line =
+            decisions::decision_line(&approval.run_id, &approval.call_id, event_type, &answer);
         let style = match answer.decision.as_str() {
-            GRANTED => Style::Green,
-            _ => Style::Red,
+            GRANTED | EDITED => Style::Green,
+            DENIED => Style::Red,
+            _ => Style::Yellow,
         };
         out.line(&out.paint(style, &line))?;
     }
-    match approved + denied + skipped {
+    match approved + denied + edited + skipped {
         0 => out.line("no pending approvals reviewed"),
         _ => out.line(&format!(
-            "{approved} approved, {denied} denied, {skipped} skipped"
+            "{approved} approved, {denied} denied, {edited} edited, {skipped} skipped"
         )),
     }
+}
+
+/// `review --batch`: the pending calls, numbered; a selection of them is
+/// approved or denied with one DecideApprovals, each bound to its digest.
+async fn review_batch(client: &super::Client, out: &Output, filter: &Filter) -> Result<(), Error> {
+    let mut pending = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .approvals()
+            .list_approvals(filter.list_request(1000, page_token))
+            .await?
+            .into_inner();
+        pending.extend(page.approvals);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    if pending.is_empty() {
+        return out.line("no pending approvals");
+    }
+    for (i, approval) in pending.iter().enumerate() {
+        out.line(&format!("[{}]", i + 1))?;
+        present(out, approval)?;
+    }
+    let chosen = loop {
+        out.prompt("which calls? (e.g. 1,3-5 or all; empty to quit) ")?;
+        match read_answer(out).await? {
+            None => return Ok(()),
+            Some(text) if text.is_empty() => return Ok(()),
+            Some(text) => match selection(&text, pending.len()) {
+                Ok(chosen) => break chosen,
+                Err(why) => out.line(&why)?,
+            },
+        }
+    };
+    let grant = loop {
+        out.prompt("approve or deny them? [a/d] ")?;
+        match read_answer(out).await?.as_deref() {
+            None => return Ok(()),
+            Some("a" | "approve") => break true,
+            Some("d" | "deny") => break false,
+            Some(_) => out.line("answer a (approve) or d (deny)")?,
+        }
+    };
+    let mut text = String::new();
+    while !grant && text.is_empty() {
+        out.prompt("reason (the model reads it): ")?;
+        match read_answer(out).await? {
+            None => return Ok(()),
+            Some(reason) if reason.is_empty() => out.line("a denial needs a reason")?,
+            Some(reason) => text = reason,
+        }
+    }
+    let items = chosen
+        .iter()
+        .map(|&i| &pending[i])
+        .map(|a| crate::proto::DecisionItem {
+            run_id: a.run_id.clone(),
+            call_id: a.call_id.clone(),
+            arguments_sha256: a.arguments_sha256.clone(),
+        });
+    decisions::decide(
+        client,
+        items.collect(),
+        grant,
+        text,
+        false,
+        String::new(),
+        out,
+    )
+    .await
+}
+
+/// Parses "1,3-5" or "all" into 0-based indexes below `count`.
+fn selection(text: &str, count: usize) -> Result<Vec<usize>, String> {
+    if text.eq_ignore_ascii_case("all") {
+        return Ok((0..count).collect());
+    }
+    let number = |n: &str| -> Result<usize, String> {
+        match n.trim().parse::<usize>() {
+            Ok(n) if (1..=count).contains(&n) => Ok(n - 1),
+            _ => Err(format!("'{}' is not a number from 1 to {count}", n.trim())),
+        }
+    };
+    let mut chosen = Vec::new();
+    for part in text.split(',') {
+        let range = match part.split_once('-') {
+            Some((a, b)) => number(a)?..=number(b)?,
+            None => {
+                let n = number(part)?;
+                n..=n
+            }
+        };
+        for i in range {
+            if !chosen.contains(&i) {
+                chosen.push(i);
+            }
+        }
+    }
+    Ok(chosen)
 }
 
 /// Shows one pending call: the run (with its task), the tool, the arguments.
@@ -394,6 +391,13 @@ fn present(out: &Output, approval: &Approval) -> Result<(), Error> {
         "tool       {}",
         out.paint(Style::Yellow, &approval.tool)
     ))?;
+    if !approval.edited_from.is_empty() {
+        out.line(&format!("edited     from {}", approval.edited_from))?;
+    }
+    let votes = render::votes_text(approval);
+    if !votes.is_empty() {
+        out.line(&format!("grants     {votes}"))?;
+    }
     out.line(&format!(
         "arguments  {}",
         arguments.replace('\n', "\n           ")
@@ -404,13 +408,31 @@ fn present(out: &Output, approval: &Approval) -> Result<(), Error> {
 /// quit. The end of stdin quits.
 async fn ask(out: &Output) -> Result<Answer, Error> {
     loop {
-        out.prompt("approve, deny, skip or quit? [a/d/s/q] ")?;
+        out.prompt("approve, deny, edit, skip or quit? [a/d/e/s/q] ")?;
         let Some(answer) = read_answer(out).await? else {
             return Ok(Answer::Quit);
         };
         match answer.to_lowercase().as_str() {
             "a" | "approve" => return Ok(Answer::Approve),
             "s" | "skip" => return Ok(Answer::Skip),
+            "e" | "edit" => {
+                out.prompt("new arguments (a JSON object): ")?;
+                let Some(text) = read_answer(out).await? else {
+                    return Ok(Answer::Quit);
+                };
+                let arguments: Value = match serde_json::from_str(&text) {
+                    Ok(value @ Value::Object(_)) => value,
+                    _ => {
+                        out.line("not a JSON object; nothing was edited")?;
+                        continue;
+                    }
+                };
+                out.prompt("reason (the model reads it): ")?;
+                let Some(reason) = read_answer(out).await? else {
+                    return Ok(Answer::Quit);
+                };
+                return Ok(Answer::Edit { arguments, reason });
+            }
             "q" | "quit" => return Ok(Answer::Quit),
             "d" | "deny" => loop {
                 out.prompt("reason (the model reads it): ")?;
@@ -420,7 +442,7 @@ async fn ask(out: &Output) -> Result<Answer, Error> {
                     Some(reason) => return Ok(Answer::Deny(reason)),
                 }
             },
-            _ => out.line("answer a (approve), d (deny), s (skip) or q (quit)")?,
+            _ => out.line("answer a (approve), d (deny), e (edit), s (skip) or q (quit)")?,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 mod approvals;
 mod cluster;
+mod decisions;
 mod render;
 mod runs;
 
@@ -51,16 +52,27 @@ pub enum Command {
     /// Example: aaa approvals review
     #[command(after_help = EXIT_CODES)]
     Approvals(approvals::ApprovalsArgs),
-    /// Approve one pending tool call: it runs with exactly the requested arguments.
+    /// Approve a pending tool call: it runs with exactly the requested
+    /// arguments (once it has all the grants its tool needs). --from
+    /// approves every call of an `aaa approvals ls --json` listing.
     ///
     /// Example: aaa approve "$RUN" call-1 --comment "checked with finance"
+    /// Example: aaa approvals ls --tool send_email --json | aaa approve --from -
     #[command(after_help = EXIT_CODES)]
-    Approve(approvals::ApproveArgs),
-    /// Deny one pending tool call: the model reads the reason as the tool's result.
+    Approve(decisions::ApproveArgs),
+    /// Deny a pending tool call: the model reads the reason as the tool's
+    /// result. --from denies every call of a listing.
     ///
     /// Example: aaa deny "$RUN" call-1 --reason "not this vendor"
     #[command(after_help = EXIT_CODES)]
-    Deny(approvals::DenyArgs),
+    Deny(decisions::DenyArgs),
+    /// Edit a pending call's arguments: it never runs, a new call with the
+    /// edited arguments takes its place and needs its own grant (--grant
+    /// gives yours in the same step). The model is told what changed and why.
+    ///
+    /// Example: aaa edit "$RUN" call-1 --arguments '{"amount":200,"to":"ACME"}' --reason "cap" --grant
+    #[command(after_help = EXIT_CODES)]
+    Edit(decisions::EditArgs),
     /// The servers of the deployment: who owns the runs, who stands by.
     ///
     /// Example: aaa cluster status
@@ -130,8 +142,9 @@ pub async fn run(command: Command) -> ExitCode {
     let (connection, result) = match &command {
         Command::Runs(args) => (&args.connection, runs::run(args).await),
         Command::Approvals(args) => (&args.connection, approvals::run(args).await),
-        Command::Approve(args) => (&args.connection, approvals::approve(args).await),
-        Command::Deny(args) => (&args.connection, approvals::deny(args).await),
+        Command::Approve(args) => (&args.connection, decisions::approve(args).await),
+        Command::Deny(args) => (&args.connection, decisions::deny(args).await),
+        Command::Edit(args) => (&args.connection, decisions::edit(args).await),
         Command::Cluster(args) => (&args.connection, cluster::run(args).await),
     };
     let server = &connection.server;

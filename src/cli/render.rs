@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::Error;
 use crate::proto::{
     watch_approvals_response::Item, ActorKind, Approval, ApprovalOutcome, ApprovalResolution,
-    ErrorDetail, Event, Run, RunStatus, WatchApprovalsResponse,
+    ErrorDetail, Event, Run, RunStatus, Vote, WatchApprovalsResponse,
 };
 
 /// Colors of the text output.
@@ -206,7 +206,35 @@ pub fn approval_json(approval: &Approval) -> Value {
         "seq": approval.seq,
         "position": approval.position,
         "task": approval.task,
+        "approvals_required": approval.approvals_required,
+        "votes": approval.votes.iter().map(vote_json).collect::<Vec<_>>(),
+        "edited_from": approval.edited_from,
     })
+}
+
+fn vote_json(vote: &Vote) -> Value {
+    json!({
+        "approver": vote.approver,
+        "time": time_json(&vote.time),
+        "comment": vote.comment,
+    })
+}
+
+/// "1 of 2 (alice)": the grants a call has and needs; empty when it needs one.
+pub fn votes_text(approval: &Approval) -> String {
+    if approval.approvals_required <= 1 {
+        return String::new();
+    }
+    let voters: Vec<&str> = approval.votes.iter().map(|v| v.approver.as_str()).collect();
+    let mut text = format!(
+        "{} of {} grants",
+        approval.votes.len(),
+        approval.approvals_required
+    );
+    if !voters.is_empty() {
+        text.push_str(&format!(" ({})", voters.join(", ")));
+    }
+    text
 }
 
 fn resolution_json(resolution: &ApprovalResolution) -> Value {
@@ -218,6 +246,7 @@ fn resolution_json(resolution: &ApprovalResolution) -> Value {
         "reason": resolution.reason,
         "seq": resolution.seq,
         "time": time_json(&resolution.time),
+        "replaced_by": resolution.replaced_by,
     })
 }
 
@@ -250,6 +279,18 @@ pub fn watch_json(response: &WatchApprovalsResponse) -> Value {
             ("snapshot_complete", json!({"pending": done.pending}))
         }
         Some(Item::Heartbeat(_)) => ("heartbeat", json!({})),
+        Some(Item::Voted(voted)) => (
+            "voted",
+            json!({
+                "run_id": voted.run_id,
+                "call_id": voted.call_id,
+                "tool": voted.tool,
+                "vote": voted.vote.as_ref().map(vote_json),
+                "votes": voted.votes,
+                "approvals_required": voted.approvals_required,
+                "seq": voted.seq,
+            }),
+        ),
         None => ("unknown", json!({})),
     };
     json!({"position": response.position, kind: item})
@@ -270,10 +311,15 @@ pub fn watch_line(out: &Output, response: &WatchApprovalsResponse) -> Option<Str
             let outcome = outcome_word(r.outcome);
             let style = match outcome.as_str() {
                 "granted" => Style::Green,
+                "edited" => Style::Yellow,
                 _ => Style::Red,
             };
+            let replaced = match r.replaced_by.as_str() {
+                "" => String::new(),
+                by => format!("-> {by}  "),
+            };
             format!(
-                "{}  {}  {}  {}  {}",
+                "{}  {}  {}  {}  {replaced}{}",
                 out.paint(style, &format!("{outcome:<9}")),
                 r.run_id,
                 r.call_id,
@@ -286,6 +332,16 @@ pub fn watch_line(out: &Output, response: &WatchApprovalsResponse) -> Option<Str
         Item::SnapshotComplete(done) => out.paint(
             Style::Dim,
             &format!("-- {} pending; watching for changes --", done.pending),
+        ),
+        Item::Voted(v) => format!(
+            "{}  {}  {}  {}  {} of {} grants (by {})",
+            out.paint(Style::Yellow, "voted    "),
+            v.run_id,
+            v.call_id,
+            v.tool,
+            v.votes,
+            v.approvals_required,
+            v.vote.as_ref().map_or("", |vote| vote.approver.as_str())
         ),
         Item::Heartbeat(_) => return None,
     })

@@ -174,6 +174,7 @@ async fn start(connection: &Connection, args: &StartArgs) -> Result<(), Error> {
         name: name.clone(),
         requires_approval,
         approval_timeout_s: 0.0,
+        approvals_required: 0,
     };
     let tools = args.tools.iter().map(|name| tool(name, false));
     let gated = args.gated.iter().map(|name| tool(name, true));

@@ -28,6 +28,8 @@ pub enum Error {
         expected: String,
         actual: String,
     },
+    #[error("{approver} already voted for call '{call}'; its other grants must come from other approvers")]
+    AlreadyVoted { call: String, approver: String },
     #[error("{field}: no worker has registered a tool named '{name}'")]
     ToolNotRegistered { field: String, name: String },
     #[error("token: not a task token of this server")]
@@ -90,6 +92,10 @@ impl Error {
                 call: clip(&call),
                 expected: clip(&expected),
                 actual,
+            },
+            Error::AlreadyVoted { call, approver } => Error::AlreadyVoted {
+                call: clip(&call),
+                approver: clip(&approver),
             },
             Error::ToolNotRegistered { field, name } => Error::ToolNotRegistered {
                 field: clip(&field),

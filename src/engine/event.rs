@@ -23,6 +23,8 @@ pub const APPROVAL_REQUESTED: &str = "aaa.approval.requested";
 pub const APPROVAL_GRANTED: &str = "aaa.approval.granted";
 pub const APPROVAL_DENIED: &str = "aaa.approval.denied";
 pub const APPROVAL_EXPIRED: &str = "aaa.approval.expired";
+pub const APPROVAL_VOTED: &str = "aaa.approval.voted";
+pub const APPROVAL_EDITED: &str = "aaa.approval.edited";
 
 /// Is this type one that only the engine may append?
 /// The prefix is matched in any case: `AAA.approval.granted` grants nothing,
@@ -31,8 +33,15 @@ pub fn is_reserved(event_type: &str) -> bool {
     event_type
         .get(..4)
         .is_some_and(|prefix| prefix.eq_ignore_ascii_case("aaa."))
-        && event_type != APPROVAL_GRANTED
-        && event_type != APPROVAL_DENIED
+        && !is_decision(event_type)
+}
+
+/// Is this a type a client appends to decide an approval request?
+pub fn is_decision(event_type: &str) -> bool {
+    matches!(
+        event_type,
+        APPROVAL_GRANTED | APPROVAL_DENIED | APPROVAL_EDITED
+    )
 }
 
 /// Who caused an event (the wire ActorKind numbers).
@@ -140,6 +149,18 @@ pub struct ToolSpec {
     pub retry: RetrySpec,
     pub heartbeat_timeout_s: f64,
     pub approval_timeout_s: f64,
+    /// Grants from distinct approvers a gated call needs (logs written
+    /// before this field existed mean 1).
+    #[serde(default = "one")]
+    pub approvals_required: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Resolved retry policy (no zero "defaults" left in it).
@@ -253,6 +274,9 @@ pub struct ToolRequested {
     pub name: String,
     pub arguments: Value,
     pub requires_approval: bool,
+    /// For a call a reviewer edited: the call it replaces.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub edited_from: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -263,6 +287,10 @@ pub struct ApprovalRequested {
     pub arguments_sha256: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<i64>,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub approvals_required: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub edited_from: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -275,6 +303,12 @@ pub struct ApprovalGranted {
     pub arguments_sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comment: Option<String>,
+    /// With auth off, the name the approver gives (unverified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver: Option<String>,
+    /// For a call that needs several grants: every approver, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -285,6 +319,58 @@ pub struct ApprovalDenied {
     pub name: String,
     #[serde(default)]
     pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_sha256: Option<String>,
+    /// With auth off, the name the approver gives (unverified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver: Option<String>,
+}
+
+/// A grant that is not yet the last one the call needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalVoted {
+    pub call_id: String,
+    pub name: String,
+    pub arguments_sha256: String,
+    pub approver: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    pub votes: u32,
+    pub approvals_required: u32,
+}
+
+/// An edit as a client sends it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct EditRequest {
+    pub call_id: String,
+    pub arguments: Value,
+    #[serde(default)]
+    pub arguments_sha256: Option<String>,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub grant: bool,
+    #[serde(default)]
+    pub approver: Option<String>,
+}
+
+/// An edit as recorded: `call_id` never runs, `new_call_id` takes its place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalEdited {
+    pub call_id: String,
+    pub name: String,
+    pub arguments_sha256: String,
+    pub new_call_id: String,
+    pub new_arguments: Value,
+    pub new_arguments_sha256: String,
+    #[serde(default)]
+    pub reason: String,
+    /// The editor's grant of the new arguments goes with the edit.
+    #[serde(default)]
+    pub grant: bool,
+    /// The editor's name for that vote (the principal with auth on).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub approver: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@
 //! A run that waits (for a human, say) holds no task and no lock; at most its
 //! state sits in the cache until evicted.
 
+mod decisions;
 mod dispatch;
 pub mod error;
 pub mod event;
@@ -31,6 +32,7 @@ use sha2::Sha256;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use decisions::{BatchItem, ItemOutcome, SignalAnswer};
 pub use dispatch::QueueKey;
 use dispatch::{Dispatcher, Reservation, TaskRef};
 pub use error::Error;
@@ -38,7 +40,8 @@ use event::*;
 pub use facts::RunFacts;
 use leases::{LeaseKind, Leases};
 pub use reads::Reads;
-use state::{Action, DecisionOutcome, Message, RunState, ToolOutcome};
+pub use state::Reviewer;
+use state::{Action, Message, RunState, ToolOutcome};
 
 use crate::config::Config;
 use crate::store::{ApprovalRecord, EventRecord, RunId, SharedStore, WriteBatch};
@@ -65,6 +68,8 @@ pub struct ToolRef {
     pub name: String,
     pub requires_approval: bool,
     pub approval_timeout_s: f64,
+    /// Raises the tool's approvals_required for the run (0: keep it).
+    pub approvals_required: u32,
 }
 
 /// StartRun, validated by the api.
@@ -80,14 +85,6 @@ pub struct StartRun {
     /// The principal that asks (empty with auth off): request ids are its
     /// own, never shared with another principal's.
     pub principal: String,
-}
-
-/// Signal's answer.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SignalAnswer {
-    pub seq: u64,
-    pub already_decided: bool,
-    pub decision: String,
 }
 
 /// A task handed to a worker.
@@ -231,6 +228,8 @@ impl Token {
 /// What one append collects on its way to the commit.
 struct Staged {
     now: i64,
+    /// seq of the batch's first event of this run.
+    first_seq: u64,
     /// Events still to fold, in order.
     queue: VecDeque<NewEvent>,
     batch: WriteBatch,
@@ -486,6 +485,22 @@ impl Engine {
         batch: WriteBatch,
         actions: Vec<Action>,
     ) -> Result<(), Error> {
+        let mut staged = self.stage(state, events, batch, actions)?;
+        let batch = std::mem::take(&mut staged.batch);
+        let positions = self.inner.store.commit(batch).await?;
+        self.act(state, staged, &positions);
+        Ok(())
+    }
+
+    /// Folds `events` into `state` and the batch (with the engine's
+    /// follow-ups and the index writes they imply), ready to commit.
+    fn stage(
+        &self,
+        state: &mut RunState,
+        events: Vec<NewEvent>,
+        batch: WriteBatch,
+        actions: Vec<Action>,
+    ) -> Result<Staged, Error> {
         // The active index changes rarely: write it when the run starts or
         // stops being active. A new run (the batch holds its first event)
         // has no mark yet.
@@ -494,12 +509,16 @@ impl Engine {
         let status_before = (!is_new).then(|| state.status_code());
         let mut staged = Staged {
             now: self.now_ms(),
+            first_seq: state.last_seq + 1,
             queue: events.into(),
             batch,
             offers: Vec::new(),
             handoffs: Vec::new(),
             timers_changed: false,
         };
+        if is_new {
+            staged.first_seq = 1;
+        }
         self.route(state, actions, &mut staged);
         self.fold(state, &mut staged)?;
         // Calls ready for a worker that is already polling start now, in
@@ -517,9 +536,12 @@ impl Engine {
         if state.is_active() != was_active {
             staged.batch.set_active(state.id, state.is_active());
         }
-        self.inner.store.commit(staged.batch).await?;
+        Ok(staged)
+    }
 
-        // Durable: now act.
+    /// The staged batch is durable (its events got `positions`): now act.
+    fn act(&self, state: &mut RunState, staged: Staged, positions: &[u64]) {
+        state.committed(staged.first_seq, positions);
         for (reservation, task, started) in staged.handoffs {
             reservation.deliver(&self.inner.dispatcher, task, started);
         }
@@ -530,7 +552,6 @@ impl Engine {
             self.durable_timers_changed();
         }
         self.inner.reads.publish(state.id, state.last_seq);
-        Ok(())
     }
 
     /// Folds the queued events into `state` and the batch, queueing the
@@ -716,89 +737,13 @@ impl Engine {
             let mut spec: ToolSpec = serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Internal(format!("stored tool {}: {e}", tool.name)))?;
             spec.requires_approval |= tool.requires_approval;
+            spec.approvals_required = spec.approvals_required.max(tool.approvals_required);
             if tool.approval_timeout_s > 0.0 {
                 spec.approval_timeout_s = tool.approval_timeout_s;
             }
             specs.push(spec);
         }
         Ok(specs)
-    }
-
-    /// Signal: an approval decision or an application event.
-    pub async fn signal(
-        &self,
-        run: RunId,
-        event_type: &str,
-        data: Value,
-        request_id: &str,
-        actor: Actor,
-        principal: &str,
-    ) -> Result<SignalAnswer, Error> {
-        let scope = request_scope(&[b"signal".as_slice(), run.as_bytes()].concat(), principal);
-        let decision = event_type == APPROVAL_GRANTED || event_type == APPROVAL_DENIED;
-        // Retries of one request wait for each other here, so the second
-        // reads the answer the first recorded.
-        let _request_guard = match request_id.is_empty() {
-            true => None,
-            false => Some(
-                self.inner.request_locks[stripe(&(&scope, request_id), RUN_LOCK_STRIPES)]
-                    .lock()
-                    .await,
-            ),
-        };
-        if !request_id.is_empty() {
-            if let Some(bytes) = self.inner.store.request(&scope, request_id).await? {
-                return serde_json::from_slice(&bytes)
-                    .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")));
-            }
-        }
-        let (answer, _) = self
-            .update(run, |state, batch| {
-                let seq = state.last_seq + 1;
-                let (events, answer) = if decision {
-                    match state.decide_approval(event_type, &data, actor)? {
-                        DecisionOutcome::AlreadyDecided(d) => (
-                            Vec::new(),
-                            SignalAnswer {
-                                seq: 0,
-                                already_decided: true,
-                                decision: d.event_type().to_string(),
-                            },
-                        ),
-                        DecisionOutcome::Append(events) => (
-                            events,
-                            SignalAnswer {
-                                seq,
-                                already_decided: false,
-                                decision: event_type.to_string(),
-                            },
-                        ),
-                    }
-                } else {
-                    if state.is_finished() {
-                        return Err(Error::RunFinished(run.to_string()));
-                    }
-                    let event = NewEvent {
-                        event_type: event_type.to_string(),
-                        data,
-                        actor,
-                    };
-                    (
-                        vec![event],
-                        SignalAnswer {
-                            seq,
-                            ..Default::default()
-                        },
-                    )
-                };
-                if !events.is_empty() && !request_id.is_empty() {
-                    let bytes = serde_json::to_vec(&answer).expect("serializes");
-                    batch.put_request(&scope, request_id, bytes);
-                }
-                Ok((events, answer))
-            })
-            .await?;
-        Ok(answer)
     }
 
     /// CancelRun; returns the seq of aaa.run.cancelled (0 if already cancelled).
@@ -1337,7 +1282,20 @@ fn approval_record(state: &RunState, call: &state::Call) -> ApprovalRecord {
         labels: state.spec.labels.clone(),
         seq: call.approval_seq,
         task: state.spec.task.clone(),
-        position: 0,
+        // Set by the store when the batch holds the request; a later
+        // update (a vote) keeps the one it got.
+        position: call.approval_position,
+        approvals_required: call.approvals_required,
+        votes: call
+            .votes
+            .iter()
+            .map(|v| crate::domain::VoteRecord {
+                approver: v.approver.clone(),
+                time_ms: v.time_ms,
+                comment: v.comment.clone(),
+            })
+            .collect(),
+        edited_from: call.edited_from.clone(),
     }
 }
 

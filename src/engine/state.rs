@@ -93,6 +93,8 @@ pub enum Decision {
     Granted,
     Denied,
     Expired,
+    /// A reviewer changed the arguments: another call takes this one's place.
+    Edited,
 }
 
 impl Decision {
@@ -101,6 +103,7 @@ impl Decision {
             Decision::Granted => APPROVAL_GRANTED,
             Decision::Denied => APPROVAL_DENIED,
             Decision::Expired => APPROVAL_EXPIRED,
+            Decision::Edited => APPROVAL_EDITED,
         }
     }
 }
@@ -122,6 +125,69 @@ pub struct Call {
     pub approval_timer_ms: Option<i64>,
     pub requested_ms: i64,
     pub approval_seq: u64,
+    /// Global position of the approval request, once committed.
+    pub approval_position: u64,
+    /// Grants from distinct approvers the call needs.
+    pub approvals_required: u32,
+    /// Grants cast so far (fewer than `approvals_required`).
+    pub votes: Vec<Vote>,
+    /// The call id the model gave: the call's own, or for an edited call
+    /// the one it replaces (its result answers that call).
+    pub answers: String,
+    /// For a call a reviewer edited: the call it replaces and the note the
+    /// model reads with its result.
+    pub edited_from: String,
+    pub edit_note: String,
+}
+
+/// One approver's grant of a call that needs several.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vote {
+    pub approver: String,
+    pub time_ms: i64,
+    pub comment: String,
+}
+
+/// An edit folded, until its new call is requested.
+#[derive(Debug, Clone, PartialEq)]
+struct PendingEdit {
+    new_call_id: String,
+    answers: String,
+    note: String,
+    /// The editor's grant of the new arguments: who casts it and as whom.
+    grant: Option<(Actor, String)>,
+}
+
+/// Who decides an approval request, as the API authenticated them.
+#[derive(Debug, Clone)]
+pub struct Reviewer {
+    pub actor: Actor,
+    /// The authenticated principal; empty with auth off.
+    pub principal: String,
+    /// The run's starter may not decide its calls.
+    pub separation_of_duties: bool,
+}
+
+impl Reviewer {
+    /// The name a vote counts under: the principal with auth on; with auth
+    /// off the name the decision gives, else the caller's IP address (not
+    /// its port: a process that reconnects is not another approver).
+    fn approver(&self, named: Option<&str>) -> Result<String, Error> {
+        match (self.principal.as_str(), named) {
+            ("", Some(name)) if !name.is_empty() => Ok(name.to_string()),
+            ("", _) => {
+                let caller = self.actor.name();
+                Ok(caller
+                    .parse::<std::net::SocketAddr>()
+                    .map_or_else(|_| caller.to_string(), |addr| addr.ip().to_string()))
+            }
+            (principal, Some(name)) if !name.is_empty() && name != principal => Err(Error::invalid(
+                "data_json.approver",
+                format!("with auth on the approver is the authenticated principal ({principal}), not '{name}'"),
+            )),
+            (principal, _) => Ok(principal.to_string()),
+        }
+    }
 }
 
 /// The model call the run waits for.
@@ -145,15 +211,30 @@ pub struct RunState {
     pub model_calls: u32,
     pub model_call: Option<PendingModelCall>,
     pub calls: Vec<Call>,
+    pending_edit: Option<PendingEdit>,
 }
 
 /// The outcome of an approval decision sent by a client.
 #[derive(Debug)]
 pub enum DecisionOutcome {
     /// Append these events.
-    Append(Vec<NewEvent>),
+    Append(Decided),
     /// The call was already decided; nothing changes.
     AlreadyDecided(Decision),
+}
+
+/// A decision to record, and what the caller is told about it.
+#[derive(Debug, Default)]
+pub struct Decided {
+    pub events: Vec<NewEvent>,
+    /// The type recorded: granted, voted, denied or edited.
+    pub recorded: &'static str,
+    /// For a grant: grants so far and grants needed.
+    pub votes: u32,
+    pub approvals_required: u32,
+    /// For an edit: the call that takes the edited one's place.
+    pub new_call_id: String,
+    pub new_arguments_sha256: String,
 }
 
 /// A worker's report on a tool attempt.
@@ -200,6 +281,7 @@ impl RunState {
             model_calls: 0,
             model_call: None,
             calls: Vec::new(),
+            pending_edit: None,
         };
         let mut actions = Vec::new();
         if let Some(due_ms) = state.spec.deadline_at_ms {
@@ -379,6 +461,7 @@ impl RunState {
                             name: call.name.clone(),
                             arguments: call.arguments.clone(),
                             requires_approval,
+                            edited_from: String::new(),
                         },
                     )));
                 }
@@ -412,7 +495,27 @@ impl RunState {
                     approval_timer_ms: None,
                     requested_ms: now,
                     approval_seq: 0,
+                    approval_position: 0,
+                    approvals_required: spec.as_ref().map_or(1, |s| s.approvals_required.max(1)),
+                    votes: Vec::new(),
+                    answers: e.call_id.clone(),
+                    edited_from: e.edited_from.clone(),
+                    edit_note: String::new(),
                 };
+                if !e.edited_from.is_empty() {
+                    let edit = self
+                        .pending_edit
+                        .as_ref()
+                        .filter(|edit| edit.new_call_id == e.call_id)
+                        .ok_or_else(|| {
+                            Error::Internal(format!(
+                                "run {}: call {} names {} as edited, but no edit of it precedes",
+                                self.id, e.call_id, e.edited_from
+                            ))
+                        })?;
+                    call.answers = edit.answers.clone();
+                    call.edit_note = edit.note.clone();
+                }
                 match spec {
                     None => {
                         call.phase = Phase::Done;
@@ -458,6 +561,8 @@ impl RunState {
                                     arguments_sha256: sha256_hex(&e.arguments),
                                     arguments: e.arguments,
                                     expires_at_ms,
+                                    approvals_required: call.approvals_required,
+                                    edited_from: e.edited_from,
                                 },
                             )));
                         } else {
@@ -474,6 +579,7 @@ impl RunState {
                 let e: ApprovalRequested = decode(event)?;
                 let call = self.call_mut(&e.call_id)?;
                 call.approval_seq = event.seq;
+                call.approval_position = event.position;
                 let timeout = call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s);
                 if timeout > 0.0 {
                     let due_ms = seconds::after_ms(now, timeout);
@@ -483,7 +589,65 @@ impl RunState {
                         name: format!("{APPROVAL_TIMER}{}", e.call_id),
                     });
                 }
+                actions.push(Action::ApprovalPending {
+                    call_id: e.call_id.clone(),
+                });
+                // An edit granted in the same step: the editor's vote for
+                // the arguments they wrote.
+                let edit_grant = self
+                    .pending_edit
+                    .take_if(|edit| edit.new_call_id == e.call_id)
+                    .and_then(|edit| edit.grant);
+                if let Some((actor, approver)) = edit_grant {
+                    let call = self.call(&e.call_id).expect("requested above");
+                    let digest = e.arguments_sha256.clone();
+                    let vote = vote_event(call, approver, Some(digest), None);
+                    actions.push(Action::Emit(vote.by(actor)));
+                }
+            }
+            APPROVAL_VOTED => {
+                let e: ApprovalVoted = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                call.votes.push(Vote {
+                    approver: e.approver,
+                    time_ms: now,
+                    comment: e.comment.unwrap_or_default(),
+                });
+                // The index row shows the votes so far.
                 actions.push(Action::ApprovalPending { call_id: e.call_id });
+            }
+            APPROVAL_EDITED => {
+                let e: ApprovalEdited = decode(event)?;
+                let editor = self.actor_of(event);
+                let call = self.call_mut(&e.call_id)?;
+                call.decision = Some(Decision::Edited);
+                call.phase = Phase::Done;
+                if let Some(due_ms) = call.approval_timer_ms.take() {
+                    actions.push(Action::CancelTimer {
+                        due_ms,
+                        name: format!("{APPROVAL_TIMER}{}", e.call_id),
+                    });
+                }
+                actions.push(Action::ApprovalResolved {
+                    call_id: e.call_id.clone(),
+                });
+                let note = edit_note(&e.new_arguments, &e.reason);
+                self.pending_edit = Some(PendingEdit {
+                    new_call_id: e.new_call_id.clone(),
+                    answers: call.answers.clone(),
+                    note,
+                    grant: e.grant.then(|| (editor, e.approver.clone())),
+                });
+                actions.push(Action::Emit(NewEvent::engine(
+                    TOOL_REQUESTED,
+                    ToolRequested {
+                        call_id: e.new_call_id,
+                        name: e.name,
+                        arguments: e.new_arguments,
+                        requires_approval: true,
+                        edited_from: e.call_id,
+                    },
+                )));
             }
             APPROVAL_GRANTED | APPROVAL_DENIED | APPROVAL_EXPIRED => {
                 let (call_id, decision, reason) = match event.event_type.as_str() {
@@ -536,6 +700,7 @@ impl RunState {
                     }
                     // The run ends right after (deadline or cancel).
                     Decision::Expired => call.phase = Phase::Done,
+                    Decision::Edited => unreachable!("aaa.approval.edited is folded above"),
                 }
             }
             TOOL_STARTED => {
@@ -560,9 +725,9 @@ impl RunState {
                 let call = self.call_mut(&e.call_id)?;
                 call.phase = Phase::Done;
                 let message = Message::Tool {
-                    call_id: e.call_id,
+                    call_id: call.answers.clone(),
                     name: call.name.clone(),
-                    content: output_text(&e.output),
+                    content: format!("{}{}", call.edit_note, output_text(&e.output)),
                     error: None,
                 };
                 self.messages.push(message);
@@ -573,9 +738,12 @@ impl RunState {
                 let call = self.call_mut(&e.call_id)?;
                 call.phase = Phase::Done;
                 let message = Message::Tool {
-                    call_id: e.call_id,
+                    call_id: call.answers.clone(),
                     name: call.name.clone(),
-                    content: format!("{}: {}", e.error.error_type, e.error.message),
+                    content: format!(
+                        "{}{}: {}",
+                        call.edit_note, e.error.error_type, e.error.message
+                    ),
                     error: Some(e.error),
                 };
                 self.messages.push(message);
@@ -621,6 +789,29 @@ impl RunState {
             _ => {}
         }
         Ok(actions)
+    }
+
+    /// The events from `first_seq` on are durable at `positions`: calls
+    /// requested among them learn their request's position.
+    pub fn committed(&mut self, first_seq: u64, positions: &[u64]) {
+        for call in &mut self.calls {
+            let index = call.approval_seq.wrapping_sub(first_seq) as usize;
+            if call.approval_seq >= first_seq && index < positions.len() {
+                call.approval_position = positions[index];
+            }
+        }
+    }
+
+    /// The client or worker that caused `event`, as the log records it.
+    fn actor_of(&self, event: &EventRecord) -> Actor {
+        match event.actor_kind {
+            3 => Actor::Client(event.actor_name.clone()),
+            2 => Actor::Worker(WorkerId {
+                identity: event.actor_name.clone(),
+                principal: event.actor_principal.clone(),
+            }),
+            _ => Actor::Engine,
+        }
     }
 
     fn tool_spec(&self, name: &str) -> Option<&ToolSpec> {
@@ -704,13 +895,25 @@ impl RunState {
         Ok(())
     }
 
-    /// An approval decision from a client.
+    /// An approval decision from a client: a grant (or a vote towards
+    /// one), a denial or an edit. Each may be bound to the digest of the
+    /// arguments the reviewer saw.
     pub fn decide_approval(
         &self,
         event_type: &str,
         data: &Value,
-        actor: Actor,
+        reviewer: &Reviewer,
     ) -> Result<DecisionOutcome, Error> {
+        if reviewer.separation_of_duties
+            && !reviewer.principal.is_empty()
+            && self.started_by == reviewer.principal
+        {
+            return Err(crate::auth::Refusal::SeparationOfDuties {
+                principal: reviewer.principal.clone(),
+                run: self.id.to_string(),
+            }
+            .into());
+        }
         let call_id = data
             .get("call_id")
             .and_then(Value::as_str)
@@ -731,28 +934,129 @@ impl RunState {
         if let Some(decision) = call.decision {
             return Ok(DecisionOutcome::AlreadyDecided(decision));
         }
-        let event = if event_type == APPROVAL_GRANTED {
-            let mut granted: ApprovalGranted = serde_json::from_value(data.clone())
-                .map_err(|e| Error::invalid("data_json", format!("not a valid grant: {e}")))?;
-            granted.name = call.name.clone();
-            if let Some(expected) = &granted.arguments_sha256 {
-                let actual = sha256_hex(&call.arguments);
-                if !expected.eq_ignore_ascii_case(&actual) {
-                    return Err(Error::ArgumentsMismatch {
+        let parse = |what: &str| {
+            let what = what.to_string();
+            move |e: serde_json::Error| {
+                Error::invalid("data_json", format!("not a valid {what}: {e}"))
+            }
+        };
+        let decided = match event_type {
+            APPROVAL_GRANTED => {
+                let grant: ApprovalGranted =
+                    serde_json::from_value(data.clone()).map_err(parse("grant"))?;
+                check_digest(call, grant.arguments_sha256.as_deref())?;
+                let approver = reviewer.approver(grant.approver.as_deref())?;
+                if call.votes.iter().any(|v| v.approver == approver) {
+                    return Err(Error::AlreadyVoted {
                         call: call_id.to_string(),
-                        expected: expected.clone(),
-                        actual,
+                        approver,
                     });
                 }
+                let event = vote_event(call, approver, grant.arguments_sha256, grant.comment);
+                Decided {
+                    recorded: if event.event_type == APPROVAL_GRANTED {
+                        APPROVAL_GRANTED
+                    } else {
+                        APPROVAL_VOTED
+                    },
+                    events: vec![event.by(reviewer.actor.clone())],
+                    votes: call.votes.len() as u32 + 1,
+                    approvals_required: call.approvals_required,
+                    ..Decided::default()
+                }
             }
-            NewEvent::engine(APPROVAL_GRANTED, granted)
-        } else {
-            let mut denied: ApprovalDenied = serde_json::from_value(data.clone())
-                .map_err(|e| Error::invalid("data_json", format!("not a valid denial: {e}")))?;
-            denied.name = call.name.clone();
-            NewEvent::engine(APPROVAL_DENIED, denied)
+            APPROVAL_DENIED => {
+                let mut denied: ApprovalDenied =
+                    serde_json::from_value(data.clone()).map_err(parse("denial"))?;
+                check_digest(call, denied.arguments_sha256.as_deref())?;
+                if call.approvals_required > 1 {
+                    denied.approver = Some(reviewer.approver(denied.approver.as_deref())?);
+                }
+                denied.name = call.name.clone();
+                Decided {
+                    events: vec![
+                        NewEvent::engine(APPROVAL_DENIED, denied).by(reviewer.actor.clone())
+                    ],
+                    recorded: APPROVAL_DENIED,
+                    ..Decided::default()
+                }
+            }
+            APPROVAL_EDITED => self.decide_edit(call, data, reviewer)?,
+            other => {
+                return Err(Error::Internal(format!(
+                    "decide_approval called with {other}"
+                )))
+            }
         };
-        Ok(DecisionOutcome::Append(vec![event.by(actor)]))
+        Ok(DecisionOutcome::Append(decided))
+    }
+
+    /// An edit: the call is resolved as edited and a new call with the
+    /// reviewer's arguments takes its place (checked against the schema
+    /// here, so a reviewer's typo is refused rather than recorded).
+    fn decide_edit(
+        &self,
+        call: &Call,
+        data: &Value,
+        reviewer: &Reviewer,
+    ) -> Result<Decided, Error> {
+        let edit: EditRequest = serde_json::from_value(data.clone())
+            .map_err(|e| Error::invalid("data_json", format!("not a valid edit: {e}")))?;
+        check_digest(call, edit.arguments_sha256.as_deref())?;
+        if !edit.arguments.is_object() {
+            return Err(Error::invalid(
+                "data_json.arguments",
+                "the edited arguments must be a JSON object",
+            ));
+        }
+        if edit.arguments == call.arguments {
+            return Err(Error::invalid(
+                "data_json.arguments",
+                "these are the arguments requested; grant the call instead of editing it",
+            ));
+        }
+        if let Some(spec) = &call.spec {
+            let violations = super::schema::violations(&spec.parameters, &edit.arguments);
+            if !violations.is_empty() {
+                return Err(Error::invalid(
+                    "data_json.arguments",
+                    format!(
+                        "the edited arguments do not match {}'s parameters schema: {}",
+                        call.name,
+                        violations.join("; ")
+                    ),
+                ));
+            }
+        }
+        let approver = if edit.grant {
+            reviewer.approver(edit.approver.as_deref())?
+        } else {
+            String::new()
+        };
+        let new_call_id = format!("call-{}", self.calls.len() + 1);
+        let new_arguments_sha256 = sha256_hex(&edit.arguments);
+        let event = NewEvent::engine(
+            APPROVAL_EDITED,
+            ApprovalEdited {
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                arguments_sha256: sha256_hex(&call.arguments),
+                new_call_id: new_call_id.clone(),
+                new_arguments: edit.arguments,
+                new_arguments_sha256: new_arguments_sha256.clone(),
+                reason: edit.reason,
+                grant: edit.grant,
+                approver,
+            },
+        );
+        Ok(Decided {
+            events: vec![event.by(reviewer.actor.clone())],
+            recorded: APPROVAL_EDITED,
+            votes: u32::from(edit.grant),
+            approvals_required: call.approvals_required,
+            new_call_id,
+            new_arguments_sha256,
+        })
     }
 
     /// Expires pending approvals, for a run about to end.
@@ -822,6 +1126,8 @@ impl RunState {
                             call_id: call_id.to_string(),
                             name: call.name.clone(),
                             reason: "timeout".to_string(),
+                            arguments_sha256: None,
+                            approver: None,
                         },
                     )];
                 }
@@ -1040,6 +1346,80 @@ pub fn output_text(output: &Value) -> String {
     }
 }
 
+/// A grant by `approver`: the call's `aaa.approval.granted` when it is the
+/// last one the call needs, else an `aaa.approval.voted`.
+fn vote_event(
+    call: &Call,
+    approver: String,
+    arguments_sha256: Option<String>,
+    comment: Option<String>,
+) -> NewEvent {
+    let votes = call.votes.len() as u32 + 1;
+    if votes < call.approvals_required {
+        return NewEvent::engine(
+            APPROVAL_VOTED,
+            ApprovalVoted {
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                arguments_sha256: sha256_hex(&call.arguments),
+                approver,
+                comment,
+                votes,
+                approvals_required: call.approvals_required,
+            },
+        );
+    }
+    let approvers = if call.approvals_required > 1 {
+        call.votes
+            .iter()
+            .map(|v| v.approver.clone())
+            .chain([approver.clone()])
+            .collect()
+    } else {
+        Vec::new()
+    };
+    NewEvent::engine(
+        APPROVAL_GRANTED,
+        ApprovalGranted {
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments_sha256,
+            comment,
+            approver: (call.approvals_required > 1).then_some(approver),
+            approvers,
+        },
+    )
+}
+
+/// Refuses a decision bound to other arguments than the call's.
+fn check_digest(call: &Call, expected: Option<&str>) -> Result<(), Error> {
+    let Some(expected) = expected else {
+        return Ok(());
+    };
+    let actual = sha256_hex(&call.arguments);
+    if !expected.eq_ignore_ascii_case(&actual) {
+        return Err(Error::ArgumentsMismatch {
+            call: call.call_id.clone(),
+            expected: expected.to_string(),
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// What the model reads before an edited call's result.
+fn edit_note(arguments: &Value, reason: &str) -> String {
+    let why = if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" (reason: {reason})")
+    };
+    format!(
+        "[a reviewer changed the arguments to {}{why} before the call ran] ",
+        canonical_json(arguments)
+    )
+}
+
 /// A call that ends before any attempt (an unknown tool, arguments that
 /// do not fit): its failure, for the model to read.
 fn fail_unstarted(call_id: String, error_type: &str, message: String) -> Action {
@@ -1071,6 +1451,15 @@ mod tests {
             },
             heartbeat_timeout_s: 0.0,
             approval_timeout_s: 0.0,
+            approvals_required: 1,
+        }
+    }
+
+    fn reviewer(name: &str) -> Reviewer {
+        Reviewer {
+            actor: Actor::Client(name.into()),
+            principal: String::new(),
+            separation_of_duties: false,
         }
     }
 
@@ -1254,19 +1643,19 @@ mod tests {
         );
 
         let grant = json!({"call_id": "call-1"});
-        let DecisionOutcome::Append(events) = state
-            .decide_approval(APPROVAL_GRANTED, &grant, Actor::Client("c".into()))
+        let DecisionOutcome::Append(decided) = state
+            .decide_approval(APPROVAL_GRANTED, &grant, &reviewer("c"))
             .unwrap()
         else {
             panic!("first decision must append")
         };
-        let effects = fold(&mut state, events, &mut log);
+        let effects = fold(&mut state, decided.events, &mut log);
         assert!(effects.contains(&Action::DispatchTool {
             call_id: "call-1".into(),
             tool: "wire_money".into()
         }));
         assert!(matches!(
-            state.decide_approval(APPROVAL_DENIED, &grant, Actor::Client("c".into())),
+            state.decide_approval(APPROVAL_DENIED, &grant, &reviewer("c")),
             Ok(DecisionOutcome::AlreadyDecided(Decision::Granted))
         ));
 
@@ -1304,13 +1693,13 @@ mod tests {
     fn a_denial_becomes_an_approval_denied_tool_failure_the_model_reads() {
         let (mut state, mut log, _) = started(true);
         let deny = json!({"call_id": "call-1", "reason": "not this vendor"});
-        let DecisionOutcome::Append(events) = state
-            .decide_approval(APPROVAL_DENIED, &deny, Actor::Engine)
+        let DecisionOutcome::Append(decided) = state
+            .decide_approval(APPROVAL_DENIED, &deny, &reviewer("c"))
             .unwrap()
         else {
             panic!("first decision must append")
         };
-        fold(&mut state, events, &mut log);
+        fold(&mut state, decided.events, &mut log);
         assert_eq!(&log[5..7], [APPROVAL_DENIED, TOOL_FAILED]);
         let tool_message = state
             .messages()
@@ -1370,5 +1759,59 @@ mod tests {
             .decide_tool_outcome("call-1", 2, last, Actor::Engine)
             .unwrap();
         assert_eq!(failed.event_type, TOOL_FAILED, "max_attempts 2 reached");
+    }
+
+    /// An edit granted in the same step, and a 2-of-2 vote, fold the same
+    /// live and from the log: the fold reads only events.
+    #[test]
+    fn edits_and_votes_replay_as_they_were_folded() {
+        let mut tool = wire_money(true);
+        tool.approvals_required = 2;
+        let (mut state, mut log, _) = started_with(tool);
+        let edit = json!({"call_id": "call-1", "arguments": {"amount": 200, "to": "ACME"},
+                          "reason": "cap", "grant": true});
+        let DecisionOutcome::Append(decided) = state
+            .decide_approval(APPROVAL_EDITED, &edit, &reviewer("alice"))
+            .unwrap()
+        else {
+            panic!("an edit appends")
+        };
+        assert_eq!(decided.new_call_id, "call-2");
+        fold(&mut state, decided.events, &mut log);
+        assert_eq!(
+            &log[5..],
+            [
+                APPROVAL_EDITED,
+                TOOL_REQUESTED,
+                APPROVAL_REQUESTED,
+                APPROVAL_VOTED
+            ]
+        );
+        let again = json!({"call_id": "call-2"});
+        assert!(matches!(
+            state.decide_approval(APPROVAL_GRANTED, &again, &reviewer("alice")),
+            Err(Error::AlreadyVoted { .. })
+        ));
+        let DecisionOutcome::Append(decided) = state
+            .decide_approval(APPROVAL_GRANTED, &again, &reviewer("bob"))
+            .unwrap()
+        else {
+            panic!("bob's vote appends")
+        };
+        assert_eq!(decided.recorded, APPROVAL_GRANTED);
+        fold(&mut state, decided.events, &mut log);
+        let call = state.call("call-2").unwrap();
+        assert_eq!(call.phase, Phase::Ready);
+        assert_eq!(call.answers, "call-1");
+        assert_eq!(call.arguments, json!({"amount": 200, "to": "ACME"}));
+        assert_eq!(
+            state.call("call-1").unwrap().decision,
+            Some(Decision::Edited)
+        );
+
+        let records = FOLDED.with(|folded| folded.borrow().clone());
+        let replayed = RunState::replay(state.id, &records).unwrap();
+        assert_eq!(replayed.calls, state.calls);
+        assert_eq!(replayed.status_code(), state.status_code());
     }
 }

@@ -115,8 +115,9 @@ pub enum Op {
     PutTokenKey([u8; 32]),
 }
 
-/// One atomic write: events (of one run, normally) and the index changes
-/// they imply. Positions are assigned at commit, in commit order.
+/// One atomic write: events (of one run, normally; of several for a batch
+/// decision) and the index changes they imply. Positions are assigned at
+/// commit, in the batch's order.
 #[derive(Debug, Default)]
 pub struct WriteBatch {
     pub(crate) events: Vec<EventRecord>,
@@ -136,6 +137,12 @@ impl WriteBatch {
 
     pub fn events(&self) -> &[EventRecord] {
         &self.events
+    }
+
+    /// Adds another batch's events and changes after this one's.
+    pub fn extend(&mut self, other: WriteBatch) {
+        self.events.extend(other.events);
+        self.ops.extend(other.ops);
     }
 
     pub fn ops(&self) -> &[Op] {

@@ -442,7 +442,10 @@ async fn review_answers_piped_into_stdin() {
         out.contains(&format!("denied call-1 of run {}", run_ids[1])),
         "{out}"
     );
-    assert!(out.contains("1 approved, 1 denied, 1 skipped"), "{out}");
+    assert!(
+        out.contains("1 approved, 1 denied, 0 edited, 1 skipped"),
+        "{out}"
+    );
 
     let events = history(&mut runs, &run_ids[0]).await;
     let grant = data(find(&events, "aaa.approval.granted"));
@@ -704,4 +707,129 @@ async fn cluster_status_shows_the_lone_server_as_the_owner() {
         "{table}"
     );
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn edit_votes_and_batch_decisions_from_the_terminal() {
+    let server = TestServer::start().await;
+    let two_approvers = aaa::proto::ToolDefinition {
+        approvals_required: 2,
+        ..wire_money()
+    };
+    register(&mut server.workers().await, vec![two_approvers], &[]).await;
+    let mut runs = server.runs().await;
+    let mut run_ids = Vec::new();
+    for _ in 0..3 {
+        let run_id = start_run(&mut runs, scripted_reference_run()).await;
+        wait_for_approval(&mut runs, &run_id).await;
+        run_ids.push(run_id);
+    }
+
+    // An edit with the editor's grant: one vote of two on the new call.
+    let edited = aaa(
+        &server,
+        &[
+            "edit",
+            &run_ids[0],
+            "call-1",
+            "--arguments",
+            r#"{"amount":200,"to":"ACME"}"#,
+            "--reason",
+            "over the cap",
+            "--grant",
+            "--approver",
+            "alice",
+        ],
+    )
+    .await
+    .ok();
+    assert!(
+        edited.stdout.contains(&format!(
+            "edited call-1 of run {}: call-2 takes its place with your grant",
+            run_ids[0]
+        )),
+        "{}",
+        edited.stdout
+    );
+    let listing = aaa(
+        &server,
+        &["approvals", "ls", "--run", &run_ids[0], "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    let approval = &listing["approvals"][0];
+    assert_eq!(approval["call_id"], "call-2");
+    assert_eq!(approval["edited_from"], "call-1");
+    assert_eq!(approval["votes"][0]["approver"], "alice");
+    let voted = aaa(
+        &server,
+        &["approve", &run_ids[0], "call-2", "--approver", "alice"],
+    )
+    .await;
+    assert!(
+        voted.error_line(1).contains("alice already voted"),
+        "{}",
+        voted.stderr
+    );
+
+    // Everything listed, approved in one batch by bob: each call gets its
+    // second grant (or first); then again: nothing more to decide.
+    let listing = aaa(&server, &["approvals", "ls", "--json"])
+        .await
+        .ok()
+        .stdout;
+    let batch = Aaa::start(
+        &server,
+        &["approve", "--from", "-", "--approver", "bob"],
+        &listing,
+    )
+    .finish()
+    .await
+    .ok();
+    assert!(batch.stdout.contains("3 calls decided"), "{}", batch.stdout);
+    let events = history(&mut runs, &run_ids[0]).await;
+    assert_eq!(
+        data(find(&events, "aaa.approval.granted"))["approvers"],
+        json!(["alice", "bob"])
+    );
+    let again = Aaa::start(
+        &server,
+        &["approve", "--from", "-", "--approver", "bob"],
+        &listing,
+    )
+    .finish()
+    .await;
+    assert!(
+        again.error_line(1).contains("0 of 3 calls decided"),
+        "{}",
+        again.stderr
+    );
+
+    // review --batch: pick the remaining two by number and deny them.
+    let denied = Aaa::start(
+        &server,
+        &["approvals", "review", "--batch"],
+        "1-2\nd\nnot today\n",
+    )
+    .finish()
+    .await
+    .ok();
+    assert!(
+        denied.stdout.contains("2 calls decided"),
+        "{}",
+        denied.stdout
+    );
+    assert!(
+        denied.stdout.contains("grants     1 of 2 grants (bob)"),
+        "{}",
+        denied.stdout
+    );
+    for run_id in &run_ids[1..] {
+        let events = wait_for_end(&mut runs, run_id).await;
+        assert_eq!(
+            data(find(&events, "aaa.approval.denied"))["reason"],
+            "not today"
+        );
+    }
 }

@@ -8,7 +8,7 @@ use aaa::engine::event::{
     canonical_json, Actor, Budget, ModelChoice, NewEvent, ProposedCall, RetrySpec, RunStarted,
     ScriptStep, ToolSpec,
 };
-use aaa::engine::state::{Action, DecisionOutcome, RunState, ToolOutcome};
+use aaa::engine::state::{Action, DecisionOutcome, Reviewer, RunState, ToolOutcome};
 use aaa::engine::Error;
 use aaa::store::{EventRecord, RunId};
 use proptest::prelude::*;
@@ -69,6 +69,15 @@ fn fold(state: &mut RunState, event: NewEvent) -> Result<(), Error> {
 
 /// The reference run (gated wire_money, scripted model), folded until it
 /// waits for the approval of "call-1".
+/// A client deciding with auth off.
+fn bob() -> Reviewer {
+    Reviewer {
+        actor: Actor::Client("bob".into()),
+        principal: String::new(),
+        separation_of_duties: false,
+    }
+}
+
 fn waiting_run() -> RunState {
     let started = NewEvent::engine(
         "aaa.run.started",
@@ -95,6 +104,7 @@ fn waiting_run() -> RunState {
                 },
                 heartbeat_timeout_s: 0.0,
                 approval_timeout_s: 0.0,
+                approvals_required: 1,
             }],
             budget: Budget {
                 deadline_s: 0.0,
@@ -192,12 +202,12 @@ proptest! {
 
     #[test]
     fn decisions_with_random_data_are_refused_or_folded(
-        grant in any::<bool>(),
+        kind in 0usize..3,
         data in json(),
     ) {
         let state = waiting_run();
-        let ty = if grant { "aaa.approval.granted" } else { "aaa.approval.denied" };
-        match state.decide_approval(ty, &data, Actor::Client("bob".into())) {
+        let ty = ["aaa.approval.granted", "aaa.approval.denied", "aaa.approval.edited"][kind];
+        match state.decide_approval(ty, &data, &bob()) {
             Err(error) => {
                 prop_assert!(
                     matches!(
@@ -210,10 +220,10 @@ proptest! {
                 );
             }
             Ok(DecisionOutcome::AlreadyDecided(_)) => prop_assert!(false, "nothing was decided"),
-            Ok(DecisionOutcome::Append(events)) => {
+            Ok(DecisionOutcome::Append(decided)) => {
                 prop_assert_eq!(data["call_id"].as_str(), Some("call-1"));
                 let mut state = state;
-                for event in events {
+                for event in decided.events {
                     prop_assert!(fold(&mut state, event).is_ok());
                 }
                 prop_assert!(state.call("call-1").unwrap().decision.is_some());
@@ -230,12 +240,12 @@ proptest! {
     ) {
         let mut state = waiting_run();
         let grant = serde_json::json!({ "call_id": "call-1" });
-        let Ok(DecisionOutcome::Append(events)) =
-            state.decide_approval("aaa.approval.granted", &grant, Actor::Client("bob".into()))
+        let Ok(DecisionOutcome::Append(decided)) =
+            state.decide_approval("aaa.approval.granted", &grant, &bob())
         else {
             panic!("the grant was refused");
         };
-        for event in events {
+        for event in decided.events {
             fold(&mut state, event).unwrap();
         }
         let started = state.decide_tool_start("call-1", &"w".into(), 1_000).expect("startable");

@@ -116,6 +116,7 @@ fn tool(seeds: &Seeds) -> impl Strategy<Value = ToolDefinition> {
                         max_backoff_s: backoff,
                     }),
                     heartbeat_timeout_s: heartbeat,
+                    approvals_required: 0,
                     approval_timeout_s: approval,
                 }
             },

@@ -19,6 +19,7 @@ mod leases;
 mod migrate;
 mod postgres;
 mod restart;
+mod reviews;
 mod scenario;
 mod storage;
 mod stream;

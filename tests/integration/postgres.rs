@@ -161,6 +161,13 @@ fn approval(run: RunId, call_id: &str, tool: &str, seq: u64) -> ApprovalRecord {
         seq,
         task: "Pay ACME $250".into(),
         position: 0,
+        approvals_required: 2,
+        votes: vec![aaa::domain::VoteRecord {
+            approver: "alice".into(),
+            time_ms: 78,
+            comment: "fine by me".into(),
+        }],
+        edited_from: "call-0".into(),
     }
 }
 

@@ -34,6 +34,9 @@ const (
 	ApprovalOutcome_APPROVAL_OUTCOME_DENIED ApprovalOutcome = 2
 	// aaa.approval.expired: the run's deadline passed or the run was cancelled.
 	ApprovalOutcome_APPROVAL_OUTCOME_EXPIRED ApprovalOutcome = 3
+	// aaa.approval.edited: a reviewer changed the arguments; the call never
+	// runs and a new call with the edited arguments is requested instead.
+	ApprovalOutcome_APPROVAL_OUTCOME_EDITED ApprovalOutcome = 4
 )
 
 // Enum value maps for ApprovalOutcome.
@@ -43,12 +46,14 @@ var (
 		1: "APPROVAL_OUTCOME_GRANTED",
 		2: "APPROVAL_OUTCOME_DENIED",
 		3: "APPROVAL_OUTCOME_EXPIRED",
+		4: "APPROVAL_OUTCOME_EDITED",
 	}
 	ApprovalOutcome_value = map[string]int32{
 		"APPROVAL_OUTCOME_UNSPECIFIED": 0,
 		"APPROVAL_OUTCOME_GRANTED":     1,
 		"APPROVAL_OUTCOME_DENIED":      2,
 		"APPROVAL_OUTCOME_EXPIRED":     3,
+		"APPROVAL_OUTCOME_EDITED":      4,
 	}
 )
 
@@ -79,6 +84,130 @@ func (ApprovalOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{0}
 }
 
+// What a batch decides.
+type BatchDecision int32
+
+const (
+	// Not set (refused).
+	BatchDecision_BATCH_DECISION_UNSPECIFIED BatchDecision = 0
+	// Grant every item.
+	BatchDecision_BATCH_DECISION_GRANT BatchDecision = 1
+	// Deny every item.
+	BatchDecision_BATCH_DECISION_DENY BatchDecision = 2
+)
+
+// Enum value maps for BatchDecision.
+var (
+	BatchDecision_name = map[int32]string{
+		0: "BATCH_DECISION_UNSPECIFIED",
+		1: "BATCH_DECISION_GRANT",
+		2: "BATCH_DECISION_DENY",
+	}
+	BatchDecision_value = map[string]int32{
+		"BATCH_DECISION_UNSPECIFIED": 0,
+		"BATCH_DECISION_GRANT":       1,
+		"BATCH_DECISION_DENY":        2,
+	}
+)
+
+func (x BatchDecision) Enum() *BatchDecision {
+	p := new(BatchDecision)
+	*p = x
+	return p
+}
+
+func (x BatchDecision) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BatchDecision) Descriptor() protoreflect.EnumDescriptor {
+	return file_aaa_v1_approval_proto_enumTypes[1].Descriptor()
+}
+
+func (BatchDecision) Type() protoreflect.EnumType {
+	return &file_aaa_v1_approval_proto_enumTypes[1]
+}
+
+func (x BatchDecision) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BatchDecision.Descriptor instead.
+func (BatchDecision) EnumDescriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{1}
+}
+
+// The outcome of one item.
+type DecisionStatus int32
+
+const (
+	// Not set.
+	DecisionStatus_DECISION_STATUS_UNSPECIFIED DecisionStatus = 0
+	// Recorded (a grant, a vote or a denial).
+	DecisionStatus_DECISION_STATUS_DECIDED DecisionStatus = 1
+	// The call was already decided (or expired, or this approver already
+	// voted); nothing was recorded.
+	DecisionStatus_DECISION_STATUS_ALREADY_DECIDED DecisionStatus = 2
+	// arguments_sha256 is not the digest of the call's arguments; nothing was recorded.
+	DecisionStatus_DECISION_STATUS_MISMATCH DecisionStatus = 3
+	// No such run or pending call; nothing was recorded.
+	DecisionStatus_DECISION_STATUS_NOT_FOUND DecisionStatus = 4
+	// Refused for another reason (see error_reason): a finished run,
+	// separation of duties, permissions; nothing was recorded.
+	DecisionStatus_DECISION_STATUS_REFUSED DecisionStatus = 5
+	// all_or_nothing was set and another item was refused: nothing was recorded.
+	DecisionStatus_DECISION_STATUS_NOT_APPLIED DecisionStatus = 6
+)
+
+// Enum value maps for DecisionStatus.
+var (
+	DecisionStatus_name = map[int32]string{
+		0: "DECISION_STATUS_UNSPECIFIED",
+		1: "DECISION_STATUS_DECIDED",
+		2: "DECISION_STATUS_ALREADY_DECIDED",
+		3: "DECISION_STATUS_MISMATCH",
+		4: "DECISION_STATUS_NOT_FOUND",
+		5: "DECISION_STATUS_REFUSED",
+		6: "DECISION_STATUS_NOT_APPLIED",
+	}
+	DecisionStatus_value = map[string]int32{
+		"DECISION_STATUS_UNSPECIFIED":     0,
+		"DECISION_STATUS_DECIDED":         1,
+		"DECISION_STATUS_ALREADY_DECIDED": 2,
+		"DECISION_STATUS_MISMATCH":        3,
+		"DECISION_STATUS_NOT_FOUND":       4,
+		"DECISION_STATUS_REFUSED":         5,
+		"DECISION_STATUS_NOT_APPLIED":     6,
+	}
+)
+
+func (x DecisionStatus) Enum() *DecisionStatus {
+	p := new(DecisionStatus)
+	*p = x
+	return p
+}
+
+func (x DecisionStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DecisionStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_aaa_v1_approval_proto_enumTypes[2].Descriptor()
+}
+
+func (DecisionStatus) Type() protoreflect.EnumType {
+	return &file_aaa_v1_approval_proto_enumTypes[2]
+}
+
+func (x DecisionStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DecisionStatus.Descriptor instead.
+func (DecisionStatus) EnumDescriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{2}
+}
+
 // A pending approval request: a tool call waiting for a human decision.
 type Approval struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -104,7 +233,14 @@ type Approval struct {
 	// Global position of the aaa.approval.requested event.
 	Position uint64 `protobuf:"varint,10,opt,name=position,proto3" json:"position,omitempty"`
 	// The run's task (its first user message): what the call is for.
-	Task          string `protobuf:"bytes,11,opt,name=task,proto3" json:"task,omitempty"`
+	Task string `protobuf:"bytes,11,opt,name=task,proto3" json:"task,omitempty"`
+	// Grants from distinct approvers the call needs before it runs (1 unless
+	// its tool or run asks for more).
+	ApprovalsRequired uint32 `protobuf:"varint,12,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
+	// The grants cast so far, oldest first (fewer than approvals_required).
+	Votes []*Vote `protobuf:"bytes,13,rep,name=votes,proto3" json:"votes,omitempty"`
+	// For a call a reviewer edited: the call it replaces.
+	EditedFrom    string `protobuf:"bytes,14,opt,name=edited_from,json=editedFrom,proto3" json:"edited_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -216,6 +352,92 @@ func (x *Approval) GetTask() string {
 	return ""
 }
 
+func (x *Approval) GetApprovalsRequired() uint32 {
+	if x != nil {
+		return x.ApprovalsRequired
+	}
+	return 0
+}
+
+func (x *Approval) GetVotes() []*Vote {
+	if x != nil {
+		return x.Votes
+	}
+	return nil
+}
+
+func (x *Approval) GetEditedFrom() string {
+	if x != nil {
+		return x.EditedFrom
+	}
+	return ""
+}
+
+// One approver's grant of a call that needs several.
+type Vote struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approver: the principal with auth on; with auth off the grant's
+	// `approver` or the caller's address.
+	Approver string `protobuf:"bytes,1,opt,name=approver,proto3" json:"approver,omitempty"`
+	// When the grant was recorded.
+	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// The grant's comment.
+	Comment       string `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Vote) Reset() {
+	*x = Vote{}
+	mi := &file_aaa_v1_approval_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Vote) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Vote) ProtoMessage() {}
+
+func (x *Vote) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_approval_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Vote.ProtoReflect.Descriptor instead.
+func (*Vote) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Vote) GetApprover() string {
+	if x != nil {
+		return x.Approver
+	}
+	return ""
+}
+
+func (x *Vote) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Vote) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
 // ListApprovals' request.
 type ListApprovalsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -235,7 +457,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[1]
+	mi := &file_aaa_v1_approval_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +469,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[1]
+	mi := &file_aaa_v1_approval_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +482,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{1}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ListApprovalsRequest) GetTool() string {
@@ -311,7 +533,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[2]
+	mi := &file_aaa_v1_approval_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +545,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[2]
+	mi := &file_aaa_v1_approval_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +558,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{2}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -373,7 +595,7 @@ type WatchApprovalsRequest struct {
 
 func (x *WatchApprovalsRequest) Reset() {
 	*x = WatchApprovalsRequest{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[3]
+	mi := &file_aaa_v1_approval_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +607,7 @@ func (x *WatchApprovalsRequest) String() string {
 func (*WatchApprovalsRequest) ProtoMessage() {}
 
 func (x *WatchApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[3]
+	mi := &file_aaa_v1_approval_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +620,7 @@ func (x *WatchApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*WatchApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{3}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WatchApprovalsRequest) GetTool() string {
@@ -451,6 +673,7 @@ type WatchApprovalsResponse struct {
 	//	*WatchApprovalsResponse_Resolved
 	//	*WatchApprovalsResponse_SnapshotComplete
 	//	*WatchApprovalsResponse_Heartbeat
+	//	*WatchApprovalsResponse_Voted
 	Item          isWatchApprovalsResponse_Item `protobuf_oneof:"item"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -458,7 +681,7 @@ type WatchApprovalsResponse struct {
 
 func (x *WatchApprovalsResponse) Reset() {
 	*x = WatchApprovalsResponse{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[4]
+	mi := &file_aaa_v1_approval_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +693,7 @@ func (x *WatchApprovalsResponse) String() string {
 func (*WatchApprovalsResponse) ProtoMessage() {}
 
 func (x *WatchApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[4]
+	mi := &file_aaa_v1_approval_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +706,7 @@ func (x *WatchApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*WatchApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{4}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WatchApprovalsResponse) GetPosition() uint64 {
@@ -536,6 +759,15 @@ func (x *WatchApprovalsResponse) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *WatchApprovalsResponse) GetVoted() *ApprovalVoted {
+	if x != nil {
+		if x, ok := x.Item.(*WatchApprovalsResponse_Voted); ok {
+			return x.Voted
+		}
+	}
+	return nil
+}
+
 type isWatchApprovalsResponse_Item interface {
 	isWatchApprovalsResponse_Item()
 }
@@ -560,6 +792,11 @@ type WatchApprovalsResponse_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,5,opt,name=heartbeat,proto3,oneof"`
 }
 
+type WatchApprovalsResponse_Voted struct {
+	// A grant of a call that needs several, not yet the last one.
+	Voted *ApprovalVoted `protobuf:"bytes,6,opt,name=voted,proto3,oneof"`
+}
+
 func (*WatchApprovalsResponse_Requested) isWatchApprovalsResponse_Item() {}
 
 func (*WatchApprovalsResponse_Resolved) isWatchApprovalsResponse_Item() {}
@@ -567,6 +804,108 @@ func (*WatchApprovalsResponse_Resolved) isWatchApprovalsResponse_Item() {}
 func (*WatchApprovalsResponse_SnapshotComplete) isWatchApprovalsResponse_Item() {}
 
 func (*WatchApprovalsResponse_Heartbeat) isWatchApprovalsResponse_Item() {}
+
+func (*WatchApprovalsResponse_Voted) isWatchApprovalsResponse_Item() {}
+
+// A vote on a pending request (WatchApprovals).
+type ApprovalVoted struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The call.
+	CallId string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// The tool's name.
+	Tool string `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
+	// The grant.
+	Vote *Vote `protobuf:"bytes,4,opt,name=vote,proto3" json:"vote,omitempty"`
+	// Grants so far, this one included.
+	Votes uint32 `protobuf:"varint,5,opt,name=votes,proto3" json:"votes,omitempty"`
+	// Grants the call needs.
+	ApprovalsRequired uint32 `protobuf:"varint,6,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
+	// seq of the aaa.approval.voted event.
+	Seq           uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApprovalVoted) Reset() {
+	*x = ApprovalVoted{}
+	mi := &file_aaa_v1_approval_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApprovalVoted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApprovalVoted) ProtoMessage() {}
+
+func (x *ApprovalVoted) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_approval_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApprovalVoted.ProtoReflect.Descriptor instead.
+func (*ApprovalVoted) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ApprovalVoted) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ApprovalVoted) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ApprovalVoted) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ApprovalVoted) GetVote() *Vote {
+	if x != nil {
+		return x.Vote
+	}
+	return nil
+}
+
+func (x *ApprovalVoted) GetVotes() uint32 {
+	if x != nil {
+		return x.Votes
+	}
+	return 0
+}
+
+func (x *ApprovalVoted) GetApprovalsRequired() uint32 {
+	if x != nil {
+		return x.ApprovalsRequired
+	}
+	return 0
+}
+
+func (x *ApprovalVoted) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
 
 // How an approval request was resolved.
 type ApprovalResolution struct {
@@ -584,14 +923,16 @@ type ApprovalResolution struct {
 	// seq of the resolving event.
 	Seq uint64 `protobuf:"varint,6,opt,name=seq,proto3" json:"seq,omitempty"`
 	// When it was resolved.
-	Time          *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=time,proto3" json:"time,omitempty"`
+	Time *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=time,proto3" json:"time,omitempty"`
+	// For an edit: the call that takes this one's place (it is requested next).
+	ReplacedBy    string `protobuf:"bytes,8,opt,name=replaced_by,json=replacedBy,proto3" json:"replaced_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApprovalResolution) Reset() {
 	*x = ApprovalResolution{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[5]
+	mi := &file_aaa_v1_approval_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +944,7 @@ func (x *ApprovalResolution) String() string {
 func (*ApprovalResolution) ProtoMessage() {}
 
 func (x *ApprovalResolution) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[5]
+	mi := &file_aaa_v1_approval_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +957,7 @@ func (x *ApprovalResolution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalResolution.ProtoReflect.Descriptor instead.
 func (*ApprovalResolution) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{5}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ApprovalResolution) GetRunId() string {
@@ -668,6 +1009,314 @@ func (x *ApprovalResolution) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ApprovalResolution) GetReplacedBy() string {
+	if x != nil {
+		return x.ReplacedBy
+	}
+	return ""
+}
+
+// DecideApprovals' request.
+type DecideApprovalsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The calls to decide, as the reviewer was shown them: at least one, at
+	// most 1000, no call twice.
+	Items []*DecisionItem `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// Grant or deny every item.
+	Decision BatchDecision `protobuf:"varint,2,opt,name=decision,proto3,enum=aaa.v1.BatchDecision" json:"decision,omitempty"`
+	// For a denial: the reason the model reads.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// For a grant: a comment recorded with it.
+	Comment string `protobuf:"bytes,4,opt,name=comment,proto3" json:"comment,omitempty"`
+	// When true, decide nothing unless every item would be decided (or voted).
+	AllOrNothing bool `protobuf:"varint,5,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
+	// With auth off: the approver's name for the votes (see Vote.approver).
+	Approver      string `protobuf:"bytes,6,opt,name=approver,proto3" json:"approver,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideApprovalsRequest) Reset() {
+	*x = DecideApprovalsRequest{}
+	mi := &file_aaa_v1_approval_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideApprovalsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideApprovalsRequest) ProtoMessage() {}
+
+func (x *DecideApprovalsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_approval_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideApprovalsRequest.ProtoReflect.Descriptor instead.
+func (*DecideApprovalsRequest) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DecideApprovalsRequest) GetItems() []*DecisionItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *DecideApprovalsRequest) GetDecision() BatchDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return BatchDecision_BATCH_DECISION_UNSPECIFIED
+}
+
+func (x *DecideApprovalsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DecideApprovalsRequest) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+func (x *DecideApprovalsRequest) GetAllOrNothing() bool {
+	if x != nil {
+		return x.AllOrNothing
+	}
+	return false
+}
+
+func (x *DecideApprovalsRequest) GetApprover() string {
+	if x != nil {
+		return x.Approver
+	}
+	return ""
+}
+
+// One call of a batch decision.
+type DecisionItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The call.
+	CallId string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// Hex SHA-256 of the arguments the reviewer was shown (Approval.arguments_sha256). Required.
+	ArgumentsSha256 string `protobuf:"bytes,3,opt,name=arguments_sha256,json=argumentsSha256,proto3" json:"arguments_sha256,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DecisionItem) Reset() {
+	*x = DecisionItem{}
+	mi := &file_aaa_v1_approval_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionItem) ProtoMessage() {}
+
+func (x *DecisionItem) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_approval_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionItem.ProtoReflect.Descriptor instead.
+func (*DecisionItem) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DecisionItem) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DecisionItem) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *DecisionItem) GetArgumentsSha256() string {
+	if x != nil {
+		return x.ArgumentsSha256
+	}
+	return ""
+}
+
+// DecideApprovals' answer: one result per item, in the request's order.
+type DecideApprovalsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*DecisionResult      `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideApprovalsResponse) Reset() {
+	*x = DecideApprovalsResponse{}
+	mi := &file_aaa_v1_approval_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideApprovalsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideApprovalsResponse) ProtoMessage() {}
+
+func (x *DecideApprovalsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_approval_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideApprovalsResponse.ProtoReflect.Descriptor instead.
+func (*DecideApprovalsResponse) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DecideApprovalsResponse) GetResults() []*DecisionResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// How one item of a batch went.
+type DecisionResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The item's run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The item's call.
+	CallId string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// What happened.
+	Status DecisionStatus `protobuf:"varint,3,opt,name=status,proto3,enum=aaa.v1.DecisionStatus" json:"status,omitempty"`
+	// For ALREADY_DECIDED: the decision that stands. For DECIDED: the event
+	// recorded ("aaa.approval.granted", "aaa.approval.voted" or "aaa.approval.denied").
+	Decision string `protobuf:"bytes,4,opt,name=decision,proto3" json:"decision,omitempty"`
+	// seq of the recorded event; 0 when nothing was recorded.
+	Seq uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// For a refusal: the error reason (an ErrorReason name) and message.
+	ErrorReason   string `protobuf:"bytes,6,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,7,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecisionResult) Reset() {
+	*x = DecisionResult{}
+	mi := &file_aaa_v1_approval_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionResult) ProtoMessage() {}
+
+func (x *DecisionResult) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_approval_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionResult.ProtoReflect.Descriptor instead.
+func (*DecisionResult) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DecisionResult) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DecisionResult) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *DecisionResult) GetStatus() DecisionStatus {
+	if x != nil {
+		return x.Status
+	}
+	return DecisionStatus_DECISION_STATUS_UNSPECIFIED
+}
+
+func (x *DecisionResult) GetDecision() string {
+	if x != nil {
+		return x.Decision
+	}
+	return ""
+}
+
+func (x *DecisionResult) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *DecisionResult) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
+	}
+	return ""
+}
+
+func (x *DecisionResult) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 // Marks the end of the snapshot.
 type SnapshotComplete struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -679,7 +1328,7 @@ type SnapshotComplete struct {
 
 func (x *SnapshotComplete) Reset() {
 	*x = SnapshotComplete{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[6]
+	mi := &file_aaa_v1_approval_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +1340,7 @@ func (x *SnapshotComplete) String() string {
 func (*SnapshotComplete) ProtoMessage() {}
 
 func (x *SnapshotComplete) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[6]
+	mi := &file_aaa_v1_approval_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +1353,7 @@ func (x *SnapshotComplete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotComplete.ProtoReflect.Descriptor instead.
 func (*SnapshotComplete) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{6}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SnapshotComplete) GetPending() uint32 {
@@ -723,7 +1372,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_aaa_v1_approval_proto_msgTypes[7]
+	mi := &file_aaa_v1_approval_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +1384,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_approval_proto_msgTypes[7]
+	mi := &file_aaa_v1_approval_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,14 +1397,14 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{7}
+	return file_aaa_v1_approval_proto_rawDescGZIP(), []int{13}
 }
 
 var File_aaa_v1_approval_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\n" +
-	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x03\n" +
+	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\x04\n" +
 	"\bApproval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x12\n" +
@@ -769,10 +1418,18 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x03seq\x18\t \x01(\x04R\x03seq\x12\x1a\n" +
 	"\bposition\x18\n" +
 	" \x01(\x04R\bposition\x12\x12\n" +
-	"\x04task\x18\v \x01(\tR\x04task\x1a9\n" +
+	"\x04task\x18\v \x01(\tR\x04task\x12-\n" +
+	"\x12approvals_required\x18\f \x01(\rR\x11approvalsRequired\x12\"\n" +
+	"\x05votes\x18\r \x03(\v2\f.aaa.v1.VoteR\x05votes\x12\x1f\n" +
+	"\vedited_from\x18\x0e \x01(\tR\n" +
+	"editedFrom\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"l\n" +
+	"\x04Vote\x12\x1a\n" +
+	"\bapprover\x18\x01 \x01(\tR\bapprover\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\"\xfa\x01\n" +
 	"\x14ListApprovalsRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12@\n" +
@@ -796,14 +1453,23 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
-	"\x0f_after_position\"\xa4\x02\n" +
+	"\x0f_after_position\"\xd3\x02\n" +
 	"\x16WatchApprovalsResponse\x12\x1a\n" +
 	"\bposition\x18\x01 \x01(\x04R\bposition\x120\n" +
 	"\trequested\x18\x02 \x01(\v2\x10.aaa.v1.ApprovalH\x00R\trequested\x128\n" +
 	"\bresolved\x18\x03 \x01(\v2\x1a.aaa.v1.ApprovalResolutionH\x00R\bresolved\x12G\n" +
 	"\x11snapshot_complete\x18\x04 \x01(\v2\x18.aaa.v1.SnapshotCompleteH\x00R\x10snapshotComplete\x121\n" +
-	"\theartbeat\x18\x05 \x01(\v2\x11.aaa.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04item\"\xe5\x01\n" +
+	"\theartbeat\x18\x05 \x01(\v2\x11.aaa.v1.HeartbeatH\x00R\theartbeat\x12-\n" +
+	"\x05voted\x18\x06 \x01(\v2\x15.aaa.v1.ApprovalVotedH\x00R\x05votedB\x06\n" +
+	"\x04item\"\xcc\x01\n" +
+	"\rApprovalVoted\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
+	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x12\n" +
+	"\x04tool\x18\x03 \x01(\tR\x04tool\x12 \n" +
+	"\x04vote\x18\x04 \x01(\v2\f.aaa.v1.VoteR\x04vote\x12\x14\n" +
+	"\x05votes\x18\x05 \x01(\rR\x05votes\x12-\n" +
+	"\x12approvals_required\x18\x06 \x01(\rR\x11approvalsRequired\x12\x10\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\"\x86\x02\n" +
 	"\x12ApprovalResolution\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x12\n" +
@@ -811,18 +1477,55 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\aoutcome\x18\x04 \x01(\x0e2\x17.aaa.v1.ApprovalOutcomeR\aoutcome\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x10\n" +
 	"\x03seq\x18\x06 \x01(\x04R\x03seq\x12.\n" +
-	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\",\n" +
+	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1f\n" +
+	"\vreplaced_by\x18\b \x01(\tR\n" +
+	"replacedBy\"\xeb\x01\n" +
+	"\x16DecideApprovalsRequest\x12*\n" +
+	"\x05items\x18\x01 \x03(\v2\x14.aaa.v1.DecisionItemR\x05items\x121\n" +
+	"\bdecision\x18\x02 \x01(\x0e2\x15.aaa.v1.BatchDecisionR\bdecision\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
+	"\acomment\x18\x04 \x01(\tR\acomment\x12$\n" +
+	"\x0eall_or_nothing\x18\x05 \x01(\bR\fallOrNothing\x12\x1a\n" +
+	"\bapprover\x18\x06 \x01(\tR\bapprover\"i\n" +
+	"\fDecisionItem\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
+	"\acall_id\x18\x02 \x01(\tR\x06callId\x12)\n" +
+	"\x10arguments_sha256\x18\x03 \x01(\tR\x0fargumentsSha256\"K\n" +
+	"\x17DecideApprovalsResponse\x120\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.aaa.v1.DecisionResultR\aresults\"\xe6\x01\n" +
+	"\x0eDecisionResult\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
+	"\acall_id\x18\x02 \x01(\tR\x06callId\x12.\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x16.aaa.v1.DecisionStatusR\x06status\x12\x1a\n" +
+	"\bdecision\x18\x04 \x01(\tR\bdecision\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\x12!\n" +
+	"\ferror_reason\x18\x06 \x01(\tR\verrorReason\x12#\n" +
+	"\rerror_message\x18\a \x01(\tR\ferrorMessage\",\n" +
 	"\x10SnapshotComplete\x12\x18\n" +
 	"\apending\x18\x01 \x01(\rR\apending\"\v\n" +
-	"\tHeartbeat*\x8c\x01\n" +
+	"\tHeartbeat*\xa9\x01\n" +
 	"\x0fApprovalOutcome\x12 \n" +
 	"\x1cAPPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18APPROVAL_OUTCOME_GRANTED\x10\x01\x12\x1b\n" +
 	"\x17APPROVAL_OUTCOME_DENIED\x10\x02\x12\x1c\n" +
-	"\x18APPROVAL_OUTCOME_EXPIRED\x10\x032\xb2\x01\n" +
+	"\x18APPROVAL_OUTCOME_EXPIRED\x10\x03\x12\x1b\n" +
+	"\x17APPROVAL_OUTCOME_EDITED\x10\x04*b\n" +
+	"\rBatchDecision\x12\x1e\n" +
+	"\x1aBATCH_DECISION_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14BATCH_DECISION_GRANT\x10\x01\x12\x17\n" +
+	"\x13BATCH_DECISION_DENY\x10\x02*\xee\x01\n" +
+	"\x0eDecisionStatus\x12\x1f\n" +
+	"\x1bDECISION_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17DECISION_STATUS_DECIDED\x10\x01\x12#\n" +
+	"\x1fDECISION_STATUS_ALREADY_DECIDED\x10\x02\x12\x1c\n" +
+	"\x18DECISION_STATUS_MISMATCH\x10\x03\x12\x1d\n" +
+	"\x19DECISION_STATUS_NOT_FOUND\x10\x04\x12\x1b\n" +
+	"\x17DECISION_STATUS_REFUSED\x10\x05\x12\x1f\n" +
+	"\x1bDECISION_STATUS_NOT_APPLIED\x10\x062\x86\x02\n" +
 	"\x0fApprovalService\x12L\n" +
 	"\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\x12Q\n" +
-	"\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse0\x01Bt\n" +
+	"\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse0\x01\x12R\n" +
+	"\x0fDecideApprovals\x12\x1e.aaa.v1.DecideApprovalsRequest\x1a\x1f.aaa.v1.DecideApprovalsResponseBt\n" +
 	"\n" +
 	"com.aaa.v1B\rApprovalProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -838,45 +1541,63 @@ func file_aaa_v1_approval_proto_rawDescGZIP() []byte {
 	return file_aaa_v1_approval_proto_rawDescData
 }
 
-var file_aaa_v1_approval_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_aaa_v1_approval_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_aaa_v1_approval_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_aaa_v1_approval_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_aaa_v1_approval_proto_goTypes = []any{
-	(ApprovalOutcome)(0),           // 0: aaa.v1.ApprovalOutcome
-	(*Approval)(nil),               // 1: aaa.v1.Approval
-	(*ListApprovalsRequest)(nil),   // 2: aaa.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),  // 3: aaa.v1.ListApprovalsResponse
-	(*WatchApprovalsRequest)(nil),  // 4: aaa.v1.WatchApprovalsRequest
-	(*WatchApprovalsResponse)(nil), // 5: aaa.v1.WatchApprovalsResponse
-	(*ApprovalResolution)(nil),     // 6: aaa.v1.ApprovalResolution
-	(*SnapshotComplete)(nil),       // 7: aaa.v1.SnapshotComplete
-	(*Heartbeat)(nil),              // 8: aaa.v1.Heartbeat
-	nil,                            // 9: aaa.v1.Approval.LabelsEntry
-	nil,                            // 10: aaa.v1.ListApprovalsRequest.LabelsEntry
-	nil,                            // 11: aaa.v1.WatchApprovalsRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 12: google.protobuf.Timestamp
+	(ApprovalOutcome)(0),            // 0: aaa.v1.ApprovalOutcome
+	(BatchDecision)(0),              // 1: aaa.v1.BatchDecision
+	(DecisionStatus)(0),             // 2: aaa.v1.DecisionStatus
+	(*Approval)(nil),                // 3: aaa.v1.Approval
+	(*Vote)(nil),                    // 4: aaa.v1.Vote
+	(*ListApprovalsRequest)(nil),    // 5: aaa.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),   // 6: aaa.v1.ListApprovalsResponse
+	(*WatchApprovalsRequest)(nil),   // 7: aaa.v1.WatchApprovalsRequest
+	(*WatchApprovalsResponse)(nil),  // 8: aaa.v1.WatchApprovalsResponse
+	(*ApprovalVoted)(nil),           // 9: aaa.v1.ApprovalVoted
+	(*ApprovalResolution)(nil),      // 10: aaa.v1.ApprovalResolution
+	(*DecideApprovalsRequest)(nil),  // 11: aaa.v1.DecideApprovalsRequest
+	(*DecisionItem)(nil),            // 12: aaa.v1.DecisionItem
+	(*DecideApprovalsResponse)(nil), // 13: aaa.v1.DecideApprovalsResponse
+	(*DecisionResult)(nil),          // 14: aaa.v1.DecisionResult
+	(*SnapshotComplete)(nil),        // 15: aaa.v1.SnapshotComplete
+	(*Heartbeat)(nil),               // 16: aaa.v1.Heartbeat
+	nil,                             // 17: aaa.v1.Approval.LabelsEntry
+	nil,                             // 18: aaa.v1.ListApprovalsRequest.LabelsEntry
+	nil,                             // 19: aaa.v1.WatchApprovalsRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 20: google.protobuf.Timestamp
 }
 var file_aaa_v1_approval_proto_depIdxs = []int32{
-	12, // 0: aaa.v1.Approval.requested_at:type_name -> google.protobuf.Timestamp
-	12, // 1: aaa.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	9,  // 2: aaa.v1.Approval.labels:type_name -> aaa.v1.Approval.LabelsEntry
-	10, // 3: aaa.v1.ListApprovalsRequest.labels:type_name -> aaa.v1.ListApprovalsRequest.LabelsEntry
-	1,  // 4: aaa.v1.ListApprovalsResponse.approvals:type_name -> aaa.v1.Approval
-	11, // 5: aaa.v1.WatchApprovalsRequest.labels:type_name -> aaa.v1.WatchApprovalsRequest.LabelsEntry
-	1,  // 6: aaa.v1.WatchApprovalsResponse.requested:type_name -> aaa.v1.Approval
-	6,  // 7: aaa.v1.WatchApprovalsResponse.resolved:type_name -> aaa.v1.ApprovalResolution
-	7,  // 8: aaa.v1.WatchApprovalsResponse.snapshot_complete:type_name -> aaa.v1.SnapshotComplete
-	8,  // 9: aaa.v1.WatchApprovalsResponse.heartbeat:type_name -> aaa.v1.Heartbeat
-	0,  // 10: aaa.v1.ApprovalResolution.outcome:type_name -> aaa.v1.ApprovalOutcome
-	12, // 11: aaa.v1.ApprovalResolution.time:type_name -> google.protobuf.Timestamp
-	2,  // 12: aaa.v1.ApprovalService.ListApprovals:input_type -> aaa.v1.ListApprovalsRequest
-	4,  // 13: aaa.v1.ApprovalService.WatchApprovals:input_type -> aaa.v1.WatchApprovalsRequest
-	3,  // 14: aaa.v1.ApprovalService.ListApprovals:output_type -> aaa.v1.ListApprovalsResponse
-	5,  // 15: aaa.v1.ApprovalService.WatchApprovals:output_type -> aaa.v1.WatchApprovalsResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	20, // 0: aaa.v1.Approval.requested_at:type_name -> google.protobuf.Timestamp
+	20, // 1: aaa.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 2: aaa.v1.Approval.labels:type_name -> aaa.v1.Approval.LabelsEntry
+	4,  // 3: aaa.v1.Approval.votes:type_name -> aaa.v1.Vote
+	20, // 4: aaa.v1.Vote.time:type_name -> google.protobuf.Timestamp
+	18, // 5: aaa.v1.ListApprovalsRequest.labels:type_name -> aaa.v1.ListApprovalsRequest.LabelsEntry
+	3,  // 6: aaa.v1.ListApprovalsResponse.approvals:type_name -> aaa.v1.Approval
+	19, // 7: aaa.v1.WatchApprovalsRequest.labels:type_name -> aaa.v1.WatchApprovalsRequest.LabelsEntry
+	3,  // 8: aaa.v1.WatchApprovalsResponse.requested:type_name -> aaa.v1.Approval
+	10, // 9: aaa.v1.WatchApprovalsResponse.resolved:type_name -> aaa.v1.ApprovalResolution
+	15, // 10: aaa.v1.WatchApprovalsResponse.snapshot_complete:type_name -> aaa.v1.SnapshotComplete
+	16, // 11: aaa.v1.WatchApprovalsResponse.heartbeat:type_name -> aaa.v1.Heartbeat
+	9,  // 12: aaa.v1.WatchApprovalsResponse.voted:type_name -> aaa.v1.ApprovalVoted
+	4,  // 13: aaa.v1.ApprovalVoted.vote:type_name -> aaa.v1.Vote
+	0,  // 14: aaa.v1.ApprovalResolution.outcome:type_name -> aaa.v1.ApprovalOutcome
+	20, // 15: aaa.v1.ApprovalResolution.time:type_name -> google.protobuf.Timestamp
+	12, // 16: aaa.v1.DecideApprovalsRequest.items:type_name -> aaa.v1.DecisionItem
+	1,  // 17: aaa.v1.DecideApprovalsRequest.decision:type_name -> aaa.v1.BatchDecision
+	14, // 18: aaa.v1.DecideApprovalsResponse.results:type_name -> aaa.v1.DecisionResult
+	2,  // 19: aaa.v1.DecisionResult.status:type_name -> aaa.v1.DecisionStatus
+	5,  // 20: aaa.v1.ApprovalService.ListApprovals:input_type -> aaa.v1.ListApprovalsRequest
+	7,  // 21: aaa.v1.ApprovalService.WatchApprovals:input_type -> aaa.v1.WatchApprovalsRequest
+	11, // 22: aaa.v1.ApprovalService.DecideApprovals:input_type -> aaa.v1.DecideApprovalsRequest
+	6,  // 23: aaa.v1.ApprovalService.ListApprovals:output_type -> aaa.v1.ListApprovalsResponse
+	8,  // 24: aaa.v1.ApprovalService.WatchApprovals:output_type -> aaa.v1.WatchApprovalsResponse
+	13, // 25: aaa.v1.ApprovalService.DecideApprovals:output_type -> aaa.v1.DecideApprovalsResponse
+	23, // [23:26] is the sub-list for method output_type
+	20, // [20:23] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_aaa_v1_approval_proto_init() }
@@ -884,20 +1605,21 @@ func file_aaa_v1_approval_proto_init() {
 	if File_aaa_v1_approval_proto != nil {
 		return
 	}
-	file_aaa_v1_approval_proto_msgTypes[3].OneofWrappers = []any{}
-	file_aaa_v1_approval_proto_msgTypes[4].OneofWrappers = []any{
+	file_aaa_v1_approval_proto_msgTypes[4].OneofWrappers = []any{}
+	file_aaa_v1_approval_proto_msgTypes[5].OneofWrappers = []any{
 		(*WatchApprovalsResponse_Requested)(nil),
 		(*WatchApprovalsResponse_Resolved)(nil),
 		(*WatchApprovalsResponse_SnapshotComplete)(nil),
 		(*WatchApprovalsResponse_Heartbeat)(nil),
+		(*WatchApprovalsResponse_Voted)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aaa_v1_approval_proto_rawDesc), len(file_aaa_v1_approval_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   11,
+			NumEnums:      3,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

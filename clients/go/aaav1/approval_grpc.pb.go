@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ApprovalService_ListApprovals_FullMethodName  = "/aaa.v1.ApprovalService/ListApprovals"
-	ApprovalService_WatchApprovals_FullMethodName = "/aaa.v1.ApprovalService/WatchApprovals"
+	ApprovalService_ListApprovals_FullMethodName   = "/aaa.v1.ApprovalService/ListApprovals"
+	ApprovalService_WatchApprovals_FullMethodName  = "/aaa.v1.ApprovalService/WatchApprovals"
+	ApprovalService_DecideApprovals_FullMethodName = "/aaa.v1.ApprovalService/DecideApprovals"
 )
 
 // ApprovalServiceClient is the client API for ApprovalService service.
@@ -38,6 +39,10 @@ type ApprovalServiceClient interface {
 	// by run_id + call_id: a resolution may name a request the stream did not
 	// show (resolved while the snapshot was read); ignore it.
 	WatchApprovals(ctx context.Context, in *WatchApprovalsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchApprovalsResponse], error)
+	// Grants or denies several calls at once, each bound to the digest of the
+	// arguments the reviewer was shown. Each item gets its own outcome; with
+	// all_or_nothing, nothing is decided unless every item would be.
+	DecideApprovals(ctx context.Context, in *DecideApprovalsRequest, opts ...grpc.CallOption) (*DecideApprovalsResponse, error)
 }
 
 type approvalServiceClient struct {
@@ -77,6 +82,16 @@ func (c *approvalServiceClient) WatchApprovals(ctx context.Context, in *WatchApp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ApprovalService_WatchApprovalsClient = grpc.ServerStreamingClient[WatchApprovalsResponse]
 
+func (c *approvalServiceClient) DecideApprovals(ctx context.Context, in *DecideApprovalsRequest, opts ...grpc.CallOption) (*DecideApprovalsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecideApprovalsResponse)
+	err := c.cc.Invoke(ctx, ApprovalService_DecideApprovals_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ApprovalServiceServer is the server API for ApprovalService service.
 // All implementations must embed UnimplementedApprovalServiceServer
 // for forward compatibility.
@@ -92,6 +107,10 @@ type ApprovalServiceServer interface {
 	// by run_id + call_id: a resolution may name a request the stream did not
 	// show (resolved while the snapshot was read); ignore it.
 	WatchApprovals(*WatchApprovalsRequest, grpc.ServerStreamingServer[WatchApprovalsResponse]) error
+	// Grants or denies several calls at once, each bound to the digest of the
+	// arguments the reviewer was shown. Each item gets its own outcome; with
+	// all_or_nothing, nothing is decided unless every item would be.
+	DecideApprovals(context.Context, *DecideApprovalsRequest) (*DecideApprovalsResponse, error)
 	mustEmbedUnimplementedApprovalServiceServer()
 }
 
@@ -107,6 +126,9 @@ func (UnimplementedApprovalServiceServer) ListApprovals(context.Context, *ListAp
 }
 func (UnimplementedApprovalServiceServer) WatchApprovals(*WatchApprovalsRequest, grpc.ServerStreamingServer[WatchApprovalsResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchApprovals not implemented")
+}
+func (UnimplementedApprovalServiceServer) DecideApprovals(context.Context, *DecideApprovalsRequest) (*DecideApprovalsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DecideApprovals not implemented")
 }
 func (UnimplementedApprovalServiceServer) mustEmbedUnimplementedApprovalServiceServer() {}
 func (UnimplementedApprovalServiceServer) testEmbeddedByValue()                         {}
@@ -158,6 +180,24 @@ func _ApprovalService_WatchApprovals_Handler(srv interface{}, stream grpc.Server
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ApprovalService_WatchApprovalsServer = grpc.ServerStreamingServer[WatchApprovalsResponse]
 
+func _ApprovalService_DecideApprovals_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecideApprovalsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ApprovalServiceServer).DecideApprovals(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ApprovalService_DecideApprovals_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ApprovalServiceServer).DecideApprovals(ctx, req.(*DecideApprovalsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ApprovalService_ServiceDesc is the grpc.ServiceDesc for ApprovalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -168,6 +208,10 @@ var ApprovalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListApprovals",
 			Handler:    _ApprovalService_ListApprovals_Handler,
+		},
+		{
+			MethodName: "DecideApprovals",
+			Handler:    _ApprovalService_DecideApprovals_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -309,8 +309,11 @@ type ToolRef struct {
 	RequiresApproval bool `protobuf:"varint,2,opt,name=requires_approval,json=requiresApproval,proto3" json:"requires_approval,omitempty"`
 	// When > 0, overrides the tool's approval_timeout_s for this run.
 	ApprovalTimeoutS float64 `protobuf:"fixed64,3,opt,name=approval_timeout_s,json=approvalTimeoutS,proto3" json:"approval_timeout_s,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// When above the tool's approvals_required, raises it for this run (a run
+	// can ask for more approvers, never fewer).
+	ApprovalsRequired uint32 `protobuf:"varint,4,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ToolRef) Reset() {
@@ -360,6 +363,13 @@ func (x *ToolRef) GetRequiresApproval() bool {
 func (x *ToolRef) GetApprovalTimeoutS() float64 {
 	if x != nil {
 		return x.ApprovalTimeoutS
+	}
+	return 0
+}
+
+func (x *ToolRef) GetApprovalsRequired() uint32 {
+	if x != nil {
+		return x.ApprovalsRequired
 	}
 	return 0
 }
@@ -1302,11 +1312,15 @@ type SignalRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run's id.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// aaa.approval.granted, aaa.approval.denied, or a type outside "aaa.".
+	// aaa.approval.granted, aaa.approval.denied, aaa.approval.edited, or a
+	// type outside "aaa.".
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// The event data: a JSON object as text. Empty means {}.
 	// aaa.approval.granted: {"call_id": "...", "arguments_sha256": "..." (optional), "comment": "..." (optional)}
-	// aaa.approval.denied:  {"call_id": "...", "reason": "..." (optional)}
+	// aaa.approval.denied:  {"call_id": "...", "arguments_sha256": "..." (optional), "reason": "..." (optional)}
+	// aaa.approval.edited:  {"call_id": "...", "arguments": {...}, "arguments_sha256": "..." (optional,
+	//
+	//	of the arguments edited), "reason": "...", "grant": true (optional)}
 	DataJson string `protobuf:"bytes,3,opt,name=data_json,json=dataJson,proto3" json:"data_json,omitempty"`
 	// Optional idempotency key: a retry with the same request_id (for the same
 	// run) returns the first answer and appends nothing.
@@ -1382,10 +1396,20 @@ type SignalResponse struct {
 	// had expired) and this decision changed nothing.
 	AlreadyDecided bool `protobuf:"varint,2,opt,name=already_decided,json=alreadyDecided,proto3" json:"already_decided,omitempty"`
 	// For approval decisions: the event type of the decision that stands:
-	// "aaa.approval.granted", "aaa.approval.denied" or "aaa.approval.expired".
-	Decision      string `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// "aaa.approval.granted", "aaa.approval.denied", "aaa.approval.edited",
+	// "aaa.approval.expired", or "aaa.approval.voted" for a grant that is not
+	// yet the last one the call needs.
+	Decision string `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
+	// For a grant of a call that needs several: grants so far, this one included.
+	Votes uint32 `protobuf:"varint,4,opt,name=votes,proto3" json:"votes,omitempty"`
+	// For a grant: how many grants the call needs.
+	ApprovalsRequired uint32 `protobuf:"varint,5,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
+	// For an edit: the call that takes the edited call's place, and the
+	// digest of its arguments (a grant of it is bound to that digest).
+	NewCallId          string `protobuf:"bytes,6,opt,name=new_call_id,json=newCallId,proto3" json:"new_call_id,omitempty"`
+	NewArgumentsSha256 string `protobuf:"bytes,7,opt,name=new_arguments_sha256,json=newArgumentsSha256,proto3" json:"new_arguments_sha256,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SignalResponse) Reset() {
@@ -1435,6 +1459,34 @@ func (x *SignalResponse) GetAlreadyDecided() bool {
 func (x *SignalResponse) GetDecision() string {
 	if x != nil {
 		return x.Decision
+	}
+	return ""
+}
+
+func (x *SignalResponse) GetVotes() uint32 {
+	if x != nil {
+		return x.Votes
+	}
+	return 0
+}
+
+func (x *SignalResponse) GetApprovalsRequired() uint32 {
+	if x != nil {
+		return x.ApprovalsRequired
+	}
+	return 0
+}
+
+func (x *SignalResponse) GetNewCallId() string {
+	if x != nil {
+		return x.NewCallId
+	}
+	return ""
+}
+
+func (x *SignalResponse) GetNewArgumentsSha256() string {
+	if x != nil {
+		return x.NewArgumentsSha256
 	}
 	return ""
 }
@@ -1570,11 +1622,12 @@ const file_aaa_v1_run_proto_rawDesc = "" +
 	"\x06Budget\x12\x1d\n" +
 	"\n" +
 	"deadline_s\x18\x01 \x01(\x01R\tdeadlineS\x12&\n" +
-	"\x0fmax_model_calls\x18\x02 \x01(\rR\rmaxModelCalls\"x\n" +
+	"\x0fmax_model_calls\x18\x02 \x01(\rR\rmaxModelCalls\"\xa7\x01\n" +
 	"\aToolRef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x11requires_approval\x18\x02 \x01(\bR\x10requiresApproval\x12,\n" +
-	"\x12approval_timeout_s\x18\x03 \x01(\x01R\x10approvalTimeoutS\"b\n" +
+	"\x12approval_timeout_s\x18\x03 \x01(\x01R\x10approvalTimeoutS\x12-\n" +
+	"\x12approvals_required\x18\x04 \x01(\rR\x11approvalsRequired\"b\n" +
 	"\tModelSpec\x12\x18\n" +
 	"\x06worker\x18\x01 \x01(\tH\x00R\x06worker\x123\n" +
 	"\bscripted\x18\x02 \x01(\v2\x15.aaa.v1.ScriptedModelH\x00R\bscriptedB\x06\n" +
@@ -1641,11 +1694,15 @@ const file_aaa_v1_run_proto_rawDesc = "" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1b\n" +
 	"\tdata_json\x18\x03 \x01(\tR\bdataJson\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId\"g\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"\xfe\x01\n" +
 	"\x0eSignalResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12'\n" +
 	"\x0falready_decided\x18\x02 \x01(\bR\x0ealreadyDecided\x12\x1a\n" +
-	"\bdecision\x18\x03 \x01(\tR\bdecision\"A\n" +
+	"\bdecision\x18\x03 \x01(\tR\bdecision\x12\x14\n" +
+	"\x05votes\x18\x04 \x01(\rR\x05votes\x12-\n" +
+	"\x12approvals_required\x18\x05 \x01(\rR\x11approvalsRequired\x12\x1e\n" +
+	"\vnew_call_id\x18\x06 \x01(\tR\tnewCallId\x120\n" +
+	"\x14new_arguments_sha256\x18\a \x01(\tR\x12newArgumentsSha256\"A\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"%\n" +

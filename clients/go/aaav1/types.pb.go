@@ -223,6 +223,9 @@ const (
 	// names the last owner known. Retry with backoff: another server takes
 	// the runs over within seconds.
 	ErrorReason_OWNER_UNAVAILABLE ErrorReason = 29
+	// FAILED_PRECONDITION: this approver already voted for the call (its tool
+	// needs grants from several distinct approvers); metadata["approver"] names it.
+	ErrorReason_ALREADY_VOTED ErrorReason = 30
 )
 
 // Enum value maps for ErrorReason.
@@ -255,6 +258,7 @@ var (
 		27: "NOT_TASK_HOLDER",
 		28: "OWNERSHIP_LOST",
 		29: "OWNER_UNAVAILABLE",
+		30: "ALREADY_VOTED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -284,6 +288,7 @@ var (
 		"NOT_TASK_HOLDER":          27,
 		"OWNERSHIP_LOST":           28,
 		"OWNER_UNAVAILABLE":        29,
+		"ALREADY_VOTED":            30,
 	}
 )
 
@@ -328,7 +333,15 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 //	aaa.llm.completed      {call_id, message: {content, tool_calls: [{call_id, name, arguments}]}}
 //	aaa.llm.failed         {call_id, attempt, error}
 //	aaa.tool.requested     {call_id, name, arguments, requires_approval}
-//	aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?}
+//	aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
+//	aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?,
+//	                        approvals_required? (when more than 1), edited_from?}
+//	aaa.approval.voted     {call_id, name, arguments_sha256, approver, comment?, votes,
+//	                        approvals_required}   (a grant that is not yet the last one needed)
+//	aaa.approval.edited    {call_id, name, arguments_sha256, new_call_id, new_arguments,
+//	                        new_arguments_sha256, reason, grant}
+//	                       (call_id is resolved as edited and never runs; new_call_id
+//	                       takes its place and is requested like a model's call)
 //	aaa.approval.expired   {call_id, name, reason}     (reason "deadline" or "run_cancelled")
 //	aaa.tool.started       {call_id, attempt, worker}
 //	aaa.tool.completed     {call_id, attempt, output}
@@ -341,14 +354,25 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 // Event types a client may append with RunService.Signal (the engine adds
 // the tool's `name` to decisions):
 //
-//	aaa.approval.granted   {call_id, arguments_sha256?, comment?}
-//	aaa.approval.denied    {call_id, reason?}
+//	aaa.approval.granted   {call_id, arguments_sha256?, comment?, approver?}
+//	                       (recorded with approvers: [...] when the tool needs several;
+//	                       a grant that is not the last one needed is recorded as
+//	                       aaa.approval.voted)
+//	aaa.approval.denied    {call_id, arguments_sha256?, reason?, approver?}
+//	aaa.approval.edited    {call_id, arguments, arguments_sha256?, reason?, grant?}
+//	                       (recorded as above; arguments_sha256 is the digest of the
+//	                       arguments being edited, grant: true casts the editor's vote
+//	                       for the new arguments in the same step)
+//	approver: a name for the vote when auth is off (unverified); with auth on the
+//	authenticated principal is the approver and the field must be absent or equal it.
 //	any type outside the "aaa." prefix, with a JSON object as data; recorded
 //	in the run's log, not interpreted.
 //
 // A denial (or an approval timeout, reason "timeout") is followed by
 // aaa.tool.failed with error type "ApprovalDenied" and the reason as message:
-// the model reads it as the tool's result. A tool the run does not have fails
+// the model reads it as the tool's result. The result of an edited call answers
+// the model's original call_id and starts with a note giving the new arguments
+// and the reviewer's reason. A tool the run does not have fails
 // with "UnknownTool"; a lost attempt with "AttemptLost".
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -601,8 +625,11 @@ type ToolDefinition struct {
 	// When > 0, an approval request not answered within this many seconds is
 	// denied with reason "timeout".
 	ApprovalTimeoutS float64 `protobuf:"fixed64,7,opt,name=approval_timeout_s,json=approvalTimeoutS,proto3" json:"approval_timeout_s,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Gated calls run only after this many grants from distinct approvers; any
+	// one denial denies. 0 means 1.
+	ApprovalsRequired uint32 `protobuf:"varint,8,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ToolDefinition) Reset() {
@@ -680,6 +707,13 @@ func (x *ToolDefinition) GetHeartbeatTimeoutS() float64 {
 func (x *ToolDefinition) GetApprovalTimeoutS() float64 {
 	if x != nil {
 		return x.ApprovalTimeoutS
+	}
+	return 0
+}
+
+func (x *ToolDefinition) GetApprovalsRequired() uint32 {
+	if x != nil {
+		return x.ApprovalsRequired
 	}
 	return 0
 }
@@ -933,7 +967,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\tprincipal\x18\x03 \x01(\tR\tprincipal\";\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa5\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xd4\x02\n" +
 	"\x0eToolDefinition\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12'\n" +
@@ -941,7 +975,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x11requires_approval\x18\x04 \x01(\bR\x10requiresApproval\x12)\n" +
 	"\x05retry\x18\x05 \x01(\v2\x13.aaa.v1.RetryPolicyR\x05retry\x12.\n" +
 	"\x13heartbeat_timeout_s\x18\x06 \x01(\x01R\x11heartbeatTimeoutS\x12,\n" +
-	"\x12approval_timeout_s\x18\a \x01(\x01R\x10approvalTimeoutS\"\xb1\x01\n" +
+	"\x12approval_timeout_s\x18\a \x01(\x01R\x10approvalTimeoutS\x12-\n" +
+	"\x12approvals_required\x18\b \x01(\rR\x11approvalsRequired\"\xb1\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12*\n" +
 	"\x11initial_backoff_s\x18\x02 \x01(\x01R\x0finitialBackoffS\x12/\n" +
@@ -969,7 +1004,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xda\x04\n" +
+	"\tROLE_TOOL\x10\x04*\xed\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -998,7 +1033,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x0eIDENTITY_TAKEN\x10\x1a\x12\x13\n" +
 	"\x0fNOT_TASK_HOLDER\x10\x1b\x12\x12\n" +
 	"\x0eOWNERSHIP_LOST\x10\x1c\x12\x15\n" +
-	"\x11OWNER_UNAVAILABLE\x10\x1dBq\n" +
+	"\x11OWNER_UNAVAILABLE\x10\x1d\x12\x11\n" +
+	"\rALREADY_VOTED\x10\x1eBq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

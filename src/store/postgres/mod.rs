@@ -413,7 +413,7 @@ fn run(row: &Row) -> Result<RunRecord> {
 }
 
 const APPROVAL_COLUMNS: &str = "run_id, call_id, tool, arguments_json, arguments_sha256, \
-    requested_ms, expires_ms, labels, seq, task, position";
+    requested_ms, expires_ms, labels, seq, task, position, approvals_required, votes, edited_from";
 
 fn approval(row: &Row) -> Result<ApprovalRecord> {
     Ok(ApprovalRecord {
@@ -428,7 +428,30 @@ fn approval(row: &Row) -> Result<ApprovalRecord> {
         seq: get::<i64>(row, 8)? as u64,
         task: get(row, 9)?,
         position: get::<i64>(row, 10)? as u64,
+        approvals_required: u32::try_from(get::<i32>(row, 11)?).map_err(corrupt)?,
+        votes: votes(get(row, 12)?)?,
+        edited_from: get(row, 13)?,
     })
+}
+
+/// The votes column: a JSON array of {approver, time_ms, comment}.
+fn votes(value: serde_json::Value) -> Result<Vec<crate::domain::VoteRecord>> {
+    #[derive(serde::Deserialize)]
+    struct Vote {
+        approver: String,
+        time_ms: i64,
+        #[serde(default)]
+        comment: String,
+    }
+    let votes: Vec<Vote> = serde_json::from_value(value).map_err(corrupt)?;
+    Ok(votes
+        .into_iter()
+        .map(|v| crate::domain::VoteRecord {
+            approver: v.approver,
+            time_ms: v.time_ms,
+            comment: v.comment,
+        })
+        .collect())
 }
 
 fn group(row: &Row) -> Result<GroupRecord> {

@@ -15,6 +15,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("migrations/0002_actor_principal.sql")),
     (3, include_str!("migrations/0003_shards.sql")),
     (4, include_str!("migrations/0004_members.sql")),
+    (5, include_str!("migrations/0005_reviews.sql")),
 ];
 
 /// The newest schema version this binary knows.

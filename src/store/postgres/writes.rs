@@ -326,6 +326,9 @@ struct ApprovalColumns {
     seq: Vec<i64>,
     task: Vec<String>,
     position: Vec<i64>,
+    approvals_required: Vec<i32>,
+    votes: Vec<serde_json::Value>,
+    edited_from: Vec<String>,
 }
 
 fn approvals(
@@ -347,6 +350,21 @@ fn approvals(
             c.seq.push(a.seq as i64);
             c.task.push(a.task);
             c.position.push(a.position as i64);
+            c.approvals_required
+                .push(i32::try_from(a.approvals_required.max(1)).unwrap_or(i32::MAX));
+            c.votes.push(serde_json::Value::Array(
+                a.votes
+                    .iter()
+                    .map(|v| {
+                        serde_json::json!({
+                            "approver": v.approver,
+                            "time_ms": v.time_ms,
+                            "comment": v.comment,
+                        })
+                    })
+                    .collect(),
+            ));
+            c.edited_from.push(a.edited_from);
         }
         out.push(statement(
             UPSERT_APPROVALS,
@@ -362,6 +380,9 @@ fn approvals(
                 Box::new(c.seq),
                 Box::new(c.task),
                 Box::new(c.position),
+                Box::new(c.approvals_required),
+                Box::new(c.votes),
+                Box::new(c.edited_from),
             ],
         ));
     }
@@ -490,14 +511,16 @@ const UPSERT_RUNS: &str = "INSERT INTO aaa_runs \
 
 const UPSERT_APPROVALS: &str = "INSERT INTO aaa_approvals \
     (run_id, call_id, tool, arguments_json, arguments_sha256, requested_ms, expires_ms, \
-    labels, seq, task, position) \
+    labels, seq, task, position, approvals_required, votes, edited_from) \
     SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
-    $6::bigint[], $7::bigint[], $8::jsonb[], $9::bigint[], $10::text[], $11::bigint[]) \
+    $6::bigint[], $7::bigint[], $8::jsonb[], $9::bigint[], $10::text[], $11::bigint[], \
+    $12::integer[], $13::jsonb[], $14::text[]) \
     ON CONFLICT (run_id, call_id) DO UPDATE SET tool = EXCLUDED.tool, \
     arguments_json = EXCLUDED.arguments_json, arguments_sha256 = EXCLUDED.arguments_sha256, \
     requested_ms = EXCLUDED.requested_ms, expires_ms = EXCLUDED.expires_ms, \
     labels = EXCLUDED.labels, seq = EXCLUDED.seq, task = EXCLUDED.task, \
-    position = EXCLUDED.position";
+    position = EXCLUDED.position, approvals_required = EXCLUDED.approvals_required, \
+    votes = EXCLUDED.votes, edited_from = EXCLUDED.edited_from";
 
 const DELETE_APPROVALS: &str = "DELETE FROM aaa_approvals a \
     USING UNNEST($1::uuid[], $2::text[]) AS d(run_id, call_id) \

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/approval.proto.
  */
 export const file_aaa_v1_approval: GenFile = /*@__PURE__*/
-  fileDesc("ChVhYWEvdjEvYXBwcm92YWwucHJvdG8SBmFhYS52MSLXAgoIQXBwcm92YWwSDgoGcnVuX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEdG9vbBgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIYChBhcmd1bWVudHNfc2hhMjU2GAUgASgJEjAKDHJlcXVlc3RlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoGbGFiZWxzGAggAygLMhwuYWFhLnYxLkFwcHJvdmFsLkxhYmVsc0VudHJ5EgsKA3NlcRgJIAEoBBIQCghwb3NpdGlvbhgKIAEoBBIMCgR0YXNrGAsgASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEixAEKFExpc3RBcHByb3ZhbHNSZXF1ZXN0EgwKBHRvb2wYASABKAkSDgoGcnVuX2lkGAIgASgJEjgKBmxhYmVscxgDIAMoCzIoLmFhYS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdC5MYWJlbHNFbnRyeRIRCglwYWdlX3NpemUYBCABKA0SEgoKcGFnZV90b2tlbhgFIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlUKFUxpc3RBcHByb3ZhbHNSZXNwb25zZRIjCglhcHByb3ZhbHMYASADKAsyEC5hYWEudjEuQXBwcm92YWwSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIuQBChVXYXRjaEFwcHJvdmFsc1JlcXVlc3QSDAoEdG9vbBgBIAEoCRIOCgZydW5faWQYAiABKAkSOQoGbGFiZWxzGAMgAygLMikuYWFhLnYxLldhdGNoQXBwcm92YWxzUmVxdWVzdC5MYWJlbHNFbnRyeRIbCg5hZnRlcl9wb3NpdGlvbhgEIAEoBEgAiAEBEhMKC2hlYXJ0YmVhdF9zGAUgASgBGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEQoPX2FmdGVyX3Bvc2l0aW9uIugBChZXYXRjaEFwcHJvdmFsc1Jlc3BvbnNlEhAKCHBvc2l0aW9uGAEgASgEEiUKCXJlcXVlc3RlZBgCIAEoCzIQLmFhYS52MS5BcHByb3ZhbEgAEi4KCHJlc29sdmVkGAMgASgLMhouYWFhLnYxLkFwcHJvdmFsUmVzb2x1dGlvbkgAEjUKEXNuYXBzaG90X2NvbXBsZXRlGAQgASgLMhguYWFhLnYxLlNuYXBzaG90Q29tcGxldGVIABImCgloZWFydGJlYXQYBSABKAsyES5hYWEudjEuSGVhcnRiZWF0SABCBgoEaXRlbSK0AQoSQXBwcm92YWxSZXNvbHV0aW9uEg4KBnJ1bl9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBHRvb2wYAyABKAkSKAoHb3V0Y29tZRgEIAEoDjIXLmFhYS52MS5BcHByb3ZhbE91dGNvbWUSDgoGcmVhc29uGAUgASgJEgsKA3NlcRgGIAEoBBIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIjChBTbmFwc2hvdENvbXBsZXRlEg8KB3BlbmRpbmcYASABKA0iCwoJSGVhcnRiZWF0KowBCg9BcHByb3ZhbE91dGNvbWUSIAocQVBQUk9WQUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhwKGEFQUFJPVkFMX09VVENPTUVfR1JBTlRFRBABEhsKF0FQUFJPVkFMX09VVENPTUVfREVOSUVEEAISHAoYQVBQUk9WQUxfT1VUQ09NRV9FWFBJUkVEEAMysgEKD0FwcHJvdmFsU2VydmljZRJMCg1MaXN0QXBwcm92YWxzEhwuYWFhLnYxLkxpc3RBcHByb3ZhbHNSZXF1ZXN0Gh0uYWFhLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJRCg5XYXRjaEFwcHJvdmFscxIdLmFhYS52MS5XYXRjaEFwcHJvdmFsc1JlcXVlc3QaHi5hYWEudjEuV2F0Y2hBcHByb3ZhbHNSZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("ChVhYWEvdjEvYXBwcm92YWwucHJvdG8SBmFhYS52MSKlAwoIQXBwcm92YWwSDgoGcnVuX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEdG9vbBgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIYChBhcmd1bWVudHNfc2hhMjU2GAUgASgJEjAKDHJlcXVlc3RlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoGbGFiZWxzGAggAygLMhwuYWFhLnYxLkFwcHJvdmFsLkxhYmVsc0VudHJ5EgsKA3NlcRgJIAEoBBIQCghwb3NpdGlvbhgKIAEoBBIMCgR0YXNrGAsgASgJEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgMIAEoDRIbCgV2b3RlcxgNIAMoCzIMLmFhYS52MS5Wb3RlEhMKC2VkaXRlZF9mcm9tGA4gASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiUwoEVm90ZRIQCghhcHByb3ZlchgBIAEoCRIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdjb21tZW50GAMgASgJIsQBChRMaXN0QXBwcm92YWxzUmVxdWVzdBIMCgR0b29sGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRI4CgZsYWJlbHMYAyADKAsyKC5hYWEudjEuTGlzdEFwcHJvdmFsc1JlcXVlc3QuTGFiZWxzRW50cnkSEQoJcGFnZV9zaXplGAQgASgNEhIKCnBhZ2VfdG9rZW4YBSABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJVChVMaXN0QXBwcm92YWxzUmVzcG9uc2USIwoJYXBwcm92YWxzGAEgAygLMhAuYWFhLnYxLkFwcHJvdmFsEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLkAQoVV2F0Y2hBcHByb3ZhbHNSZXF1ZXN0EgwKBHRvb2wYASABKAkSDgoGcnVuX2lkGAIgASgJEjkKBmxhYmVscxgDIAMoCzIpLmFhYS52MS5XYXRjaEFwcHJvdmFsc1JlcXVlc3QuTGFiZWxzRW50cnkSGwoOYWZ0ZXJfcG9zaXRpb24YBCABKARIAIgBARITCgtoZWFydGJlYXRfcxgFIAEoARotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhEKD19hZnRlcl9wb3NpdGlvbiKQAgoWV2F0Y2hBcHByb3ZhbHNSZXNwb25zZRIQCghwb3NpdGlvbhgBIAEoBBIlCglyZXF1ZXN0ZWQYAiABKAsyEC5hYWEudjEuQXBwcm92YWxIABIuCghyZXNvbHZlZBgDIAEoCzIaLmFhYS52MS5BcHByb3ZhbFJlc29sdXRpb25IABI1ChFzbmFwc2hvdF9jb21wbGV0ZRgEIAEoCzIYLmFhYS52MS5TbmFwc2hvdENvbXBsZXRlSAASJgoJaGVhcnRiZWF0GAUgASgLMhEuYWFhLnYxLkhlYXJ0YmVhdEgAEiYKBXZvdGVkGAYgASgLMhUuYWFhLnYxLkFwcHJvdmFsVm90ZWRIAEIGCgRpdGVtIpIBCg1BcHByb3ZhbFZvdGVkEg4KBnJ1bl9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBHRvb2wYAyABKAkSGgoEdm90ZRgEIAEoCzIMLmFhYS52MS5Wb3RlEg0KBXZvdGVzGAUgASgNEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgGIAEoDRILCgNzZXEYByABKAQiyQEKEkFwcHJvdmFsUmVzb2x1dGlvbhIOCgZydW5faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIMCgR0b29sGAMgASgJEigKB291dGNvbWUYBCABKA4yFy5hYWEudjEuQXBwcm92YWxPdXRjb21lEg4KBnJlYXNvbhgFIAEoCRILCgNzZXEYBiABKAQSKAoEdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEwoLcmVwbGFjZWRfYnkYCCABKAkisQEKFkRlY2lkZUFwcHJvdmFsc1JlcXVlc3QSIwoFaXRlbXMYASADKAsyFC5hYWEudjEuRGVjaXNpb25JdGVtEicKCGRlY2lzaW9uGAIgASgOMhUuYWFhLnYxLkJhdGNoRGVjaXNpb24SDgoGcmVhc29uGAMgASgJEg8KB2NvbW1lbnQYBCABKAkSFgoOYWxsX29yX25vdGhpbmcYBSABKAgSEAoIYXBwcm92ZXIYBiABKAkiSQoMRGVjaXNpb25JdGVtEg4KBnJ1bl9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEhgKEGFyZ3VtZW50c19zaGEyNTYYAyABKAkiQgoXRGVjaWRlQXBwcm92YWxzUmVzcG9uc2USJwoHcmVzdWx0cxgBIAMoCzIWLmFhYS52MS5EZWNpc2lvblJlc3VsdCKlAQoORGVjaXNpb25SZXN1bHQSDgoGcnVuX2lkGAEgASgJEg8KB2NhbGxfaWQYAiABKAkSJgoGc3RhdHVzGAMgASgOMhYuYWFhLnYxLkRlY2lzaW9uU3RhdHVzEhAKCGRlY2lzaW9uGAQgASgJEgsKA3NlcRgFIAEoBBIUCgxlcnJvcl9yZWFzb24YBiABKAkSFQoNZXJyb3JfbWVzc2FnZRgHIAEoCSIjChBTbmFwc2hvdENvbXBsZXRlEg8KB3BlbmRpbmcYASABKA0iCwoJSGVhcnRiZWF0KqkBCg9BcHByb3ZhbE91dGNvbWUSIAocQVBQUk9WQUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhwKGEFQUFJPVkFMX09VVENPTUVfR1JBTlRFRBABEhsKF0FQUFJPVkFMX09VVENPTUVfREVOSUVEEAISHAoYQVBQUk9WQUxfT1VUQ09NRV9FWFBJUkVEEAMSGwoXQVBQUk9WQUxfT1VUQ09NRV9FRElURUQQBCpiCg1CYXRjaERlY2lzaW9uEh4KGkJBVENIX0RFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASGAoUQkFUQ0hfREVDSVNJT05fR1JBTlQQARIXChNCQVRDSF9ERUNJU0lPTl9ERU5ZEAIq7gEKDkRlY2lzaW9uU3RhdHVzEh8KG0RFQ0lTSU9OX1NUQVRVU19VTlNQRUNJRklFRBAAEhsKF0RFQ0lTSU9OX1NUQVRVU19ERUNJREVEEAESIwofREVDSVNJT05fU1RBVFVTX0FMUkVBRFlfREVDSURFRBACEhwKGERFQ0lTSU9OX1NUQVRVU19NSVNNQVRDSBADEh0KGURFQ0lTSU9OX1NUQVRVU19OT1RfRk9VTkQQBBIbChdERUNJU0lPTl9TVEFUVVNfUkVGVVNFRBAFEh8KG0RFQ0lTSU9OX1NUQVRVU19OT1RfQVBQTElFRBAGMoYCCg9BcHByb3ZhbFNlcnZpY2USTAoNTGlzdEFwcHJvdmFscxIcLmFhYS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBodLmFhYS52MS5MaXN0QXBwcm92YWxzUmVzcG9uc2USUQoOV2F0Y2hBcHByb3ZhbHMSHS5hYWEudjEuV2F0Y2hBcHByb3ZhbHNSZXF1ZXN0Gh4uYWFhLnYxLldhdGNoQXBwcm92YWxzUmVzcG9uc2UwARJSCg9EZWNpZGVBcHByb3ZhbHMSHi5hYWEudjEuRGVjaWRlQXBwcm92YWxzUmVxdWVzdBofLmFhYS52MS5EZWNpZGVBcHByb3ZhbHNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * A pending approval request: a tool call waiting for a human decision.
@@ -97,6 +97,28 @@ export type Approval = Message<"aaa.v1.Approval"> & {
    * @generated from field: string task = 11;
    */
   task: string;
+
+  /**
+   * Grants from distinct approvers the call needs before it runs (1 unless
+   * its tool or run asks for more).
+   *
+   * @generated from field: uint32 approvals_required = 12;
+   */
+  approvalsRequired: number;
+
+  /**
+   * The grants cast so far, oldest first (fewer than approvals_required).
+   *
+   * @generated from field: repeated aaa.v1.Vote votes = 13;
+   */
+  votes: Vote[];
+
+  /**
+   * For a call a reviewer edited: the call it replaces.
+   *
+   * @generated from field: string edited_from = 14;
+   */
+  editedFrom: string;
 };
 
 /**
@@ -105,6 +127,42 @@ export type Approval = Message<"aaa.v1.Approval"> & {
  */
 export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
   messageDesc(file_aaa_v1_approval, 0);
+
+/**
+ * One approver's grant of a call that needs several.
+ *
+ * @generated from message aaa.v1.Vote
+ */
+export type Vote = Message<"aaa.v1.Vote"> & {
+  /**
+   * The approver: the principal with auth on; with auth off the grant's
+   * `approver` or the caller's address.
+   *
+   * @generated from field: string approver = 1;
+   */
+  approver: string;
+
+  /**
+   * When the grant was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp time = 2;
+   */
+  time?: Timestamp | undefined;
+
+  /**
+   * The grant's comment.
+   *
+   * @generated from field: string comment = 3;
+   */
+  comment: string;
+};
+
+/**
+ * Describes the message aaa.v1.Vote.
+ * Use `create(VoteSchema)` to create a new message.
+ */
+export const VoteSchema: GenMessage<Vote> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_approval, 1);
 
 /**
  * ListApprovals' request.
@@ -153,7 +211,7 @@ export type ListApprovalsRequest = Message<"aaa.v1.ListApprovalsRequest"> & {
  * Use `create(ListApprovalsRequestSchema)` to create a new message.
  */
 export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 1);
+  messageDesc(file_aaa_v1_approval, 2);
 
 /**
  * ListApprovals' answer.
@@ -181,7 +239,7 @@ export type ListApprovalsResponse = Message<"aaa.v1.ListApprovalsResponse"> & {
  * Use `create(ListApprovalsResponseSchema)` to create a new message.
  */
 export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 2);
+  messageDesc(file_aaa_v1_approval, 3);
 
 /**
  * WatchApprovals' request. Filters apply to the snapshot and the deltas.
@@ -231,7 +289,7 @@ export type WatchApprovalsRequest = Message<"aaa.v1.WatchApprovalsRequest"> & {
  * Use `create(WatchApprovalsRequestSchema)` to create a new message.
  */
 export const WatchApprovalsRequestSchema: GenMessage<WatchApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 3);
+  messageDesc(file_aaa_v1_approval, 4);
 
 /**
  * One item of WatchApprovals.
@@ -285,6 +343,14 @@ export type WatchApprovalsResponse = Message<"aaa.v1.WatchApprovalsResponse"> & 
      */
     value: Heartbeat;
     case: "heartbeat";
+  } | {
+    /**
+     * A grant of a call that needs several, not yet the last one.
+     *
+     * @generated from field: aaa.v1.ApprovalVoted voted = 6;
+     */
+    value: ApprovalVoted;
+    case: "voted";
   } | { case: undefined; value?: undefined };
 };
 
@@ -293,7 +359,70 @@ export type WatchApprovalsResponse = Message<"aaa.v1.WatchApprovalsResponse"> & 
  * Use `create(WatchApprovalsResponseSchema)` to create a new message.
  */
 export const WatchApprovalsResponseSchema: GenMessage<WatchApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 4);
+  messageDesc(file_aaa_v1_approval, 5);
+
+/**
+ * A vote on a pending request (WatchApprovals).
+ *
+ * @generated from message aaa.v1.ApprovalVoted
+ */
+export type ApprovalVoted = Message<"aaa.v1.ApprovalVoted"> & {
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The call.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+
+  /**
+   * The tool's name.
+   *
+   * @generated from field: string tool = 3;
+   */
+  tool: string;
+
+  /**
+   * The grant.
+   *
+   * @generated from field: aaa.v1.Vote vote = 4;
+   */
+  vote?: Vote | undefined;
+
+  /**
+   * Grants so far, this one included.
+   *
+   * @generated from field: uint32 votes = 5;
+   */
+  votes: number;
+
+  /**
+   * Grants the call needs.
+   *
+   * @generated from field: uint32 approvals_required = 6;
+   */
+  approvalsRequired: number;
+
+  /**
+   * seq of the aaa.approval.voted event.
+   *
+   * @generated from field: uint64 seq = 7;
+   */
+  seq: bigint;
+};
+
+/**
+ * Describes the message aaa.v1.ApprovalVoted.
+ * Use `create(ApprovalVotedSchema)` to create a new message.
+ */
+export const ApprovalVotedSchema: GenMessage<ApprovalVoted> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_approval, 6);
 
 /**
  * How an approval request was resolved.
@@ -349,6 +478,13 @@ export type ApprovalResolution = Message<"aaa.v1.ApprovalResolution"> & {
    * @generated from field: google.protobuf.Timestamp time = 7;
    */
   time?: Timestamp | undefined;
+
+  /**
+   * For an edit: the call that takes this one's place (it is requested next).
+   *
+   * @generated from field: string replaced_by = 8;
+   */
+  replacedBy: string;
 };
 
 /**
@@ -356,7 +492,180 @@ export type ApprovalResolution = Message<"aaa.v1.ApprovalResolution"> & {
  * Use `create(ApprovalResolutionSchema)` to create a new message.
  */
 export const ApprovalResolutionSchema: GenMessage<ApprovalResolution> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 5);
+  messageDesc(file_aaa_v1_approval, 7);
+
+/**
+ * DecideApprovals' request.
+ *
+ * @generated from message aaa.v1.DecideApprovalsRequest
+ */
+export type DecideApprovalsRequest = Message<"aaa.v1.DecideApprovalsRequest"> & {
+  /**
+   * The calls to decide, as the reviewer was shown them: at least one, at
+   * most 1000, no call twice.
+   *
+   * @generated from field: repeated aaa.v1.DecisionItem items = 1;
+   */
+  items: DecisionItem[];
+
+  /**
+   * Grant or deny every item.
+   *
+   * @generated from field: aaa.v1.BatchDecision decision = 2;
+   */
+  decision: BatchDecision;
+
+  /**
+   * For a denial: the reason the model reads.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * For a grant: a comment recorded with it.
+   *
+   * @generated from field: string comment = 4;
+   */
+  comment: string;
+
+  /**
+   * When true, decide nothing unless every item would be decided (or voted).
+   *
+   * @generated from field: bool all_or_nothing = 5;
+   */
+  allOrNothing: boolean;
+
+  /**
+   * With auth off: the approver's name for the votes (see Vote.approver).
+   *
+   * @generated from field: string approver = 6;
+   */
+  approver: string;
+};
+
+/**
+ * Describes the message aaa.v1.DecideApprovalsRequest.
+ * Use `create(DecideApprovalsRequestSchema)` to create a new message.
+ */
+export const DecideApprovalsRequestSchema: GenMessage<DecideApprovalsRequest> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_approval, 8);
+
+/**
+ * One call of a batch decision.
+ *
+ * @generated from message aaa.v1.DecisionItem
+ */
+export type DecisionItem = Message<"aaa.v1.DecisionItem"> & {
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The call.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+
+  /**
+   * Hex SHA-256 of the arguments the reviewer was shown (Approval.arguments_sha256). Required.
+   *
+   * @generated from field: string arguments_sha256 = 3;
+   */
+  argumentsSha256: string;
+};
+
+/**
+ * Describes the message aaa.v1.DecisionItem.
+ * Use `create(DecisionItemSchema)` to create a new message.
+ */
+export const DecisionItemSchema: GenMessage<DecisionItem> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_approval, 9);
+
+/**
+ * DecideApprovals' answer: one result per item, in the request's order.
+ *
+ * @generated from message aaa.v1.DecideApprovalsResponse
+ */
+export type DecideApprovalsResponse = Message<"aaa.v1.DecideApprovalsResponse"> & {
+  /**
+   * @generated from field: repeated aaa.v1.DecisionResult results = 1;
+   */
+  results: DecisionResult[];
+};
+
+/**
+ * Describes the message aaa.v1.DecideApprovalsResponse.
+ * Use `create(DecideApprovalsResponseSchema)` to create a new message.
+ */
+export const DecideApprovalsResponseSchema: GenMessage<DecideApprovalsResponse> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_approval, 10);
+
+/**
+ * How one item of a batch went.
+ *
+ * @generated from message aaa.v1.DecisionResult
+ */
+export type DecisionResult = Message<"aaa.v1.DecisionResult"> & {
+  /**
+   * The item's run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The item's call.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+
+  /**
+   * What happened.
+   *
+   * @generated from field: aaa.v1.DecisionStatus status = 3;
+   */
+  status: DecisionStatus;
+
+  /**
+   * For ALREADY_DECIDED: the decision that stands. For DECIDED: the event
+   * recorded ("aaa.approval.granted", "aaa.approval.voted" or "aaa.approval.denied").
+   *
+   * @generated from field: string decision = 4;
+   */
+  decision: string;
+
+  /**
+   * seq of the recorded event; 0 when nothing was recorded.
+   *
+   * @generated from field: uint64 seq = 5;
+   */
+  seq: bigint;
+
+  /**
+   * For a refusal: the error reason (an ErrorReason name) and message.
+   *
+   * @generated from field: string error_reason = 6;
+   */
+  errorReason: string;
+
+  /**
+   * @generated from field: string error_message = 7;
+   */
+  errorMessage: string;
+};
+
+/**
+ * Describes the message aaa.v1.DecisionResult.
+ * Use `create(DecisionResultSchema)` to create a new message.
+ */
+export const DecisionResultSchema: GenMessage<DecisionResult> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_approval, 11);
 
 /**
  * Marks the end of the snapshot.
@@ -377,7 +686,7 @@ export type SnapshotComplete = Message<"aaa.v1.SnapshotComplete"> & {
  * Use `create(SnapshotCompleteSchema)` to create a new message.
  */
 export const SnapshotCompleteSchema: GenMessage<SnapshotComplete> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 6);
+  messageDesc(file_aaa_v1_approval, 12);
 
 /**
  * Sent while idle so clients can tell a quiet stream from a dead one.
@@ -392,7 +701,7 @@ export type Heartbeat = Message<"aaa.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_approval, 7);
+  messageDesc(file_aaa_v1_approval, 13);
 
 /**
  * The ways an approval request ends.
@@ -427,6 +736,14 @@ export enum ApprovalOutcome {
    * @generated from enum value: APPROVAL_OUTCOME_EXPIRED = 3;
    */
   EXPIRED = 3,
+
+  /**
+   * aaa.approval.edited: a reviewer changed the arguments; the call never
+   * runs and a new call with the edited arguments is requested instead.
+   *
+   * @generated from enum value: APPROVAL_OUTCOME_EDITED = 4;
+   */
+  EDITED = 4,
 }
 
 /**
@@ -434,6 +751,104 @@ export enum ApprovalOutcome {
  */
 export const ApprovalOutcomeSchema: GenEnum<ApprovalOutcome> = /*@__PURE__*/
   enumDesc(file_aaa_v1_approval, 0);
+
+/**
+ * What a batch decides.
+ *
+ * @generated from enum aaa.v1.BatchDecision
+ */
+export enum BatchDecision {
+  /**
+   * Not set (refused).
+   *
+   * @generated from enum value: BATCH_DECISION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Grant every item.
+   *
+   * @generated from enum value: BATCH_DECISION_GRANT = 1;
+   */
+  GRANT = 1,
+
+  /**
+   * Deny every item.
+   *
+   * @generated from enum value: BATCH_DECISION_DENY = 2;
+   */
+  DENY = 2,
+}
+
+/**
+ * Describes the enum aaa.v1.BatchDecision.
+ */
+export const BatchDecisionSchema: GenEnum<BatchDecision> = /*@__PURE__*/
+  enumDesc(file_aaa_v1_approval, 1);
+
+/**
+ * The outcome of one item.
+ *
+ * @generated from enum aaa.v1.DecisionStatus
+ */
+export enum DecisionStatus {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: DECISION_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Recorded (a grant, a vote or a denial).
+   *
+   * @generated from enum value: DECISION_STATUS_DECIDED = 1;
+   */
+  DECIDED = 1,
+
+  /**
+   * The call was already decided (or expired, or this approver already
+   * voted); nothing was recorded.
+   *
+   * @generated from enum value: DECISION_STATUS_ALREADY_DECIDED = 2;
+   */
+  ALREADY_DECIDED = 2,
+
+  /**
+   * arguments_sha256 is not the digest of the call's arguments; nothing was recorded.
+   *
+   * @generated from enum value: DECISION_STATUS_MISMATCH = 3;
+   */
+  MISMATCH = 3,
+
+  /**
+   * No such run or pending call; nothing was recorded.
+   *
+   * @generated from enum value: DECISION_STATUS_NOT_FOUND = 4;
+   */
+  NOT_FOUND = 4,
+
+  /**
+   * Refused for another reason (see error_reason): a finished run,
+   * separation of duties, permissions; nothing was recorded.
+   *
+   * @generated from enum value: DECISION_STATUS_REFUSED = 5;
+   */
+  REFUSED = 5,
+
+  /**
+   * all_or_nothing was set and another item was refused: nothing was recorded.
+   *
+   * @generated from enum value: DECISION_STATUS_NOT_APPLIED = 6;
+   */
+  NOT_APPLIED = 6,
+}
+
+/**
+ * Describes the enum aaa.v1.DecisionStatus.
+ */
+export const DecisionStatusSchema: GenEnum<DecisionStatus> = /*@__PURE__*/
+  enumDesc(file_aaa_v1_approval, 2);
 
 /**
  * See and follow the approval requests that runs wait for. Decisions are
@@ -465,6 +880,18 @@ export const ApprovalService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchApprovalsRequestSchema;
     output: typeof WatchApprovalsResponseSchema;
+  },
+  /**
+   * Grants or denies several calls at once, each bound to the digest of the
+   * arguments the reviewer was shown. Each item gets its own outcome; with
+   * all_or_nothing, nothing is decided unless every item would be.
+   *
+   * @generated from rpc aaa.v1.ApprovalService.DecideApprovals
+   */
+  decideApprovals: {
+    methodKind: "unary";
+    input: typeof DecideApprovalsRequestSchema;
+    output: typeof DecideApprovalsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_aaa_v1_approval, 0);

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/run.proto.
  */
 export const file_aaa_v1_run: GenFile = /*@__PURE__*/
-  fileDesc("ChBhYWEvdjEvcnVuLnByb3RvEgZhYWEudjEixQMKA1J1bhIOCgZydW5faWQYASABKAkSIQoGc3RhdHVzGAIgASgOMhEuYWFhLnYxLlJ1blN0YXR1cxIMCgR0YXNrGAMgASgJEg0KBW1vZGVsGAQgASgJEg0KBXRvb2xzGAUgAygJEicKBmxhYmVscxgGIAMoCzIXLmFhYS52MS5SdW4uTGFiZWxzRW50cnkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZGVhZGxpbmVfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGAogASgEEhMKC3Jlc3VsdF9qc29uGAsgASgJEiIKBWVycm9yGAwgASgLMhMuYWFhLnYxLkVycm9yRGV0YWlsEisKEXBlbmRpbmdfYXBwcm92YWxzGA0gAygLMhAuYWFhLnYxLkFwcHJvdmFsGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiNQoGQnVkZ2V0EhIKCmRlYWRsaW5lX3MYASABKAESFwoPbWF4X21vZGVsX2NhbGxzGAIgASgNIk4KB1Rvb2xSZWYSDAoEbmFtZRgBIAEoCRIZChFyZXF1aXJlc19hcHByb3ZhbBgCIAEoCBIaChJhcHByb3ZhbF90aW1lb3V0X3MYAyABKAEiUAoJTW9kZWxTcGVjEhAKBndvcmtlchgBIAEoCUgAEikKCHNjcmlwdGVkGAIgASgLMhUuYWFhLnYxLlNjcmlwdGVkTW9kZWxIAEIGCgRraW5kIjQKDVNjcmlwdGVkTW9kZWwSIwoFc3RlcHMYASADKAsyFC5hYWEudjEuU2NyaXB0ZWRTdGVwIoABCgxTY3JpcHRlZFN0ZXASDgoEdGV4dBgBIAEoCUgAEi8KCnRvb2xfY2FsbHMYAiABKAsyGS5hYWEudjEuU2NyaXB0ZWRUb29sQ2FsbHNIABImCgRlY2hvGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5SABCBwoFcmVwbHkiPAoRU2NyaXB0ZWRUb29sQ2FsbHMSJwoFY2FsbHMYASADKAsyGC5hYWEudjEuU2NyaXB0ZWRUb29sQ2FsbCI4ChBTY3JpcHRlZFRvb2xDYWxsEgwKBG5hbWUYASABKAkSFgoOYXJndW1lbnRzX2pzb24YAiABKAkiiQIKD1N0YXJ0UnVuUmVxdWVzdBIMCgR0YXNrGAEgASgJEiAKBW1vZGVsGAIgASgLMhEuYWFhLnYxLk1vZGVsU3BlYxIeCgV0b29scxgDIAMoCzIPLmFhYS52MS5Ub29sUmVmEh4KBmJ1ZGdldBgEIAEoCzIOLmFhYS52MS5CdWRnZXQSMwoGbGFiZWxzGAUgAygLMiMuYWFhLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRISCgpyZXF1ZXN0X2lkGAYgASgJEg4KBnN5c3RlbRgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjMKEFN0YXJ0UnVuUmVzcG9uc2USDgoGcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgiHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiKgoOR2V0UnVuUmVzcG9uc2USGAoDcnVuGAEgASgLMgsuYWFhLnYxLlJ1biK/AQoPTGlzdFJ1bnNSZXF1ZXN0EiEKBnN0YXR1cxgBIAEoDjIRLmFhYS52MS5SdW5TdGF0dXMSMwoGbGFiZWxzGAIgAygLMiMuYWFhLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkYKEExpc3RSdW5zUmVzcG9uc2USGQoEcnVucxgBIAMoCzILLmFhYS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInIKE1N0cmVhbUV2ZW50c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBBIOCgZmb2xsb3cYAyABKAgSEwoLdHlwZV9wcmVmaXgYBCABKAkSEwoLc3RvcF9hdF9lbmQYBSABKAgiZQoUU3RyZWFtRXZlbnRzUmVzcG9uc2USHgoFZXZlbnQYASABKAsyDS5hYWEudjEuRXZlbnRIABIlCgljYXVnaHRfdXAYAiABKAsyEC5hYWEudjEuQ2F1Z2h0VXBIAEIGCgRpdGVtIhwKCENhdWdodFVwEhAKCGxhc3Rfc2VxGAEgASgEIlQKDVNpZ25hbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBHR5cGUYAiABKAkSEQoJZGF0YV9qc29uGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkiSAoOU2lnbmFsUmVzcG9uc2USCwoDc2VxGAEgASgEEhcKD2FscmVhZHlfZGVjaWRlZBgCIAEoCBIQCghkZWNpc2lvbhgDIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiIAoRQ2FuY2VsUnVuUmVzcG9uc2USCwoDc2VxGAEgASgEKq8BCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUlVOTklORxABEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfQVBQUk9WQUwQAhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBADEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAQSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQBTKLAwoKUnVuU2VydmljZRI9CghTdGFydFJ1bhIXLmFhYS52MS5TdGFydFJ1blJlcXVlc3QaGC5hYWEudjEuU3RhcnRSdW5SZXNwb25zZRI3CgZHZXRSdW4SFS5hYWEudjEuR2V0UnVuUmVxdWVzdBoWLmFhYS52MS5HZXRSdW5SZXNwb25zZRI9CghMaXN0UnVucxIXLmFhYS52MS5MaXN0UnVuc1JlcXVlc3QaGC5hYWEudjEuTGlzdFJ1bnNSZXNwb25zZRJLCgxTdHJlYW1FdmVudHMSGy5hYWEudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBocLmFhYS52MS5TdHJlYW1FdmVudHNSZXNwb25zZTABEjcKBlNpZ25hbBIVLmFhYS52MS5TaWduYWxSZXF1ZXN0GhYuYWFhLnYxLlNpZ25hbFJlc3BvbnNlEkAKCUNhbmNlbFJ1bhIYLmFhYS52MS5DYW5jZWxSdW5SZXF1ZXN0GhkuYWFhLnYxLkNhbmNlbFJ1blJlc3BvbnNlYgZwcm90bzM", [file_aaa_v1_approval, file_aaa_v1_types, file_google_protobuf_empty, file_google_protobuf_timestamp]);
+  fileDesc("ChBhYWEvdjEvcnVuLnByb3RvEgZhYWEudjEixQMKA1J1bhIOCgZydW5faWQYASABKAkSIQoGc3RhdHVzGAIgASgOMhEuYWFhLnYxLlJ1blN0YXR1cxIMCgR0YXNrGAMgASgJEg0KBW1vZGVsGAQgASgJEg0KBXRvb2xzGAUgAygJEicKBmxhYmVscxgGIAMoCzIXLmFhYS52MS5SdW4uTGFiZWxzRW50cnkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZGVhZGxpbmVfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGAogASgEEhMKC3Jlc3VsdF9qc29uGAsgASgJEiIKBWVycm9yGAwgASgLMhMuYWFhLnYxLkVycm9yRGV0YWlsEisKEXBlbmRpbmdfYXBwcm92YWxzGA0gAygLMhAuYWFhLnYxLkFwcHJvdmFsGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiNQoGQnVkZ2V0EhIKCmRlYWRsaW5lX3MYASABKAESFwoPbWF4X21vZGVsX2NhbGxzGAIgASgNImoKB1Rvb2xSZWYSDAoEbmFtZRgBIAEoCRIZChFyZXF1aXJlc19hcHByb3ZhbBgCIAEoCBIaChJhcHByb3ZhbF90aW1lb3V0X3MYAyABKAESGgoSYXBwcm92YWxzX3JlcXVpcmVkGAQgASgNIlAKCU1vZGVsU3BlYxIQCgZ3b3JrZXIYASABKAlIABIpCghzY3JpcHRlZBgCIAEoCzIVLmFhYS52MS5TY3JpcHRlZE1vZGVsSABCBgoEa2luZCI0Cg1TY3JpcHRlZE1vZGVsEiMKBXN0ZXBzGAEgAygLMhQuYWFhLnYxLlNjcmlwdGVkU3RlcCKAAQoMU2NyaXB0ZWRTdGVwEg4KBHRleHQYASABKAlIABIvCgp0b29sX2NhbGxzGAIgASgLMhkuYWFhLnYxLlNjcmlwdGVkVG9vbENhbGxzSAASJgoEZWNobxgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5FbXB0eUgAQgcKBXJlcGx5IjwKEVNjcmlwdGVkVG9vbENhbGxzEicKBWNhbGxzGAEgAygLMhguYWFhLnYxLlNjcmlwdGVkVG9vbENhbGwiOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIokCCg9TdGFydFJ1blJlcXVlc3QSDAoEdGFzaxgBIAEoCRIgCgVtb2RlbBgCIAEoCzIRLmFhYS52MS5Nb2RlbFNwZWMSHgoFdG9vbHMYAyADKAsyDy5hYWEudjEuVG9vbFJlZhIeCgZidWRnZXQYBCABKAsyDi5hYWEudjEuQnVkZ2V0EjMKBmxhYmVscxgFIAMoCzIjLmFhYS52MS5TdGFydFJ1blJlcXVlc3QuTGFiZWxzRW50cnkSEgoKcmVxdWVzdF9pZBgGIAEoCRIOCgZzeXN0ZW0YByABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIzChBTdGFydFJ1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIioKDkdldFJ1blJlc3BvbnNlEhgKA3J1bhgBIAEoCzILLmFhYS52MS5SdW4ivwEKD0xpc3RSdW5zUmVxdWVzdBIhCgZzdGF0dXMYASABKA4yES5hYWEudjEuUnVuU3RhdHVzEjMKBmxhYmVscxgCIAMoCzIjLmFhYS52MS5MaXN0UnVuc1JlcXVlc3QuTGFiZWxzRW50cnkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJGChBMaXN0UnVuc1Jlc3BvbnNlEhkKBHJ1bnMYASADKAsyCy5hYWEudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJyChNTdHJlYW1FdmVudHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSDgoGZm9sbG93GAMgASgIEhMKC3R5cGVfcHJlZml4GAQgASgJEhMKC3N0b3BfYXRfZW5kGAUgASgIImUKFFN0cmVhbUV2ZW50c1Jlc3BvbnNlEh4KBWV2ZW50GAEgASgLMg0uYWFhLnYxLkV2ZW50SAASJQoJY2F1Z2h0X3VwGAIgASgLMhAuYWFhLnYxLkNhdWdodFVwSABCBgoEaXRlbSIcCghDYXVnaHRVcBIQCghsYXN0X3NlcRgBIAEoBCJUCg1TaWduYWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgR0eXBlGAIgASgJEhEKCWRhdGFfanNvbhgDIAEoCRISCgpyZXF1ZXN0X2lkGAQgASgJIqYBCg5TaWduYWxSZXNwb25zZRILCgNzZXEYASABKAQSFwoPYWxyZWFkeV9kZWNpZGVkGAIgASgIEhAKCGRlY2lzaW9uGAMgASgJEg0KBXZvdGVzGAQgASgNEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgFIAEoDRITCgtuZXdfY2FsbF9pZBgGIAEoCRIcChRuZXdfYXJndW1lbnRzX3NoYTI1NhgHIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiIAoRQ2FuY2VsUnVuUmVzcG9uc2USCwoDc2VxGAEgASgEKq8BCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUlVOTklORxABEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfQVBQUk9WQUwQAhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBADEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAQSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQBTKLAwoKUnVuU2VydmljZRI9CghTdGFydFJ1bhIXLmFhYS52MS5TdGFydFJ1blJlcXVlc3QaGC5hYWEudjEuU3RhcnRSdW5SZXNwb25zZRI3CgZHZXRSdW4SFS5hYWEudjEuR2V0UnVuUmVxdWVzdBoWLmFhYS52MS5HZXRSdW5SZXNwb25zZRI9CghMaXN0UnVucxIXLmFhYS52MS5MaXN0UnVuc1JlcXVlc3QaGC5hYWEudjEuTGlzdFJ1bnNSZXNwb25zZRJLCgxTdHJlYW1FdmVudHMSGy5hYWEudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBocLmFhYS52MS5TdHJlYW1FdmVudHNSZXNwb25zZTABEjcKBlNpZ25hbBIVLmFhYS52MS5TaWduYWxSZXF1ZXN0GhYuYWFhLnYxLlNpZ25hbFJlc3BvbnNlEkAKCUNhbmNlbFJ1bhIYLmFhYS52MS5DYW5jZWxSdW5SZXF1ZXN0GhkuYWFhLnYxLkNhbmNlbFJ1blJlc3BvbnNlYgZwcm90bzM", [file_aaa_v1_approval, file_aaa_v1_types, file_google_protobuf_empty, file_google_protobuf_timestamp]);
 
 /**
  * A run's summary.
@@ -180,6 +180,14 @@ export type ToolRef = Message<"aaa.v1.ToolRef"> & {
    * @generated from field: double approval_timeout_s = 3;
    */
   approvalTimeoutS: number;
+
+  /**
+   * When above the tool's approvals_required, raises it for this run (a run
+   * can ask for more approvers, never fewer).
+   *
+   * @generated from field: uint32 approvals_required = 4;
+   */
+  approvalsRequired: number;
 };
 
 /**
@@ -670,7 +678,8 @@ export type SignalRequest = Message<"aaa.v1.SignalRequest"> & {
   runId: string;
 
   /**
-   * aaa.approval.granted, aaa.approval.denied, or a type outside "aaa.".
+   * aaa.approval.granted, aaa.approval.denied, aaa.approval.edited, or a
+   * type outside "aaa.".
    *
    * @generated from field: string type = 2;
    */
@@ -679,7 +688,9 @@ export type SignalRequest = Message<"aaa.v1.SignalRequest"> & {
   /**
    * The event data: a JSON object as text. Empty means {}.
    * aaa.approval.granted: {"call_id": "...", "arguments_sha256": "..." (optional), "comment": "..." (optional)}
-   * aaa.approval.denied:  {"call_id": "...", "reason": "..." (optional)}
+   * aaa.approval.denied:  {"call_id": "...", "arguments_sha256": "..." (optional), "reason": "..." (optional)}
+   * aaa.approval.edited:  {"call_id": "...", "arguments": {...}, "arguments_sha256": "..." (optional,
+   *                        of the arguments edited), "reason": "...", "grant": true (optional)}
    *
    * @generated from field: string data_json = 3;
    */
@@ -724,11 +735,40 @@ export type SignalResponse = Message<"aaa.v1.SignalResponse"> & {
 
   /**
    * For approval decisions: the event type of the decision that stands:
-   * "aaa.approval.granted", "aaa.approval.denied" or "aaa.approval.expired".
+   * "aaa.approval.granted", "aaa.approval.denied", "aaa.approval.edited",
+   * "aaa.approval.expired", or "aaa.approval.voted" for a grant that is not
+   * yet the last one the call needs.
    *
    * @generated from field: string decision = 3;
    */
   decision: string;
+
+  /**
+   * For a grant of a call that needs several: grants so far, this one included.
+   *
+   * @generated from field: uint32 votes = 4;
+   */
+  votes: number;
+
+  /**
+   * For a grant: how many grants the call needs.
+   *
+   * @generated from field: uint32 approvals_required = 5;
+   */
+  approvalsRequired: number;
+
+  /**
+   * For an edit: the call that takes the edited call's place, and the
+   * digest of its arguments (a grant of it is bound to that digest).
+   *
+   * @generated from field: string new_call_id = 6;
+   */
+  newCallId: string;
+
+  /**
+   * @generated from field: string new_arguments_sha256 = 7;
+   */
+  newArgumentsSha256: string;
 };
 
 /**

@@ -12,7 +12,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/types.proto.
  */
 export const file_aaa_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChJhYWEvdjEvdHlwZXMucHJvdG8SBmFhYS52MSKrAQoFRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIQCghwb3NpdGlvbhgDIAEoBBIKCgJpZBgEIAEoCRIMCgR0eXBlGAUgASgJEhEKCWRhdGFfanNvbhgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIcCgVhY3RvchgIIAEoCzINLmFhYS52MS5BY3RvciJJCgVBY3RvchIfCgRraW5kGAEgASgOMhEuYWFhLnYxLkFjdG9yS2luZBIMCgRuYW1lGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCSIsCgtFcnJvckRldGFpbBIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkixAEKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEhkKEXJlcXVpcmVzX2FwcHJvdmFsGAQgASgIEiIKBXJldHJ5GAUgASgLMhMuYWFhLnYxLlJldHJ5UG9saWN5EhsKE2hlYXJ0YmVhdF90aW1lb3V0X3MYBiABKAESGgoSYXBwcm92YWxfdGltZW91dF9zGAcgASgBInIKC1JldHJ5UG9saWN5EhQKDG1heF9hdHRlbXB0cxgBIAEoDRIZChFpbml0aWFsX2JhY2tvZmZfcxgCIAEoARIbChNiYWNrb2ZmX2NvZWZmaWNpZW50GAMgASgBEhUKDW1heF9iYWNrb2ZmX3MYBCABKAEinwEKB01lc3NhZ2USGgoEcm9sZRgBIAEoDjIMLmFhYS52MS5Sb2xlEg8KB2NvbnRlbnQYAiABKAkSJAoKdG9vbF9jYWxscxgDIAMoCzIQLmFhYS52MS5Ub29sQ2FsbBIPCgdjYWxsX2lkGAQgASgJEgwKBG5hbWUYBSABKAkSIgoFZXJyb3IYBiABKAsyEy5hYWEudjEuRXJyb3JEZXRhaWwiQQoIVG9vbENhbGwSDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhYKDmFyZ3VtZW50c19qc29uGAMgASgJKmwKCUFjdG9yS2luZBIaChZBQ1RPUl9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRQUNUT1JfS0lORF9FTkdJTkUQARIVChFBQ1RPUl9LSU5EX1dPUktFUhACEhUKEUFDVE9SX0tJTkRfQ0xJRU5UEAMqXwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9TWVNURU0QARINCglST0xFX1VTRVIQAhISCg5ST0xFX0FTU0lTVEFOVBADEg0KCVJPTEVfVE9PTBAEKtoECgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIRCg1SVU5fTk9UX0ZPVU5EEAESEgoOQ0FMTF9OT1RfRk9VTkQQAhIRCg1JTlZBTElEX0ZJRUxEEAMSFQoRUEFZTE9BRF9UT09fTEFSR0UQBBIXChNSRVNFUlZFRF9FVkVOVF9UWVBFEAUSEAoMUlVOX0ZJTklTSEVEEAYSEQoNU1RBTEVfQVRURU1QVBAHEhYKEkFSR1VNRU5UU19NSVNNQVRDSBAIEhcKE1RPT0xfTk9UX1JFR0lTVEVSRUQQCRIRCg1JTlZBTElEX1RPS0VOEAoSEQoNU0hVVFRJTkdfRE9XThALEhIKDklOVEVSTkFMX0VSUk9SEAwSEwoPVU5BVVRIRU5USUNBVEVEEA0SFQoRUEVSTUlTU0lPTl9ERU5JRUQQDhIRCg1OT1RfUlVOX09XTkVSEA8SGAoUU0VQQVJBVElPTl9PRl9EVVRJRVMQEBITCg9HUk9VUF9OT1RfRk9VTkQQFBISCg5HUk9VUF9NSVNNQVRDSBAVEhMKD01FTUJFUl9UT09fU0xPVxAWEhcKE1NUT1JBR0VfVU5BVkFJTEFCTEUQFxIVChFNQUxGT1JNRURfUkVRVUVTVBAYEhgKFE5PVF9BTExPV0VEX1RPX1NFUlZFEBkSEgoOSURFTlRJVFlfVEFLRU4QGhITCg9OT1RfVEFTS19IT0xERVIQGxISCg5PV05FUlNISVBfTE9TVBAcEhUKEU9XTkVSX1VOQVZBSUxBQkxFEB1iBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChJhYWEvdjEvdHlwZXMucHJvdG8SBmFhYS52MSKrAQoFRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIQCghwb3NpdGlvbhgDIAEoBBIKCgJpZBgEIAEoCRIMCgR0eXBlGAUgASgJEhEKCWRhdGFfanNvbhgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIcCgVhY3RvchgIIAEoCzINLmFhYS52MS5BY3RvciJJCgVBY3RvchIfCgRraW5kGAEgASgOMhEuYWFhLnYxLkFjdG9yS2luZBIMCgRuYW1lGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCSIsCgtFcnJvckRldGFpbBIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki4AEKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEhkKEXJlcXVpcmVzX2FwcHJvdmFsGAQgASgIEiIKBXJldHJ5GAUgASgLMhMuYWFhLnYxLlJldHJ5UG9saWN5EhsKE2hlYXJ0YmVhdF90aW1lb3V0X3MYBiABKAESGgoSYXBwcm92YWxfdGltZW91dF9zGAcgASgBEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgIIAEoDSJyCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKA0SGQoRaW5pdGlhbF9iYWNrb2ZmX3MYAiABKAESGwoTYmFja29mZl9jb2VmZmljaWVudBgDIAEoARIVCg1tYXhfYmFja29mZl9zGAQgASgBIp8BCgdNZXNzYWdlEhoKBHJvbGUYASABKA4yDC5hYWEudjEuUm9sZRIPCgdjb250ZW50GAIgASgJEiQKCnRvb2xfY2FsbHMYAyADKAsyEC5hYWEudjEuVG9vbENhbGwSDwoHY2FsbF9pZBgEIAEoCRIMCgRuYW1lGAUgASgJEiIKBWVycm9yGAYgASgLMhMuYWFhLnYxLkVycm9yRGV0YWlsIkEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCSpsCglBY3RvcktpbmQSGgoWQUNUT1JfS0lORF9VTlNQRUNJRklFRBAAEhUKEUFDVE9SX0tJTkRfRU5HSU5FEAESFQoRQUNUT1JfS0lORF9XT1JLRVIQAhIVChFBQ1RPUl9LSU5EX0NMSUVOVBADKl8KBFJvbGUSFAoQUk9MRV9VTlNQRUNJRklFRBAAEg8KC1JPTEVfU1lTVEVNEAESDQoJUk9MRV9VU0VSEAISEgoOUk9MRV9BU1NJU1RBTlQQAxINCglST0xFX1RPT0wQBCrtBAoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNUlVOX05PVF9GT1VORBABEhIKDkNBTExfTk9UX0ZPVU5EEAISEQoNSU5WQUxJRF9GSUVMRBADEhUKEVBBWUxPQURfVE9PX0xBUkdFEAQSFwoTUkVTRVJWRURfRVZFTlRfVFlQRRAFEhAKDFJVTl9GSU5JU0hFRBAGEhEKDVNUQUxFX0FUVEVNUFQQBxIWChJBUkdVTUVOVFNfTUlTTUFUQ0gQCBIXChNUT09MX05PVF9SRUdJU1RFUkVEEAkSEQoNSU5WQUxJRF9UT0tFThAKEhEKDVNIVVRUSU5HX0RPV04QCxISCg5JTlRFUk5BTF9FUlJPUhAMEhMKD1VOQVVUSEVOVElDQVRFRBANEhUKEVBFUk1JU1NJT05fREVOSUVEEA4SEQoNTk9UX1JVTl9PV05FUhAPEhgKFFNFUEFSQVRJT05fT0ZfRFVUSUVTEBASEwoPR1JPVVBfTk9UX0ZPVU5EEBQSEgoOR1JPVVBfTUlTTUFUQ0gQFRITCg9NRU1CRVJfVE9PX1NMT1cQFhIXChNTVE9SQUdFX1VOQVZBSUxBQkxFEBcSFQoRTUFMRk9STUVEX1JFUVVFU1QQGBIYChROT1RfQUxMT1dFRF9UT19TRVJWRRAZEhIKDklERU5USVRZX1RBS0VOEBoSEwoPTk9UX1RBU0tfSE9MREVSEBsSEgoOT1dORVJTSElQX0xPU1QQHBIVChFPV05FUl9VTkFWQUlMQUJMRRAdEhEKDUFMUkVBRFlfVk9URUQQHmIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * One event of a run's append-only log. Events are the only source of truth:
@@ -28,7 +28,15 @@ export const file_aaa_v1_types: GenFile = /*@__PURE__*/
  *   aaa.llm.completed      {call_id, message: {content, tool_calls: [{call_id, name, arguments}]}}
  *   aaa.llm.failed         {call_id, attempt, error}
  *   aaa.tool.requested     {call_id, name, arguments, requires_approval}
- *   aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?}
+ *   aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
+ *   aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?,
+ *                           approvals_required? (when more than 1), edited_from?}
+ *   aaa.approval.voted     {call_id, name, arguments_sha256, approver, comment?, votes,
+ *                           approvals_required}   (a grant that is not yet the last one needed)
+ *   aaa.approval.edited    {call_id, name, arguments_sha256, new_call_id, new_arguments,
+ *                           new_arguments_sha256, reason, grant}
+ *                          (call_id is resolved as edited and never runs; new_call_id
+ *                          takes its place and is requested like a model's call)
  *   aaa.approval.expired   {call_id, name, reason}     (reason "deadline" or "run_cancelled")
  *   aaa.tool.started       {call_id, attempt, worker}
  *   aaa.tool.completed     {call_id, attempt, output}
@@ -39,13 +47,24 @@ export const file_aaa_v1_types: GenFile = /*@__PURE__*/
  *   aaa.run.cancelled      {reason}
  * Event types a client may append with RunService.Signal (the engine adds
  * the tool's `name` to decisions):
- *   aaa.approval.granted   {call_id, arguments_sha256?, comment?}
- *   aaa.approval.denied    {call_id, reason?}
+ *   aaa.approval.granted   {call_id, arguments_sha256?, comment?, approver?}
+ *                          (recorded with approvers: [...] when the tool needs several;
+ *                          a grant that is not the last one needed is recorded as
+ *                          aaa.approval.voted)
+ *   aaa.approval.denied    {call_id, arguments_sha256?, reason?, approver?}
+ *   aaa.approval.edited    {call_id, arguments, arguments_sha256?, reason?, grant?}
+ *                          (recorded as above; arguments_sha256 is the digest of the
+ *                          arguments being edited, grant: true casts the editor's vote
+ *                          for the new arguments in the same step)
+ *   approver: a name for the vote when auth is off (unverified); with auth on the
+ *   authenticated principal is the approver and the field must be absent or equal it.
  *   any type outside the "aaa." prefix, with a JSON object as data; recorded
  *   in the run's log, not interpreted.
  * A denial (or an approval timeout, reason "timeout") is followed by
  * aaa.tool.failed with error type "ApprovalDenied" and the reason as message:
- * the model reads it as the tool's result. A tool the run does not have fails
+ * the model reads it as the tool's result. The result of an edited call answers
+ * the model's original call_id and starts with a note giving the new arguments
+ * and the reviewer's reason. A tool the run does not have fails
  * with "UnknownTool"; a lost attempt with "AttemptLost".
  *
  * @generated from message aaa.v1.Event
@@ -239,6 +258,14 @@ export type ToolDefinition = Message$1<"aaa.v1.ToolDefinition"> & {
    * @generated from field: double approval_timeout_s = 7;
    */
   approvalTimeoutS: number;
+
+  /**
+   * Gated calls run only after this many grants from distinct approvers; any
+   * one denial denies. 0 means 1.
+   *
+   * @generated from field: uint32 approvals_required = 8;
+   */
+  approvalsRequired: number;
 };
 
 /**
@@ -690,6 +717,14 @@ export enum ErrorReason {
    * @generated from enum value: OWNER_UNAVAILABLE = 29;
    */
   OWNER_UNAVAILABLE = 29,
+
+  /**
+   * FAILED_PRECONDITION: this approver already voted for the call (its tool
+   * needs grants from several distinct approvers); metadata["approver"] names it.
+   *
+   * @generated from enum value: ALREADY_VOTED = 30;
+   */
+  ALREADY_VOTED = 30,
 }
 
 /**

@@ -16,13 +16,41 @@ class ApprovalOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     APPROVAL_OUTCOME_GRANTED: _ClassVar[ApprovalOutcome]
     APPROVAL_OUTCOME_DENIED: _ClassVar[ApprovalOutcome]
     APPROVAL_OUTCOME_EXPIRED: _ClassVar[ApprovalOutcome]
+    APPROVAL_OUTCOME_EDITED: _ClassVar[ApprovalOutcome]
+
+class BatchDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BATCH_DECISION_UNSPECIFIED: _ClassVar[BatchDecision]
+    BATCH_DECISION_GRANT: _ClassVar[BatchDecision]
+    BATCH_DECISION_DENY: _ClassVar[BatchDecision]
+
+class DecisionStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECISION_STATUS_UNSPECIFIED: _ClassVar[DecisionStatus]
+    DECISION_STATUS_DECIDED: _ClassVar[DecisionStatus]
+    DECISION_STATUS_ALREADY_DECIDED: _ClassVar[DecisionStatus]
+    DECISION_STATUS_MISMATCH: _ClassVar[DecisionStatus]
+    DECISION_STATUS_NOT_FOUND: _ClassVar[DecisionStatus]
+    DECISION_STATUS_REFUSED: _ClassVar[DecisionStatus]
+    DECISION_STATUS_NOT_APPLIED: _ClassVar[DecisionStatus]
 APPROVAL_OUTCOME_UNSPECIFIED: ApprovalOutcome
 APPROVAL_OUTCOME_GRANTED: ApprovalOutcome
 APPROVAL_OUTCOME_DENIED: ApprovalOutcome
 APPROVAL_OUTCOME_EXPIRED: ApprovalOutcome
+APPROVAL_OUTCOME_EDITED: ApprovalOutcome
+BATCH_DECISION_UNSPECIFIED: BatchDecision
+BATCH_DECISION_GRANT: BatchDecision
+BATCH_DECISION_DENY: BatchDecision
+DECISION_STATUS_UNSPECIFIED: DecisionStatus
+DECISION_STATUS_DECIDED: DecisionStatus
+DECISION_STATUS_ALREADY_DECIDED: DecisionStatus
+DECISION_STATUS_MISMATCH: DecisionStatus
+DECISION_STATUS_NOT_FOUND: DecisionStatus
+DECISION_STATUS_REFUSED: DecisionStatus
+DECISION_STATUS_NOT_APPLIED: DecisionStatus
 
 class Approval(_message.Message):
-    __slots__ = ("run_id", "call_id", "tool", "arguments_json", "arguments_sha256", "requested_at", "expires_at", "labels", "seq", "position", "task")
+    __slots__ = ("run_id", "call_id", "tool", "arguments_json", "arguments_sha256", "requested_at", "expires_at", "labels", "seq", "position", "task", "approvals_required", "votes", "edited_from")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +69,9 @@ class Approval(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    EDITED_FROM_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     call_id: str
     tool: str
@@ -52,7 +83,20 @@ class Approval(_message.Message):
     seq: int
     position: int
     task: str
-    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
+    approvals_required: int
+    votes: _containers.RepeatedCompositeFieldContainer[Vote]
+    edited_from: str
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ..., task: _Optional[str] = ..., approvals_required: _Optional[int] = ..., votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ..., edited_from: _Optional[str] = ...) -> None: ...
+
+class Vote(_message.Message):
+    __slots__ = ("approver", "time", "comment")
+    APPROVER_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    approver: str
+    time: _timestamp_pb2.Timestamp
+    comment: str
+    def __init__(self, approver: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., comment: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
     __slots__ = ("tool", "run_id", "labels", "page_size", "page_token")
@@ -105,21 +149,41 @@ class WatchApprovalsRequest(_message.Message):
     def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., after_position: _Optional[int] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
 
 class WatchApprovalsResponse(_message.Message):
-    __slots__ = ("position", "requested", "resolved", "snapshot_complete", "heartbeat")
+    __slots__ = ("position", "requested", "resolved", "snapshot_complete", "heartbeat", "voted")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    VOTED_FIELD_NUMBER: _ClassVar[int]
     position: int
     requested: Approval
     resolved: ApprovalResolution
     snapshot_complete: SnapshotComplete
     heartbeat: Heartbeat
-    def __init__(self, position: _Optional[int] = ..., requested: _Optional[_Union[Approval, _Mapping]] = ..., resolved: _Optional[_Union[ApprovalResolution, _Mapping]] = ..., snapshot_complete: _Optional[_Union[SnapshotComplete, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    voted: ApprovalVoted
+    def __init__(self, position: _Optional[int] = ..., requested: _Optional[_Union[Approval, _Mapping]] = ..., resolved: _Optional[_Union[ApprovalResolution, _Mapping]] = ..., snapshot_complete: _Optional[_Union[SnapshotComplete, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., voted: _Optional[_Union[ApprovalVoted, _Mapping]] = ...) -> None: ...
+
+class ApprovalVoted(_message.Message):
+    __slots__ = ("run_id", "call_id", "tool", "vote", "votes", "approvals_required", "seq")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    VOTE_FIELD_NUMBER: _ClassVar[int]
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    call_id: str
+    tool: str
+    vote: Vote
+    votes: int
+    approvals_required: int
+    seq: int
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., votes: _Optional[int] = ..., approvals_required: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class ApprovalResolution(_message.Message):
-    __slots__ = ("run_id", "call_id", "tool", "outcome", "reason", "seq", "time")
+    __slots__ = ("run_id", "call_id", "tool", "outcome", "reason", "seq", "time", "replaced_by")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +191,7 @@ class ApprovalResolution(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_BY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     call_id: str
     tool: str
@@ -134,7 +199,58 @@ class ApprovalResolution(_message.Message):
     reason: str
     seq: int
     time: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., outcome: _Optional[_Union[ApprovalOutcome, str]] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    replaced_by: str
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., outcome: _Optional[_Union[ApprovalOutcome, str]] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_by: _Optional[str] = ...) -> None: ...
+
+class DecideApprovalsRequest(_message.Message):
+    __slots__ = ("items", "decision", "reason", "comment", "all_or_nothing", "approver")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    ALL_OR_NOTHING_FIELD_NUMBER: _ClassVar[int]
+    APPROVER_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DecisionItem]
+    decision: BatchDecision
+    reason: str
+    comment: str
+    all_or_nothing: bool
+    approver: str
+    def __init__(self, items: _Optional[_Iterable[_Union[DecisionItem, _Mapping]]] = ..., decision: _Optional[_Union[BatchDecision, str]] = ..., reason: _Optional[str] = ..., comment: _Optional[str] = ..., all_or_nothing: _Optional[bool] = ..., approver: _Optional[str] = ...) -> None: ...
+
+class DecisionItem(_message.Message):
+    __slots__ = ("run_id", "call_id", "arguments_sha256")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    call_id: str
+    arguments_sha256: str
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., arguments_sha256: _Optional[str] = ...) -> None: ...
+
+class DecideApprovalsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DecisionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DecisionResult, _Mapping]]] = ...) -> None: ...
+
+class DecisionResult(_message.Message):
+    __slots__ = ("run_id", "call_id", "status", "decision", "seq", "error_reason", "error_message")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    call_id: str
+    status: DecisionStatus
+    decision: str
+    seq: int
+    error_reason: str
+    error_message: str
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., status: _Optional[_Union[DecisionStatus, str]] = ..., decision: _Optional[str] = ..., seq: _Optional[int] = ..., error_reason: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class SnapshotComplete(_message.Message):
     __slots__ = ("pending",)

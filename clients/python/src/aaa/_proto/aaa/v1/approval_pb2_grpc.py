@@ -46,6 +46,11 @@ class ApprovalServiceStub:
                 request_serializer=aaa_dot_v1_dot_approval__pb2.WatchApprovalsRequest.SerializeToString,
                 response_deserializer=aaa_dot_v1_dot_approval__pb2.WatchApprovalsResponse.FromString,
                 _registered_method=True)
+        self.DecideApprovals = channel.unary_unary(
+                '/aaa.v1.ApprovalService/DecideApprovals',
+                request_serializer=aaa_dot_v1_dot_approval__pb2.DecideApprovalsRequest.SerializeToString,
+                response_deserializer=aaa_dot_v1_dot_approval__pb2.DecideApprovalsResponse.FromString,
+                _registered_method=True)
 
 
 class ApprovalServiceServicer:
@@ -71,6 +76,15 @@ class ApprovalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecideApprovals(self, request, context):
+        """Grants or denies several calls at once, each bound to the digest of the
+        arguments the reviewer was shown. Each item gets its own outcome; with
+        all_or_nothing, nothing is decided unless every item would be.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ApprovalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +97,11 @@ def add_ApprovalServiceServicer_to_server(servicer, server):
                     servicer.WatchApprovals,
                     request_deserializer=aaa_dot_v1_dot_approval__pb2.WatchApprovalsRequest.FromString,
                     response_serializer=aaa_dot_v1_dot_approval__pb2.WatchApprovalsResponse.SerializeToString,
+            ),
+            'DecideApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideApprovals,
+                    request_deserializer=aaa_dot_v1_dot_approval__pb2.DecideApprovalsRequest.FromString,
+                    response_serializer=aaa_dot_v1_dot_approval__pb2.DecideApprovalsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,6 +160,33 @@ class ApprovalService:
             '/aaa.v1.ApprovalService/WatchApprovals',
             aaa_dot_v1_dot_approval__pb2.WatchApprovalsRequest.SerializeToString,
             aaa_dot_v1_dot_approval__pb2.WatchApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aaa.v1.ApprovalService/DecideApprovals',
+            aaa_dot_v1_dot_approval__pb2.DecideApprovalsRequest.SerializeToString,
+            aaa_dot_v1_dot_approval__pb2.DecideApprovalsResponse.FromString,
             options,
             channel_credentials,
             insecure,

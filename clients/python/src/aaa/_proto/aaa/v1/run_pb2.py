@@ -28,7 +28,7 @@ from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61\x61\x61/v1/run.proto\x12\x06\x61\x61\x61.v1\x1a\x15\x61\x61\x61/v1/approval.proto\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x06status\x18\x02 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05tools\x18\x05 \x03(\t\x12\'\n\x06labels\x18\x06 \x03(\x0b\x32\x17.aaa.v1.Run.LabelsEntry\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65\x61\x64line_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\n \x01(\x04\x12\x13\n\x0bresult_json\x18\x0b \x01(\t\x12\"\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x13.aaa.v1.ErrorDetail\x12+\n\x11pending_approvals\x18\r \x03(\x0b\x32\x10.aaa.v1.Approval\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\x06\x42udget\x12\x12\n\ndeadline_s\x18\x01 \x01(\x01\x12\x17\n\x0fmax_model_calls\x18\x02 \x01(\r\"N\n\x07ToolRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11requires_approval\x18\x02 \x01(\x08\x12\x1a\n\x12\x61pproval_timeout_s\x18\x03 \x01(\x01\"P\n\tModelSpec\x12\x10\n\x06worker\x18\x01 \x01(\tH\x00\x12)\n\x08scripted\x18\x02 \x01(\x0b\x32\x15.aaa.v1.ScriptedModelH\x00\x42\x06\n\x04kind\"4\n\rScriptedModel\x12#\n\x05steps\x18\x01 \x03(\x0b\x32\x14.aaa.v1.ScriptedStep\"\x80\x01\n\x0cScriptedStep\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12/\n\ntool_calls\x18\x02 \x01(\x0b\x32\x19.aaa.v1.ScriptedToolCallsH\x00\x12&\n\x04\x65\x63ho\x18\x03 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x42\x07\n\x05reply\"<\n\x11ScriptedToolCalls\x12\'\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x18.aaa.v1.ScriptedToolCall\"8\n\x10ScriptedToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\x89\x02\n\x0fStartRunRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12 \n\x05model\x18\x02 \x01(\x0b\x32\x11.aaa.v1.ModelSpec\x12\x1e\n\x05tools\x18\x03 \x03(\x0b\x32\x0f.aaa.v1.ToolRef\x12\x1e\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x0e.aaa.v1.Budget\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.aaa.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0e\n\x06system\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x10StartRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"*\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.aaa.v1.Run\"\xbf\x01\n\x0fListRunsRequest\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x33\n\x06labels\x18\x02 \x03(\x0b\x32#.aaa.v1.ListRunsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.aaa.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"r\n\x13StreamEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x13\n\x0btype_prefix\x18\x04 \x01(\t\x12\x13\n\x0bstop_at_end\x18\x05 \x01(\x08\"e\n\x14StreamEventsResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\r.aaa.v1.EventH\x00\x12%\n\tcaught_up\x18\x02 \x01(\x0b\x32\x10.aaa.v1.CaughtUpH\x00\x42\x06\n\x04item\"\x1c\n\x08\x43\x61ughtUp\x12\x10\n\x08last_seq\x18\x01 \x01(\x04\"T\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"H\n\x0eSignalResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x17\n\x0f\x61lready_decided\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x11\x43\x61ncelRunResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04*\xaf\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x01\x12#\n\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x02\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x05\x32\x8b\x03\n\nRunService\x12=\n\x08StartRun\x12\x17.aaa.v1.StartRunRequest\x1a\x18.aaa.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.aaa.v1.GetRunRequest\x1a\x16.aaa.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.aaa.v1.ListRunsRequest\x1a\x18.aaa.v1.ListRunsResponse\x12K\n\x0cStreamEvents\x12\x1b.aaa.v1.StreamEventsRequest\x1a\x1c.aaa.v1.StreamEventsResponse0\x01\x12\x37\n\x06Signal\x12\x15.aaa.v1.SignalRequest\x1a\x16.aaa.v1.SignalResponse\x12@\n\tCancelRun\x12\x18.aaa.v1.CancelRunRequest\x1a\x19.aaa.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61\x61\x61/v1/run.proto\x12\x06\x61\x61\x61.v1\x1a\x15\x61\x61\x61/v1/approval.proto\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x06status\x18\x02 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05tools\x18\x05 \x03(\t\x12\'\n\x06labels\x18\x06 \x03(\x0b\x32\x17.aaa.v1.Run.LabelsEntry\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65\x61\x64line_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\n \x01(\x04\x12\x13\n\x0bresult_json\x18\x0b \x01(\t\x12\"\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x13.aaa.v1.ErrorDetail\x12+\n\x11pending_approvals\x18\r \x03(\x0b\x32\x10.aaa.v1.Approval\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\x06\x42udget\x12\x12\n\ndeadline_s\x18\x01 \x01(\x01\x12\x17\n\x0fmax_model_calls\x18\x02 \x01(\r\"j\n\x07ToolRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11requires_approval\x18\x02 \x01(\x08\x12\x1a\n\x12\x61pproval_timeout_s\x18\x03 \x01(\x01\x12\x1a\n\x12\x61pprovals_required\x18\x04 \x01(\r\"P\n\tModelSpec\x12\x10\n\x06worker\x18\x01 \x01(\tH\x00\x12)\n\x08scripted\x18\x02 \x01(\x0b\x32\x15.aaa.v1.ScriptedModelH\x00\x42\x06\n\x04kind\"4\n\rScriptedModel\x12#\n\x05steps\x18\x01 \x03(\x0b\x32\x14.aaa.v1.ScriptedStep\"\x80\x01\n\x0cScriptedStep\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12/\n\ntool_calls\x18\x02 \x01(\x0b\x32\x19.aaa.v1.ScriptedToolCallsH\x00\x12&\n\x04\x65\x63ho\x18\x03 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x42\x07\n\x05reply\"<\n\x11ScriptedToolCalls\x12\'\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x18.aaa.v1.ScriptedToolCall\"8\n\x10ScriptedToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\x89\x02\n\x0fStartRunRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12 \n\x05model\x18\x02 \x01(\x0b\x32\x11.aaa.v1.ModelSpec\x12\x1e\n\x05tools\x18\x03 \x03(\x0b\x32\x0f.aaa.v1.ToolRef\x12\x1e\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x0e.aaa.v1.Budget\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.aaa.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0e\n\x06system\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x10StartRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"*\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.aaa.v1.Run\"\xbf\x01\n\x0fListRunsRequest\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x33\n\x06labels\x18\x02 \x03(\x0b\x32#.aaa.v1.ListRunsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.aaa.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"r\n\x13StreamEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x13\n\x0btype_prefix\x18\x04 \x01(\t\x12\x13\n\x0bstop_at_end\x18\x05 \x01(\x08\"e\n\x14StreamEventsResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\r.aaa.v1.EventH\x00\x12%\n\tcaught_up\x18\x02 \x01(\x0b\x32\x10.aaa.v1.CaughtUpH\x00\x42\x06\n\x04item\"\x1c\n\x08\x43\x61ughtUp\x12\x10\n\x08last_seq\x18\x01 \x01(\x04\"T\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xa6\x01\n\x0eSignalResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x17\n\x0f\x61lready_decided\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\r\n\x05votes\x18\x04 \x01(\r\x12\x1a\n\x12\x61pprovals_required\x18\x05 \x01(\r\x12\x13\n\x0bnew_call_id\x18\x06 \x01(\t\x12\x1c\n\x14new_arguments_sha256\x18\x07 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x11\x43\x61ncelRunResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04*\xaf\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x01\x12#\n\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x02\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x05\x32\x8b\x03\n\nRunService\x12=\n\x08StartRun\x12\x17.aaa.v1.StartRunRequest\x1a\x18.aaa.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.aaa.v1.GetRunRequest\x1a\x16.aaa.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.aaa.v1.ListRunsRequest\x1a\x18.aaa.v1.ListRunsResponse\x12K\n\x0cStreamEvents\x12\x1b.aaa.v1.StreamEventsRequest\x1a\x1c.aaa.v1.StreamEventsResponse0\x01\x12\x37\n\x06Signal\x12\x15.aaa.v1.SignalRequest\x1a\x16.aaa.v1.SignalResponse\x12@\n\tCancelRun\x12\x18.aaa.v1.CancelRunRequest\x1a\x19.aaa.v1.CancelRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,8 +41,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATUS']._serialized_start=2271
-  _globals['_RUNSTATUS']._serialized_end=2446
+  _globals['_RUNSTATUS']._serialized_start=2394
+  _globals['_RUNSTATUS']._serialized_end=2569
   _globals['_RUN']._serialized_start=134
   _globals['_RUN']._serialized_end=587
   _globals['_RUN_LABELSENTRY']._serialized_start=542
@@ -50,47 +50,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUDGET']._serialized_start=589
   _globals['_BUDGET']._serialized_end=642
   _globals['_TOOLREF']._serialized_start=644
-  _globals['_TOOLREF']._serialized_end=722
-  _globals['_MODELSPEC']._serialized_start=724
-  _globals['_MODELSPEC']._serialized_end=804
-  _globals['_SCRIPTEDMODEL']._serialized_start=806
-  _globals['_SCRIPTEDMODEL']._serialized_end=858
-  _globals['_SCRIPTEDSTEP']._serialized_start=861
-  _globals['_SCRIPTEDSTEP']._serialized_end=989
-  _globals['_SCRIPTEDTOOLCALLS']._serialized_start=991
-  _globals['_SCRIPTEDTOOLCALLS']._serialized_end=1051
-  _globals['_SCRIPTEDTOOLCALL']._serialized_start=1053
-  _globals['_SCRIPTEDTOOLCALL']._serialized_end=1109
-  _globals['_STARTRUNREQUEST']._serialized_start=1112
-  _globals['_STARTRUNREQUEST']._serialized_end=1377
+  _globals['_TOOLREF']._serialized_end=750
+  _globals['_MODELSPEC']._serialized_start=752
+  _globals['_MODELSPEC']._serialized_end=832
+  _globals['_SCRIPTEDMODEL']._serialized_start=834
+  _globals['_SCRIPTEDMODEL']._serialized_end=886
+  _globals['_SCRIPTEDSTEP']._serialized_start=889
+  _globals['_SCRIPTEDSTEP']._serialized_end=1017
+  _globals['_SCRIPTEDTOOLCALLS']._serialized_start=1019
+  _globals['_SCRIPTEDTOOLCALLS']._serialized_end=1079
+  _globals['_SCRIPTEDTOOLCALL']._serialized_start=1081
+  _globals['_SCRIPTEDTOOLCALL']._serialized_end=1137
+  _globals['_STARTRUNREQUEST']._serialized_start=1140
+  _globals['_STARTRUNREQUEST']._serialized_end=1405
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=542
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=587
-  _globals['_STARTRUNRESPONSE']._serialized_start=1379
-  _globals['_STARTRUNRESPONSE']._serialized_end=1430
-  _globals['_GETRUNREQUEST']._serialized_start=1432
-  _globals['_GETRUNREQUEST']._serialized_end=1463
-  _globals['_GETRUNRESPONSE']._serialized_start=1465
-  _globals['_GETRUNRESPONSE']._serialized_end=1507
-  _globals['_LISTRUNSREQUEST']._serialized_start=1510
-  _globals['_LISTRUNSREQUEST']._serialized_end=1701
+  _globals['_STARTRUNRESPONSE']._serialized_start=1407
+  _globals['_STARTRUNRESPONSE']._serialized_end=1458
+  _globals['_GETRUNREQUEST']._serialized_start=1460
+  _globals['_GETRUNREQUEST']._serialized_end=1491
+  _globals['_GETRUNRESPONSE']._serialized_start=1493
+  _globals['_GETRUNRESPONSE']._serialized_end=1535
+  _globals['_LISTRUNSREQUEST']._serialized_start=1538
+  _globals['_LISTRUNSREQUEST']._serialized_end=1729
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_start=542
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_end=587
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1703
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1773
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=1775
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=1889
-  _globals['_STREAMEVENTSRESPONSE']._serialized_start=1891
-  _globals['_STREAMEVENTSRESPONSE']._serialized_end=1992
-  _globals['_CAUGHTUP']._serialized_start=1994
-  _globals['_CAUGHTUP']._serialized_end=2022
-  _globals['_SIGNALREQUEST']._serialized_start=2024
-  _globals['_SIGNALREQUEST']._serialized_end=2108
-  _globals['_SIGNALRESPONSE']._serialized_start=2110
-  _globals['_SIGNALRESPONSE']._serialized_end=2182
-  _globals['_CANCELRUNREQUEST']._serialized_start=2184
-  _globals['_CANCELRUNREQUEST']._serialized_end=2234
-  _globals['_CANCELRUNRESPONSE']._serialized_start=2236
-  _globals['_CANCELRUNRESPONSE']._serialized_end=2268
-  _globals['_RUNSERVICE']._serialized_start=2449
-  _globals['_RUNSERVICE']._serialized_end=2844
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1731
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1801
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=1803
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=1917
+  _globals['_STREAMEVENTSRESPONSE']._serialized_start=1919
+  _globals['_STREAMEVENTSRESPONSE']._serialized_end=2020
+  _globals['_CAUGHTUP']._serialized_start=2022
+  _globals['_CAUGHTUP']._serialized_end=2050
+  _globals['_SIGNALREQUEST']._serialized_start=2052
+  _globals['_SIGNALREQUEST']._serialized_end=2136
+  _globals['_SIGNALRESPONSE']._serialized_start=2139
+  _globals['_SIGNALRESPONSE']._serialized_end=2305
+  _globals['_CANCELRUNREQUEST']._serialized_start=2307
+  _globals['_CANCELRUNREQUEST']._serialized_end=2357
+  _globals['_CANCELRUNRESPONSE']._serialized_start=2359
+  _globals['_CANCELRUNRESPONSE']._serialized_end=2391
+  _globals['_RUNSERVICE']._serialized_start=2572
+  _globals['_RUNSERVICE']._serialized_end=2967
 # @@protoc_insertion_point(module_scope)

@@ -74,14 +74,16 @@ class Budget(_message.Message):
     def __init__(self, deadline_s: _Optional[float] = ..., max_model_calls: _Optional[int] = ...) -> None: ...
 
 class ToolRef(_message.Message):
-    __slots__ = ("name", "requires_approval", "approval_timeout_s")
+    __slots__ = ("name", "requires_approval", "approval_timeout_s", "approvals_required")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REQUIRES_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     name: str
     requires_approval: bool
     approval_timeout_s: float
-    def __init__(self, name: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., approval_timeout_s: _Optional[float] = ...) -> None: ...
+    approvals_required: int
+    def __init__(self, name: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("worker", "scripted")
@@ -234,14 +236,22 @@ class SignalRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., type: _Optional[str] = ..., data_json: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SignalResponse(_message.Message):
-    __slots__ = ("seq", "already_decided", "decision")
+    __slots__ = ("seq", "already_decided", "decision", "votes", "approvals_required", "new_call_id", "new_arguments_sha256")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ALREADY_DECIDED_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    NEW_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_ARGUMENTS_SHA256_FIELD_NUMBER: _ClassVar[int]
     seq: int
     already_decided: bool
     decision: str
-    def __init__(self, seq: _Optional[int] = ..., already_decided: _Optional[bool] = ..., decision: _Optional[str] = ...) -> None: ...
+    votes: int
+    approvals_required: int
+    new_call_id: str
+    new_arguments_sha256: str
+    def __init__(self, seq: _Optional[int] = ..., already_decided: _Optional[bool] = ..., decision: _Optional[str] = ..., votes: _Optional[int] = ..., approvals_required: _Optional[int] = ..., new_call_id: _Optional[str] = ..., new_arguments_sha256: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id", "reason")

@@ -54,6 +54,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_TASK_HOLDER: _ClassVar[ErrorReason]
     OWNERSHIP_LOST: _ClassVar[ErrorReason]
     OWNER_UNAVAILABLE: _ClassVar[ErrorReason]
+    ALREADY_VOTED: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
@@ -90,6 +91,7 @@ IDENTITY_TAKEN: ErrorReason
 NOT_TASK_HOLDER: ErrorReason
 OWNERSHIP_LOST: ErrorReason
 OWNER_UNAVAILABLE: ErrorReason
+ALREADY_VOTED: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")
@@ -130,7 +132,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ToolDefinition(_message.Message):
-    __slots__ = ("name", "description", "parameters_json", "requires_approval", "retry", "heartbeat_timeout_s", "approval_timeout_s")
+    __slots__ = ("name", "description", "parameters_json", "requires_approval", "retry", "heartbeat_timeout_s", "approval_timeout_s", "approvals_required")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +140,7 @@ class ToolDefinition(_message.Message):
     RETRY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     parameters_json: str
@@ -145,7 +148,8 @@ class ToolDefinition(_message.Message):
     retry: RetryPolicy
     heartbeat_timeout_s: float
     approval_timeout_s: float
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., approval_timeout_s: _Optional[float] = ...) -> None: ...
+    approvals_required: int
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("max_attempts", "initial_backoff_s", "backoff_coefficient", "max_backoff_s")
