@@ -150,16 +150,26 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
     if page.approvals.is_empty() {
         return out.line("no pending approvals");
     }
+    // A GRANTS column ("1/2") only when some call needs several approvers.
+    let votes = page.approvals.iter().any(|a| a.approvals_required > 1);
     let rows = page.approvals.iter().map(|a| {
-        vec![
+        let mut row = vec![
             a.run_id.clone(),
             a.call_id.clone(),
             a.tool.clone(),
             render::short_time(&a.requested_at),
-            a.arguments_json.clone(),
-        ]
+        ];
+        if votes {
+            row.push(format!("{}/{}", a.votes.len(), a.approvals_required.max(1)));
+        }
+        row.push(a.arguments_json.clone());
+        row
     });
-    out.table(&["RUN", "CALL", "TOOL", "REQUESTED", "ARGUMENTS"], rows)?;
+    let header: &[&str] = match votes {
+        true => &["RUN", "CALL", "TOOL", "REQUESTED", "GRANTS", "ARGUMENTS"],
+        false => &["RUN", "CALL", "TOOL", "REQUESTED", "ARGUMENTS"],
+    };
+    out.table(header, rows)?;
     if !page.next_page_token.is_empty() {
         out.line(&format!("more: --page-token {}", page.next_page_token))?;
     }

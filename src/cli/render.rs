@@ -352,7 +352,9 @@ pub fn watch_line(out: &Output, response: &WatchApprovalsResponse) -> Option<Str
 pub fn event_line(out: &Output, event: &Event) -> String {
     let data = embed(&event.data_json);
     let style = match event.r#type.as_str() {
-        "aaa.approval.requested" => Some(Style::Yellow),
+        "aaa.approval.requested" | "aaa.approval.voted" | "aaa.approval.edited" => {
+            Some(Style::Yellow)
+        }
         "aaa.run.completed" | "aaa.approval.granted" | "aaa.tool.completed" => Some(Style::Green),
         "aaa.run.cancelled" => Some(Style::Red),
         t if t.ends_with(".failed") || t.ends_with(".denied") || t.ends_with(".expired") => {
@@ -426,6 +428,20 @@ fn summary(event_type: &str, data: &Value) -> String {
             format!("{} {}", call(), data["arguments"])
         }
         "aaa.approval.granted" => format!("{} {}", call(), s("comment")),
+        "aaa.approval.voted" => format!(
+            "{} by {}: {} of {} grants",
+            call(),
+            s("approver"),
+            s("votes"),
+            s("approvals_required")
+        ),
+        "aaa.approval.edited" => format!(
+            "{} -> {} {}: {}",
+            call(),
+            s("new_call_id"),
+            data["new_arguments"],
+            s("reason")
+        ),
         "aaa.approval.denied" | "aaa.approval.expired" => format!("{}: {}", call(), s("reason")),
         "aaa.tool.started" => format!(
             "{} attempt {} on {}",

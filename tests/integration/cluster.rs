@@ -112,6 +112,41 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
     assert_eq!(actor("aaa.approval.granted").name, "approver");
     assert_eq!(actor("aaa.tool.started").principal, "worker");
 
+    // A batch decision is a write too: forwarded, decided as the approver.
+    let second = runner
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun through the standby")
+        .into_inner()
+        .run_id;
+    let requested = runner
+        .wait_for_event(&second, "aaa.approval.requested")
+        .await;
+    let requested = data(requested.last().unwrap());
+    let answer = approver
+        .approvals
+        .decide_approvals(aaa::proto::DecideApprovalsRequest {
+            items: vec![aaa::proto::DecisionItem {
+                run_id: second.clone(),
+                call_id: requested["call_id"].as_str().unwrap().into(),
+                arguments_sha256: requested["arguments_sha256"].as_str().unwrap().into(),
+            }],
+            decision: aaa::proto::BatchDecision::Deny as i32,
+            reason: "not this vendor".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("DecideApprovals through the standby")
+        .into_inner();
+    assert_eq!(
+        answer.results[0].status,
+        aaa::proto::DecisionStatus::Decided as i32
+    );
+    let events = runner.wait_for_event(&second, "aaa.run.completed").await;
+    let denied = find(&events, "aaa.approval.denied");
+    assert_eq!(denied.actor.as_ref().unwrap().name, "approver");
+
     // Roles are checked for forwarded calls too (here, at the standby).
     let refused = runner.runs.signal(grant_request(&run_id, &call_id)).await;
     assert_eq!(expect_err(refused).code(), Code::PermissionDenied);

@@ -689,3 +689,35 @@ async fn register_as(clients: &mut Clients, tools: Vec<ToolDefinition>) {
         .await
         .expect("RegisterWorker");
 }
+
+/// Votes do not extend a request: its approval timeout runs from the
+/// request, and a call with one vote of two is denied when it passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_approval_timeout_applies_to_the_whole_request() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let tool = ToolDefinition {
+        approval_timeout_s: 600.0,
+        ..wire_money_needing(2)
+    };
+    register(&mut server.workers().await, vec![tool], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    server.clock().advance(std::time::Duration::from_secs(300));
+    signal(
+        &mut runs,
+        &run_id,
+        "aaa.approval.granted",
+        vote(&call_id, "alice"),
+    )
+    .await
+    .expect("alice's vote");
+    server.clock().advance(std::time::Duration::from_secs(301));
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(
+        data(find(&events, "aaa.approval.denied"))["reason"],
+        "timeout"
+    );
+    assert_eq!(count(&events, "aaa.tool.started"), 0);
+    server.shutdown().await;
+}

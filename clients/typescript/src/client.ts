@@ -36,7 +36,7 @@ import {
   type UnaryResponse,
 } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { ApprovalService } from "./gen/aaa/v1/approval_pb.js";
+import { ApprovalService, BatchDecision } from "./gen/aaa/v1/approval_pb.js";
 import type { DescMessage, DescMethodStreaming, DescMethodUnary, MessageInitShape } from "@bufbuild/protobuf";
 import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
 import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
@@ -48,13 +48,18 @@ import {
   Reply,
   TERMINAL_EVENT_TYPES,
   approvalFromProto,
+  decisionResultFromProto,
   eventFromProto,
   outcomeFromEvent,
   resolutionFromProto,
   runInfoFromProto,
   runStatusToProto,
+  signalResultFromProto,
+  votedFromProto,
   type Approval,
   type ApprovalWatchItem,
+  type DecisionItem,
+  type DecisionResult,
   type Event,
   type EventType,
   type Outcome,
@@ -105,7 +110,7 @@ export interface CallControl {
   timeoutMs?: number;
 }
 
-/** A tool a run may call: its name, and optionally a gate or approval timeout for this run only. */
+/** A tool a run may call: its name, and optionally a gate, approval timeout or number of approvers for this run only. */
 export interface ToolRef {
   /** Name of a tool registered by a worker. */
   readonly name: string;
@@ -113,6 +118,8 @@ export interface ToolRef {
   readonly requiresApproval?: boolean;
   /** When > 0, overrides the tool's approval timeout for this run (seconds; unanswered means denied with reason "timeout"). */
   readonly approvalTimeoutS?: number;
+  /** When above the tool's own, the grants from distinct approvers each call needs in this run (a run can raise it, never lower it). */
+  readonly approvalsRequired?: number;
 }
 
 /** Limits of one run. */
@@ -168,6 +175,22 @@ export interface WatchOptions {
   /** Abort the stream: the iterator then throws `Cancelled`. */
   signal?: AbortSignal;
 }
+
+/** Options of {@link Client.decideApprovals}. */
+export interface DecideApprovalsOptions extends CallControl {
+  /** Grant or deny every item. */
+  decision: "grant" | "deny";
+  /** For a denial: the reason the model reads. */
+  reason?: string;
+  /** For a grant: a comment recorded with it. */
+  comment?: string;
+  /** Decide nothing unless every item would be decided (or voted); the others then come back "not_applied". */
+  allOrNothing?: boolean;
+  /** With auth off: the approver's name for the votes (unverified). With auth on the caller is the approver. */
+  approver?: string;
+}
+
+const BATCH_DECISION: Record<DecideApprovalsOptions["decision"], BatchDecision> = { grant: BatchDecision.GRANT, deny: BatchDecision.DENY };
 
 /**
  * Connects to an aaa server, or to the servers of a cluster, and waits until one answers.
@@ -508,7 +531,12 @@ export class Client {
       tools: (options.tools ?? []).map((t) =>
         typeof t === "string"
           ? { name: t }
-          : { name: t.name, requiresApproval: t.requiresApproval ?? false, approvalTimeoutS: t.approvalTimeoutS ?? 0 },
+          : {
+              name: t.name,
+              requiresApproval: t.requiresApproval ?? false,
+              approvalTimeoutS: t.approvalTimeoutS ?? 0,
+              approvalsRequired: t.approvalsRequired ?? 0,
+            },
       ),
       labels: { ...options.labels },
       requestId: options.requestId || randomUUID(),
@@ -519,6 +547,31 @@ export class Client {
     }
     const response = await this.call((o) => this.services.run.startRun(request, o), options);
     return new Run(this, response.runId, response.created);
+  }
+
+  /**
+   * Grants or denies several calls in one request, each bound to the digest
+   * of the arguments the reviewer was shown: pass the {@link Approval}s
+   * themselves (or `{runId, callId, argumentsSha256}`). Returns one result per
+   * item, in order; a grant of a call that needs several approvers is
+   * "decided" as an "aaa.approval.voted". With `allOrNothing`, nothing is
+   * recorded unless every item would be. Throws `InvalidArgument` for no
+   * items, a call named twice or a missing digest. There is no request id: a
+   * retry after a lost reply reports the items it had decided as
+   * "already_decided".
+   */
+  async decideApprovals(items: readonly DecisionItem[], options: DecideApprovalsOptions): Promise<DecisionResult[]> {
+    const request = {
+      items: items.map(({ runId, callId, argumentsSha256 }) => ({ runId, callId, argumentsSha256 })),
+      // Anything else (a typo from untyped code) goes as UNSPECIFIED, which the server refuses.
+      decision: BATCH_DECISION[options.decision] ?? BatchDecision.UNSPECIFIED,
+      reason: options.reason ?? "",
+      comment: options.comment ?? "",
+      allOrNothing: options.allOrNothing ?? false,
+      approver: options.approver ?? "",
+    };
+    const response = await this.call((o) => this.services.approval.decideApprovals(request, o), options);
+    return response.results.map(decisionResultFromProto);
   }
 
   /** The handle of an existing run (no call is made). */
@@ -671,9 +724,9 @@ export class Run {
   }
 
   /**
-   * Appends a client event: "aaa.approval.granted", "aaa.approval.denied", or
-   * an application type outside "aaa.". `data` is a JSON object (bigints
-   * allowed). A fresh `requestId` makes retries safe.
+   * Appends a client event: "aaa.approval.granted", "aaa.approval.denied",
+   * "aaa.approval.edited", or an application type outside "aaa.". `data` is a
+   * JSON object (bigints allowed). A fresh `requestId` makes retries safe.
    */
   async signal(
     type: string,
@@ -682,29 +735,71 @@ export class Run {
   ): Promise<SignalResult> {
     const request = { runId: this.id, type, dataJson: stringify(data), requestId: options.requestId || randomUUID() };
     const response = await this.client.call((o) => this.client.services.run.signal(request, o), options);
-    return { seq: Number(response.seq), alreadyDecided: response.alreadyDecided, decision: response.decision };
+    return signalResultFromProto(response);
   }
 
   /**
    * Grants one call. With `argumentsSha256` (from the {@link Approval} or the
    * request event) only those exact arguments; a mismatch throws `ArgumentsMismatch`.
    * Granting twice is harmless: the answer says `alreadyDecided`.
+   *
+   * A call that needs several approvers runs at the last grant it needs: before
+   * that the answer's `decision` is "aaa.approval.voted", with `votes` of
+   * `approvalsRequired`. The same approver granting again throws `AlreadyVoted`.
+   * `approver` names the voter when auth is off (else the caller's address is used);
+   * with auth on the caller is the approver.
    */
   approve(
     callId: string,
-    options: { argumentsSha256?: string; comment?: string; requestId?: string } & CallControl = {},
+    options: { argumentsSha256?: string; comment?: string; approver?: string; requestId?: string } & CallControl = {},
   ): Promise<SignalResult> {
     const data: JsonObject = { call_id: callId };
     if (options.argumentsSha256) data.arguments_sha256 = options.argumentsSha256;
     if (options.comment) data.comment = options.comment;
+    if (options.approver) data.approver = options.approver;
     return this.signal("aaa.approval.granted", data, options);
   }
 
-  /** Denies one call: the model reads a tool failure of type ApprovalDenied with `reason` as message. */
-  deny(callId: string, reason?: string, options: { requestId?: string } & CallControl = {}): Promise<SignalResult> {
+  /**
+   * Denies one call: the model reads a tool failure of type ApprovalDenied with `reason` as message.
+   * One denial denies, however many grants the call needs.
+   */
+  deny(
+    callId: string,
+    reason?: string,
+    options: { argumentsSha256?: string; approver?: string; requestId?: string } & CallControl = {},
+  ): Promise<SignalResult> {
     const data: JsonObject = { call_id: callId };
     if (reason) data.reason = reason;
+    if (options.argumentsSha256) data.arguments_sha256 = options.argumentsSha256;
+    if (options.approver) data.approver = options.approver;
     return this.signal("aaa.approval.denied", data, options);
+  }
+
+  /**
+   * Replaces a pending call's arguments: the call is resolved as edited and
+   * never runs; a new call with `args` (the answer's `newCallId`) is requested
+   * in its place and needs its own grant, bound to `newArgumentsSha256`. With
+   * `grant: true` the editor's grant of the new arguments goes with the edit
+   * (it runs at once unless it needs more approvers). The model reads the
+   * result under its original call id, after a note giving the new arguments
+   * and `reason`. `argumentsSha256` is the digest of the arguments being
+   * edited, as shown (a stale one throws `ArgumentsMismatch`). Arguments that
+   * do not fit the tool's schema, or that repeat the requested ones, throw
+   * `InvalidField` (field "data_json.arguments"). Editing a call already
+   * decided changes nothing: the answer says `alreadyDecided`.
+   */
+  edit(
+    callId: string,
+    args: Record<string, unknown>,
+    options: { argumentsSha256?: string; reason?: string; grant?: boolean; approver?: string; requestId?: string } & CallControl = {},
+  ): Promise<SignalResult> {
+    const data: Record<string, unknown> = { call_id: callId, arguments: args };
+    if (options.argumentsSha256) data.arguments_sha256 = options.argumentsSha256;
+    if (options.reason) data.reason = options.reason;
+    if (options.grant) data.grant = true;
+    if (options.approver) data.approver = options.approver;
+    return this.signal("aaa.approval.edited", data, options);
   }
 
   /** Cancels the run; returns the seq of aaa.run.cancelled (0 if it was already cancelled). */
@@ -739,8 +834,9 @@ export class Approvals {
   /**
    * Iterates over pending approvals, then over changes, until you break out
    * (or abort `signal`): each pending request (`kind: "requested"`,
-   * `snapshot: true`), one `snapshot_complete`, then each new request and
-   * each resolution (`kind: "resolved"`) as it becomes durable. With
+   * `snapshot: true`), one `snapshot_complete`, then each new request, each
+   * vote of a call that needs several grants (`kind: "voted"`) and each
+   * resolution (`kind: "resolved"`) as it becomes durable. With
    * `afterPosition` (an item's `position`) the snapshot is skipped and only
    * later changes come. A dropped connection is resumed from the last
    * position seen. A snapshot cut short is restarted without repeating what
@@ -774,7 +870,15 @@ export class Approvals {
             position = response.position;
             for (const [key, gone] of yielded) {
               if (inThisSnapshot.has(key)) continue;
-              const resolution = { runId: gone.runId, callId: gone.callId, tool: gone.tool, outcome: "unspecified" as const, reason: "", seq: 0 };
+              const resolution = {
+                runId: gone.runId,
+                callId: gone.callId,
+                tool: gone.tool,
+                outcome: "unspecified" as const,
+                reason: "",
+                seq: 0,
+                replacedBy: "",
+              };
               yield { kind: "resolved", resolution, position: at };
             }
             yielded.clear();
@@ -782,6 +886,9 @@ export class Approvals {
           } else if (item.case === "requested") {
             position = response.position;
             yield { kind: "requested", approval: approvalFromProto(item.value), snapshot: false, position: at };
+          } else if (item.case === "voted") {
+            position = response.position;
+            yield { kind: "voted", voted: votedFromProto(item.value), position: at };
           } else if (item.case === "resolved") {
             position = response.position;
             yield { kind: "resolved", resolution: resolutionFromProto(item.value), position: at };

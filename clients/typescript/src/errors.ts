@@ -106,6 +106,11 @@ export class StaleAttempt extends FailedPrecondition {}
 export class GroupMismatch extends FailedPrecondition {}
 /** A grant's arguments_sha256 does not match the requested arguments (reason ARGUMENTS_MISMATCH). */
 export class ArgumentsMismatch extends FailedPrecondition {}
+/**
+ * This approver already voted for the call, which needs grants from several distinct approvers
+ * (reason ALREADY_VOTED); `metadata.approver` and `metadata.call_id` name them. Another approver must grant it.
+ */
+export class AlreadyVoted extends FailedPrecondition {}
 
 /** ALREADY_EXISTS: an id clash. */
 export class AlreadyExists extends AaaError {}
@@ -213,6 +218,7 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
   IDENTITY_TAKEN: IdentityTaken,
   NOT_TASK_HOLDER: NotTaskHolder,
+  ALREADY_VOTED: AlreadyVoted,
 };
 
 /** The class of a reason the server sent, if this SDK knows it. */

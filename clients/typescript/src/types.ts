@@ -91,20 +91,57 @@ export interface EventDataMap {
   "aaa.llm.completed": { call_id: string; message: { content: string; tool_calls: RecordedToolCall[] } };
   /** A model call failed. */
   "aaa.llm.failed": { call_id: string; attempt: number; error: ErrorDetail };
-  /** The model asked for a tool call. */
-  "aaa.tool.requested": { call_id: string; name: string; arguments: JsonObject; requires_approval: boolean };
-  /** A gated call waits for a decision. */
+  /** The model asked for a tool call (or a reviewer's edit did: `edited_from` names the call it replaces). */
+  "aaa.tool.requested": {
+    call_id: string;
+    name: string;
+    arguments: JsonObject;
+    requires_approval: boolean;
+    edited_from?: string;
+  };
+  /** A gated call waits for a decision (`approvals_required` only when more than 1). */
   "aaa.approval.requested": {
     call_id: string;
     name: string;
     arguments: JsonObject;
     arguments_sha256: string;
     expires_at_ms?: number;
+    approvals_required?: number;
+    edited_from?: string;
   };
-  /** A human granted the call. */
-  "aaa.approval.granted": { call_id: string; name?: string; arguments_sha256?: string; comment?: string };
+  /** A human granted the call; for a call that needed several grants, `approvers` lists them all. */
+  "aaa.approval.granted": {
+    call_id: string;
+    name?: string;
+    arguments_sha256?: string;
+    comment?: string;
+    approver?: string;
+    approvers?: string[];
+  };
+  /** A grant of a call that needs several, not yet the last one. */
+  "aaa.approval.voted": {
+    call_id: string;
+    name: string;
+    arguments_sha256: string;
+    approver: string;
+    comment?: string;
+    votes: number;
+    approvals_required: number;
+  };
+  /** A reviewer edited the arguments: `call_id` never runs, `new_call_id` (requested next) takes its place. */
+  "aaa.approval.edited": {
+    call_id: string;
+    name: string;
+    arguments_sha256: string;
+    new_call_id: string;
+    new_arguments: JsonObject;
+    new_arguments_sha256: string;
+    reason: string;
+    grant: boolean;
+    approver?: string;
+  };
   /** A human denied the call (or its approval timed out: reason "timeout"). */
-  "aaa.approval.denied": { call_id: string; name?: string; reason?: string };
+  "aaa.approval.denied": { call_id: string; name?: string; reason?: string; arguments_sha256?: string; approver?: string };
   /** The request expired: reason "deadline" or "run_cancelled". */
   "aaa.approval.expired": { call_id: string; name: string; reason: string };
   /** An attempt was handed to a worker. */
@@ -204,6 +241,12 @@ export interface Approval {
   argumentsJson: string;
   /** Hex SHA-256 of `argumentsJson`; pass it to `approve` to grant exactly these arguments. */
   argumentsSha256: string;
+  /** Grants from distinct approvers the call needs before it runs (1 unless its tool or run asks for more). */
+  approvalsRequired: number;
+  /** The grants cast so far, oldest first (fewer than `approvalsRequired`). */
+  votes: Vote[];
+  /** For a call a reviewer edited: the id of the call it replaces; "" otherwise. */
+  editedFrom: string;
   /** When it was requested. */
   requestedAt?: Date;
   /** When it expires, if it does. */
@@ -218,10 +261,38 @@ export interface Approval {
   task: string;
 }
 
-/** How an approval request ended. */
-export type ApprovalOutcome = "granted" | "denied" | "expired" | "unspecified";
+/** One approver's grant of a call that needs several. */
+export interface Vote {
+  /** The principal with auth on; with auth off the grant's `approver`, else the caller's address. */
+  approver: string;
+  /** When the grant was recorded. */
+  time?: Date;
+  /** The grant's comment. */
+  comment: string;
+}
 
-/** A request that was granted, denied or expired. */
+/** A grant of a call that needs several, not yet the last one (`client.approvals.watch()`). */
+export interface ApprovalVoted {
+  /** The run. */
+  runId: string;
+  /** The call. */
+  callId: string;
+  /** The tool's name. */
+  tool: string;
+  /** The grant. */
+  vote: Vote;
+  /** Grants so far, this one included. */
+  votes: number;
+  /** Grants the call needs. */
+  approvalsRequired: number;
+  /** seq of the aaa.approval.voted event. */
+  seq: number;
+}
+
+/** How an approval request ended ("edited": a reviewer changed the arguments; the call never runs, `replacedBy` does). */
+export type ApprovalOutcome = "granted" | "denied" | "expired" | "edited" | "unspecified";
+
+/** A request that was granted, denied, edited or expired. */
 export interface ApprovalResolution {
   /** The run. */
   runId: string;
@@ -237,15 +308,19 @@ export interface ApprovalResolution {
   seq: number;
   /** When it was resolved. */
   time?: Date;
+  /** For outcome "edited": the call that takes this one's place (it is requested next); "" otherwise. */
+  replacedBy: string;
 }
 
 /**
  * One item of `client.approvals.watch()`: each pending request of the
- * snapshot (`snapshot: true`), one `snapshot_complete`, then each new request
- * and each resolution. `position` is the resume cursor.
+ * snapshot (`snapshot: true`), one `snapshot_complete`, then each new request,
+ * each vote of a call that needs several grants, and each resolution.
+ * `position` is the resume cursor.
  */
 export type ApprovalWatchItem =
   | { kind: "requested"; approval: Approval; snapshot: boolean; position: number }
+  | { kind: "voted"; voted: ApprovalVoted; position: number }
   | { kind: "resolved"; resolution: ApprovalResolution; position: number }
   | { kind: "snapshot_complete"; pending: number; position: number };
 
@@ -255,8 +330,61 @@ export interface SignalResult {
   seq: number;
   /** For decisions: true when the call had already been decided (or had expired) and this changed nothing. */
   alreadyDecided: boolean;
-  /** For decisions: the decision that stands ("aaa.approval.granted", "aaa.approval.denied" or "aaa.approval.expired"). */
+  /**
+   * For decisions: the decision that stands ("aaa.approval.granted", "aaa.approval.denied",
+   * "aaa.approval.edited" or "aaa.approval.expired"), or "aaa.approval.voted" for a grant
+   * that is not yet the last one the call needs.
+   */
   decision: string;
+  /** For a grant (or an edit with `grant`) of a call that needs several: grants so far, this one included. */
+  votes: number;
+  /** For a grant or an edit: how many grants the call needs. */
+  approvalsRequired: number;
+  /** For an edit: the call that takes the edited call's place (grant that one); "" otherwise. */
+  newCallId: string;
+  /** For an edit: the digest of the new call's arguments, to bind its grant to; "" otherwise. */
+  newArgumentsSha256: string;
+}
+
+/** A call to decide in a batch: an {@link Approval} will do, as it carries all three. */
+export interface DecisionItem {
+  /** The run. */
+  readonly runId: string;
+  /** The call. */
+  readonly callId: string;
+  /** Hex SHA-256 of the arguments the reviewer was shown (required: a batch never decides blind). */
+  readonly argumentsSha256: string;
+}
+
+/**
+ * How one item of a batch went: "decided" (recorded: a grant, a vote or a denial),
+ * "already_decided" (decided or expired before, or this approver already voted: then
+ * `errorReason` is "ALREADY_VOTED"),
+ * "mismatch" (the digest is not the call's), "not_found" (no such run or pending call),
+ * "refused" (see `errorReason`: a finished run, separation of duties...), "not_applied"
+ * (`allOrNothing` and another item was not decided). Only "decided" recorded anything.
+ */
+export type DecisionStatus = "decided" | "already_decided" | "mismatch" | "not_found" | "refused" | "not_applied" | "unspecified";
+
+/** The result of one item of `client.decideApprovals()`. */
+export interface DecisionResult {
+  /** The item's run. */
+  runId: string;
+  /** The item's call. */
+  callId: string;
+  /** What happened. */
+  status: DecisionStatus;
+  /**
+   * For "decided": the event recorded ("aaa.approval.granted", "aaa.approval.voted" or
+   * "aaa.approval.denied"); for "already_decided": the decision that stands.
+   */
+  decision: string;
+  /** seq of the recorded event; 0 when nothing was recorded. */
+  seq: number;
+  /** Why nothing was recorded, as an ErrorReason name ("RUN_FINISHED", "ARGUMENTS_MISMATCH", "ALREADY_VOTED"...); "" otherwise. */
+  errorReason: string;
+  /** The refusal's message. */
+  errorMessage: string;
 }
 
 /** How a run ended: its terminal event, read. A failed run is an outcome, not an exception. */
@@ -435,6 +563,26 @@ export function approvalFromProto(a: approvalPb.Approval): Approval {
     seq: Number(a.seq),
     position: Number(a.position),
     task: a.task,
+    approvalsRequired: a.approvalsRequired,
+    votes: a.votes.map(voteFromProto),
+    editedFrom: a.editedFrom,
+  };
+}
+
+function voteFromProto(v: approvalPb.Vote | undefined): Vote {
+  return { approver: v?.approver ?? "", time: optionalDate(v?.time), comment: v?.comment ?? "" };
+}
+
+/** Converts a wire ApprovalVoted. */
+export function votedFromProto(v: approvalPb.ApprovalVoted): ApprovalVoted {
+  return {
+    runId: v.runId,
+    callId: v.callId,
+    tool: v.tool,
+    vote: voteFromProto(v.vote),
+    votes: v.votes,
+    approvalsRequired: v.approvalsRequired,
+    seq: Number(v.seq),
   };
 }
 
@@ -443,6 +591,7 @@ const OUTCOME: Record<approvalPb.ApprovalOutcome, ApprovalOutcome> = {
   [approvalPb.ApprovalOutcome.GRANTED]: "granted",
   [approvalPb.ApprovalOutcome.DENIED]: "denied",
   [approvalPb.ApprovalOutcome.EXPIRED]: "expired",
+  [approvalPb.ApprovalOutcome.EDITED]: "edited",
 };
 
 /** Converts a wire ApprovalResolution. */
@@ -455,6 +604,43 @@ export function resolutionFromProto(r: approvalPb.ApprovalResolution): ApprovalR
     reason: r.reason,
     seq: Number(r.seq),
     time: optionalDate(r.time),
+    replacedBy: r.replacedBy,
+  };
+}
+
+/** Converts a wire SignalResponse. */
+export function signalResultFromProto(r: runPb.SignalResponse): SignalResult {
+  return {
+    seq: Number(r.seq),
+    alreadyDecided: r.alreadyDecided,
+    decision: r.decision,
+    votes: r.votes,
+    approvalsRequired: r.approvalsRequired,
+    newCallId: r.newCallId,
+    newArgumentsSha256: r.newArgumentsSha256,
+  };
+}
+
+const DECISION_STATUS: Record<approvalPb.DecisionStatus, DecisionStatus> = {
+  [approvalPb.DecisionStatus.UNSPECIFIED]: "unspecified",
+  [approvalPb.DecisionStatus.DECIDED]: "decided",
+  [approvalPb.DecisionStatus.ALREADY_DECIDED]: "already_decided",
+  [approvalPb.DecisionStatus.MISMATCH]: "mismatch",
+  [approvalPb.DecisionStatus.NOT_FOUND]: "not_found",
+  [approvalPb.DecisionStatus.REFUSED]: "refused",
+  [approvalPb.DecisionStatus.NOT_APPLIED]: "not_applied",
+};
+
+/** Converts a wire DecisionResult. */
+export function decisionResultFromProto(r: approvalPb.DecisionResult): DecisionResult {
+  return {
+    runId: r.runId,
+    callId: r.callId,
+    status: DECISION_STATUS[r.status] ?? "unspecified",
+    decision: r.decision,
+    seq: Number(r.seq),
+    errorReason: r.errorReason,
+    errorMessage: r.errorMessage,
   };
 }
 

@@ -89,6 +89,8 @@ export interface ToolOptions<A> {
   heartbeatTimeoutS?: number;
   /** When > 0, an unanswered approval request is denied with reason "timeout" after this many seconds. */
   approvalTimeoutS?: number;
+  /** Grants from distinct approvers a gated call needs before it runs (any one denial denies); unset: 1. At most 16. */
+  approvalsRequired?: number;
   /** The work. */
   handler: ToolHandler<A>;
 }
@@ -111,6 +113,8 @@ export class Tool<A = JsonObject> {
   readonly heartbeatTimeoutS?: number;
   /** Approval timeout (s). */
   readonly approvalTimeoutS?: number;
+  /** Grants from distinct approvers each call needs; undefined for 1. */
+  readonly approvalsRequired?: number;
   /** The handler. */
   readonly handler: ToolHandler<A>;
 
@@ -124,6 +128,7 @@ export class Tool<A = JsonObject> {
     this.retryBackoffS = options.retryBackoffS;
     this.heartbeatTimeoutS = options.heartbeatTimeoutS;
     this.approvalTimeoutS = options.approvalTimeoutS;
+    this.approvalsRequired = options.approvalsRequired;
     this.handler = options.handler;
   }
 
@@ -141,6 +146,7 @@ export class Tool<A = JsonObject> {
       retry,
       heartbeatTimeoutS: this.heartbeatTimeoutS ?? 0,
       approvalTimeoutS: this.approvalTimeoutS ?? 0,
+      approvalsRequired: this.approvalsRequired ?? 0,
     };
   }
 }

@@ -2,8 +2,8 @@
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { connect, text, tool, toolCall, type Client, type ModelHandler, type Tool } from "../src/index.js";
-import { WAIT_MS, collect, next, ofType, setUp, uid, type Server } from "./helpers.js";
+import { connect, text, type Client } from "../src/index.js";
+import { WAIT_MS, collect, next, ofType, paymentSetup, setUp, uid, type Server } from "./helpers.js";
 
 let server: Server;
 let client: Client;
@@ -12,28 +12,6 @@ before(async () => {
   ({ server, client, stop: tearDown } = await setUp());
 });
 after(() => tearDown());
-
-/** A gated wire tool, a model that calls it once, and a log of the tool's real runs. */
-function paymentSetup(id: string): { wire: Tool<{ amount: number; to: string }>; model: ModelHandler; ran: [number, string][] } {
-  const ran: [number, string][] = [];
-  const wire = tool({
-    name: `wire_${id}`,
-    description: "Send money.",
-    parameters: { type: "object", properties: { amount: { type: "integer" }, to: { type: "string" } } },
-    requiresApproval: true,
-    handler: ({ amount, to }: { amount: number; to: string }) => {
-      ran.push([amount, to]);
-      return `sent $${amount} to ${to}`;
-    },
-  });
-  const model: ModelHandler = (request) => {
-    const last = request.messages[request.messages.length - 1];
-    if (last.role === "user") return toolCall(wire, { amount: 250, to: "ACME" });
-    if (last.error) return text(`refused: ${last.error.type}: ${last.error.message}`);
-    return text(last.content);
-  };
-  return { wire, model, ran };
-}
 
 test("a second client approves while a third watches", async () => {
   const id = uid();

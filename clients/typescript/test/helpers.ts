@@ -16,7 +16,19 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
-import { connect, type Client, type Event, type EventsOptions, type Run } from "../src/index.js";
+import {
+  connect,
+  text,
+  tool,
+  toolCall,
+  type Client,
+  type Event,
+  type EventsOptions,
+  type Message,
+  type ModelHandler,
+  type Run,
+  type Tool,
+} from "../src/index.js";
 
 /** clients/typescript. */
 export const PACKAGE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -146,6 +158,38 @@ export async function setUp(): Promise<{ server: Server; client: Client; stop():
       await server.stop();
     },
   };
+}
+
+/**
+ * A gated wire tool (needing `approvalsRequired` grants), a model that calls it once with
+ * `{amount: 250, to: "ACME"}` and then replies with the tool's result, a log of the tool's
+ * real runs, and the tool messages the model read.
+ */
+export function paymentSetup(
+  id: string,
+  options: { approvalsRequired?: number } = {},
+): { wire: Tool<{ amount: number; to: string }>; model: ModelHandler; ran: [number, string][]; toolMessages: Message[] } {
+  const ran: [number, string][] = [];
+  const toolMessages: Message[] = [];
+  const wire = tool({
+    name: `wire_${id}`,
+    description: "Send money.",
+    parameters: { type: "object", properties: { amount: { type: "integer" }, to: { type: "string" } } },
+    requiresApproval: true,
+    approvalsRequired: options.approvalsRequired,
+    handler: ({ amount, to }: { amount: number; to: string }) => {
+      ran.push([amount, to]);
+      return `sent $${amount} to ${to}`;
+    },
+  });
+  const model: ModelHandler = (request) => {
+    const last = request.messages[request.messages.length - 1];
+    if (last.role === "user") return toolCall(wire, { amount: 250, to: "ACME" });
+    toolMessages.push(last);
+    if (last.error) return text(`refused: ${last.error.type}: ${last.error.message}`);
+    return text(last.content);
+  };
+  return { wire, model, ran, toolMessages };
 }
 
 let counter = 0;

@@ -50,7 +50,9 @@ from .types import (
     TERMINAL_EVENT_TYPES,
     Approval,
     ApprovalResolution,
+    ApprovalVoted,
     Budget,
+    DecisionResult,
     Event,
     Outcome,
     RunInfo,
@@ -70,6 +72,10 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 T = TypeVar("T")
 ToolLike = Union[Tool, ToolRef, str]
 ModelLike = Union[str, Sequence[Reply]]
+#: A call for ``decide_approvals``: an ``Approval`` or ``(run_id, call_id, arguments_sha256)``.
+DecisionItemLike = Union[Approval, tuple[str, str, str]]
+
+_BATCH_DECISIONS = {"grant": approval_pb2.BATCH_DECISION_GRANT, "deny": approval_pb2.BATCH_DECISION_DENY}
 
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -315,8 +321,8 @@ class Client:
             model: the name of a worker-served model, or a list of steps for
                 the built-in scripted model (``text(...)``, ``tool_call(...)``, ``echo()``).
             tools: the tools the run may call: ``@tool`` functions (their gate
-                is applied to this run too), ``ToolRef``s or names. They must
-                have been registered by a worker first.
+                and ``approvals_required`` are applied to this run too), ``ToolRef``s
+                or names. They must have been registered by a worker first.
             budget: deadline and model-call limit.
             labels: labels for filtering runs and approvals.
             request_id: idempotency key; a retry with the same key returns the
@@ -344,6 +350,50 @@ class Client:
     def run(self, run_id: str) -> Run:
         """The handle of an existing run (no call is made)."""
         return Run(self, run_id)
+
+    async def decide_approvals(
+        self,
+        items: Iterable[DecisionItemLike],
+        decision: str = "grant",
+        *,
+        reason: str | None = None,
+        comment: str | None = None,
+        all_or_nothing: bool = False,
+        approver: str | None = None,
+    ) -> list[DecisionResult]:
+        """Grant or deny several calls at once; one ``DecisionResult`` per item, in order.
+
+        Each item is bound to the digest of the arguments the reviewer was shown:
+        an ``Approval`` (from ``approvals.list`` or ``approvals.watch``) or a
+        ``(run_id, call_id, arguments_sha256)`` tuple. A call whose arguments are
+        not those gets ``MISMATCH`` and is not decided. There is no "decide
+        everything matching a filter": list the approvals, show them, pass them.
+
+        Args:
+            decision: "grant" or "deny".
+            reason: for a denial, what the model reads.
+            comment: for a grant, recorded with it.
+            all_or_nothing: decide nothing unless every item is decided (the
+                others then get ``NOT_APPLIED``).
+            approver: with auth off, the name the grants count under (see ``Run.approve``).
+
+        An item's refusal is its result's ``status``, not an exception; a
+        malformed batch (no items, a call twice) raises ``InvalidField``.
+        """
+        if decision not in _BATCH_DECISIONS:
+            raise ValueError(f"decision must be 'grant' or 'deny', not {decision!r}")
+        request = approval_pb2.DecideApprovalsRequest(
+            items=[_decision_item(item) for item in items],
+            decision=_BATCH_DECISIONS[decision],
+            reason=reason or "",
+            comment=comment or "",
+            all_or_nothing=all_or_nothing,
+            approver=approver or "",
+        )
+        # A retry after a lost answer is harmless: the first decision stands, and the
+        # retry reports its items ALREADY_DECIDED.
+        response = await self._call(self.stubs.approval.DecideApprovals, request)
+        return [DecisionResult.from_proto(r) for r in response.results]
 
     async def get_run(self, run_id: str) -> RunInfo:
         """Return a run's summary, with its pending approvals."""
@@ -459,10 +509,24 @@ def _tool_ref(item: ToolLike) -> ToolRef:
     if isinstance(item, ToolRef):
         return item
     if isinstance(item, Tool):
-        return ToolRef(item.name, requires_approval=item.requires_approval)
+        return ToolRef(
+            item.name, requires_approval=item.requires_approval, approvals_required=item.approvals_required or 0
+        )
     if isinstance(item, str):
         return ToolRef(item)
     raise TypeError(f"tools= takes @tool functions, ToolRef or names, not {item!r}")
+
+
+def _decision_item(item: DecisionItemLike) -> approval_pb2.DecisionItem:
+    """Normalize a decide_approvals item: an Approval, or (run_id, call_id, arguments_sha256)."""
+    if isinstance(item, Approval):
+        return approval_pb2.DecisionItem(
+            run_id=item.run_id, call_id=item.call_id, arguments_sha256=item.arguments_sha256
+        )
+    if isinstance(item, tuple) and len(item) == 3 and all(isinstance(part, str) for part in item):
+        run_id, call_id, arguments_sha256 = item
+        return approval_pb2.DecisionItem(run_id=run_id, call_id=call_id, arguments_sha256=arguments_sha256)
+    raise TypeError(f"decide_approvals takes Approvals or (run_id, call_id, arguments_sha256) tuples, not {item!r}")
 
 
 class Run:
@@ -573,7 +637,8 @@ class Run:
     async def signal(
         self, type: str, data: Mapping[str, Any] | None = None, *, request_id: str | None = None
     ) -> SignalResult:
-        """Append a client event: "aaa.approval.granted", "aaa.approval.denied", or a type outside "aaa.".
+        """Append a client event: "aaa.approval.granted", "aaa.approval.denied",
+        "aaa.approval.edited", or a type outside "aaa.".
 
         Args:
             type: the event type.
@@ -584,7 +649,7 @@ class Run:
             run_id=self.id, type=type, data_json=dumps(dict(data or {})), request_id=request_id or str(uuid.uuid4())
         )
         response = await self.client._call(self.client.stubs.run.Signal, request)
-        return SignalResult(response.seq, response.already_decided, response.decision)
+        return SignalResult.from_proto(response)
 
     async def approve(
         self,
@@ -592,22 +657,77 @@ class Run:
         *,
         arguments_sha256: str | None = None,
         comment: str | None = None,
+        approver: str | None = None,
         request_id: str | None = None,
     ) -> SignalResult:
-        """Grant one call. With ``arguments_sha256`` (from the ``Approval``), only those exact arguments."""
-        data: dict[str, Any] = {"call_id": call_id}
-        if arguments_sha256:
-            data["arguments_sha256"] = arguments_sha256
+        """Grant one call. With ``arguments_sha256`` (from the ``Approval``), only those exact arguments.
+
+        A call that needs several approvers runs at the last grant it needs; the
+        ones before answer ``decision == "aaa.approval.voted"`` with ``votes`` of
+        ``approvals_required``. The same approver granting twice raises ``AlreadyVoted``.
+        ``approver`` names who grants when the server runs without auth (unverified;
+        by default the caller's IP address); with auth on the approver is the
+        authenticated principal, and naming anyone else raises ``InvalidField``.
+        """
+        data = _decision_data(call_id, arguments_sha256, approver)
         if comment:
             data["comment"] = comment
         return await self.signal("aaa.approval.granted", data, request_id=request_id)
 
-    async def deny(self, call_id: str, reason: str | None = None, *, request_id: str | None = None) -> SignalResult:
-        """Deny one call; the model reads a tool failure of type ApprovalDenied with ``reason``."""
-        data: dict[str, Any] = {"call_id": call_id}
+    async def deny(
+        self,
+        call_id: str,
+        reason: str | None = None,
+        *,
+        arguments_sha256: str | None = None,
+        approver: str | None = None,
+        request_id: str | None = None,
+    ) -> SignalResult:
+        """Deny one call; the model reads a tool failure of type ApprovalDenied with ``reason``.
+
+        One denial denies a call that needs several approvers. ``arguments_sha256``
+        and ``approver`` are as for ``approve``.
+        """
+        data = _decision_data(call_id, arguments_sha256, approver)
         if reason:
             data["reason"] = reason
         return await self.signal("aaa.approval.denied", data, request_id=request_id)
+
+    async def edit(
+        self,
+        call_id: str,
+        arguments: Mapping[str, Any],
+        *,
+        reason: str | None = None,
+        grant: bool = False,
+        arguments_sha256: str | None = None,
+        approver: str | None = None,
+        request_id: str | None = None,
+    ) -> SignalResult:
+        """Replace a pending call's arguments: the call never runs, a new call with ``arguments``
+        takes its place and waits for its own grant.
+
+        Returns the ``SignalResult`` with ``decision == "aaa.approval.edited"``,
+        ``new_call_id`` and ``new_arguments_sha256`` (pass both to ``approve``). With
+        ``grant=True`` the edit also grants the new call (``votes`` 1): a call that needs
+        one approver runs at once. The model reads the tool's result prefixed with a
+        note of the new arguments and ``reason``.
+
+        Args:
+            arguments: the whole new arguments object; it must fit the tool's schema
+                and differ from the requested arguments (else ``InvalidField``,
+                field "data_json.arguments").
+            arguments_sha256: the digest of the arguments being edited, as shown;
+                ``ArgumentsMismatch`` if they are not the call's.
+            approver: the name of the grant with ``grant=True`` (as for ``approve``).
+        """
+        data = _decision_data(call_id, arguments_sha256, approver)
+        data["arguments"] = dict(arguments)
+        if reason:
+            data["reason"] = reason
+        if grant:
+            data["grant"] = True
+        return await self.signal("aaa.approval.edited", data, request_id=request_id)
 
     async def cancel(self, reason: str = "") -> int:
         """Cancel the run; returns the seq of aaa.run.cancelled (0 if it was already cancelled)."""
@@ -616,7 +736,17 @@ class Run:
         return response.seq
 
 
-ApprovalItem = Union[Approval, ApprovalResolution, SnapshotComplete]
+def _decision_data(call_id: str, arguments_sha256: str | None, approver: str | None) -> dict[str, Any]:
+    """The data every approval decision may carry (empty values are left out)."""
+    data: dict[str, Any] = {"call_id": call_id}
+    if arguments_sha256:
+        data["arguments_sha256"] = arguments_sha256
+    if approver:
+        data["approver"] = approver
+    return data
+
+
+ApprovalItem = Union[Approval, ApprovalVoted, ApprovalResolution, SnapshotComplete]
 
 
 class Approvals:
@@ -657,9 +787,11 @@ class Approvals:
         """Iterate over pending approvals, then over changes, forever.
 
         Yields each pending ``Approval`` (the snapshot), one ``SnapshotComplete``,
-        then each new ``Approval`` and each ``ApprovalResolution`` as it
-        happens. With ``after_position`` (the ``position`` of the last item you
-        handled) the snapshot is skipped and only later changes come.
+        then each new ``Approval``, each ``ApprovalVoted`` (a grant of a call that
+        needs several, not yet the last) and each ``ApprovalResolution`` (granted,
+        denied, edited: see ``replaced_by``, or expired) as it happens. With
+        ``after_position`` (the ``position`` of the last item you handled) the
+        snapshot is skipped and only later changes come.
         A dropped connection is resumed from the last position seen; a
         snapshot cut short is restarted without repeating what was yielded.
         """
@@ -690,6 +822,9 @@ class Approvals:
                         else:
                             position = item.position
                         yield Approval.from_proto(item.requested)
+                    elif kind == "voted":
+                        position = item.position
+                        yield ApprovalVoted.from_proto(item.voted, item.position)
                     elif kind == "resolved":
                         position = item.position
                         yield ApprovalResolution.from_proto(item.resolved, item.position)

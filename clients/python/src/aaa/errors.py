@@ -127,7 +127,14 @@ SupersededAttempt = StaleAttempt
 
 
 class ArgumentsMismatch(FailedPrecondition):
-    """A grant's arguments_sha256 does not match the requested arguments (reason ARGUMENTS_MISMATCH)."""
+    """A decision's arguments_sha256 (of a grant, denial or edit) does not match the requested
+    arguments (reason ARGUMENTS_MISMATCH)."""
+
+
+class AlreadyVoted(FailedPrecondition):
+    """This approver already granted the call, which needs grants from several distinct approvers
+    (reason ALREADY_VOTED); ``metadata["approver"]`` and ``metadata["call_id"]`` name them. Another
+    approver must cast the next grant."""
 
 
 class GroupMismatch(FailedPrecondition):
@@ -245,6 +252,7 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.NOT_ALLOWED_TO_SERVE: NotAllowedToServe,
         types_pb2.IDENTITY_TAKEN: IdentityTaken,
         types_pb2.NOT_TASK_HOLDER: NotTaskHolder,
+        types_pb2.ALREADY_VOTED: AlreadyVoted,
     }.items()
 }
 

@@ -17,6 +17,10 @@ hints (``int`` -> integer, ``list[str]`` -> array of strings, ``Optional[X]``,
 ``Literal[...]``, enums, dicts...) with the per-argument docs of the
 docstring. Functions may be sync (run in a thread) or async. A decorated
 function stays callable as before.
+
+``ToolRegistry`` and ``ToolHandler`` are the in-process-style names over the
+worker (see ``aaa.runtime``): ``ToolHandler(ToolRegistry([wire_money])).attach(engine)``
+serves the tools for as long as the engine is open.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ._proto.aaa.v1 import types_pb2
 from .types import dumps
+
+if TYPE_CHECKING:
+    from .runtime import Engine
+    from .worker import Worker
 
 _SECTION_RE = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:\s*$")
 _OTHER_SECTION_RE = re.compile(r"^\s*(Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$")
@@ -151,6 +159,7 @@ class Tool:
         retry_backoff_s: delay before the first retry (None: server default, 1 s).
         heartbeat_timeout_s: an attempt without heartbeat for this long is lost (None: server default).
         approval_timeout_s: an unanswered approval request is denied after this long (None: never).
+        approvals_required: grants from distinct approvers a gated call needs (None: one).
     """
 
     def __init__(
@@ -164,6 +173,7 @@ class Tool:
         retry_backoff_s: float | None = None,
         heartbeat_timeout_s: float | None = None,
         approval_timeout_s: float | None = None,
+        approvals_required: int | None = None,
     ) -> None:
         summary, docs = parse_docstring(fn.__doc__ or "")
         self.fn = fn
@@ -175,6 +185,7 @@ class Tool:
         self.retry_backoff_s = retry_backoff_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.approval_timeout_s = approval_timeout_s
+        self.approvals_required = approvals_required
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -193,6 +204,7 @@ class Tool:
             requires_approval=self.requires_approval,
             heartbeat_timeout_s=self.heartbeat_timeout_s or 0.0,
             approval_timeout_s=self.approval_timeout_s or 0.0,
+            approvals_required=self.approvals_required or 0,
         )
         if self.retries is not None or self.retry_backoff_s is not None:
             msg.retry.max_attempts = self.retries + 1 if self.retries is not None else 0
@@ -210,6 +222,7 @@ def tool(
     retry_backoff_s: float | None = None,
     heartbeat_timeout_s: float | None = None,
     approval_timeout_s: float | None = None,
+    approvals_required: int | None = None,
 ) -> Any:
     """Declare a function as a tool; use as ``@tool`` or ``@tool(requires_approval=True, ...)``.
 
@@ -224,6 +237,8 @@ def tool(
         heartbeat_timeout_s: how long an attempt may go without a heartbeat;
             the worker sends them for you at a third of this.
         approval_timeout_s: deny unanswered approval requests after this long.
+        approvals_required: with ``requires_approval``, a call runs only after this many
+            grants from distinct approvers (at most 16); any one denial denies.
     """
     options: dict[str, Any] = dict(
         name=name,
@@ -233,7 +248,86 @@ def tool(
         retry_backoff_s=retry_backoff_s,
         heartbeat_timeout_s=heartbeat_timeout_s,
         approval_timeout_s=approval_timeout_s,
+        approvals_required=approvals_required,
     )
     if fn is None:
         return lambda f: Tool(f, **options)
     return Tool(fn, **options)
+
+
+class ToolRegistry:
+    """The tools a program offers: ``ToolRegistry([wire_money, lookup, ...])``.
+
+    Items are ``@tool`` functions or plain functions (declared as ``tool(fn)``, ungated).
+    Names must be unique. ``ToolHandler(registry)`` serves them; ``ToolLoop(registry)``
+    lets a run call them.
+    """
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+        if callable(tools) or isinstance(tools, str):
+            raise TypeError(f"ToolRegistry takes a list of tools, e.g. ToolRegistry([fn]), not {tools!r}")
+        self._tools: dict[str, Tool] = {}
+        for item in tools:
+            self.add(item)
+
+    def add(self, item: Tool | Callable[..., Any]) -> Tool:
+        """Add a tool (a plain function is declared with ``tool(fn)``); returns it."""
+        if not isinstance(item, Tool):
+            if not callable(item):
+                raise TypeError(f"a ToolRegistry holds @tool functions or functions, not {item!r}")
+            item = Tool(item)
+        if item.name in self._tools:
+            raise ValueError(f"the registry has a tool named {item.name!r} already")
+        self._tools[item.name] = item
+        return item
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools, in the order they were added."""
+        return list(self._tools.values())
+
+    @property
+    def names(self) -> list[str]:
+        """The tools' names, in the order they were added."""
+        return list(self._tools)
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self.tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __repr__(self) -> str:
+        return f"ToolRegistry({self.names})"
+
+
+class ToolHandler:
+    """Serves a registry's tools to the server's runs: ``ToolHandler(registry).attach(engine)``.
+
+    Args:
+        registry: the tools (a ``ToolRegistry``, or a list of tools).
+        identity, concurrency, stop_grace_s: as ``aaa.Worker``.
+    """
+
+    def __init__(
+        self,
+        registry: ToolRegistry | Iterable[Tool | Callable[..., Any]],
+        *,
+        identity: str | None = None,
+        concurrency: int = 10,
+        stop_grace_s: float | None = 30.0,
+    ) -> None:
+        self.registry = registry if isinstance(registry, ToolRegistry) else ToolRegistry(registry)
+        if not self.registry.tools:
+            raise ValueError("a ToolHandler needs at least one tool to serve")
+        self._options: dict[str, Any] = dict(identity=identity, concurrency=concurrency, stop_grace_s=stop_grace_s)
+
+    def attach(self, engine: Engine) -> Worker:
+        """Register the tools and serve them, as a worker of the engine's connection, until the engine closes."""
+        return engine.serve(engine.client.worker(tools=self.registry.tools, **self._options))

@@ -82,6 +82,8 @@ class ApprovalOutcome(str, Enum):
     GRANTED = "granted"
     DENIED = "denied"
     EXPIRED = "expired"
+    #: A reviewer changed the arguments: the call never runs, ``replaced_by`` is requested instead.
+    EDITED = "edited"
     #: A value this SDK does not know (from a newer server).
     UNKNOWN = "unknown"
 
@@ -165,6 +167,24 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Vote:
+    """One approver's grant of a call that needs several.
+
+    ``approver`` is the authenticated principal with auth on; with auth off the
+    grant's ``approver=`` (unverified) or the caller's IP address.
+    """
+
+    approver: str
+    time: datetime | None
+    comment: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: approval_pb2.Vote) -> Vote:
+        """Convert an ``aaa.v1.Vote``."""
+        return cls(msg.approver, _time(msg, "time"), msg.comment)
+
+
+@dataclass(frozen=True)
 class Approval:
     """A tool call waiting for a human decision.
 
@@ -182,6 +202,11 @@ class Approval:
         seq: seq of the aaa.approval.requested event.
         position: global position of that event.
         task: the run's task (its first user message): what the call is for.
+        approvals_required: grants from distinct approvers the call needs (1 unless
+            its tool or run asks for more); any one denial denies.
+        votes: the grants cast so far, oldest first. Requests that ``approvals.watch``
+            yields after its snapshot have none yet: follow its ``ApprovalVoted`` items.
+        edited_from: for a call a reviewer edited, the call it replaces.
     """
 
     run_id: str
@@ -196,6 +221,9 @@ class Approval:
     seq: int
     position: int
     task: str
+    approvals_required: int = 1
+    votes: list[Vote] = field(default_factory=list)
+    edited_from: str = ""
 
     @classmethod
     def from_proto(cls, msg: approval_pb2.Approval) -> Approval:
@@ -213,15 +241,20 @@ class Approval:
             seq=msg.seq,
             position=msg.position,
             task=msg.task,
+            approvals_required=max(msg.approvals_required, 1),  # older servers send 0: one grant
+            votes=[Vote.from_proto(v) for v in msg.votes],
+            edited_from=msg.edited_from,
         )
 
 
 @dataclass(frozen=True)
 class ApprovalResolution:
-    """An approval request that was granted, denied or expired (from ``approvals.watch``).
+    """An approval request that was granted, denied, edited or expired (from ``approvals.watch``).
 
-    ``reason`` is the denial's or expiry's reason, or a grant's comment;
-    ``position`` is the global position of the resolving event.
+    ``reason`` is the denial's, edit's or expiry's reason, or a grant's comment;
+    ``position`` is the global position of the resolving event. For an edit,
+    ``replaced_by`` is the call that takes this one's place (its own ``Approval``
+    follows).
     """
 
     run_id: str
@@ -232,6 +265,7 @@ class ApprovalResolution:
     seq: int
     time: datetime | None
     position: int
+    replaced_by: str = ""
 
     @classmethod
     def from_proto(cls, msg: approval_pb2.ApprovalResolution, position: int) -> ApprovalResolution:
@@ -245,6 +279,39 @@ class ApprovalResolution:
             reason=msg.reason,
             seq=msg.seq,
             time=_time(msg, "time"),
+            position=position,
+            replaced_by=msg.replaced_by,
+        )
+
+
+@dataclass(frozen=True)
+class ApprovalVoted:
+    """A grant of a call that needs several, not yet the last one (from ``approvals.watch``).
+
+    The call stays pending: ``votes`` of ``approvals_required`` grants are cast,
+    ``vote`` is this one. ``position`` is the global position of the aaa.approval.voted event.
+    """
+
+    run_id: str
+    call_id: str
+    tool: str
+    vote: Vote
+    votes: int
+    approvals_required: int
+    seq: int
+    position: int
+
+    @classmethod
+    def from_proto(cls, msg: approval_pb2.ApprovalVoted, position: int) -> ApprovalVoted:
+        """Convert an ``aaa.v1.ApprovalVoted``."""
+        return cls(
+            run_id=msg.run_id,
+            call_id=msg.call_id,
+            tool=msg.tool,
+            vote=Vote.from_proto(msg.vote),
+            votes=msg.votes,
+            approvals_required=msg.approvals_required,
+            seq=msg.seq,
             position=position,
         )
 
@@ -348,12 +415,103 @@ class SignalResult:
         already_decided: for approval decisions, True when an earlier decision
             (or expiry) stands and this one changed nothing.
         decision: for approval decisions, the event type of the decision that
-            stands ("aaa.approval.granted", "aaa.approval.denied" or "aaa.approval.expired").
+            stands: "aaa.approval.granted", "aaa.approval.denied",
+            "aaa.approval.edited", "aaa.approval.expired", or "aaa.approval.voted"
+            for a grant that is not yet the last one the call needs (it stays pending).
+        votes: for a grant (or an edit with ``grant=True``), the grants cast so far, this one
+            included; 0 when nothing was recorded.
+        approvals_required: for a grant or an edit, how many grants the call needs.
+        new_call_id: for an edit, the call that takes the edited one's place.
+        new_arguments_sha256: for an edit, the digest of the new call's arguments:
+            a grant of ``new_call_id`` is bound to it.
     """
 
     seq: int
     already_decided: bool
     decision: str
+    votes: int = 0
+    approvals_required: int = 0
+    new_call_id: str = ""
+    new_arguments_sha256: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: run_pb2.SignalResponse) -> SignalResult:
+        """Convert an ``aaa.v1.SignalResponse``."""
+        return cls(
+            seq=msg.seq,
+            already_decided=msg.already_decided,
+            decision=msg.decision,
+            votes=msg.votes,
+            approvals_required=msg.approvals_required,
+            new_call_id=msg.new_call_id,
+            new_arguments_sha256=msg.new_arguments_sha256,
+        )
+
+
+class DecisionStatus(str, Enum):
+    """How one item of ``Client.decide_approvals`` went. Members compare equal to their lowercase value."""
+
+    #: Recorded: a grant, a vote (a grant not yet the last one needed) or a denial.
+    DECIDED = "decided"
+    #: The call was already decided or expired, or this approver already voted; nothing recorded.
+    ALREADY_DECIDED = "already_decided"
+    #: The digest is not that of the call's arguments (they are not what the reviewer saw).
+    MISMATCH = "mismatch"
+    #: No such run or pending call.
+    NOT_FOUND = "not_found"
+    #: Refused for another reason (``error_reason``): a finished run, separation of duties...
+    REFUSED = "refused"
+    #: ``all_or_nothing`` was set and another item was not decided: nothing was recorded.
+    NOT_APPLIED = "not_applied"
+    #: A value this SDK does not know (from a newer server).
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    """The outcome of one item of ``Client.decide_approvals``, in the order of the items.
+
+    Attributes:
+        run_id, call_id: the item.
+        status: what happened (``DecisionStatus``); ``ok`` is True for DECIDED.
+        decision: for DECIDED, the event recorded ("aaa.approval.granted",
+            "aaa.approval.voted" or "aaa.approval.denied"); for ALREADY_DECIDED,
+            the decision that stands.
+        seq: seq of the recorded event; 0 when nothing was recorded.
+        error_reason: for a refusal, the ``ErrorReason`` name (e.g. "ARGUMENTS_MISMATCH",
+            "ALREADY_VOTED", "RUN_FINISHED"), as the typed exceptions' ``reason``.
+        error_message: the refusal's message.
+    """
+
+    run_id: str
+    call_id: str
+    status: DecisionStatus
+    decision: str = ""
+    seq: int = 0
+    error_reason: str = ""
+    error_message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when this item's decision was recorded."""
+        return self.status is DecisionStatus.DECIDED
+
+    @classmethod
+    def from_proto(cls, msg: approval_pb2.DecisionResult) -> DecisionResult:
+        """Convert an ``aaa.v1.DecisionResult``."""
+        name = _enum_name(approval_pb2.DecisionStatus, msg.status, "DECISION_STATUS_")
+        return cls(
+            run_id=msg.run_id,
+            call_id=msg.call_id,
+            status=DecisionStatus(name) if name in DecisionStatus._value2member_map_ else DecisionStatus.UNKNOWN,
+            decision=msg.decision,
+            seq=msg.seq,
+            error_reason=msg.error_reason,
+            error_message=msg.error_message,
+        )
 
 
 @dataclass(frozen=True)
@@ -374,11 +532,14 @@ class ToolRef:
 
     A run can add a gate (``requires_approval=True``), never remove one.
     ``approval_timeout_s`` > 0 turns an unanswered request into a denial.
+    ``approvals_required`` above the tool's asks for more distinct approvers in
+    this run (never fewer; 0 keeps the tool's).
     """
 
     name: str
     requires_approval: bool = False
     approval_timeout_s: float = 0.0
+    approvals_required: int = 0
 
     def to_proto(self) -> run_pb2.ToolRef:
         """Convert to ``aaa.v1.ToolRef``."""
@@ -386,4 +547,5 @@ class ToolRef:
             name=self.name,
             requires_approval=self.requires_approval,
             approval_timeout_s=self.approval_timeout_s,
+            approvals_required=self.approvals_required,
         )
