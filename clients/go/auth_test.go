@@ -281,3 +281,64 @@ func TestWorkerPrincipalServesOnlyItsToolsUnderAnIdentityItOwns(t *testing.T) {
 		t.Errorf("actor of aaa.run.started = %+v, want %+v", got, want)
 	}
 }
+
+// With auth on, a vote counts for the authenticated principal, and only an
+// approver may decide a batch.
+func TestApproverIsThePrincipal(t *testing.T) {
+	server, p := startTLS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	dialAs := func(token string) *aaa.Client {
+		return dialWith(t, server.Addr, aaa.WithTLS(&tls.Config{RootCAs: p.roots}), aaa.WithToken(token))
+	}
+	payments, runner, approver := dialAs("payments-token"), dialAs("runner-token"), dialAs("approver-token")
+	gated := aaa.Tool{Name: "wire_money", RequiresApproval: true, Handler: func(ctx context.Context, task *aaa.ToolTask) (any, error) {
+		return "sent", nil
+	}}
+	serveWith(t, ctx, payments, aaa.WorkerOptions{Identity: "payments-1", Tools: []aaa.Tool{gated}})
+	run, err := runner.StartRun(ctx, aaa.StartRunRequest{
+		Task:  "pay",
+		Model: aaa.ScriptedModel(aaa.CallStep(aaa.ToolCallRequest{Name: "wire_money", Arguments: map[string]int{"amount": 5}}), aaa.EchoStep()),
+		Tools: []aaa.ToolRef{{Name: "wire_money", ApprovalsRequired: 2}},
+	})
+	if err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	var shown aaa.Approval
+	for update, err := range approver.WatchApprovals(ctx, aaa.WatchOptions{ApprovalFilter: aaa.ApprovalFilter{RunID: run.RunID}}) {
+		if err != nil {
+			t.Fatalf("WatchApprovals: %v", err)
+		}
+		if update.Kind == aaa.Requested {
+			shown = *update.Approval
+			break
+		}
+	}
+
+	_, err = approver.Approve(ctx, run.RunID, shown.CallID, aaa.WithApprover("someone-else"))
+	if e := wantReason(t, err, aaa.ErrInvalidField); e.Field() != "data_json.approver" {
+		t.Errorf("a grant naming another approver: %v", err)
+	}
+	_, err = runner.DecideApprovals(ctx, []aaa.DecisionItem{shown.DecisionItem()}, aaa.BatchGrant)
+	wantReason(t, err, aaa.ErrPermissionDenied)
+
+	results, err := approver.DecideApprovals(ctx, []aaa.DecisionItem{shown.DecisionItem()}, aaa.BatchGrant)
+	if err != nil || results[0].Status != aaa.DecisionDecided || results[0].Decision != aaa.EventApprovalVoted {
+		t.Fatalf("a batch grant: %+v, %v", results, err)
+	}
+	// The same principal again, whatever name it gives, is the same approver.
+	results, err = approver.DecideApprovals(ctx, []aaa.DecisionItem{shown.DecisionItem()}, aaa.BatchGrant, aaa.WithApprover("approver"))
+	if err != nil || results[0].Status != aaa.DecisionAlreadyDecided || results[0].ErrorReason != aaa.ErrAlreadyVoted {
+		t.Fatalf("a second batch grant by the same approver: %+v, %v", results, err)
+	}
+	var votes []aaa.Vote
+	for pending, err := range approver.ListApprovals(ctx, aaa.ApprovalFilter{RunID: run.RunID}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		votes = append(votes, pending.Votes...)
+	}
+	if len(votes) != 1 || votes[0].Approver != "approver" {
+		t.Fatalf("votes: %+v", votes)
+	}
+}

@@ -105,6 +105,10 @@ var (
 	// ErrNotTaskHolder (PERMISSION_DENIED): CompleteTask, FailTask or
 	// HeartbeatTask from another principal than the one the task was handed to.
 	ErrNotTaskHolder = reasonOf(aaav1.ErrorReason_NOT_TASK_HOLDER)
+	// ErrAlreadyVoted (FAILED_PRECONDITION): this approver already granted the
+	// call, whose tool needs grants from several distinct approvers;
+	// Metadata["approver"] and Metadata["call_id"] name them.
+	ErrAlreadyVoted = reasonOf(aaav1.ErrorReason_ALREADY_VOTED)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

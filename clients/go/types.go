@@ -49,6 +49,38 @@ const (
 	OutcomeGranted = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_GRANTED
 	OutcomeDenied  = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_DENIED
 	OutcomeExpired = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_EXPIRED
+	// OutcomeEdited: a reviewer changed the arguments; the call never runs and
+	// ApprovalResolution.ReplacedBy is requested in its place.
+	OutcomeEdited = aaav1.ApprovalOutcome_APPROVAL_OUTCOME_EDITED
+)
+
+// BatchDecision is what DecideApprovals decides for every item.
+type BatchDecision = aaav1.BatchDecision
+
+// The decisions of a batch.
+const (
+	BatchGrant = aaav1.BatchDecision_BATCH_DECISION_GRANT
+	BatchDeny  = aaav1.BatchDecision_BATCH_DECISION_DENY
+)
+
+// DecisionStatus says how one item of DecideApprovals went.
+type DecisionStatus = aaav1.DecisionStatus
+
+// The statuses of a batch's items. Only DecisionDecided recorded anything.
+const (
+	// DecisionDecided: recorded; DecisionResult.Decision says as what (granted, voted or denied).
+	DecisionDecided = aaav1.DecisionStatus_DECISION_STATUS_DECIDED
+	// DecisionAlreadyDecided: the call was decided or expired already (Decision
+	// says how), or this approver had already voted for it.
+	DecisionAlreadyDecided = aaav1.DecisionStatus_DECISION_STATUS_ALREADY_DECIDED
+	// DecisionMismatch: the item's ArgumentsSHA256 is not the call's.
+	DecisionMismatch = aaav1.DecisionStatus_DECISION_STATUS_MISMATCH
+	// DecisionNotFound: no such run, or no pending request for that call.
+	DecisionNotFound = aaav1.DecisionStatus_DECISION_STATUS_NOT_FOUND
+	// DecisionRefused: refused for another reason (ErrorReason says which).
+	DecisionRefused = aaav1.DecisionStatus_DECISION_STATUS_REFUSED
+	// DecisionNotApplied: WithAllOrNothing was given and another item was refused.
+	DecisionNotApplied = aaav1.DecisionStatus_DECISION_STATUS_NOT_APPLIED
 )
 
 // Event types the engine appends to a run's log, and the decisions a client
@@ -63,6 +95,8 @@ const (
 	EventApprovalRequested = "aaa.approval.requested"
 	EventApprovalGranted   = "aaa.approval.granted"
 	EventApprovalDenied    = "aaa.approval.denied"
+	EventApprovalVoted     = "aaa.approval.voted"
+	EventApprovalEdited    = "aaa.approval.edited"
 	EventApprovalExpired   = "aaa.approval.expired"
 	EventToolStarted       = "aaa.tool.started"
 	EventToolCompleted     = "aaa.tool.completed"
@@ -180,6 +214,48 @@ type Approval struct {
 	Position uint64
 	// Task is the run's task (its first user message): what the call is for.
 	Task string
+	// ApprovalsRequired is how many grants from distinct approvers the call needs (1 or more).
+	ApprovalsRequired uint32
+	// Votes are the grants cast so far, oldest first (fewer than ApprovalsRequired).
+	Votes []Vote
+	// EditedFrom is, for a call a reviewer edited, the call it replaces.
+	EditedFrom string
+}
+
+// DecisionItem is the item of DecideApprovals that decides this request as
+// it was shown: its run, its call and the digest of its arguments.
+func (a Approval) DecisionItem() DecisionItem {
+	return DecisionItem{RunID: a.RunID, CallID: a.CallID, ArgumentsSHA256: a.ArgumentsSHA256}
+}
+
+// Vote is one approver's grant of a call that needs several.
+type Vote struct {
+	// Approver is the authenticated principal with auth on; with auth off the
+	// name given with WithApprover (unverified), else the caller's IP address.
+	Approver string
+	// Time is when the grant was recorded.
+	Time time.Time
+	// Comment is the grant's comment.
+	Comment string
+}
+
+// ApprovalVote is a grant of a call that needs several, not yet the last one
+// (WatchApprovals' Voted updates).
+type ApprovalVote struct {
+	// RunID is the run.
+	RunID string
+	// CallID is the call.
+	CallID string
+	// Tool is the tool's name.
+	Tool string
+	// Vote is the grant.
+	Vote
+	// Votes is how many grants the call has, this one included.
+	Votes uint32
+	// ApprovalsRequired is how many grants the call needs.
+	ApprovalsRequired uint32
+	// Seq is the seq of the aaa.approval.voted event.
+	Seq uint64
 }
 
 // ApprovalResolution says how an approval request was resolved.
@@ -190,14 +266,16 @@ type ApprovalResolution struct {
 	CallID string
 	// Tool is the tool's name.
 	Tool string
-	// Outcome is granted, denied or expired.
+	// Outcome is granted, denied, expired or edited.
 	Outcome ApprovalOutcome
-	// Reason is the denial's or expiry's reason, or a grant's comment.
+	// Reason is the denial's, expiry's or edit's reason, or a grant's comment.
 	Reason string
 	// Seq is the seq of the resolving event.
 	Seq uint64
 	// Time is when the request was resolved.
 	Time time.Time
+	// ReplacedBy is, for OutcomeEdited, the call requested in this one's place.
+	ReplacedBy string
 }
 
 // Outcome is how a run ended, as returned by Client.Result. A failed or
@@ -270,29 +348,52 @@ func runFromProto(r *aaav1.Run) Run {
 }
 
 func approvalFromProto(a *aaav1.Approval) Approval {
-	return Approval{
-		RunID:           a.GetRunId(),
-		CallID:          a.GetCallId(),
-		Tool:            a.GetTool(),
-		Arguments:       json.RawMessage(a.GetArgumentsJson()),
-		ArgumentsSHA256: a.GetArgumentsSha256(),
-		RequestedAt:     timeOf(a.GetRequestedAt()),
-		ExpiresAt:       timeOf(a.GetExpiresAt()),
-		Labels:          a.GetLabels(),
-		Seq:             a.GetSeq(),
-		Position:        a.GetPosition(),
-		Task:            a.GetTask(),
+	approval := Approval{
+		RunID:             a.GetRunId(),
+		CallID:            a.GetCallId(),
+		Tool:              a.GetTool(),
+		Arguments:         json.RawMessage(a.GetArgumentsJson()),
+		ArgumentsSHA256:   a.GetArgumentsSha256(),
+		RequestedAt:       timeOf(a.GetRequestedAt()),
+		ExpiresAt:         timeOf(a.GetExpiresAt()),
+		Labels:            a.GetLabels(),
+		Seq:               a.GetSeq(),
+		Position:          a.GetPosition(),
+		Task:              a.GetTask(),
+		ApprovalsRequired: max(a.GetApprovalsRequired(), 1), // 0 from a server older than N-of-M
+		EditedFrom:        a.GetEditedFrom(),
+	}
+	for _, v := range a.GetVotes() {
+		approval.Votes = append(approval.Votes, voteFromProto(v))
+	}
+	return approval
+}
+
+func voteFromProto(v *aaav1.Vote) Vote {
+	return Vote{Approver: v.GetApprover(), Time: timeOf(v.GetTime()), Comment: v.GetComment()}
+}
+
+func voteUpdateFromProto(v *aaav1.ApprovalVoted) ApprovalVote {
+	return ApprovalVote{
+		RunID:             v.GetRunId(),
+		CallID:            v.GetCallId(),
+		Tool:              v.GetTool(),
+		Vote:              voteFromProto(v.GetVote()),
+		Votes:             v.GetVotes(),
+		ApprovalsRequired: v.GetApprovalsRequired(),
+		Seq:               v.GetSeq(),
 	}
 }
 
 func resolutionFromProto(r *aaav1.ApprovalResolution) ApprovalResolution {
 	return ApprovalResolution{
-		RunID:   r.GetRunId(),
-		CallID:  r.GetCallId(),
-		Tool:    r.GetTool(),
-		Outcome: r.GetOutcome(),
-		Reason:  r.GetReason(),
-		Seq:     r.GetSeq(),
-		Time:    timeOf(r.GetTime()),
+		RunID:      r.GetRunId(),
+		CallID:     r.GetCallId(),
+		Tool:       r.GetTool(),
+		Outcome:    r.GetOutcome(),
+		Reason:     r.GetReason(),
+		Seq:        r.GetSeq(),
+		Time:       timeOf(r.GetTime()),
+		ReplacedBy: r.GetReplacedBy(),
 	}
 }

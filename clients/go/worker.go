@@ -25,6 +25,9 @@ type Tool struct {
 	Parameters json.RawMessage
 	// RequiresApproval makes every call wait for a human's grant of that call.
 	RequiresApproval bool
+	// ApprovalsRequired is how many grants from distinct approvers a gated
+	// call needs before it runs (any one denial denies); 0 means 1, at most 16.
+	ApprovalsRequired uint32
 	// Retry says how failed or lost attempts are retried; nil means the
 	// server's default (gated tools: no retry; others: 3 attempts).
 	Retry *RetryPolicy
@@ -516,6 +519,7 @@ func (t Tool) toProto() *aaav1.ToolDefinition {
 		Description:       t.Description,
 		ParametersJson:    string(t.Parameters),
 		RequiresApproval:  t.RequiresApproval,
+		ApprovalsRequired: t.ApprovalsRequired,
 		HeartbeatTimeoutS: t.HeartbeatTimeout.Seconds(),
 		ApprovalTimeoutS:  t.ApprovalTimeout.Seconds(),
 	}
@@ -534,11 +538,12 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 func toolFromProto(t *aaav1.ToolDefinition) Tool {
 	tool := Tool{
-		Name:             t.GetName(),
-		Description:      t.GetDescription(),
-		RequiresApproval: t.GetRequiresApproval(),
-		HeartbeatTimeout: seconds(t.GetHeartbeatTimeoutS()),
-		ApprovalTimeout:  seconds(t.GetApprovalTimeoutS()),
+		Name:              t.GetName(),
+		Description:       t.GetDescription(),
+		RequiresApproval:  t.GetRequiresApproval(),
+		ApprovalsRequired: t.GetApprovalsRequired(),
+		HeartbeatTimeout:  seconds(t.GetHeartbeatTimeoutS()),
+		ApprovalTimeout:   seconds(t.GetApprovalTimeoutS()),
 	}
 	if p := t.GetParametersJson(); p != "" {
 		tool.Parameters = json.RawMessage(p)
