@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/aaa/v1/worker.proto",
         "proto/aaa/v1/subscription.proto",
         "proto/aaa/v1/cluster.proto",
+        "proto/aaa/v1/policy.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(files, ["proto"])?;

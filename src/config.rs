@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::auth::AuthConfig;
 use crate::clock::Clock;
+use crate::policy::PolicyHandle;
 use crate::subscriptions::WebhookConfig;
 
 /// sled's page cache, in MiB. With 100,000 runs parked the server's RSS
@@ -68,6 +69,9 @@ pub struct Config {
     /// reach this one at, to forward calls to it while it owns the runs.
     /// `None`: the listening address (loopback if it listens on all).
     pub advertise: Option<String>,
+    /// The approval policy (`--policy FILE`), replaced whole on reload;
+    /// `None`: every call follows its tool's settings.
+    pub policy: Option<Arc<PolicyHandle>>,
 }
 
 impl Config {
@@ -92,6 +96,7 @@ impl Config {
             lease: Duration::from_secs(3),
             standby: false,
             advertise: None,
+            policy: None,
         }
     }
 }

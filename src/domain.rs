@@ -251,6 +251,9 @@ pub struct ApprovalRecord {
     /// For an edited call: the call it replaces.
     #[prost(string, tag = "18")]
     pub edited_from: String,
+    /// The approver groups that may decide it; empty: any approver.
+    #[prost(string, repeated, tag = "19")]
+    pub approvers: Vec<String>,
 }
 
 /// One approver's grant of a call that needs several.

@@ -33,6 +33,7 @@ pub mod connections;
 pub mod domain;
 pub mod engine;
 pub mod migrate;
+pub mod policy;
 pub mod proto;
 pub mod seconds;
 pub mod server;

@@ -114,6 +114,11 @@ struct ServeArgs {
     /// 127.0.0.1 with its port when listening on every interface).
     #[arg(long, env = "AAA_ADVERTISE")]
     advertise: Option<String>,
+    /// The approval policy: ordered CEL rules that allow, deny or set what
+    /// a decision needs (a TOML file; see docs/policy.md). Read again on
+    /// SIGHUP and by PolicyService.ReloadPolicy (`aaa policy reload`).
+    #[arg(long, env = "AAA_POLICY")]
+    policy: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -241,6 +246,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         standby,
         lease_s,
         advertise,
+        policy,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -272,6 +278,19 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Ok(auth) => config.auth = Some(std::sync::Arc::new(auth)),
             Err(e) => {
                 eprintln!("aaa: --auth-config {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Some(path) = policy {
+        match aaa::policy::PolicyHandle::load(&path) {
+            Ok(handle) => {
+                let handle = std::sync::Arc::new(handle);
+                reload_on_hangup(handle.clone());
+                config.policy = Some(handle);
+            }
+            Err(e) => {
+                eprintln!("aaa: --policy {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
         }
@@ -354,6 +373,21 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Reads the policy file again on each SIGHUP; a file that does not check
+/// is logged and the policy in force stays.
+fn reload_on_hangup(handle: std::sync::Arc<aaa::policy::PolicyHandle>) {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .expect("can install a SIGHUP handler");
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match handle.reload() {
+                Ok(policy) => tracing::info!(sha256 = %policy.sha256, "policy reloaded on SIGHUP"),
+                Err(e) => tracing::warn!("policy reload refused, the policy in force stays: {e}"),
+            }
+        }
+    });
 }
 
 /// Completes on the first Ctrl-C or SIGTERM; a second one exits at once.

@@ -8,7 +8,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
-use crate::api::{malformed, ApprovalApi, ClusterApi, RunApi, SubscriptionApi, WorkerApi};
+use crate::api::{
+    malformed, ApprovalApi, ClusterApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
+};
 use crate::auth::AuthLayer;
 use crate::cluster::forward::Routed;
 use crate::cluster::Cluster;
@@ -17,6 +19,7 @@ use crate::connections;
 use crate::engine::{Engine, Reads};
 use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::cluster_service_server::ClusterServiceServer;
+use crate::proto::policy_service_server::PolicyServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
@@ -216,6 +219,9 @@ pub async fn serve(
         .add_service(ClusterServiceServer::new(ClusterApi {
             cluster: cluster.clone(),
             store: store_kind,
+        }))
+        .add_service(PolicyServiceServer::new(PolicyApi {
+            policy: config.policy.clone(),
         }))
         .serve_with_incoming_shutdown(incoming, signal);
     tokio::pin!(server);

@@ -50,6 +50,13 @@ impl ApprovalApi {
     }
 }
 
+/// The groups whose calls a `decidable` filter keeps: the caller's; None
+/// (every call) when the filter is off or auth is (no identities).
+fn decidable_by<T>(request: &Request<T>, decidable: bool) -> Option<Vec<String>> {
+    let principal = principal(request).filter(|_| decidable)?;
+    Some(principal.groups.clone())
+}
+
 /// Most items one DecideApprovals may name.
 const MAX_BATCH_ITEMS: usize = 1000;
 
@@ -58,10 +65,17 @@ struct Filter {
     tool: String,
     run: Option<RunId>,
     labels: BTreeMap<String, String>,
+    /// Only calls members of these groups may decide (`decidable`, auth on).
+    decidable_by: Option<Vec<String>>,
 }
 
 impl Filter {
-    fn new(tool: String, run_id: &str, labels: HashMap<String, String>) -> Result<Filter, Error> {
+    fn new(
+        tool: String,
+        run_id: &str,
+        labels: HashMap<String, String>,
+        decidable_by: Option<Vec<String>>,
+    ) -> Result<Filter, Error> {
         let run = match run_id {
             "" => None,
             text => Some(
@@ -70,7 +84,12 @@ impl Filter {
             ),
         };
         let labels = labels.into_iter().collect();
-        Ok(Filter { tool, run, labels })
+        Ok(Filter {
+            tool,
+            run,
+            labels,
+            decidable_by,
+        })
     }
 
     /// The store query for pending approvals these filters pass.
@@ -81,6 +100,7 @@ impl Filter {
             tool: self.tool.clone(),
             labels: self.labels.clone(),
             at_or_below: None,
+            decidable_by: self.decidable_by.clone(),
             limit,
         }
     }
@@ -100,6 +120,14 @@ impl Filter {
         }
         if let Some(wanted) = self.run {
             if wanted.as_bytes() != run {
+                return Ok(false);
+            }
+        }
+        if let (Some(groups), proto::watch_approvals_response::Item::Requested(approval)) =
+            (&self.decidable_by, item)
+        {
+            let mine = approval.approvers.iter().any(|g| groups.contains(g));
+            if !approval.approvers.is_empty() && !mine {
                 return Ok(false);
             }
         }
@@ -127,8 +155,9 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<proto::ListApprovalsRequest>,
     ) -> Result<Response<proto::ListApprovalsResponse>, Status> {
+        let groups = decidable_by(&request, request.get_ref().decidable);
         let request = request.into_inner();
-        let filter = Filter::new(request.tool, &request.run_id, request.labels)?;
+        let filter = Filter::new(request.tool, &request.run_id, request.labels, groups)?;
         let after = match request.page_token.split_once('/') {
             _ if request.page_token.is_empty() => None,
             Some((run, call)) => Some((
@@ -172,6 +201,7 @@ impl ApprovalService for ApprovalApi {
             actor: client_actor(&request),
             principal: principal(&request).map_or_else(String::new, |p| p.name.clone()),
             separation_of_duties: self.separation_of_duties,
+            groups: principal(&request).map(|p| p.groups.clone()),
         };
         let request = request.into_inner();
         let grant = match proto::BatchDecision::try_from(request.decision) {
@@ -220,8 +250,9 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<proto::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        let groups = decidable_by(&request, request.get_ref().decidable);
         let request = request.into_inner();
-        let filter = Filter::new(request.tool, &request.run_id, request.labels)?;
+        let filter = Filter::new(request.tool, &request.run_id, request.labels, groups)?;
         let heartbeat =
             match convert::seconds("heartbeat_s", request.heartbeat_s, seconds::WATCH_HEARTBEAT)? {
                 0.0 => DEFAULT_HEARTBEAT,
@@ -473,6 +504,7 @@ async fn approval_item(
                 approvals_required: data.approvals_required.max(1),
                 votes: Vec::new(),
                 edited_from: data.edited_from,
+                approvers: data.approvers,
             };
             Some((data.name, Item::Requested(approval)))
         }

@@ -329,6 +329,7 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
             tool.approvals_required,
         )?
         .max(1),
+        approvers: approver_groups(&field("approvers"), tool.approvers)?,
     })
 }
 
@@ -361,7 +362,21 @@ pub fn tool_definition_out(spec: &ToolSpec) -> proto::ToolDefinition {
         heartbeat_timeout_s: spec.heartbeat_timeout_s,
         approval_timeout_s: spec.approval_timeout_s,
         approvals_required: spec.approvals_required,
+        approvers: spec.approvers.clone(),
     }
+}
+
+/// Approver group names: names as RegisterWorker takes them, each once.
+fn approver_groups(field: &str, mut groups: Vec<String>) -> Result<Vec<String>, Error> {
+    if groups.len() > 64 {
+        return Err(Error::invalid(field, "more than 64 groups"));
+    }
+    for (i, group) in groups.iter().enumerate() {
+        name(&format!("{field}[{i}]"), group)?;
+    }
+    groups.sort();
+    groups.dedup();
+    Ok(groups)
 }
 
 pub fn error_detail(error: Option<proto::ErrorDetail>) -> Result<ErrorData, Error> {
@@ -436,6 +451,7 @@ pub fn approval(record: ApprovalRecord) -> proto::Approval {
         approvals_required: record.approvals_required.max(1),
         votes: record.votes.into_iter().map(vote).collect(),
         edited_from: record.edited_from,
+        approvers: record.approvers,
     }
 }
 

@@ -5,6 +5,7 @@ mod approvals;
 mod cluster;
 pub(crate) mod convert;
 pub mod malformed;
+mod policy;
 mod runs;
 pub mod status;
 mod subscriptions;
@@ -14,6 +15,7 @@ use tonic::{Request, Status};
 
 pub use approvals::ApprovalApi;
 pub use cluster::ClusterApi;
+pub use policy::PolicyApi;
 pub use runs::RunApi;
 pub use subscriptions::SubscriptionApi;
 pub use workers::WorkerApi;

@@ -291,6 +291,7 @@ impl RunService for RunApi {
         let data = convert::json_object("data_json", &request.data_json)?;
         let reviewer = Reviewer {
             actor,
+            groups: principal.as_ref().map(|p| p.groups.clone()),
             principal: principal.map_or_else(String::new, |p| p.name),
             separation_of_duties: self.separation_of_duties,
         };

@@ -193,6 +193,11 @@ pub fn refused(refusal: &Refusal) -> Status {
             (Code::PermissionDenied, ErrorReason::IdentityTaken)
         }
         Refusal::NotTaskHolder { .. } => (Code::PermissionDenied, ErrorReason::NotTaskHolder),
+        Refusal::NotAnApproverForCall { call, groups, .. } => {
+            metadata.insert("call_id".to_string(), call.clone());
+            metadata.insert("groups".to_string(), groups.join(","));
+            (Code::PermissionDenied, ErrorReason::NotAnApproverForCall)
+        }
     };
     error_status(code, reason, &refusal.to_string(), metadata)
 }

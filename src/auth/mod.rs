@@ -65,6 +65,9 @@ pub const RULES: &[(&str, &[Role])] = &[
         &[Approver, Reader],
     ),
     ("/aaa.v1.ApprovalService/DecideApprovals", &[Approver]),
+    ("/aaa.v1.PolicyService/GetPolicy", &[Approver, Reader]),
+    // Admin only.
+    ("/aaa.v1.PolicyService/ReloadPolicy", &[]),
     ("/aaa.v1.WorkerService/RegisterWorker", &[Worker]),
     ("/aaa.v1.WorkerService/PollTask", &[Worker]),
     ("/aaa.v1.WorkerService/HeartbeatTask", &[Worker]),
@@ -97,6 +100,9 @@ pub struct Principal {
     pub roles: Vec<Role>,
     pub tools: Vec<String>,
     pub models: Vec<String>,
+    /// Approver groups (`finance`, `sre-oncall`): a call whose tool or
+    /// policy names groups may be decided only by their members.
+    pub groups: Vec<String>,
 }
 
 impl Principal {
@@ -190,6 +196,13 @@ pub enum Refusal {
     NotTaskHolder { principal: String },
     #[error("a call forwarded by another aaa server is refused: {0}")]
     ForwardRefused(&'static str),
+    #[error("{principal} may not decide call '{call}': only the approver groups {} may", groups.join(", "))]
+    NotAnApproverForCall {
+        principal: String,
+        call: String,
+        /// The groups that would do.
+        groups: Vec<String>,
+    },
 }
 
 /// Is `method` (a gRPC path, `/package.Service/Method`) open to anyone?
@@ -331,6 +344,9 @@ struct PrincipalSection {
     tools: Vec<String>,
     #[serde(default)]
     models: Vec<String>,
+    /// Its approver groups.
+    #[serde(default)]
+    groups: Vec<String>,
 }
 
 /// Why the auth config file was refused: one readable line.
@@ -390,7 +406,11 @@ impl AuthConfig {
                     "{at}: cert_sha256 needs [tls] client_ca, so that clients can present certificates"
                 )));
             }
-            for (field, names) in [("tools", &p.tools), ("models", &p.models)] {
+            for (field, names) in [
+                ("tools", &p.tools),
+                ("models", &p.models),
+                ("groups", &p.groups),
+            ] {
                 for name in names {
                     // The names RegisterWorker would take.
                     crate::api::convert::name(field, name)
@@ -402,6 +422,7 @@ impl AuthConfig {
                 roles: p.roles,
                 tools: p.tools,
                 models: p.models,
+                groups: p.groups,
             };
             for (field, hash, map) in [
                 ("token_sha256", p.token_sha256, &mut config.by_token),

@@ -60,6 +60,9 @@ struct Filter {
     /// Only calls of runs carrying this label (repeatable; all must match).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
     labels: Vec<(String, String)>,
+    /// Only calls you may decide (of your approver groups, or of none).
+    #[arg(long)]
+    mine: bool,
 }
 
 impl Filter {
@@ -70,6 +73,7 @@ impl Filter {
             labels: self.labels.iter().cloned().collect(),
             after_position,
             heartbeat_s: 0.0,
+            decidable: self.mine,
         }
     }
 
@@ -80,6 +84,7 @@ impl Filter {
             labels: self.labels.iter().cloned().collect(),
             page_size,
             page_token,
+            decidable: self.mine,
         }
     }
 }

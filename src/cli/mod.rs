@@ -6,6 +6,7 @@
 mod approvals;
 mod cluster;
 mod decisions;
+mod policy;
 mod render;
 mod runs;
 
@@ -23,6 +24,7 @@ use tonic_types::StatusExt;
 
 use crate::proto::approval_service_client::ApprovalServiceClient;
 use crate::proto::cluster_service_client::ClusterServiceClient;
+use crate::proto::policy_service_client::PolicyServiceClient;
 use crate::proto::run_service_client::RunServiceClient;
 
 /// The exit codes, shown in the help of every client command.
@@ -78,6 +80,11 @@ pub enum Command {
     /// Example: aaa cluster status
     #[command(after_help = EXIT_CODES)]
     Cluster(cluster::ClusterArgs),
+    /// The approval policy: try a file on a call, see or reload the server's.
+    ///
+    /// Example: aaa policy test policy.toml --tool wire_money --arguments '{"amount":50,"to":"ACME"}'
+    #[command(after_help = EXIT_CODES)]
+    Policy(policy::PolicyArgs),
 }
 
 /// Where the server is and who we are; every client command takes these.
@@ -146,6 +153,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Deny(args) => (&args.connection, decisions::deny(args).await),
         Command::Edit(args) => (&args.connection, decisions::edit(args).await),
         Command::Cluster(args) => (&args.connection, cluster::run(args).await),
+        Command::Policy(args) => (&args.connection, policy::run(args).await),
     };
     let server = &connection.server;
     let Err(error) = result else {
@@ -239,6 +247,10 @@ impl Client {
 
     fn cluster(&self) -> ClusterServiceClient<Transport> {
         ClusterServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
+    }
+
+    fn policy(&self) -> PolicyServiceClient<Transport> {
+        PolicyServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
     }
 }
 

@@ -50,6 +50,8 @@ pub enum Actor {
     Engine,
     Worker(WorkerId),
     Client(String),
+    /// The approval policy, by the rule that decided.
+    Policy(String),
 }
 
 /// A worker as events name it: the identity it chose and, with auth on, the
@@ -76,6 +78,7 @@ impl Actor {
             Actor::Engine => 1,
             Actor::Worker(_) => 2,
             Actor::Client(_) => 3,
+            Actor::Policy(_) => 4,
         }
     }
 
@@ -83,7 +86,7 @@ impl Actor {
         match self {
             Actor::Engine => "",
             Actor::Worker(worker) => &worker.identity,
-            Actor::Client(name) => name,
+            Actor::Client(name) | Actor::Policy(name) => name,
         }
     }
 
@@ -92,7 +95,7 @@ impl Actor {
     pub fn principal(&self) -> &str {
         match self {
             Actor::Worker(worker) => &worker.principal,
-            Actor::Engine | Actor::Client(_) => "",
+            Actor::Engine | Actor::Client(_) | Actor::Policy(_) => "",
         }
     }
 }
@@ -153,6 +156,9 @@ pub struct ToolSpec {
     /// before this field existed mean 1).
     #[serde(default = "one")]
     pub approvals_required: u32,
+    /// The approver groups that may decide its calls; empty: any approver.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -291,6 +297,26 @@ pub struct ApprovalRequested {
     pub approvals_required: u32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub edited_from: String,
+    /// The approver groups that may decide the call; empty: any approver.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
+    /// The approval timeout a policy rule set (else the tool's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_s: Option<f64>,
+    /// The policy rule that set these requirements, or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyStamp>,
+}
+
+/// Which policy decided (or set what a decision needs), in the event that
+/// records it: the rule, the policy file's sha256, and for a rule that
+/// could not be evaluated, why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyStamp {
+    pub rule: String,
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,6 +335,9 @@ pub struct ApprovalGranted {
     /// For a call that needs several grants: every approver, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvers: Vec<String>,
+    /// A grant by the policy: the rule that allowed the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyStamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -324,6 +353,9 @@ pub struct ApprovalDenied {
     /// With auth off, the name the approver gives (unverified).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approver: Option<String>,
+    /// A denial by the policy: the rule that denied the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyStamp>,
 }
 
 /// A grant that is not yet the last one the call needs.
@@ -371,6 +403,10 @@ pub struct ApprovalEdited {
     /// The editor's name for that vote (the principal with auth on).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub approver: String,
+    /// The editor's approver groups with auth on (None with auth off):
+    /// their grant of the new call counts only if the groups allow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver_groups: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

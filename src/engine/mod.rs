@@ -44,6 +44,7 @@ pub use state::Reviewer;
 use state::{Action, Message, RunState, ToolOutcome};
 
 use crate::config::Config;
+use crate::policy::{CallFacts, Verdict};
 use crate::store::{ApprovalRecord, EventRecord, RunId, SharedStore, WriteBatch};
 
 /// Largest event data (JSON text) the engine appends. sled keeps pages up to
@@ -644,11 +645,36 @@ impl Engine {
                 Action::ApprovalResolved { call_id } => {
                     staged.batch.delete_approval(state.id, &call_id)
                 }
+                Action::Review { call_id } => {
+                    let (verdict, sha256) = self.verdict(state, &call_id, staged.now);
+                    let follow = state.review(&call_id, &verdict, &sha256, staged.now);
+                    self.route(state, follow, staged);
+                }
                 dispatch => staged
                     .offers
                     .extend(TaskRef::for_action(state.id, dispatch)),
             }
         }
+    }
+
+    /// What the approval policy says of a requested call, and the
+    /// policy's sha256 (`NoMatch` and "" without a policy). Evaluated
+    /// only here, as the call is requested: its outcome is recorded, and a
+    /// replay reads the record.
+    fn verdict(&self, state: &RunState, call_id: &str, now: i64) -> (Verdict, String) {
+        let policy = self.inner.config.policy.as_ref().map(|p| p.current());
+        let (Some(policy), Some(call)) = (policy, state.call(call_id)) else {
+            return (Verdict::NoMatch, String::new());
+        };
+        let facts = CallFacts {
+            tool: &call.name,
+            arguments: &call.arguments,
+            labels: &state.spec.labels,
+            task: &state.spec.task,
+            started_by: &state.started_by,
+            now_ms: now,
+        };
+        (policy.evaluate(&facts), policy.sha256.clone())
     }
 
     /// Offers the dispatch actions' calls to workers.
@@ -1296,6 +1322,7 @@ fn approval_record(state: &RunState, call: &state::Call) -> ApprovalRecord {
             })
             .collect(),
         edited_from: call.edited_from.clone(),
+        approvers: call.approvers.clone(),
     }
 }
 

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::error::Error;
 use super::event::*;
+use crate::policy::{Decide, Requirements, Verdict};
 use crate::seconds;
 use crate::store::{EventRecord, RunId, RunRecord};
 
@@ -38,6 +39,9 @@ pub enum Action {
     ApprovalPending { call_id: String },
     /// The call's approval request is resolved: unindex it.
     ApprovalResolved { call_id: String },
+    /// A valid call is requested: the driver asks the approval policy, if
+    /// there is one, and appends what [`RunState::review`] says follows.
+    Review { call_id: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +142,20 @@ pub struct Call {
     /// model reads with its result.
     pub edited_from: String,
     pub edit_note: String,
+    /// The approver groups that may decide it; empty: any approver.
+    pub approvers: Vec<String>,
+    /// An edited call's editor, whose grant goes with the request.
+    pub editor_grant: Option<EditorGrant>,
+}
+
+/// The grant an editor gave with an edit (`grant: true`), cast once the
+/// edited call is requested, if the call's approver groups allow it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EditorGrant {
+    actor: Actor,
+    approver: String,
+    /// With auth on, the editor's groups; None with auth off.
+    groups: Option<Vec<String>>,
 }
 
 /// One approver's grant of a call that needs several.
@@ -154,8 +172,7 @@ struct PendingEdit {
     new_call_id: String,
     answers: String,
     note: String,
-    /// The editor's grant of the new arguments: who casts it and as whom.
-    grant: Option<(Actor, String)>,
+    grant: Option<EditorGrant>,
 }
 
 /// Who decides an approval request, as the API authenticated them.
@@ -166,6 +183,9 @@ pub struct Reviewer {
     pub principal: String,
     /// The run's starter may not decide its calls.
     pub separation_of_duties: bool,
+    /// With auth on, the principal's approver groups; None with auth off
+    /// (groups are then not enforced).
+    pub groups: Option<Vec<String>>,
 }
 
 impl Reviewer {
@@ -501,20 +521,22 @@ impl RunState {
                     answers: e.call_id.clone(),
                     edited_from: e.edited_from.clone(),
                     edit_note: String::new(),
+                    approvers: spec.as_ref().map_or(Vec::new(), |s| s.approvers.clone()),
+                    editor_grant: None,
                 };
                 if !e.edited_from.is_empty() {
                     let edit = self
                         .pending_edit
-                        .as_ref()
-                        .filter(|edit| edit.new_call_id == e.call_id)
+                        .take_if(|edit| edit.new_call_id == e.call_id)
                         .ok_or_else(|| {
                             Error::Internal(format!(
                                 "run {}: call {} names {} as edited, but no edit of it precedes",
                                 self.id, e.call_id, e.edited_from
                             ))
                         })?;
-                    call.answers = edit.answers.clone();
-                    call.edit_note = edit.note.clone();
+                    call.answers = edit.answers;
+                    call.edit_note = edit.note;
+                    call.editor_grant = edit.grant;
                 }
                 match spec {
                     None => {
@@ -546,30 +568,8 @@ impl RunState {
                                     violations.join("; ")
                                 ),
                             ));
-                        } else if gated {
-                            let timeout_due = (spec.approval_timeout_s > 0.0)
-                                .then(|| seconds::after_ms(now, spec.approval_timeout_s));
-                            let expires_at_ms = match (timeout_due, self.spec.deadline_at_ms) {
-                                (Some(a), Some(b)) => Some(a.min(b)),
-                                (a, b) => a.or(b),
-                            };
-                            actions.push(Action::Emit(NewEvent::engine(
-                                APPROVAL_REQUESTED,
-                                ApprovalRequested {
-                                    call_id: e.call_id,
-                                    name: e.name,
-                                    arguments_sha256: sha256_hex(&e.arguments),
-                                    arguments: e.arguments,
-                                    expires_at_ms,
-                                    approvals_required: call.approvals_required,
-                                    edited_from: e.edited_from,
-                                },
-                            )));
                         } else {
-                            actions.push(Action::DispatchTool {
-                                call_id: e.call_id,
-                                tool: e.name,
-                            });
+                            actions.push(Action::Review { call_id: e.call_id });
                         }
                     }
                 }
@@ -580,7 +580,14 @@ impl RunState {
                 let call = self.call_mut(&e.call_id)?;
                 call.approval_seq = event.seq;
                 call.approval_position = event.position;
-                let timeout = call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s);
+                // What the request needs is the event's (a policy rule may
+                // have set it); a call the tool does not gate waits too.
+                call.phase = Phase::AwaitingApproval;
+                call.approvals_required = e.approvals_required.max(1);
+                call.approvers = e.approvers.clone();
+                let timeout = e
+                    .approval_timeout_s
+                    .unwrap_or_else(|| call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s));
                 if timeout > 0.0 {
                     let due_ms = seconds::after_ms(now, timeout);
                     call.approval_timer_ms = Some(due_ms);
@@ -593,16 +600,13 @@ impl RunState {
                     call_id: e.call_id.clone(),
                 });
                 // An edit granted in the same step: the editor's vote for
-                // the arguments they wrote.
-                let edit_grant = self
-                    .pending_edit
-                    .take_if(|edit| edit.new_call_id == e.call_id)
-                    .and_then(|edit| edit.grant);
-                if let Some((actor, approver)) = edit_grant {
-                    let call = self.call(&e.call_id).expect("requested above");
-                    let digest = e.arguments_sha256.clone();
-                    let vote = vote_event(call, approver, Some(digest), None);
-                    actions.push(Action::Emit(vote.by(actor)));
+                // the arguments they wrote, if the call's groups allow it.
+                if let Some(grant) = call.editor_grant.take() {
+                    if may_decide(grant.groups.as_deref(), &call.approvers) {
+                        let digest = e.arguments_sha256.clone();
+                        let vote = vote_event(call, grant.approver, Some(digest), None);
+                        actions.push(Action::Emit(vote.by(grant.actor)));
+                    }
                 }
             }
             APPROVAL_VOTED => {
@@ -636,7 +640,11 @@ impl RunState {
                     new_call_id: e.new_call_id.clone(),
                     answers: call.answers.clone(),
                     note,
-                    grant: e.grant.then(|| (editor, e.approver.clone())),
+                    grant: e.grant.then(|| EditorGrant {
+                        actor: editor,
+                        approver: e.approver.clone(),
+                        groups: e.approver_groups.clone(),
+                    }),
                 });
                 actions.push(Action::Emit(NewEvent::engine(
                     TOOL_REQUESTED,
@@ -791,6 +799,115 @@ impl RunState {
         Ok(actions)
     }
 
+    /// What follows a valid call's request, given the approval policy's
+    /// verdict (`NoMatch` without a policy): a request for a human
+    /// decision, a grant or denial by the policy's rule, or the dispatch of
+    /// a call nobody needs to approve. `sha256` is the policy file's.
+    pub fn review(&self, call_id: &str, verdict: &Verdict, sha256: &str, now: i64) -> Vec<Action> {
+        let Some(call) = self.call(call_id) else {
+            return Vec::new();
+        };
+        let gated = call.phase == Phase::AwaitingApproval;
+        let stamp = |rule: &str, error: &str| PolicyStamp {
+            rule: rule.to_string(),
+            sha256: sha256.to_string(),
+            error: error.to_string(),
+        };
+        let dispatch = || Action::DispatchTool {
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+        };
+        let event = match verdict {
+            Verdict::NoMatch if !gated => return vec![dispatch()],
+            Verdict::NoMatch => self.approval_request(call, &Requirements::default(), None, now),
+            Verdict::Decided {
+                decide: Decide::Allow,
+                ..
+            } if !gated => return vec![dispatch()],
+            Verdict::Decided {
+                rule,
+                decide: Decide::Allow,
+            } => NewEvent::engine(
+                APPROVAL_GRANTED,
+                ApprovalGranted {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments_sha256: Some(sha256_hex(&call.arguments)),
+                    comment: None,
+                    approver: None,
+                    approvers: Vec::new(),
+                    policy: Some(stamp(rule, "")),
+                },
+            )
+            .by(Actor::Policy(rule.clone())),
+            Verdict::Decided {
+                rule,
+                decide: Decide::Deny { reason },
+            } => NewEvent::engine(
+                APPROVAL_DENIED,
+                ApprovalDenied {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    reason: reason.clone(),
+                    arguments_sha256: Some(sha256_hex(&call.arguments)),
+                    approver: None,
+                    policy: Some(stamp(rule, "")),
+                },
+            )
+            .by(Actor::Policy(rule.clone())),
+            Verdict::Decided {
+                rule,
+                decide: Decide::Require(needs),
+            } => self.approval_request(call, needs, Some(stamp(rule, "")), now),
+            // Fail safe: a person decides, with the tool's requirements.
+            Verdict::Failed { rule, error } => self.approval_request(
+                call,
+                &Requirements::default(),
+                Some(stamp(rule, error)),
+                now,
+            ),
+        };
+        vec![Action::Emit(event)]
+    }
+
+    /// The `aaa.approval.requested` of a call: the tool's requirements,
+    /// with what a policy rule set in their place.
+    fn approval_request(
+        &self,
+        call: &Call,
+        needs: &Requirements,
+        policy: Option<PolicyStamp>,
+        now: i64,
+    ) -> NewEvent {
+        let spec = call.spec.as_ref();
+        let timeout = needs
+            .approval_timeout_s
+            .unwrap_or_else(|| spec.map_or(0.0, |s| s.approval_timeout_s));
+        let timeout_due = (timeout > 0.0).then(|| seconds::after_ms(now, timeout));
+        let expires_at_ms = match (timeout_due, self.spec.deadline_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        NewEvent::engine(
+            APPROVAL_REQUESTED,
+            ApprovalRequested {
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                arguments_sha256: sha256_hex(&call.arguments),
+                arguments: call.arguments.clone(),
+                expires_at_ms,
+                approvals_required: needs.approvals_required.unwrap_or(call.approvals_required),
+                edited_from: call.edited_from.clone(),
+                approvers: needs
+                    .approvers
+                    .clone()
+                    .unwrap_or_else(|| call.approvers.clone()),
+                approval_timeout_s: needs.approval_timeout_s,
+                policy,
+            },
+        )
+    }
+
     /// The events from `first_seq` on are durable at `positions`: calls
     /// requested among them learn their request's position.
     pub fn committed(&mut self, first_seq: u64, positions: &[u64]) {
@@ -806,6 +923,7 @@ impl RunState {
     fn actor_of(&self, event: &EventRecord) -> Actor {
         match event.actor_kind {
             3 => Actor::Client(event.actor_name.clone()),
+            4 => Actor::Policy(event.actor_name.clone()),
             2 => Actor::Worker(WorkerId {
                 identity: event.actor_name.clone(),
                 principal: event.actor_principal.clone(),
@@ -934,6 +1052,14 @@ impl RunState {
         if let Some(decision) = call.decision {
             return Ok(DecisionOutcome::AlreadyDecided(decision));
         }
+        if !may_decide(reviewer.groups.as_deref(), &call.approvers) {
+            return Err(crate::auth::Refusal::NotAnApproverForCall {
+                principal: reviewer.principal.clone(),
+                call: call_id.to_string(),
+                groups: call.approvers.clone(),
+            }
+            .into());
+        }
         let parse = |what: &str| {
             let what = what.to_string();
             move |e: serde_json::Error| {
@@ -1047,6 +1173,7 @@ impl RunState {
                 reason: edit.reason,
                 grant: edit.grant,
                 approver,
+                approver_groups: reviewer.groups.clone(),
             },
         );
         Ok(Decided {
@@ -1128,6 +1255,7 @@ impl RunState {
                             reason: "timeout".to_string(),
                             arguments_sha256: None,
                             approver: None,
+                            policy: None,
                         },
                     )];
                 }
@@ -1387,8 +1515,20 @@ fn vote_event(
             comment,
             approver: (call.approvals_required > 1).then_some(approver),
             approvers,
+            policy: None,
         },
     )
+}
+
+/// Whether an approver in `groups` may decide a call that `approvers` may
+/// decide: any approver when the call names no groups; anyone with auth
+/// off (`groups` None: there are no identities to check).
+fn may_decide(groups: Option<&[String]>, approvers: &[String]) -> bool {
+    match groups {
+        None => true,
+        Some(_) if approvers.is_empty() => true,
+        Some(groups) => groups.iter().any(|g| approvers.contains(g)),
+    }
 }
 
 /// Refuses a decision bound to other arguments than the call's.
@@ -1452,6 +1592,7 @@ mod tests {
             heartbeat_timeout_s: 0.0,
             approval_timeout_s: 0.0,
             approvals_required: 1,
+            approvers: Vec::new(),
         }
     }
 
@@ -1460,6 +1601,7 @@ mod tests {
             actor: Actor::Client(name.into()),
             principal: String::new(),
             separation_of_duties: false,
+            groups: None,
         }
     }
 
@@ -1492,9 +1634,18 @@ mod tests {
             log.push(event.event_type.clone());
             let record = record(state.last_seq + 1, &event);
             FOLDED.with(|folded| folded.borrow_mut().push(record.clone()));
-            for action in state.apply(&record).unwrap() {
+            let mut actions: std::collections::VecDeque<Action> =
+                state.apply(&record).unwrap().into();
+            while let Some(action) = actions.pop_front() {
                 match action {
                     Action::Emit(next) => queue.push_back(next),
+                    // No policy: what the call's tool says.
+                    Action::Review { call_id } => actions.extend(state.review(
+                        &call_id,
+                        &Verdict::NoMatch,
+                        "",
+                        record.time_ms,
+                    )),
                     other => effects.push(other),
                 }
             }

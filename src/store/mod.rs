@@ -307,6 +307,9 @@ pub struct ApprovalQuery {
     pub labels: BTreeMap<String, String>,
     /// Only those whose request is at or below this global position.
     pub at_or_below: Option<u64>,
+    /// Only those a member of these approver groups may decide (those
+    /// naming no groups, or one of these).
+    pub decidable_by: Option<Vec<String>>,
     pub limit: usize,
 }
 
@@ -327,6 +330,10 @@ impl ApprovalQuery {
             && (self.tool.is_empty() || self.tool == approval.tool)
             && labels_match(&self.labels, &approval.labels)
             && self.at_or_below.is_none_or(|p| approval.position <= p)
+            && self.decidable_by.as_ref().is_none_or(|groups| {
+                approval.approvers.is_empty()
+                    || approval.approvers.iter().any(|g| groups.contains(g))
+            })
     }
 }
 

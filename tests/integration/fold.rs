@@ -58,9 +58,18 @@ fn fold(state: &mut RunState, event: NewEvent) -> Result<(), Error> {
             canonical_json(&event.data),
             &event.actor,
         );
-        for action in state.apply(&next)? {
-            if let Action::Emit(follow_up) = action {
-                queue.push_back(follow_up);
+        let mut actions: std::collections::VecDeque<Action> = state.apply(&next)?.into();
+        while let Some(action) = actions.pop_front() {
+            match action {
+                Action::Emit(follow_up) => queue.push_back(follow_up),
+                // No policy: what the call's tool says.
+                Action::Review { call_id } => actions.extend(state.review(
+                    &call_id,
+                    &aaa::policy::Verdict::NoMatch,
+                    "",
+                    next.time_ms,
+                )),
+                _ => {}
             }
         }
     }
@@ -75,6 +84,7 @@ fn bob() -> Reviewer {
         actor: Actor::Client("bob".into()),
         principal: String::new(),
         separation_of_duties: false,
+        groups: None,
     }
 }
 
@@ -105,6 +115,7 @@ fn waiting_run() -> RunState {
                 heartbeat_timeout_s: 0.0,
                 approval_timeout_s: 0.0,
                 approvals_required: 1,
+                approvers: Vec::new(),
             }],
             budget: Budget {
                 deadline_s: 0.0,

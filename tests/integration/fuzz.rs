@@ -117,6 +117,7 @@ fn tool(seeds: &Seeds) -> impl Strategy<Value = ToolDefinition> {
                     }),
                     heartbeat_timeout_s: heartbeat,
                     approvals_required: 0,
+                    approvers: Vec::new(),
                     approval_timeout_s: approval,
                 }
             },

@@ -168,6 +168,7 @@ fn approval(run: RunId, call_id: &str, tool: &str, seq: u64) -> ApprovalRecord {
             comment: "fine by me".into(),
         }],
         edited_from: "call-0".into(),
+        approvers: vec!["finance".into()],
     }
 }
 

@@ -1291,7 +1291,7 @@ impl Clients {
         )
     }
 
-    async fn follow_until(
+    pub async fn follow_until(
         &mut self,
         run_id: &str,
         follow: bool,

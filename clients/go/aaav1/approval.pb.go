@@ -240,7 +240,9 @@ type Approval struct {
 	// The grants cast so far, oldest first (fewer than approvals_required).
 	Votes []*Vote `protobuf:"bytes,13,rep,name=votes,proto3" json:"votes,omitempty"`
 	// For a call a reviewer edited: the call it replaces.
-	EditedFrom    string `protobuf:"bytes,14,opt,name=edited_from,json=editedFrom,proto3" json:"edited_from,omitempty"`
+	EditedFrom string `protobuf:"bytes,14,opt,name=edited_from,json=editedFrom,proto3" json:"edited_from,omitempty"`
+	// The approver groups that may decide it; empty: any approver.
+	Approvers     []string `protobuf:"bytes,15,rep,name=approvers,proto3" json:"approvers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +375,13 @@ func (x *Approval) GetEditedFrom() string {
 	return ""
 }
 
+func (x *Approval) GetApprovers() []string {
+	if x != nil {
+		return x.Approvers
+	}
+	return nil
+}
+
 // One approver's grant of a call that needs several.
 type Vote struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -450,7 +459,10 @@ type ListApprovalsRequest struct {
 	// At most this many; 0 means 50, values above 1000 mean 1000.
 	PageSize uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page; empty for the first page.
-	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only calls the caller may decide: those of its approver groups and
+	// those that name none (with auth off, every call).
+	Decidable     bool `protobuf:"varint,6,opt,name=decidable,proto3" json:"decidable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -518,6 +530,13 @@ func (x *ListApprovalsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListApprovalsRequest) GetDecidable() bool {
+	if x != nil {
+		return x.Decidable
+	}
+	return false
 }
 
 // ListApprovals' answer.
@@ -588,7 +607,9 @@ type WatchApprovalsRequest struct {
 	// (the position of the last item received). Unset: start with a snapshot.
 	AfterPosition *uint64 `protobuf:"varint,4,opt,name=after_position,json=afterPosition,proto3,oneof" json:"after_position,omitempty"`
 	// Seconds between heartbeats while nothing happens; 0 means 15.
-	HeartbeatS    float64 `protobuf:"fixed64,5,opt,name=heartbeat_s,json=heartbeatS,proto3" json:"heartbeat_s,omitempty"`
+	HeartbeatS float64 `protobuf:"fixed64,5,opt,name=heartbeat_s,json=heartbeatS,proto3" json:"heartbeat_s,omitempty"`
+	// Only calls the caller may decide (see ListApprovalsRequest.decidable).
+	Decidable     bool `protobuf:"varint,6,opt,name=decidable,proto3" json:"decidable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -656,6 +677,13 @@ func (x *WatchApprovalsRequest) GetHeartbeatS() float64 {
 		return x.HeartbeatS
 	}
 	return 0
+}
+
+func (x *WatchApprovalsRequest) GetDecidable() bool {
+	if x != nil {
+		return x.Decidable
+	}
+	return false
 }
 
 // One item of WatchApprovals.
@@ -1404,7 +1432,7 @@ var File_aaa_v1_approval_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\n" +
-	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\x04\n" +
+	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\x04\n" +
 	"\bApproval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x12\n" +
@@ -1422,34 +1450,37 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x12approvals_required\x18\f \x01(\rR\x11approvalsRequired\x12\"\n" +
 	"\x05votes\x18\r \x03(\v2\f.aaa.v1.VoteR\x05votes\x12\x1f\n" +
 	"\vedited_from\x18\x0e \x01(\tR\n" +
-	"editedFrom\x1a9\n" +
+	"editedFrom\x12\x1c\n" +
+	"\tapprovers\x18\x0f \x03(\tR\tapprovers\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"l\n" +
 	"\x04Vote\x12\x1a\n" +
 	"\bapprover\x18\x01 \x01(\tR\bapprover\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
-	"\acomment\x18\x03 \x01(\tR\acomment\"\xfa\x01\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\"\x98\x02\n" +
 	"\x14ListApprovalsRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12@\n" +
 	"\x06labels\x18\x03 \x03(\v2(.aaa.v1.ListApprovalsRequest.LabelsEntryR\x06labels\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\x1a9\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x12\x1c\n" +
+	"\tdecidable\x18\x06 \x01(\bR\tdecidable\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
 	"\x15ListApprovalsResponse\x12.\n" +
 	"\tapprovals\x18\x01 \x03(\v2\x10.aaa.v1.ApprovalR\tapprovals\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa0\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbe\x02\n" +
 	"\x15WatchApprovalsRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12A\n" +
 	"\x06labels\x18\x03 \x03(\v2).aaa.v1.WatchApprovalsRequest.LabelsEntryR\x06labels\x12*\n" +
 	"\x0eafter_position\x18\x04 \x01(\x04H\x00R\rafterPosition\x88\x01\x01\x12\x1f\n" +
 	"\vheartbeat_s\x18\x05 \x01(\x01R\n" +
-	"heartbeatS\x1a9\n" +
+	"heartbeatS\x12\x1c\n" +
+	"\tdecidable\x18\x06 \x01(\bR\tdecidable\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +

@@ -34,6 +34,8 @@ const (
 	ActorKind_ACTOR_KIND_WORKER ActorKind = 2
 	// A client, through RunService (StartRun, Signal, CancelRun).
 	ActorKind_ACTOR_KIND_CLIENT ActorKind = 3
+	// The approval policy; name is the rule that decided.
+	ActorKind_ACTOR_KIND_POLICY ActorKind = 4
 )
 
 // Enum value maps for ActorKind.
@@ -43,12 +45,14 @@ var (
 		1: "ACTOR_KIND_ENGINE",
 		2: "ACTOR_KIND_WORKER",
 		3: "ACTOR_KIND_CLIENT",
+		4: "ACTOR_KIND_POLICY",
 	}
 	ActorKind_value = map[string]int32{
 		"ACTOR_KIND_UNSPECIFIED": 0,
 		"ACTOR_KIND_ENGINE":      1,
 		"ACTOR_KIND_WORKER":      2,
 		"ACTOR_KIND_CLIENT":      3,
+		"ACTOR_KIND_POLICY":      4,
 	}
 )
 
@@ -226,6 +230,9 @@ const (
 	// FAILED_PRECONDITION: this approver already voted for the call (its tool
 	// needs grants from several distinct approvers); metadata["approver"] names it.
 	ErrorReason_ALREADY_VOTED ErrorReason = 30
+	// PERMISSION_DENIED: the call may be decided only by members of its
+	// approver groups; metadata["groups"] lists them (comma-separated).
+	ErrorReason_NOT_AN_APPROVER_FOR_CALL ErrorReason = 31
 )
 
 // Enum value maps for ErrorReason.
@@ -259,6 +266,7 @@ var (
 		28: "OWNERSHIP_LOST",
 		29: "OWNER_UNAVAILABLE",
 		30: "ALREADY_VOTED",
+		31: "NOT_AN_APPROVER_FOR_CALL",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -289,6 +297,7 @@ var (
 		"OWNERSHIP_LOST":           28,
 		"OWNER_UNAVAILABLE":        29,
 		"ALREADY_VOTED":            30,
+		"NOT_AN_APPROVER_FOR_CALL": 31,
 	}
 )
 
@@ -335,7 +344,9 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 //	aaa.tool.requested     {call_id, name, arguments, requires_approval}
 //	aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
 //	aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?,
-//	                        approvals_required? (when more than 1), edited_from?}
+//	                        approvals_required? (when more than 1), edited_from?,
+//	                        approvers? (groups), approval_timeout_s? and policy?
+//	                        {rule, sha256, error?} when a policy rule set them or failed}
 //	aaa.approval.voted     {call_id, name, arguments_sha256, approver, comment?, votes,
 //	                        approvals_required}   (a grant that is not yet the last one needed)
 //	aaa.approval.edited    {call_id, name, arguments_sha256, new_call_id, new_arguments,
@@ -368,6 +379,8 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 //	any type outside the "aaa." prefix, with a JSON object as data; recorded
 //	in the run's log, not interpreted.
 //
+// A grant or denial by the approval policy has actor kind POLICY (name: the
+// rule) and data policy: {rule, sha256}.
 // A denial (or an approval timeout, reason "timeout") is followed by
 // aaa.tool.failed with error type "ApprovalDenied" and the reason as message:
 // the model reads it as the tool's result. The result of an edited call answers
@@ -628,8 +641,11 @@ type ToolDefinition struct {
 	// Gated calls run only after this many grants from distinct approvers; any
 	// one denial denies. 0 means 1.
 	ApprovalsRequired uint32 `protobuf:"varint,8,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The approver groups (of the auth config's principals) that may decide
+	// its calls; empty: any approver. Not enforced with auth off.
+	Approvers     []string `protobuf:"bytes,9,rep,name=approvers,proto3" json:"approvers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ToolDefinition) Reset() {
@@ -716,6 +732,13 @@ func (x *ToolDefinition) GetApprovalsRequired() uint32 {
 		return x.ApprovalsRequired
 	}
 	return 0
+}
+
+func (x *ToolDefinition) GetApprovers() []string {
+	if x != nil {
+		return x.Approvers
+	}
+	return nil
 }
 
 // Retry policy for tool attempts that fail or are lost.
@@ -967,7 +990,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\tprincipal\x18\x03 \x01(\tR\tprincipal\";\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xd4\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xf2\x02\n" +
 	"\x0eToolDefinition\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12'\n" +
@@ -976,7 +999,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x05retry\x18\x05 \x01(\v2\x13.aaa.v1.RetryPolicyR\x05retry\x12.\n" +
 	"\x13heartbeat_timeout_s\x18\x06 \x01(\x01R\x11heartbeatTimeoutS\x12,\n" +
 	"\x12approval_timeout_s\x18\a \x01(\x01R\x10approvalTimeoutS\x12-\n" +
-	"\x12approvals_required\x18\b \x01(\rR\x11approvalsRequired\"\xb1\x01\n" +
+	"\x12approvals_required\x18\b \x01(\rR\x11approvalsRequired\x12\x1c\n" +
+	"\tapprovers\x18\t \x03(\tR\tapprovers\"\xb1\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12*\n" +
 	"\x11initial_backoff_s\x18\x02 \x01(\x01R\x0finitialBackoffS\x12/\n" +
@@ -993,18 +1017,19 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\bToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
-	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson*l\n" +
+	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson*\x83\x01\n" +
 	"\tActorKind\x12\x1a\n" +
 	"\x16ACTOR_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ACTOR_KIND_ENGINE\x10\x01\x12\x15\n" +
 	"\x11ACTOR_KIND_WORKER\x10\x02\x12\x15\n" +
-	"\x11ACTOR_KIND_CLIENT\x10\x03*_\n" +
+	"\x11ACTOR_KIND_CLIENT\x10\x03\x12\x15\n" +
+	"\x11ACTOR_KIND_POLICY\x10\x04*_\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xed\x04\n" +
+	"\tROLE_TOOL\x10\x04*\x8b\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -1034,7 +1059,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x0fNOT_TASK_HOLDER\x10\x1b\x12\x12\n" +
 	"\x0eOWNERSHIP_LOST\x10\x1c\x12\x15\n" +
 	"\x11OWNER_UNAVAILABLE\x10\x1d\x12\x11\n" +
-	"\rALREADY_VOTED\x10\x1eBq\n" +
+	"\rALREADY_VOTED\x10\x1e\x12\x1c\n" +
+	"\x18NOT_AN_APPROVER_FOR_CALL\x10\x1fBq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

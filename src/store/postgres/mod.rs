@@ -413,7 +413,8 @@ fn run(row: &Row) -> Result<RunRecord> {
 }
 
 const APPROVAL_COLUMNS: &str = "run_id, call_id, tool, arguments_json, arguments_sha256, \
-    requested_ms, expires_ms, labels, seq, task, position, approvals_required, votes, edited_from";
+    requested_ms, expires_ms, labels, seq, task, position, approvals_required, votes, edited_from, \
+    approvers";
 
 fn approval(row: &Row) -> Result<ApprovalRecord> {
     Ok(ApprovalRecord {
@@ -431,6 +432,7 @@ fn approval(row: &Row) -> Result<ApprovalRecord> {
         approvals_required: u32::try_from(get::<i32>(row, 11)?).map_err(corrupt)?,
         votes: votes(get(row, 12)?)?,
         edited_from: get(row, 13)?,
+        approvers: strings(get(row, 14)?)?,
     })
 }
 
@@ -712,6 +714,12 @@ impl super::Store for PostgresStore {
             filter.add(
                 "position <= $?",
                 i64::try_from(position).unwrap_or(i64::MAX),
+            );
+        }
+        if let Some(groups) = &query.decidable_by {
+            filter.add(
+                "(approvers = '[]'::jsonb OR approvers ?| $?::text[])",
+                groups.clone(),
             );
         }
         let sql = format!(

@@ -329,6 +329,7 @@ struct ApprovalColumns {
     approvals_required: Vec<i32>,
     votes: Vec<serde_json::Value>,
     edited_from: Vec<String>,
+    approvers: Vec<serde_json::Value>,
 }
 
 fn approvals(
@@ -365,6 +366,7 @@ fn approvals(
                     .collect(),
             ));
             c.edited_from.push(a.edited_from);
+            c.approvers.push(serde_json::json!(a.approvers));
         }
         out.push(statement(
             UPSERT_APPROVALS,
@@ -383,6 +385,7 @@ fn approvals(
                 Box::new(c.approvals_required),
                 Box::new(c.votes),
                 Box::new(c.edited_from),
+                Box::new(c.approvers),
             ],
         ));
     }
@@ -511,16 +514,16 @@ const UPSERT_RUNS: &str = "INSERT INTO aaa_runs \
 
 const UPSERT_APPROVALS: &str = "INSERT INTO aaa_approvals \
     (run_id, call_id, tool, arguments_json, arguments_sha256, requested_ms, expires_ms, \
-    labels, seq, task, position, approvals_required, votes, edited_from) \
+    labels, seq, task, position, approvals_required, votes, edited_from, approvers) \
     SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
     $6::bigint[], $7::bigint[], $8::jsonb[], $9::bigint[], $10::text[], $11::bigint[], \
-    $12::integer[], $13::jsonb[], $14::text[]) \
+    $12::integer[], $13::jsonb[], $14::text[], $15::jsonb[]) \
     ON CONFLICT (run_id, call_id) DO UPDATE SET tool = EXCLUDED.tool, \
     arguments_json = EXCLUDED.arguments_json, arguments_sha256 = EXCLUDED.arguments_sha256, \
     requested_ms = EXCLUDED.requested_ms, expires_ms = EXCLUDED.expires_ms, \
     labels = EXCLUDED.labels, seq = EXCLUDED.seq, task = EXCLUDED.task, \
     position = EXCLUDED.position, approvals_required = EXCLUDED.approvals_required, \
-    votes = EXCLUDED.votes, edited_from = EXCLUDED.edited_from";
+    votes = EXCLUDED.votes, edited_from = EXCLUDED.edited_from, approvers = EXCLUDED.approvers";
 
 const DELETE_APPROVALS: &str = "DELETE FROM aaa_approvals a \
     USING UNNEST($1::uuid[], $2::text[]) AS d(run_id, call_id) \

@@ -12,7 +12,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/types.proto.
  */
 export const file_aaa_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChJhYWEvdjEvdHlwZXMucHJvdG8SBmFhYS52MSKrAQoFRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIQCghwb3NpdGlvbhgDIAEoBBIKCgJpZBgEIAEoCRIMCgR0eXBlGAUgASgJEhEKCWRhdGFfanNvbhgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIcCgVhY3RvchgIIAEoCzINLmFhYS52MS5BY3RvciJJCgVBY3RvchIfCgRraW5kGAEgASgOMhEuYWFhLnYxLkFjdG9yS2luZBIMCgRuYW1lGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCSIsCgtFcnJvckRldGFpbBIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki4AEKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEhkKEXJlcXVpcmVzX2FwcHJvdmFsGAQgASgIEiIKBXJldHJ5GAUgASgLMhMuYWFhLnYxLlJldHJ5UG9saWN5EhsKE2hlYXJ0YmVhdF90aW1lb3V0X3MYBiABKAESGgoSYXBwcm92YWxfdGltZW91dF9zGAcgASgBEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgIIAEoDSJyCgtSZXRyeVBvbGljeRIUCgxtYXhfYXR0ZW1wdHMYASABKA0SGQoRaW5pdGlhbF9iYWNrb2ZmX3MYAiABKAESGwoTYmFja29mZl9jb2VmZmljaWVudBgDIAEoARIVCg1tYXhfYmFja29mZl9zGAQgASgBIp8BCgdNZXNzYWdlEhoKBHJvbGUYASABKA4yDC5hYWEudjEuUm9sZRIPCgdjb250ZW50GAIgASgJEiQKCnRvb2xfY2FsbHMYAyADKAsyEC5hYWEudjEuVG9vbENhbGwSDwoHY2FsbF9pZBgEIAEoCRIMCgRuYW1lGAUgASgJEiIKBWVycm9yGAYgASgLMhMuYWFhLnYxLkVycm9yRGV0YWlsIkEKCFRvb2xDYWxsEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCSpsCglBY3RvcktpbmQSGgoWQUNUT1JfS0lORF9VTlNQRUNJRklFRBAAEhUKEUFDVE9SX0tJTkRfRU5HSU5FEAESFQoRQUNUT1JfS0lORF9XT1JLRVIQAhIVChFBQ1RPUl9LSU5EX0NMSUVOVBADKl8KBFJvbGUSFAoQUk9MRV9VTlNQRUNJRklFRBAAEg8KC1JPTEVfU1lTVEVNEAESDQoJUk9MRV9VU0VSEAISEgoOUk9MRV9BU1NJU1RBTlQQAxINCglST0xFX1RPT0wQBCrtBAoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEQoNUlVOX05PVF9GT1VORBABEhIKDkNBTExfTk9UX0ZPVU5EEAISEQoNSU5WQUxJRF9GSUVMRBADEhUKEVBBWUxPQURfVE9PX0xBUkdFEAQSFwoTUkVTRVJWRURfRVZFTlRfVFlQRRAFEhAKDFJVTl9GSU5JU0hFRBAGEhEKDVNUQUxFX0FUVEVNUFQQBxIWChJBUkdVTUVOVFNfTUlTTUFUQ0gQCBIXChNUT09MX05PVF9SRUdJU1RFUkVEEAkSEQoNSU5WQUxJRF9UT0tFThAKEhEKDVNIVVRUSU5HX0RPV04QCxISCg5JTlRFUk5BTF9FUlJPUhAMEhMKD1VOQVVUSEVOVElDQVRFRBANEhUKEVBFUk1JU1NJT05fREVOSUVEEA4SEQoNTk9UX1JVTl9PV05FUhAPEhgKFFNFUEFSQVRJT05fT0ZfRFVUSUVTEBASEwoPR1JPVVBfTk9UX0ZPVU5EEBQSEgoOR1JPVVBfTUlTTUFUQ0gQFRITCg9NRU1CRVJfVE9PX1NMT1cQFhIXChNTVE9SQUdFX1VOQVZBSUxBQkxFEBcSFQoRTUFMRk9STUVEX1JFUVVFU1QQGBIYChROT1RfQUxMT1dFRF9UT19TRVJWRRAZEhIKDklERU5USVRZX1RBS0VOEBoSEwoPTk9UX1RBU0tfSE9MREVSEBsSEgoOT1dORVJTSElQX0xPU1QQHBIVChFPV05FUl9VTkFWQUlMQUJMRRAdEhEKDUFMUkVBRFlfVk9URUQQHmIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChJhYWEvdjEvdHlwZXMucHJvdG8SBmFhYS52MSKrAQoFRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIQCghwb3NpdGlvbhgDIAEoBBIKCgJpZBgEIAEoCRIMCgR0eXBlGAUgASgJEhEKCWRhdGFfanNvbhgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIcCgVhY3RvchgIIAEoCzINLmFhYS52MS5BY3RvciJJCgVBY3RvchIfCgRraW5kGAEgASgOMhEuYWFhLnYxLkFjdG9yS2luZBIMCgRuYW1lGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCSIsCgtFcnJvckRldGFpbBIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki8wEKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEhkKEXJlcXVpcmVzX2FwcHJvdmFsGAQgASgIEiIKBXJldHJ5GAUgASgLMhMuYWFhLnYxLlJldHJ5UG9saWN5EhsKE2hlYXJ0YmVhdF90aW1lb3V0X3MYBiABKAESGgoSYXBwcm92YWxfdGltZW91dF9zGAcgASgBEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgIIAEoDRIRCglhcHByb3ZlcnMYCSADKAkicgoLUmV0cnlQb2xpY3kSFAoMbWF4X2F0dGVtcHRzGAEgASgNEhkKEWluaXRpYWxfYmFja29mZl9zGAIgASgBEhsKE2JhY2tvZmZfY29lZmZpY2llbnQYAyABKAESFQoNbWF4X2JhY2tvZmZfcxgEIAEoASKfAQoHTWVzc2FnZRIaCgRyb2xlGAEgASgOMgwuYWFhLnYxLlJvbGUSDwoHY29udGVudBgCIAEoCRIkCgp0b29sX2NhbGxzGAMgAygLMhAuYWFhLnYxLlRvb2xDYWxsEg8KB2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCRIiCgVlcnJvchgGIAEoCzITLmFhYS52MS5FcnJvckRldGFpbCJBCghUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkqgwEKCUFjdG9yS2luZBIaChZBQ1RPUl9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRQUNUT1JfS0lORF9FTkdJTkUQARIVChFBQ1RPUl9LSU5EX1dPUktFUhACEhUKEUFDVE9SX0tJTkRfQ0xJRU5UEAMSFQoRQUNUT1JfS0lORF9QT0xJQ1kQBCpfCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMSDQoJUk9MRV9UT09MEAQqiwUKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDVJVTl9OT1RfRk9VTkQQARISCg5DQUxMX05PVF9GT1VORBACEhEKDUlOVkFMSURfRklFTEQQAxIVChFQQVlMT0FEX1RPT19MQVJHRRAEEhcKE1JFU0VSVkVEX0VWRU5UX1RZUEUQBRIQCgxSVU5fRklOSVNIRUQQBhIRCg1TVEFMRV9BVFRFTVBUEAcSFgoSQVJHVU1FTlRTX01JU01BVENIEAgSFwoTVE9PTF9OT1RfUkVHSVNURVJFRBAJEhEKDUlOVkFMSURfVE9LRU4QChIRCg1TSFVUVElOR19ET1dOEAsSEgoOSU5URVJOQUxfRVJST1IQDBITCg9VTkFVVEhFTlRJQ0FURUQQDRIVChFQRVJNSVNTSU9OX0RFTklFRBAOEhEKDU5PVF9SVU5fT1dORVIQDxIYChRTRVBBUkFUSU9OX09GX0RVVElFUxAQEhMKD0dST1VQX05PVF9GT1VORBAUEhIKDkdST1VQX01JU01BVENIEBUSEwoPTUVNQkVSX1RPT19TTE9XEBYSFwoTU1RPUkFHRV9VTkFWQUlMQUJMRRAXEhUKEU1BTEZPUk1FRF9SRVFVRVNUEBgSGAoUTk9UX0FMTE9XRURfVE9fU0VSVkUQGRISCg5JREVOVElUWV9UQUtFThAaEhMKD05PVF9UQVNLX0hPTERFUhAbEhIKDk9XTkVSU0hJUF9MT1NUEBwSFQoRT1dORVJfVU5BVkFJTEFCTEUQHRIRCg1BTFJFQURZX1ZPVEVEEB4SHAoYTk9UX0FOX0FQUFJPVkVSX0ZPUl9DQUxMEB9iBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * One event of a run's append-only log. Events are the only source of truth:
@@ -30,7 +30,9 @@ export const file_aaa_v1_types: GenFile = /*@__PURE__*/
  *   aaa.tool.requested     {call_id, name, arguments, requires_approval}
  *   aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
  *   aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?,
- *                           approvals_required? (when more than 1), edited_from?}
+ *                           approvals_required? (when more than 1), edited_from?,
+ *                           approvers? (groups), approval_timeout_s? and policy?
+ *                           {rule, sha256, error?} when a policy rule set them or failed}
  *   aaa.approval.voted     {call_id, name, arguments_sha256, approver, comment?, votes,
  *                           approvals_required}   (a grant that is not yet the last one needed)
  *   aaa.approval.edited    {call_id, name, arguments_sha256, new_call_id, new_arguments,
@@ -60,6 +62,8 @@ export const file_aaa_v1_types: GenFile = /*@__PURE__*/
  *   authenticated principal is the approver and the field must be absent or equal it.
  *   any type outside the "aaa." prefix, with a JSON object as data; recorded
  *   in the run's log, not interpreted.
+ * A grant or denial by the approval policy has actor kind POLICY (name: the
+ * rule) and data policy: {rule, sha256}.
  * A denial (or an approval timeout, reason "timeout") is followed by
  * aaa.tool.failed with error type "ApprovalDenied" and the reason as message:
  * the model reads it as the tool's result. The result of an edited call answers
@@ -266,6 +270,14 @@ export type ToolDefinition = Message$1<"aaa.v1.ToolDefinition"> & {
    * @generated from field: uint32 approvals_required = 8;
    */
   approvalsRequired: number;
+
+  /**
+   * The approver groups (of the auth config's principals) that may decide
+   * its calls; empty: any approver. Not enforced with auth off.
+   *
+   * @generated from field: repeated string approvers = 9;
+   */
+  approvers: string[];
 };
 
 /**
@@ -442,6 +454,13 @@ export enum ActorKind {
    * @generated from enum value: ACTOR_KIND_CLIENT = 3;
    */
   CLIENT = 3,
+
+  /**
+   * The approval policy; name is the rule that decided.
+   *
+   * @generated from enum value: ACTOR_KIND_POLICY = 4;
+   */
+  POLICY = 4,
 }
 
 /**
@@ -725,6 +744,14 @@ export enum ErrorReason {
    * @generated from enum value: ALREADY_VOTED = 30;
    */
   ALREADY_VOTED = 30,
+
+  /**
+   * PERMISSION_DENIED: the call may be decided only by members of its
+   * approver groups; metadata["groups"] lists them (comma-separated).
+   *
+   * @generated from enum value: NOT_AN_APPROVER_FOR_CALL = 31;
+   */
+  NOT_AN_APPROVER_FOR_CALL = 31,
 }
 
 /**

@@ -50,7 +50,7 @@ DECISION_STATUS_REFUSED: DecisionStatus
 DECISION_STATUS_NOT_APPLIED: DecisionStatus
 
 class Approval(_message.Message):
-    __slots__ = ("run_id", "call_id", "tool", "arguments_json", "arguments_sha256", "requested_at", "expires_at", "labels", "seq", "position", "task", "approvals_required", "votes", "edited_from")
+    __slots__ = ("run_id", "call_id", "tool", "arguments_json", "arguments_sha256", "requested_at", "expires_at", "labels", "seq", "position", "task", "approvals_required", "votes", "edited_from", "approvers")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class Approval(_message.Message):
     APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     VOTES_FIELD_NUMBER: _ClassVar[int]
     EDITED_FROM_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     call_id: str
     tool: str
@@ -86,7 +87,8 @@ class Approval(_message.Message):
     approvals_required: int
     votes: _containers.RepeatedCompositeFieldContainer[Vote]
     edited_from: str
-    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ..., task: _Optional[str] = ..., approvals_required: _Optional[int] = ..., votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ..., edited_from: _Optional[str] = ...) -> None: ...
+    approvers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., seq: _Optional[int] = ..., position: _Optional[int] = ..., task: _Optional[str] = ..., approvals_required: _Optional[int] = ..., votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ..., edited_from: _Optional[str] = ..., approvers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Vote(_message.Message):
     __slots__ = ("approver", "time", "comment")
@@ -99,7 +101,7 @@ class Vote(_message.Message):
     def __init__(self, approver: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., comment: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
-    __slots__ = ("tool", "run_id", "labels", "page_size", "page_token")
+    __slots__ = ("tool", "run_id", "labels", "page_size", "page_token", "decidable")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,12 +114,14 @@ class ListApprovalsRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DECIDABLE_FIELD_NUMBER: _ClassVar[int]
     tool: str
     run_id: str
     labels: _containers.ScalarMap[str, str]
     page_size: int
     page_token: str
-    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    decidable: bool
+    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., decidable: _Optional[bool] = ...) -> None: ...
 
 class ListApprovalsResponse(_message.Message):
     __slots__ = ("approvals", "next_page_token")
@@ -128,7 +132,7 @@ class ListApprovalsResponse(_message.Message):
     def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchApprovalsRequest(_message.Message):
-    __slots__ = ("tool", "run_id", "labels", "after_position", "heartbeat_s")
+    __slots__ = ("tool", "run_id", "labels", "after_position", "heartbeat_s", "decidable")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,12 +145,14 @@ class WatchApprovalsRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     AFTER_POSITION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    DECIDABLE_FIELD_NUMBER: _ClassVar[int]
     tool: str
     run_id: str
     labels: _containers.ScalarMap[str, str]
     after_position: int
     heartbeat_s: float
-    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., after_position: _Optional[int] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
+    decidable: bool
+    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., after_position: _Optional[int] = ..., heartbeat_s: _Optional[float] = ..., decidable: _Optional[bool] = ...) -> None: ...
 
 class WatchApprovalsResponse(_message.Message):
     __slots__ = ("position", "requested", "resolved", "snapshot_complete", "heartbeat", "voted")

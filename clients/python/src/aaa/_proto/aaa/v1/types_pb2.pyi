@@ -16,6 +16,7 @@ class ActorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTOR_KIND_ENGINE: _ClassVar[ActorKind]
     ACTOR_KIND_WORKER: _ClassVar[ActorKind]
     ACTOR_KIND_CLIENT: _ClassVar[ActorKind]
+    ACTOR_KIND_POLICY: _ClassVar[ActorKind]
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,10 +56,12 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OWNERSHIP_LOST: _ClassVar[ErrorReason]
     OWNER_UNAVAILABLE: _ClassVar[ErrorReason]
     ALREADY_VOTED: _ClassVar[ErrorReason]
+    NOT_AN_APPROVER_FOR_CALL: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
 ACTOR_KIND_CLIENT: ActorKind
+ACTOR_KIND_POLICY: ActorKind
 ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
@@ -92,6 +95,7 @@ NOT_TASK_HOLDER: ErrorReason
 OWNERSHIP_LOST: ErrorReason
 OWNER_UNAVAILABLE: ErrorReason
 ALREADY_VOTED: ErrorReason
+NOT_AN_APPROVER_FOR_CALL: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")
@@ -132,7 +136,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ToolDefinition(_message.Message):
-    __slots__ = ("name", "description", "parameters_json", "requires_approval", "retry", "heartbeat_timeout_s", "approval_timeout_s", "approvals_required")
+    __slots__ = ("name", "description", "parameters_json", "requires_approval", "retry", "heartbeat_timeout_s", "approval_timeout_s", "approvals_required", "approvers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +145,7 @@ class ToolDefinition(_message.Message):
     HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     parameters_json: str
@@ -149,7 +154,8 @@ class ToolDefinition(_message.Message):
     heartbeat_timeout_s: float
     approval_timeout_s: float
     approvals_required: int
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ...) -> None: ...
+    approvers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ..., approvers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("max_attempts", "initial_backoff_s", "backoff_coefficient", "max_backoff_s")

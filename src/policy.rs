@@ -1,0 +1,554 @@
+//! Approval policy: ordered rules, written in CEL, that decide a tool call
+//! when it is requested: `allow` it (granted by the policy), `deny` it
+//! (with a reason the model reads), or `require` what a human decision
+//! needs (approvers, their groups, a timeout). The first rule whose `when`
+//! is true decides; a call no rule matches follows its tool's settings.
+//!
+//! CEL comes from the `cel-interpreter` crate: a maintained Rust
+//! implementation of the language Kubernetes admission and Google IAM
+//! conditions use. CEL has no loops or recursion, so a rule's cost is
+//! bounded by its size and its input's (both capped here), and a rule
+//! cannot hang the engine. The engine evaluates a policy only when a call
+//! is requested and records the outcome, with the rule's name and the
+//! policy file's sha256, as an event: replaying a run never evaluates a
+//! policy again, so history does not change when the policy does.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use cel_interpreter::objects::{Key, Map};
+use cel_interpreter::{Context, Program, Value as Cel};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// What a rule's `when` may name.
+pub const VARIABLES: [&str; 6] = ["tool", "args", "labels", "task", "started_by", "now"];
+/// Most rules one policy may hold.
+const MAX_RULES: usize = 256;
+/// Longest `when`, in bytes.
+const MAX_EXPRESSION: usize = 4096;
+/// Most approvers a rule may require (as for tools).
+const MAX_APPROVALS: u32 = 16;
+
+/// A loaded policy: its rules, compiled, and the sha256 of the file.
+pub struct Policy {
+    pub sha256: String,
+    rules: Vec<Rule>,
+}
+
+struct Rule {
+    name: String,
+    when: Program,
+    decide: Decide,
+}
+
+/// What a rule decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decide {
+    Allow,
+    Deny { reason: String },
+    Require(Requirements),
+}
+
+/// What a human decision needs, where a rule sets it (None: the tool's).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Requirements {
+    pub approvals_required: Option<u32>,
+    pub approvers: Option<Vec<String>>,
+    pub approval_timeout_s: Option<f64>,
+}
+
+/// What a rule sees of a call.
+pub struct CallFacts<'a> {
+    pub tool: &'a str,
+    pub arguments: &'a Value,
+    pub labels: &'a BTreeMap<String, String>,
+    pub task: &'a str,
+    pub started_by: &'a str,
+    pub now_ms: i64,
+}
+
+/// The outcome of evaluating a policy for one call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// No rule matched: the tool's own settings apply.
+    NoMatch,
+    /// This rule matched and decides.
+    Decided { rule: String, decide: Decide },
+    /// This rule could not be evaluated (a missing argument, a type
+    /// mismatch): the call waits for a human, with the tool's settings.
+    Failed { rule: String, error: String },
+}
+
+/// The policy file, as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default, rename = "rule")]
+    rules: Vec<RuleSection>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSection {
+    name: String,
+    when: String,
+    decide: String,
+    reason: Option<String>,
+    approvals_required: Option<u32>,
+    approvers: Option<Vec<String>>,
+    approval_timeout_s: Option<f64>,
+}
+
+impl Policy {
+    /// Reads and checks a policy file; the error names the rule and what is wrong.
+    pub fn load(path: &Path) -> Result<Policy, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read policy file {}: {e}", path.display()))?;
+        Policy::parse(&text).map_err(|e| format!("policy file {}: {e}", path.display()))
+    }
+
+    /// Parses and checks a policy: every rule compiles, names only known
+    /// variables, and decides something that can be done.
+    pub fn parse(text: &str) -> Result<Policy, String> {
+        use sha2::Digest;
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        if file.rules.len() > MAX_RULES {
+            return Err(format!(
+                "{} rules; a policy holds at most {MAX_RULES}",
+                file.rules.len()
+            ));
+        }
+        let mut names = HashSet::new();
+        let rules = file
+            .rules
+            .into_iter()
+            .enumerate()
+            .map(|(i, section)| {
+                let label = format!("rule {} ('{}')", i + 1, section.name);
+                let rule = Rule::check(section).map_err(|e| format!("{label}: {e}"))?;
+                if !names.insert(rule.name.clone()) {
+                    return Err(format!("{label}: another rule has this name"));
+                }
+                Ok(rule)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Policy {
+            sha256: hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            rules,
+        })
+    }
+
+    /// The first rule that matches the call decides.
+    pub fn evaluate(&self, facts: &CallFacts) -> Verdict {
+        let context = context(facts);
+        for rule in &self.rules {
+            // The interpreter is not ours: a panic in it fails the rule
+            // safe instead of the engine.
+            let run = std::panic::AssertUnwindSafe(|| rule.when.execute(&context));
+            let result = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                Err(cel_interpreter::ExecutionError::function_error(
+                    "when",
+                    "the CEL interpreter failed on this input",
+                ))
+            });
+            match result {
+                Ok(Cel::Bool(true)) => {
+                    return Verdict::Decided {
+                        rule: rule.name.clone(),
+                        decide: rule.decide.clone(),
+                    }
+                }
+                Ok(Cel::Bool(false)) => {}
+                Ok(other) => {
+                    return Verdict::Failed {
+                        rule: rule.name.clone(),
+                        error: format!("`when` gave {other:?}, not a bool"),
+                    }
+                }
+                Err(e) => {
+                    return Verdict::Failed {
+                        rule: rule.name.clone(),
+                        error: e.to_string(),
+                    }
+                }
+            }
+        }
+        Verdict::NoMatch
+    }
+
+    pub fn rule_names(&self) -> Vec<&str> {
+        self.rules.iter().map(|r| r.name.as_str()).collect()
+    }
+}
+
+impl Rule {
+    fn check(section: RuleSection) -> Result<Rule, String> {
+        check_name(&section.name).map_err(|why| format!("name: {why}"))?;
+        if section.when.len() > MAX_EXPRESSION {
+            return Err(format!(
+                "when: {} bytes, more than {MAX_EXPRESSION}",
+                section.when.len()
+            ));
+        }
+        let when = compile(&section.when).map_err(|e| format!("when: {e}"))?;
+        let references = when.references();
+        let mut unknown: Vec<&str> = references
+            .variables()
+            .into_iter()
+            .filter(|v| !VARIABLES.contains(v) && !is_bound_in(&section.when, v))
+            .collect();
+        unknown.sort_unstable();
+        if !unknown.is_empty() {
+            return Err(format!(
+                "when: unknown variable {}; a rule sees {}",
+                unknown.join(", "),
+                VARIABLES.join(", ")
+            ));
+        }
+        let misplaced = |field: &str, present: bool| match present {
+            true => Err(format!(
+                "{field} is only for decide = \"{}\"",
+                owner_of(field)
+            )),
+            false => Ok(()),
+        };
+        let decide = match section.decide.as_str() {
+            "allow" | "deny" => {
+                misplaced("approvals_required", section.approvals_required.is_some())?;
+                misplaced("approvers", section.approvers.is_some())?;
+                misplaced("approval_timeout_s", section.approval_timeout_s.is_some())?;
+                if section.decide == "allow" {
+                    misplaced("reason", section.reason.is_some())?;
+                    Decide::Allow
+                } else {
+                    let reason = section
+                        .reason
+                        .unwrap_or_else(|| format!("denied by policy rule {}", section.name));
+                    Decide::Deny { reason }
+                }
+            }
+            "require" => {
+                misplaced("reason", section.reason.is_some())?;
+                if let Some(n) = section.approvals_required {
+                    if n == 0 || n > MAX_APPROVALS {
+                        return Err(format!(
+                            "approvals_required: {n} is out of range: 1 to {MAX_APPROVALS}"
+                        ));
+                    }
+                }
+                for group in section.approvers.iter().flatten() {
+                    check_name(group).map_err(|why| format!("approvers: '{group}': {why}"))?;
+                }
+                if let Some(s) = section.approval_timeout_s {
+                    crate::seconds::APPROVAL_TIMEOUT
+                        .check(s)
+                        .map_err(|why| format!("approval_timeout_s: {why}"))?;
+                }
+                Decide::Require(Requirements {
+                    approvals_required: section.approvals_required,
+                    approvers: section.approvers,
+                    approval_timeout_s: section.approval_timeout_s,
+                })
+            }
+            other => {
+                return Err(format!(
+                    "decide: '{other}' is not one of allow, deny, require"
+                ))
+            }
+        };
+        Ok(Rule {
+            name: section.name,
+            when,
+            decide,
+        })
+    }
+}
+
+/// Compiles a CEL expression. The parser (generated by ANTLR) panics on
+/// some malformed input instead of answering an error; that is caught
+/// here and answered as one.
+fn compile(source: &str) -> Result<Program, String> {
+    std::panic::catch_unwind(|| Program::compile(source))
+        .map_err(|_| "not a valid CEL expression (the parser gave up on it)".to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// A rule or group name: 1 to 128 letters, digits, `_`, `-` and `.`.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 128 {
+        return Err(format!("'{name}' must be 1 to 128 characters"));
+    }
+    match name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-.".contains(*c)))
+    {
+        Some(bad) => Err(format!(
+            "'{name}' contains '{bad}'; use letters, digits and _ - ."
+        )),
+        None => Ok(()),
+    }
+}
+
+fn owner_of(field: &str) -> &'static str {
+    match field {
+        "reason" => "deny",
+        _ => "require",
+    }
+}
+
+/// Whether `name` is bound by a comprehension macro in `source`
+/// (`args.items.all(i, i > 0)`): such a name is the macro's, not an input.
+fn is_bound_in(source: &str, name: &str) -> bool {
+    ["all", "exists", "exists_one", "map", "filter"]
+        .iter()
+        .any(|m| {
+            source.match_indices(&format!(".{m}(")).any(|(at, found)| {
+                let rest = source[at + found.len()..].trim_start();
+                rest.strip_prefix(name)
+                    .is_some_and(|after| after.trim_start().starts_with(','))
+            })
+        })
+}
+
+/// The variables a rule sees.
+fn context(facts: &CallFacts) -> Context<'static> {
+    let mut context = Context::default();
+    context.add_variable_from_value("tool", facts.tool.to_string());
+    context.add_variable_from_value("args", cel(facts.arguments));
+    let labels: HashMap<String, String> = facts.labels.clone().into_iter().collect();
+    context.add_variable_from_value("labels", labels);
+    context.add_variable_from_value("task", facts.task.to_string());
+    context.add_variable_from_value("started_by", facts.started_by.to_string());
+    let now = chrono::DateTime::from_timestamp_millis(facts.now_ms)
+        .unwrap_or_default()
+        .fixed_offset();
+    context.add_variable_from_value("now", Cel::Timestamp(now));
+    context
+}
+
+/// A JSON value as CEL sees it: integers stay integers (int, or uint above
+/// i64), other numbers are doubles.
+fn cel(value: &Value) -> Cel {
+    match value {
+        Value::Null => Cel::Null,
+        Value::Bool(b) => Cel::Bool(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Cel::Int(i),
+            (None, Some(u)) => Cel::UInt(u),
+            _ => Cel::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => Cel::String(Arc::new(s.clone())),
+        Value::Array(items) => Cel::List(Arc::new(items.iter().map(cel).collect())),
+        Value::Object(fields) => {
+            let map: HashMap<Key, Cel> = fields
+                .iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), cel(v)))
+                .collect();
+            Cel::Map(Map { map: Arc::new(map) })
+        }
+    }
+}
+
+/// The policy a server runs with, and the file it came from; replaced
+/// whole on reload.
+pub struct PolicyHandle {
+    pub file: std::path::PathBuf,
+    current: RwLock<Arc<Policy>>,
+}
+
+impl std::fmt::Debug for PolicyHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyHandle")
+            .field("file", &self.file)
+            .field("sha256", &self.current().sha256)
+            .finish()
+    }
+}
+
+impl PolicyHandle {
+    /// Loads the policy file; the error names the rule and what is wrong.
+    pub fn load(file: &Path) -> Result<PolicyHandle, String> {
+        Ok(PolicyHandle {
+            file: file.to_path_buf(),
+            current: RwLock::new(Arc::new(Policy::load(file)?)),
+        })
+    }
+
+    pub fn current(&self) -> Arc<Policy> {
+        self.current.read().expect("poisoned").clone()
+    }
+
+    /// Reads the file again; a file that does not check leaves the policy
+    /// in force as it is.
+    pub fn reload(&self) -> Result<Arc<Policy>, String> {
+        let policy = Arc::new(Policy::load(&self.file)?);
+        *self.current.write().expect("poisoned") = policy.clone();
+        Ok(policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const EXAMPLE: &str = r#"
+[[rule]]
+name = "small-payments"
+when = 'tool == "wire_money" && args.amount < 100 && args.to in ["ACME", "Globex"]'
+decide = "allow"
+
+[[rule]]
+name = "huge-payments"
+when = 'tool == "wire_money" && args.amount > 10000'
+decide = "require"
+approvals_required = 2
+approvers = ["finance"]
+
+[[rule]]
+name = "payments"
+when = 'tool == "wire_money"'
+decide = "require"
+approvers = ["finance"]
+
+[[rule]]
+name = "no-weekend-deploys"
+when = 'tool == "deploy" && now.getDayOfWeek() in [0, 6] && labels.env == "prod"'
+decide = "deny"
+reason = "no deploys at the weekend"
+"#;
+
+    fn verdict(
+        policy: &Policy,
+        tool: &str,
+        args: Value,
+        labels: &[(&str, &str)],
+        now_ms: i64,
+    ) -> Verdict {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        policy.evaluate(&CallFacts {
+            tool,
+            arguments: &args,
+            labels: &labels,
+            task: "t",
+            started_by: "",
+            now_ms,
+        })
+    }
+
+    fn rule(v: &Verdict) -> &str {
+        match v {
+            Verdict::Decided { rule, .. } | Verdict::Failed { rule, .. } => rule,
+            Verdict::NoMatch => "",
+        }
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides() {
+        let policy = Policy::parse(EXAMPLE).unwrap();
+        let monday = 1_764_547_200_000; // 2025-12-01, a Monday
+        let saturday = monday + 5 * 86_400_000;
+        let payment = |amount: i64, to: &str| json!({"amount": amount, "to": to});
+        assert_eq!(
+            rule(&verdict(
+                &policy,
+                "wire_money",
+                payment(50, "ACME"),
+                &[],
+                monday
+            )),
+            "small-payments"
+        );
+        assert_eq!(
+            rule(&verdict(
+                &policy,
+                "wire_money",
+                payment(50, "Evil"),
+                &[],
+                monday
+            )),
+            "payments"
+        );
+        let huge = verdict(&policy, "wire_money", payment(20_000, "ACME"), &[], monday);
+        assert_eq!(
+            huge,
+            Verdict::Decided {
+                rule: "huge-payments".into(),
+                decide: Decide::Require(Requirements {
+                    approvals_required: Some(2),
+                    approvers: Some(vec!["finance".into()]),
+                    approval_timeout_s: None,
+                })
+            }
+        );
+        let prod = [("env", "prod")];
+        assert_eq!(
+            rule(&verdict(&policy, "deploy", json!({}), &prod, saturday)),
+            "no-weekend-deploys"
+        );
+        assert_eq!(
+            verdict(&policy, "deploy", json!({}), &prod, monday),
+            Verdict::NoMatch
+        );
+        assert_eq!(
+            verdict(&policy, "lookup", json!({}), &[], monday),
+            Verdict::NoMatch
+        );
+    }
+
+    #[test]
+    fn a_rule_that_cannot_be_evaluated_fails_safe_and_names_itself() {
+        let policy = Policy::parse(EXAMPLE).unwrap();
+        let Verdict::Failed { rule, error } = verdict(
+            &policy,
+            "wire_money",
+            json!({"amount": "lots", "to": "ACME"}),
+            &[],
+            0,
+        ) else {
+            panic!("a string compared with an int")
+        };
+        assert_eq!(rule, "small-payments");
+        assert!(!error.is_empty());
+        let missing = verdict(&policy, "wire_money", json!({"to": "ACME"}), &[], 0);
+        assert!(matches!(missing, Verdict::Failed { .. }), "{missing:?}");
+    }
+
+    #[test]
+    fn bad_policies_are_refused_with_the_rule_and_the_reason() {
+        let refused = |text: &str| Policy::parse(text).err().expect("refused");
+        let rule = |body: &str| format!("[[rule]]\nname = \"r\"\n{body}");
+        assert!(refused(&rule("when = 'tool ==' \ndecide = \"allow\""))
+            .starts_with("rule 1 ('r'): when:"));
+        assert!(refused(&rule("when = 'amount > 1'\ndecide = \"allow\""))
+            .contains("unknown variable amount"));
+        assert!(refused(&rule("when = 'true'\ndecide = \"maybe\""))
+            .contains("not one of allow, deny, require"));
+        assert!(
+            refused(&rule("when = 'true'\ndecide = \"allow\"\nreason = \"x\""))
+                .contains("reason is only for decide = \"deny\"")
+        );
+        assert!(refused(&rule(
+            "when = 'true'\ndecide = \"require\"\napprovals_required = 0"
+        ))
+        .contains("approvals_required: 0"));
+        assert!(
+            refused(&rule("when = 'true'\ndecide = \"allow\"\ncolour = 1"))
+                .contains("unknown field")
+        );
+        let twice = format!(
+            "{}\n{}",
+            rule("when = 'true'\ndecide = \"allow\""),
+            rule("when = 'true'\ndecide = \"allow\"")
+        );
+        assert!(refused(&twice).contains("rule 2 ('r'): another rule has this name"));
+        // A comprehension's own variable is not an unknown input.
+        let ok = rule("when = 'args.items.all(i, i > 0)'\ndecide = \"allow\"");
+        assert!(Policy::parse(&ok).is_ok(), "{:?}", Policy::parse(&ok).err());
+    }
+}
