@@ -150,20 +150,19 @@ fn verdict_line(verdict: &Verdict) -> String {
             Decide::Allow => format!("rule {rule} allows it: granted by the policy, nobody is asked"),
             Decide::Deny { reason } => format!("rule {rule} denies it: {reason}"),
             Decide::Require(needs) => {
-                let mut parts = Vec::new();
-                if let Some(n) = needs.approvals_required {
-                    parts.push(format!("{n} approval(s)"));
-                }
-                if let Some(groups) = &needs.approvers {
-                    parts.push(format!("from {}", groups.join(" or ")));
-                }
-                if let Some(s) = needs.approval_timeout_s {
-                    parts.push(format!("within {s} s"));
-                }
-                match parts.is_empty() {
-                    true => format!("rule {rule} requires a person's decision"),
-                    false => format!("rule {rule} requires {}", parts.join(" ")),
-                }
+                let count = match needs.approvals_required {
+                    None => "a person's decision".to_string(),
+                    Some(1) => "1 approval".to_string(),
+                    Some(n) => format!("{n} approvals"),
+                };
+                let from = needs
+                    .approvers
+                    .as_ref()
+                    .map_or(String::new(), |groups| format!(" from {}", groups.join(" or ")));
+                let within = needs
+                    .approval_timeout_s
+                    .map_or(String::new(), |s| format!(" within {s} s"));
+                format!("rule {rule} requires {count}{from}{within}")
             }
         },
     }
