@@ -22,6 +22,8 @@ use cel_interpreter::{Context, Program, Value as Cel};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::engine::event::Nudging;
+
 /// What a rule's `when` may name.
 pub const VARIABLES: [&str; 6] = ["tool", "args", "labels", "task", "started_by", "now"];
 /// Most rules one policy may hold.
@@ -30,6 +32,8 @@ const MAX_RULES: usize = 256;
 const MAX_EXPRESSION: usize = 4096;
 /// Most approvers a rule may require (as for tools).
 const MAX_APPROVALS: u32 = 16;
+/// Most reminders of one request.
+pub const MAX_REMINDERS: u32 = 100;
 
 /// A loaded policy: its rules, compiled, and the sha256 of the file.
 pub struct Policy {
@@ -57,6 +61,28 @@ pub struct Requirements {
     pub approvals_required: Option<u32>,
     pub approvers: Option<Vec<String>>,
     pub approval_timeout_s: Option<f64>,
+    pub remind_after_s: Option<f64>,
+    pub reminders: Option<u32>,
+    pub escalate_after_s: Option<f64>,
+    pub escalate_to: Option<Vec<String>>,
+}
+
+impl Requirements {
+    /// The reminders and escalation of a request: the rule's where it sets
+    /// them, else the tool's.
+    pub fn nudging(&self, tool: Option<&Nudging>) -> Nudging {
+        let tool = tool.cloned().unwrap_or_default();
+        Nudging {
+            remind_after_s: self.remind_after_s.unwrap_or(tool.remind_after_s),
+            // A rule that sets remind_after_s alone means one reminder.
+            reminders: self.reminders.unwrap_or(match self.remind_after_s {
+                Some(_) => tool.reminders.max(1),
+                None => tool.reminders,
+            }),
+            escalate_after_s: self.escalate_after_s.unwrap_or(tool.escalate_after_s),
+            escalate_to: self.escalate_to.clone().unwrap_or(tool.escalate_to),
+        }
+    }
 }
 
 /// What a rule sees of a call.
@@ -99,6 +125,10 @@ struct RuleSection {
     approvals_required: Option<u32>,
     approvers: Option<Vec<String>>,
     approval_timeout_s: Option<f64>,
+    remind_after_s: Option<f64>,
+    reminders: Option<u32>,
+    escalate_after_s: Option<f64>,
+    escalate_to: Option<Vec<String>>,
 }
 
 impl Policy {
@@ -216,9 +246,18 @@ impl Rule {
         };
         let decide = match section.decide.as_str() {
             "allow" | "deny" => {
-                misplaced("approvals_required", section.approvals_required.is_some())?;
-                misplaced("approvers", section.approvers.is_some())?;
-                misplaced("approval_timeout_s", section.approval_timeout_s.is_some())?;
+                let requirements = [
+                    ("approvals_required", section.approvals_required.is_some()),
+                    ("approvers", section.approvers.is_some()),
+                    ("approval_timeout_s", section.approval_timeout_s.is_some()),
+                    ("remind_after_s", section.remind_after_s.is_some()),
+                    ("reminders", section.reminders.is_some()),
+                    ("escalate_after_s", section.escalate_after_s.is_some()),
+                    ("escalate_to", section.escalate_to.is_some()),
+                ];
+                for (field, present) in requirements {
+                    misplaced(field, present)?;
+                }
                 if section.decide == "allow" {
                     misplaced("reason", section.reason.is_some())?;
                     Decide::Allow
@@ -238,18 +277,36 @@ impl Rule {
                         ));
                     }
                 }
-                for group in section.approvers.iter().flatten() {
-                    check_name(group).map_err(|why| format!("approvers: '{group}': {why}"))?;
+                for (field, groups) in [
+                    ("approvers", &section.approvers),
+                    ("escalate_to", &section.escalate_to),
+                ] {
+                    for group in groups.iter().flatten() {
+                        check_name(group).map_err(|why| format!("{field}: '{group}': {why}"))?;
+                    }
                 }
-                if let Some(s) = section.approval_timeout_s {
-                    crate::seconds::APPROVAL_TIMEOUT
-                        .check(s)
-                        .map_err(|why| format!("approval_timeout_s: {why}"))?;
+                for (field, seconds) in [
+                    ("approval_timeout_s", section.approval_timeout_s),
+                    ("remind_after_s", section.remind_after_s),
+                    ("escalate_after_s", section.escalate_after_s),
+                ] {
+                    if let Some(s) = seconds {
+                        crate::seconds::APPROVAL_TIMEOUT
+                            .check(s)
+                            .map_err(|why| format!("{field}: {why}"))?;
+                    }
+                }
+                if section.reminders.is_some_and(|n| n > MAX_REMINDERS) {
+                    return Err(format!("reminders: at most {MAX_REMINDERS}"));
                 }
                 Decide::Require(Requirements {
                     approvals_required: section.approvals_required,
                     approvers: section.approvers,
                     approval_timeout_s: section.approval_timeout_s,
+                    remind_after_s: section.remind_after_s,
+                    reminders: section.reminders,
+                    escalate_after_s: section.escalate_after_s,
+                    escalate_to: section.escalate_to,
                 })
             }
             other => {
@@ -482,7 +539,7 @@ reason = "no deploys at the weekend"
                 decide: Decide::Require(Requirements {
                     approvals_required: Some(2),
                     approvers: Some(vec!["finance".into()]),
-                    approval_timeout_s: None,
+                    ..Requirements::default()
                 })
             }
         );

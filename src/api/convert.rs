@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::engine::event::{
-    Budget, ErrorData, ModelChoice, ProposedCall, RetrySpec, ScriptStep, ToolSpec,
+    Budget, ErrorData, ModelChoice, Nudging, ProposedCall, RetrySpec, ScriptStep, ToolSpec,
 };
 use crate::engine::state::Message;
 use crate::engine::{self, Error, MAX_EVENT_BYTES};
@@ -330,6 +330,29 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
         )?
         .max(1),
         approvers: approver_groups(&field("approvers"), tool.approvers)?,
+        nudging: Nudging {
+            remind_after_s: seconds(
+                &field("remind_after_s"),
+                tool.remind_after_s,
+                seconds::APPROVAL_TIMEOUT,
+            )?,
+            reminders: match tool.reminders {
+                n if n > crate::policy::MAX_REMINDERS => {
+                    return Err(Error::invalid(
+                        &field("reminders"),
+                        format!("{n} is more than {}", crate::policy::MAX_REMINDERS),
+                    ))
+                }
+                0 if tool.remind_after_s > 0.0 => 1,
+                n => n,
+            },
+            escalate_after_s: seconds(
+                &field("escalate_after_s"),
+                tool.escalate_after_s,
+                seconds::APPROVAL_TIMEOUT,
+            )?,
+            escalate_to: approver_groups(&field("escalate_to"), tool.escalate_to)?,
+        },
     })
 }
 
@@ -363,6 +386,10 @@ pub fn tool_definition_out(spec: &ToolSpec) -> proto::ToolDefinition {
         approval_timeout_s: spec.approval_timeout_s,
         approvals_required: spec.approvals_required,
         approvers: spec.approvers.clone(),
+        remind_after_s: spec.nudging.remind_after_s,
+        reminders: spec.nudging.reminders,
+        escalate_after_s: spec.nudging.escalate_after_s,
+        escalate_to: spec.nudging.escalate_to.clone(),
     }
 }
 

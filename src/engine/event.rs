@@ -25,6 +25,8 @@ pub const APPROVAL_DENIED: &str = "aaa.approval.denied";
 pub const APPROVAL_EXPIRED: &str = "aaa.approval.expired";
 pub const APPROVAL_VOTED: &str = "aaa.approval.voted";
 pub const APPROVAL_EDITED: &str = "aaa.approval.edited";
+pub const APPROVAL_REMINDED: &str = "aaa.approval.reminded";
+pub const APPROVAL_ESCALATED: &str = "aaa.approval.escalated";
 
 /// Is this type one that only the engine may append?
 /// The prefix is matched in any case: `AAA.approval.granted` grants nothing,
@@ -159,6 +161,31 @@ pub struct ToolSpec {
     /// The approver groups that may decide its calls; empty: any approver.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvers: Vec<String>,
+    /// Reminders and escalation of its requests nobody answers.
+    #[serde(default, skip_serializing_if = "Nudging::is_off")]
+    pub nudging: Nudging,
+}
+
+/// Reminders (`aaa.approval.reminded`, `reminders` of them, one every
+/// `remind_after_s`) and an escalation (`aaa.approval.escalated` after
+/// `escalate_after_s`, adding `escalate_to` to the approver groups) of a
+/// request nobody answers. Zero seconds: none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Nudging {
+    #[serde(default)]
+    pub remind_after_s: f64,
+    #[serde(default)]
+    pub reminders: u32,
+    #[serde(default)]
+    pub escalate_after_s: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalate_to: Vec<String>,
+}
+
+impl Nudging {
+    pub fn is_off(&self) -> bool {
+        self.remind_after_s == 0.0 && self.escalate_after_s == 0.0
+    }
 }
 
 fn one() -> u32 {
@@ -303,6 +330,10 @@ pub struct ApprovalRequested {
     /// The approval timeout a policy rule set (else the tool's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_timeout_s: Option<f64>,
+    /// Reminders and escalation while nobody answers (the tool's, or a
+    /// policy rule's).
+    #[serde(default, skip_serializing_if = "Nudging::is_off")]
+    pub nudging: Nudging,
     /// The policy rule that set these requirements, or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyStamp>,
@@ -356,6 +387,27 @@ pub struct ApprovalDenied {
     /// A denial by the policy: the rule that denied the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyStamp>,
+}
+
+/// A request nobody has answered yet: reminder `reminder` of `reminders`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalReminded {
+    pub call_id: String,
+    pub name: String,
+    pub reminder: u32,
+    pub reminders: u32,
+    /// Seconds since the request.
+    pub waiting_s: f64,
+}
+
+/// A request nobody answered in time: `approvers` may decide it now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalEscalated {
+    pub call_id: String,
+    pub name: String,
+    /// The approver groups from now on (the old ones and `escalate_to`).
+    pub approvers: Vec<String>,
+    pub waiting_s: f64,
 }
 
 /// A grant that is not yet the last one the call needs.

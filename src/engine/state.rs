@@ -20,6 +20,8 @@ pub const MODEL_MAX_ATTEMPTS: u32 = 3;
 /// Timer names (the durable timer key carries them).
 pub const DEADLINE_TIMER: &str = "deadline";
 const APPROVAL_TIMER: &str = "approval/";
+const REMIND_TIMER: &str = "remind/";
+const ESCALATE_TIMER: &str = "escalate/";
 const RETRY_TIMER: &str = "retry/";
 
 /// What the driver does because of an event.
@@ -146,6 +148,40 @@ pub struct Call {
     pub approvers: Vec<String>,
     /// An edited call's editor, whose grant goes with the request.
     pub editor_grant: Option<EditorGrant>,
+    /// Reminders and escalation of a request nobody answers.
+    pub nudges: Nudges,
+}
+
+/// What a waiting request's reminders and escalation are, from its
+/// `aaa.approval.requested`, and their durable timers while armed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Nudges {
+    pub remind_after_s: f64,
+    pub reminders: u32,
+    pub reminded: u32,
+    pub escalate_after_s: f64,
+    pub escalate_to: Vec<String>,
+    pub remind_timer_ms: Option<i64>,
+    pub escalate_timer_ms: Option<i64>,
+}
+
+impl Call {
+    /// Cancels the timers of a request that is resolved (or whose run ended).
+    fn cancel_wait_timers(&mut self, actions: &mut Vec<Action>) {
+        let timers = [
+            (self.approval_timer_ms.take(), APPROVAL_TIMER),
+            (self.nudges.remind_timer_ms.take(), REMIND_TIMER),
+            (self.nudges.escalate_timer_ms.take(), ESCALATE_TIMER),
+        ];
+        for (due, prefix) in timers {
+            if let Some(due_ms) = due {
+                actions.push(Action::CancelTimer {
+                    due_ms,
+                    name: format!("{prefix}{}", self.call_id),
+                });
+            }
+        }
+    }
 }
 
 /// The grant an editor gave with an edit (`grant: true`), cast once the
@@ -523,6 +559,7 @@ impl RunState {
                     edit_note: String::new(),
                     approvers: spec.as_ref().map_or(Vec::new(), |s| s.approvers.clone()),
                     editor_grant: None,
+                    nudges: Nudges::default(),
                 };
                 if !e.edited_from.is_empty() {
                     let edit = self
@@ -596,6 +633,30 @@ impl RunState {
                         name: format!("{APPROVAL_TIMER}{}", e.call_id),
                     });
                 }
+                let nudging = &e.nudging;
+                call.nudges = Nudges {
+                    remind_after_s: nudging.remind_after_s,
+                    reminders: nudging.reminders,
+                    escalate_after_s: nudging.escalate_after_s,
+                    escalate_to: nudging.escalate_to.clone(),
+                    ..Nudges::default()
+                };
+                if nudging.remind_after_s > 0.0 && nudging.reminders > 0 {
+                    let due_ms = seconds::after_ms(now, nudging.remind_after_s);
+                    call.nudges.remind_timer_ms = Some(due_ms);
+                    actions.push(Action::ArmTimer {
+                        due_ms,
+                        name: format!("{REMIND_TIMER}{}", e.call_id),
+                    });
+                }
+                if nudging.escalate_after_s > 0.0 {
+                    let due_ms = seconds::after_ms(now, nudging.escalate_after_s);
+                    call.nudges.escalate_timer_ms = Some(due_ms);
+                    actions.push(Action::ArmTimer {
+                        due_ms,
+                        name: format!("{ESCALATE_TIMER}{}", e.call_id),
+                    });
+                }
                 actions.push(Action::ApprovalPending {
                     call_id: e.call_id.clone(),
                 });
@@ -608,6 +669,31 @@ impl RunState {
                         actions.push(Action::Emit(vote.by(grant.actor)));
                     }
                 }
+            }
+            APPROVAL_REMINDED => {
+                let e: ApprovalReminded = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                let nudges = &mut call.nudges;
+                nudges.reminded = e.reminder;
+                // The timer that fired was deleted with this event; the
+                // next reminder, if any, is armed.
+                nudges.remind_timer_ms = None;
+                if nudges.reminded < nudges.reminders {
+                    let due_ms = seconds::after_ms(now, nudges.remind_after_s);
+                    nudges.remind_timer_ms = Some(due_ms);
+                    actions.push(Action::ArmTimer {
+                        due_ms,
+                        name: format!("{REMIND_TIMER}{}", e.call_id),
+                    });
+                }
+            }
+            APPROVAL_ESCALATED => {
+                let e: ApprovalEscalated = decode(event)?;
+                let call = self.call_mut(&e.call_id)?;
+                call.nudges.escalate_timer_ms = None;
+                call.approvers = e.approvers;
+                // The index row shows who may decide now.
+                actions.push(Action::ApprovalPending { call_id: e.call_id });
             }
             APPROVAL_VOTED => {
                 let e: ApprovalVoted = decode(event)?;
@@ -626,12 +712,7 @@ impl RunState {
                 let call = self.call_mut(&e.call_id)?;
                 call.decision = Some(Decision::Edited);
                 call.phase = Phase::Done;
-                if let Some(due_ms) = call.approval_timer_ms.take() {
-                    actions.push(Action::CancelTimer {
-                        due_ms,
-                        name: format!("{APPROVAL_TIMER}{}", e.call_id),
-                    });
-                }
+                call.cancel_wait_timers(&mut actions);
                 actions.push(Action::ApprovalResolved {
                     call_id: e.call_id.clone(),
                 });
@@ -674,12 +755,7 @@ impl RunState {
                 };
                 let call = self.call_mut(&call_id)?;
                 call.decision = Some(decision);
-                if let Some(due_ms) = call.approval_timer_ms.take() {
-                    actions.push(Action::CancelTimer {
-                        due_ms,
-                        name: format!("{APPROVAL_TIMER}{call_id}"),
-                    });
-                }
+                call.cancel_wait_timers(&mut actions);
                 actions.push(Action::ApprovalResolved {
                     call_id: call_id.clone(),
                 });
@@ -771,12 +847,7 @@ impl RunState {
                     });
                 }
                 for call in &mut self.calls {
-                    if let Some(due_ms) = call.approval_timer_ms.take() {
-                        actions.push(Action::CancelTimer {
-                            due_ms,
-                            name: format!("{APPROVAL_TIMER}{}", call.call_id),
-                        });
-                    }
+                    call.cancel_wait_timers(&mut actions);
                     if let Phase::Backoff { until_ms } = call.phase {
                         actions.push(Action::CancelTimer {
                             due_ms: until_ms,
@@ -903,6 +974,7 @@ impl RunState {
                     .clone()
                     .unwrap_or_else(|| call.approvers.clone()),
                 approval_timeout_s: needs.approval_timeout_s,
+                nudging: needs.nudging(spec.map(|s| &s.nudging)),
                 policy,
             },
         )
@@ -1261,9 +1333,46 @@ impl RunState {
                 }
             }
         }
+        let waiting =
+            |call: &Call| call.phase == Phase::AwaitingApproval && call.decision.is_none();
+        let waiting_s = |call: &Call| (now_ms - call.requested_ms).max(0) as f64 / 1000.0;
+        if let Some(call_id) = name.strip_prefix(REMIND_TIMER) {
+            if let Some(call) = self.call(call_id).filter(|c| waiting(c)) {
+                return vec![NewEvent::engine(
+                    APPROVAL_REMINDED,
+                    ApprovalReminded {
+                        call_id: call_id.to_string(),
+                        name: call.name.clone(),
+                        reminder: call.nudges.reminded + 1,
+                        reminders: call.nudges.reminders,
+                        waiting_s: waiting_s(call),
+                    },
+                )];
+            }
+        }
+        if let Some(call_id) = name.strip_prefix(ESCALATE_TIMER) {
+            if let Some(call) = self.call(call_id).filter(|c| waiting(c)) {
+                // Widen: add escalate_to to the groups. A call any approver
+                // may decide stays so (adding groups would narrow it).
+                let mut approvers = call.approvers.clone();
+                if !approvers.is_empty() {
+                    approvers.extend(call.nudges.escalate_to.iter().cloned());
+                    approvers.sort();
+                    approvers.dedup();
+                }
+                return vec![NewEvent::engine(
+                    APPROVAL_ESCALATED,
+                    ApprovalEscalated {
+                        call_id: call_id.to_string(),
+                        name: call.name.clone(),
+                        approvers,
+                        waiting_s: waiting_s(call),
+                    },
+                )];
+            }
+        }
         // Retry timers need no event: a call in backoff becomes dispatchable
         // by itself once `until_ms` passes (see `dispatchable`).
-        let _ = now_ms;
         Vec::new()
     }
 
@@ -1593,6 +1702,7 @@ mod tests {
             approval_timeout_s: 0.0,
             approvals_required: 1,
             approvers: Vec::new(),
+            nudging: Default::default(),
         }
     }
 

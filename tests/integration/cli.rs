@@ -833,3 +833,132 @@ async fn edit_votes_and_batch_decisions_from_the_terminal() {
         );
     }
 }
+
+/// The example policy of docs/policy.md, as printed there, with the
+/// principals of the policy tests (alice and bob in finance, dave in
+/// finance-leads, carol in no group): what it promises holds from the
+/// terminal.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_documented_policy_works_end_to_end_from_the_terminal() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/policy.md"))
+        .expect("docs/policy.md");
+    let example = docs
+        .split("```toml\n")
+        .find(|block| block.starts_with("# policy.toml"))
+        .and_then(|block| block.split("```").next())
+        .expect("the example policy in docs/policy.md");
+    let dir = tempfile::tempdir().unwrap();
+    let server = crate::policy::start(dir.path(), example).await;
+    crate::policy::register_tools(&server).await;
+    let file = dir.path().join("policy.toml");
+    let mut runner = Clients::with_token(&server, &crate::auth::token("runner")).await;
+    let mut start = async |arguments: &str| {
+        let run_id = runner
+            .runs
+            .start_run(scripted_run("wire_money", arguments))
+            .await
+            .expect("StartRun")
+            .into_inner()
+            .run_id;
+        let events = runner
+            .follow_until(&run_id, true, |e| e.r#type.starts_with("aaa.approval."))
+            .await;
+        (run_id, events.last().unwrap().r#type.clone())
+    };
+    let as_ = |who: &str| format!("token-{who}");
+
+    let tried = aaa(
+        &server,
+        &[
+            "policy",
+            "test",
+            file.to_str().unwrap(),
+            "--tool",
+            "wire_money",
+            "--arguments",
+            r#"{"amount":50,"to":"ACME"}"#,
+        ],
+    )
+    .await
+    .ok();
+    assert!(
+        tried
+            .stdout
+            .starts_with("rule small-payments-to-known-vendors allows it"),
+        "{}",
+        tried.stdout
+    );
+    let (_, first) = start(r#"{"amount":50,"to":"ACME"}"#).await;
+    assert_eq!(first, "aaa.approval.granted", "nobody asked");
+
+    // Over 10,000: two of finance; carol is in none of the groups.
+    let (large, first) = start(r#"{"amount":20000,"to":"Initech"}"#).await;
+    assert_eq!(first, "aaa.approval.requested");
+    let carols = aaa(
+        &server,
+        &[
+            "approvals",
+            "ls",
+            "--mine",
+            "--json",
+            "--token",
+            &as_("carol"),
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(carols.json()["approvals"], json!([]));
+    let refused = aaa(
+        &server,
+        &["approve", &large, "call-1", "--token", &as_("carol")],
+    )
+    .await;
+    assert!(
+        refused.error_line(1).contains("NOT_AN_APPROVER_FOR_CALL"),
+        "{}",
+        refused.stderr
+    );
+    let voted = aaa(
+        &server,
+        &["approve", &large, "call-1", "--token", &as_("alice")],
+    )
+    .await
+    .ok();
+    assert!(voted.stdout.contains("1 of 2 grants"), "{}", voted.stdout);
+    let granted = aaa(
+        &server,
+        &["approve", &large, "call-1", "--token", &as_("bob")],
+    )
+    .await
+    .ok();
+    assert!(
+        granted.stdout.starts_with("granted call-1"),
+        "{}",
+        granted.stdout
+    );
+
+    // Unanswered for 10 minutes: finance-leads may decide too.
+    let (medium, _) = start(r#"{"amount":500,"to":"Initech"}"#).await;
+    server.clock().advance(std::time::Duration::from_secs(601));
+    runner
+        .wait_for_event(&medium, "aaa.approval.escalated")
+        .await;
+    let events = runner.history(&medium).await;
+    assert_eq!(
+        count(&events, "aaa.approval.reminded"),
+        1,
+        "reminded after 5 minutes"
+    );
+    let granted = aaa(
+        &server,
+        &["approve", &medium, "call-1", "--token", &as_("dave")],
+    )
+    .await
+    .ok();
+    assert!(
+        granted.stdout.starts_with("granted call-1"),
+        "{}",
+        granted.stdout
+    );
+    server.shutdown().await;
+}

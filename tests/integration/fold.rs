@@ -116,6 +116,7 @@ fn waiting_run() -> RunState {
                 approval_timeout_s: 0.0,
                 approvals_required: 1,
                 approvers: Vec::new(),
+                nudging: Default::default(),
             }],
             budget: Budget {
                 deadline_s: 0.0,

@@ -116,9 +116,8 @@ fn tool(seeds: &Seeds) -> impl Strategy<Value = ToolDefinition> {
                         max_backoff_s: backoff,
                     }),
                     heartbeat_timeout_s: heartbeat,
-                    approvals_required: 0,
-                    approvers: Vec::new(),
                     approval_timeout_s: approval,
+                    ..Default::default()
                 }
             },
         )

@@ -25,8 +25,7 @@ fn fetch_quote(max_attempts: u32) -> ToolDefinition {
         }),
         heartbeat_timeout_s: LEASE.as_secs_f64(),
         approval_timeout_s: 0.0,
-        approvals_required: 0,
-        approvers: Vec::new(),
+        ..Default::default()
     }
 }
 

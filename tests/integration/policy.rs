@@ -59,6 +59,7 @@ fn auth_toml() -> String {
         ("alice", r#"["approver"]"#, r#"["finance"]"#),
         ("bob", r#"["approver"]"#, r#"["finance"]"#),
         ("carol", r#"["approver"]"#, "[]"),
+        ("dave", r#"["approver"]"#, r#"["finance-leads"]"#),
         ("runner", r#"["runner", "reader"]"#, "[]"),
         ("worker", r#"["worker"]"#, "[]"),
         ("admin", r#"["admin"]"#, "[]"),
@@ -77,7 +78,7 @@ fn auth_toml() -> String {
 }
 
 /// A server with auth and the policy in `dir/policy.toml`.
-async fn start(dir: &Path, policy: &str) -> TestServer {
+pub async fn start(dir: &Path, policy: &str) -> TestServer {
     let file = dir.join("policy.toml");
     std::fs::write(&file, policy).expect("write the policy");
     let handle = Arc::new(PolicyHandle::load(&file).expect("the policy checks"));
@@ -98,7 +99,7 @@ fn lookup() -> ToolDefinition {
     }
 }
 
-async fn register_tools(server: &TestServer) {
+pub async fn register_tools(server: &TestServer) {
     let mut worker = Clients::with_token(server, &token("worker")).await;
     worker
         .workers
@@ -471,4 +472,98 @@ async fn serve_refuses_a_policy_that_does_not_check() {
     assert_eq!(output.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("rule 1 ('bad'): when:"), "{stderr}");
+}
+
+/// Reminders and an escalation are durable timers: each fires once, also
+/// across a restart, and the escalation widens who may decide.
+#[tokio::test(flavor = "multi_thread")]
+async fn reminders_and_an_escalation_fire_once_each_across_a_restart() {
+    let policy = r#"
+[[rule]]
+name = "payments"
+when = 'tool == "wire_money"'
+decide = "require"
+approvers = ["finance"]
+remind_after_s = 60
+reminders = 2
+escalate_after_s = 600
+escalate_to = ["finance-leads"]
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path(), policy).await;
+    register_tools(&server).await;
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    let (run_id, events) = run_calling(
+        &mut runner,
+        "wire_money",
+        r#"{"amount":500,"to":"Initech"}"#,
+    )
+    .await;
+    let call_id = crate::support::call_id(events.last().unwrap());
+    let count_of =
+        |events: &[aaa::proto::Event], ty: &str| events.iter().filter(|e| e.r#type == ty).count();
+
+    server.clock().advance(std::time::Duration::from_secs(61));
+    let events = runner
+        .wait_for_event(&run_id, "aaa.approval.reminded")
+        .await;
+    let reminded = data(events.last().unwrap());
+    assert_eq!(
+        (
+            reminded["reminder"].as_u64(),
+            reminded["reminders"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+
+    server.restart().await;
+    let mut runner = Clients::with_token(&server, &token("runner")).await;
+    server.clock().advance(std::time::Duration::from_secs(61));
+    let events = runner
+        .follow_until(&run_id, true, |e| {
+            e.r#type == "aaa.approval.reminded" && data(e)["reminder"] == 2
+        })
+        .await;
+    assert_eq!(count_of(&events, "aaa.approval.reminded"), 2);
+
+    // Dave (finance-leads) may not decide yet; after the escalation he may.
+    let mut dave = Clients::with_token(&server, &token("dave")).await;
+    let refused = dave
+        .runs
+        .signal(grant(&run_id, &call_id))
+        .await
+        .expect_err("not yet");
+    assert_error(&refused, Code::PermissionDenied, "NOT_AN_APPROVER_FOR_CALL");
+    server.clock().advance(std::time::Duration::from_secs(600));
+    let events = runner
+        .wait_for_event(&run_id, "aaa.approval.escalated")
+        .await;
+    assert_eq!(
+        data(events.last().unwrap())["approvers"],
+        json!(["finance", "finance-leads"])
+    );
+    let listed = dave
+        .approvals
+        .list_approvals(ListApprovalsRequest {
+            decidable: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.approvals.len(), 1, "dave's to decide now");
+    dave.runs
+        .signal(grant(&run_id, &call_id))
+        .await
+        .expect("dave decides");
+
+    server.clock().advance(std::time::Duration::from_secs(3600));
+    let events = runner.history(&run_id).await;
+    assert_eq!(
+        count_of(&events, "aaa.approval.reminded"),
+        2,
+        "two reminders in all"
+    );
+    assert_eq!(count_of(&events, "aaa.approval.escalated"), 1);
+    server.shutdown().await;
 }

@@ -345,7 +345,8 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 //	aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
 //	aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?,
 //	                        approvals_required? (when more than 1), edited_from?,
-//	                        approvers? (groups), approval_timeout_s? and policy?
+//	                        approvers? (groups), approval_timeout_s?, nudging?
+//	                        {remind_after_s, reminders, escalate_after_s, escalate_to}, and policy?
 //	                        {rule, sha256, error?} when a policy rule set them or failed}
 //	aaa.approval.voted     {call_id, name, arguments_sha256, approver, comment?, votes,
 //	                        approvals_required}   (a grant that is not yet the last one needed)
@@ -353,6 +354,8 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 //	                        new_arguments_sha256, reason, grant}
 //	                       (call_id is resolved as edited and never runs; new_call_id
 //	                       takes its place and is requested like a model's call)
+//	aaa.approval.reminded  {call_id, name, reminder, reminders, waiting_s}   (nobody answered yet)
+//	aaa.approval.escalated {call_id, name, approvers, waiting_s}   (approvers: the groups from now on)
 //	aaa.approval.expired   {call_id, name, reason}     (reason "deadline" or "run_cancelled")
 //	aaa.tool.started       {call_id, attempt, worker}
 //	aaa.tool.completed     {call_id, attempt, output}
@@ -643,9 +646,18 @@ type ToolDefinition struct {
 	ApprovalsRequired uint32 `protobuf:"varint,8,opt,name=approvals_required,json=approvalsRequired,proto3" json:"approvals_required,omitempty"`
 	// The approver groups (of the auth config's principals) that may decide
 	// its calls; empty: any approver. Not enforced with auth off.
-	Approvers     []string `protobuf:"bytes,9,rep,name=approvers,proto3" json:"approvers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Approvers []string `protobuf:"bytes,9,rep,name=approvers,proto3" json:"approvers,omitempty"`
+	// When > 0, a request nobody has answered after this many seconds gets
+	// an aaa.approval.reminded, and so on every remind_after_s, `reminders`
+	// times in all (0 means 1).
+	RemindAfterS float64 `protobuf:"fixed64,10,opt,name=remind_after_s,json=remindAfterS,proto3" json:"remind_after_s,omitempty"`
+	Reminders    uint32  `protobuf:"varint,11,opt,name=reminders,proto3" json:"reminders,omitempty"`
+	// When > 0, a request nobody has answered after this many seconds gets
+	// an aaa.approval.escalated: escalate_to joins its approver groups.
+	EscalateAfterS float64  `protobuf:"fixed64,12,opt,name=escalate_after_s,json=escalateAfterS,proto3" json:"escalate_after_s,omitempty"`
+	EscalateTo     []string `protobuf:"bytes,13,rep,name=escalate_to,json=escalateTo,proto3" json:"escalate_to,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ToolDefinition) Reset() {
@@ -737,6 +749,34 @@ func (x *ToolDefinition) GetApprovalsRequired() uint32 {
 func (x *ToolDefinition) GetApprovers() []string {
 	if x != nil {
 		return x.Approvers
+	}
+	return nil
+}
+
+func (x *ToolDefinition) GetRemindAfterS() float64 {
+	if x != nil {
+		return x.RemindAfterS
+	}
+	return 0
+}
+
+func (x *ToolDefinition) GetReminders() uint32 {
+	if x != nil {
+		return x.Reminders
+	}
+	return 0
+}
+
+func (x *ToolDefinition) GetEscalateAfterS() float64 {
+	if x != nil {
+		return x.EscalateAfterS
+	}
+	return 0
+}
+
+func (x *ToolDefinition) GetEscalateTo() []string {
+	if x != nil {
+		return x.EscalateTo
 	}
 	return nil
 }
@@ -990,7 +1030,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\tprincipal\x18\x03 \x01(\tR\tprincipal\";\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xf2\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x81\x04\n" +
 	"\x0eToolDefinition\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12'\n" +
@@ -1000,7 +1040,13 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x13heartbeat_timeout_s\x18\x06 \x01(\x01R\x11heartbeatTimeoutS\x12,\n" +
 	"\x12approval_timeout_s\x18\a \x01(\x01R\x10approvalTimeoutS\x12-\n" +
 	"\x12approvals_required\x18\b \x01(\rR\x11approvalsRequired\x12\x1c\n" +
-	"\tapprovers\x18\t \x03(\tR\tapprovers\"\xb1\x01\n" +
+	"\tapprovers\x18\t \x03(\tR\tapprovers\x12$\n" +
+	"\x0eremind_after_s\x18\n" +
+	" \x01(\x01R\fremindAfterS\x12\x1c\n" +
+	"\treminders\x18\v \x01(\rR\treminders\x12(\n" +
+	"\x10escalate_after_s\x18\f \x01(\x01R\x0eescalateAfterS\x12\x1f\n" +
+	"\vescalate_to\x18\r \x03(\tR\n" +
+	"escalateTo\"\xb1\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12*\n" +
 	"\x11initial_backoff_s\x18\x02 \x01(\x01R\x0finitialBackoffS\x12/\n" +

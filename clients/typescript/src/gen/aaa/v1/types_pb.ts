@@ -12,7 +12,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/types.proto.
  */
 export const file_aaa_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChJhYWEvdjEvdHlwZXMucHJvdG8SBmFhYS52MSKrAQoFRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIQCghwb3NpdGlvbhgDIAEoBBIKCgJpZBgEIAEoCRIMCgR0eXBlGAUgASgJEhEKCWRhdGFfanNvbhgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIcCgVhY3RvchgIIAEoCzINLmFhYS52MS5BY3RvciJJCgVBY3RvchIfCgRraW5kGAEgASgOMhEuYWFhLnYxLkFjdG9yS2luZBIMCgRuYW1lGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCSIsCgtFcnJvckRldGFpbBIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki8wEKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEhkKEXJlcXVpcmVzX2FwcHJvdmFsGAQgASgIEiIKBXJldHJ5GAUgASgLMhMuYWFhLnYxLlJldHJ5UG9saWN5EhsKE2hlYXJ0YmVhdF90aW1lb3V0X3MYBiABKAESGgoSYXBwcm92YWxfdGltZW91dF9zGAcgASgBEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgIIAEoDRIRCglhcHByb3ZlcnMYCSADKAkicgoLUmV0cnlQb2xpY3kSFAoMbWF4X2F0dGVtcHRzGAEgASgNEhkKEWluaXRpYWxfYmFja29mZl9zGAIgASgBEhsKE2JhY2tvZmZfY29lZmZpY2llbnQYAyABKAESFQoNbWF4X2JhY2tvZmZfcxgEIAEoASKfAQoHTWVzc2FnZRIaCgRyb2xlGAEgASgOMgwuYWFhLnYxLlJvbGUSDwoHY29udGVudBgCIAEoCRIkCgp0b29sX2NhbGxzGAMgAygLMhAuYWFhLnYxLlRvb2xDYWxsEg8KB2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCRIiCgVlcnJvchgGIAEoCzITLmFhYS52MS5FcnJvckRldGFpbCJBCghUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkqgwEKCUFjdG9yS2luZBIaChZBQ1RPUl9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRQUNUT1JfS0lORF9FTkdJTkUQARIVChFBQ1RPUl9LSU5EX1dPUktFUhACEhUKEUFDVE9SX0tJTkRfQ0xJRU5UEAMSFQoRQUNUT1JfS0lORF9QT0xJQ1kQBCpfCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMSDQoJUk9MRV9UT09MEAQqiwUKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDVJVTl9OT1RfRk9VTkQQARISCg5DQUxMX05PVF9GT1VORBACEhEKDUlOVkFMSURfRklFTEQQAxIVChFQQVlMT0FEX1RPT19MQVJHRRAEEhcKE1JFU0VSVkVEX0VWRU5UX1RZUEUQBRIQCgxSVU5fRklOSVNIRUQQBhIRCg1TVEFMRV9BVFRFTVBUEAcSFgoSQVJHVU1FTlRTX01JU01BVENIEAgSFwoTVE9PTF9OT1RfUkVHSVNURVJFRBAJEhEKDUlOVkFMSURfVE9LRU4QChIRCg1TSFVUVElOR19ET1dOEAsSEgoOSU5URVJOQUxfRVJST1IQDBITCg9VTkFVVEhFTlRJQ0FURUQQDRIVChFQRVJNSVNTSU9OX0RFTklFRBAOEhEKDU5PVF9SVU5fT1dORVIQDxIYChRTRVBBUkFUSU9OX09GX0RVVElFUxAQEhMKD0dST1VQX05PVF9GT1VORBAUEhIKDkdST1VQX01JU01BVENIEBUSEwoPTUVNQkVSX1RPT19TTE9XEBYSFwoTU1RPUkFHRV9VTkFWQUlMQUJMRRAXEhUKEU1BTEZPUk1FRF9SRVFVRVNUEBgSGAoUTk9UX0FMTE9XRURfVE9fU0VSVkUQGRISCg5JREVOVElUWV9UQUtFThAaEhMKD05PVF9UQVNLX0hPTERFUhAbEhIKDk9XTkVSU0hJUF9MT1NUEBwSFQoRT1dORVJfVU5BVkFJTEFCTEUQHRIRCg1BTFJFQURZX1ZPVEVEEB4SHAoYTk9UX0FOX0FQUFJPVkVSX0ZPUl9DQUxMEB9iBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChJhYWEvdjEvdHlwZXMucHJvdG8SBmFhYS52MSKrAQoFRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIQCghwb3NpdGlvbhgDIAEoBBIKCgJpZBgEIAEoCRIMCgR0eXBlGAUgASgJEhEKCWRhdGFfanNvbhgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIcCgVhY3RvchgIIAEoCzINLmFhYS52MS5BY3RvciJJCgVBY3RvchIfCgRraW5kGAEgASgOMhEuYWFhLnYxLkFjdG9yS2luZBIMCgRuYW1lGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCSIsCgtFcnJvckRldGFpbBIMCgR0eXBlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkizQIKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJEhkKEXJlcXVpcmVzX2FwcHJvdmFsGAQgASgIEiIKBXJldHJ5GAUgASgLMhMuYWFhLnYxLlJldHJ5UG9saWN5EhsKE2hlYXJ0YmVhdF90aW1lb3V0X3MYBiABKAESGgoSYXBwcm92YWxfdGltZW91dF9zGAcgASgBEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgIIAEoDRIRCglhcHByb3ZlcnMYCSADKAkSFgoOcmVtaW5kX2FmdGVyX3MYCiABKAESEQoJcmVtaW5kZXJzGAsgASgNEhgKEGVzY2FsYXRlX2FmdGVyX3MYDCABKAESEwoLZXNjYWxhdGVfdG8YDSADKAkicgoLUmV0cnlQb2xpY3kSFAoMbWF4X2F0dGVtcHRzGAEgASgNEhkKEWluaXRpYWxfYmFja29mZl9zGAIgASgBEhsKE2JhY2tvZmZfY29lZmZpY2llbnQYAyABKAESFQoNbWF4X2JhY2tvZmZfcxgEIAEoASKfAQoHTWVzc2FnZRIaCgRyb2xlGAEgASgOMgwuYWFhLnYxLlJvbGUSDwoHY29udGVudBgCIAEoCRIkCgp0b29sX2NhbGxzGAMgAygLMhAuYWFhLnYxLlRvb2xDYWxsEg8KB2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCRIiCgVlcnJvchgGIAEoCzITLmFhYS52MS5FcnJvckRldGFpbCJBCghUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkqgwEKCUFjdG9yS2luZBIaChZBQ1RPUl9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRQUNUT1JfS0lORF9FTkdJTkUQARIVChFBQ1RPUl9LSU5EX1dPUktFUhACEhUKEUFDVE9SX0tJTkRfQ0xJRU5UEAMSFQoRQUNUT1JfS0lORF9QT0xJQ1kQBCpfCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMSDQoJUk9MRV9UT09MEAQqiwUKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhEKDVJVTl9OT1RfRk9VTkQQARISCg5DQUxMX05PVF9GT1VORBACEhEKDUlOVkFMSURfRklFTEQQAxIVChFQQVlMT0FEX1RPT19MQVJHRRAEEhcKE1JFU0VSVkVEX0VWRU5UX1RZUEUQBRIQCgxSVU5fRklOSVNIRUQQBhIRCg1TVEFMRV9BVFRFTVBUEAcSFgoSQVJHVU1FTlRTX01JU01BVENIEAgSFwoTVE9PTF9OT1RfUkVHSVNURVJFRBAJEhEKDUlOVkFMSURfVE9LRU4QChIRCg1TSFVUVElOR19ET1dOEAsSEgoOSU5URVJOQUxfRVJST1IQDBITCg9VTkFVVEhFTlRJQ0FURUQQDRIVChFQRVJNSVNTSU9OX0RFTklFRBAOEhEKDU5PVF9SVU5fT1dORVIQDxIYChRTRVBBUkFUSU9OX09GX0RVVElFUxAQEhMKD0dST1VQX05PVF9GT1VORBAUEhIKDkdST1VQX01JU01BVENIEBUSEwoPTUVNQkVSX1RPT19TTE9XEBYSFwoTU1RPUkFHRV9VTkFWQUlMQUJMRRAXEhUKEU1BTEZPUk1FRF9SRVFVRVNUEBgSGAoUTk9UX0FMTE9XRURfVE9fU0VSVkUQGRISCg5JREVOVElUWV9UQUtFThAaEhMKD05PVF9UQVNLX0hPTERFUhAbEhIKDk9XTkVSU0hJUF9MT1NUEBwSFQoRT1dORVJfVU5BVkFJTEFCTEUQHRIRCg1BTFJFQURZX1ZPVEVEEB4SHAoYTk9UX0FOX0FQUFJPVkVSX0ZPUl9DQUxMEB9iBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * One event of a run's append-only log. Events are the only source of truth:
@@ -31,7 +31,8 @@ export const file_aaa_v1_types: GenFile = /*@__PURE__*/
  *   aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
  *   aaa.approval.requested {call_id, name, arguments, arguments_sha256, expires_at_ms?,
  *                           approvals_required? (when more than 1), edited_from?,
- *                           approvers? (groups), approval_timeout_s? and policy?
+ *                           approvers? (groups), approval_timeout_s?, nudging?
+ *                           {remind_after_s, reminders, escalate_after_s, escalate_to}, and policy?
  *                           {rule, sha256, error?} when a policy rule set them or failed}
  *   aaa.approval.voted     {call_id, name, arguments_sha256, approver, comment?, votes,
  *                           approvals_required}   (a grant that is not yet the last one needed)
@@ -39,6 +40,8 @@ export const file_aaa_v1_types: GenFile = /*@__PURE__*/
  *                           new_arguments_sha256, reason, grant}
  *                          (call_id is resolved as edited and never runs; new_call_id
  *                          takes its place and is requested like a model's call)
+ *   aaa.approval.reminded  {call_id, name, reminder, reminders, waiting_s}   (nobody answered yet)
+ *   aaa.approval.escalated {call_id, name, approvers, waiting_s}   (approvers: the groups from now on)
  *   aaa.approval.expired   {call_id, name, reason}     (reason "deadline" or "run_cancelled")
  *   aaa.tool.started       {call_id, attempt, worker}
  *   aaa.tool.completed     {call_id, attempt, output}
@@ -278,6 +281,33 @@ export type ToolDefinition = Message$1<"aaa.v1.ToolDefinition"> & {
    * @generated from field: repeated string approvers = 9;
    */
   approvers: string[];
+
+  /**
+   * When > 0, a request nobody has answered after this many seconds gets
+   * an aaa.approval.reminded, and so on every remind_after_s, `reminders`
+   * times in all (0 means 1).
+   *
+   * @generated from field: double remind_after_s = 10;
+   */
+  remindAfterS: number;
+
+  /**
+   * @generated from field: uint32 reminders = 11;
+   */
+  reminders: number;
+
+  /**
+   * When > 0, a request nobody has answered after this many seconds gets
+   * an aaa.approval.escalated: escalate_to joins its approver groups.
+   *
+   * @generated from field: double escalate_after_s = 12;
+   */
+  escalateAfterS: number;
+
+  /**
+   * @generated from field: repeated string escalate_to = 13;
+   */
+  escalateTo: string[];
 };
 
 /**

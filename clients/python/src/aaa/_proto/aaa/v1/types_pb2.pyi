@@ -136,7 +136,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ToolDefinition(_message.Message):
-    __slots__ = ("name", "description", "parameters_json", "requires_approval", "retry", "heartbeat_timeout_s", "approval_timeout_s", "approvals_required", "approvers")
+    __slots__ = ("name", "description", "parameters_json", "requires_approval", "retry", "heartbeat_timeout_s", "approval_timeout_s", "approvals_required", "approvers", "remind_after_s", "reminders", "escalate_after_s", "escalate_to")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,10 @@ class ToolDefinition(_message.Message):
     APPROVAL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     APPROVALS_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    REMIND_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    REMINDERS_FIELD_NUMBER: _ClassVar[int]
+    ESCALATE_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    ESCALATE_TO_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     parameters_json: str
@@ -155,7 +159,11 @@ class ToolDefinition(_message.Message):
     approval_timeout_s: float
     approvals_required: int
     approvers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ..., approvers: _Optional[_Iterable[str]] = ...) -> None: ...
+    remind_after_s: float
+    reminders: int
+    escalate_after_s: float
+    escalate_to: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ..., approvers: _Optional[_Iterable[str]] = ..., remind_after_s: _Optional[float] = ..., reminders: _Optional[int] = ..., escalate_after_s: _Optional[float] = ..., escalate_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("max_attempts", "initial_backoff_s", "backoff_coefficient", "max_backoff_s")
