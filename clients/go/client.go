@@ -58,6 +58,7 @@ type Client struct {
 	approvals     aaav1.ApprovalServiceClient
 	workers       aaav1.WorkerServiceClient
 	subscriptions aaav1.SubscriptionServiceClient
+	policies      aaav1.PolicyServiceClient
 	retryTimeout  time.Duration
 }
 
@@ -204,6 +205,7 @@ func newClient(conn grpc.ClientConnInterface, o clientOptions) *Client {
 		approvals:     aaav1.NewApprovalServiceClient(conn),
 		workers:       aaav1.NewWorkerServiceClient(conn),
 		subscriptions: aaav1.NewSubscriptionServiceClient(conn),
+		policies:      aaav1.NewPolicyServiceClient(conn),
 		retryTimeout:  o.retryTimeout,
 	}
 }
@@ -224,6 +226,41 @@ func (c *Client) ApprovalService() aaav1.ApprovalServiceClient { return c.approv
 
 // WorkerService returns the generated WorkerService stub.
 func (c *Client) WorkerService() aaav1.WorkerServiceClient { return c.workers }
+
+// PolicyService returns the generated PolicyService stub.
+func (c *Client) PolicyService() aaav1.PolicyServiceClient { return c.policies }
+
+// GetPolicy describes the approval policy the server runs with (Loaded is
+// false without one). Each server of a cluster answers for its own file.
+func (c *Client) GetPolicy(ctx context.Context) (Policy, error) {
+	var resp *aaav1.GetPolicyResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.policies.GetPolicy(ctx, &aaav1.GetPolicyRequest{})
+		return err
+	})
+	if err != nil {
+		return Policy{}, err
+	}
+	return policyFromProto(resp), nil
+}
+
+// ReloadPolicy makes the server read its policy file again and returns the
+// policy now in force. Role admin. A file that does not check fails with
+// ErrInvalidField (the message names the rule) and the policy in force
+// stays; so does a server started without --policy. Calls requested from now
+// on follow the new policy; those already waiting keep what they were
+// requested with.
+func (c *Client) ReloadPolicy(ctx context.Context) (Policy, error) {
+	var resp *aaav1.ReloadPolicyResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.policies.ReloadPolicy(ctx, &aaav1.ReloadPolicyRequest{})
+		return err
+	})
+	if err != nil {
+		return Policy{}, err
+	}
+	return policyFromProto(resp.GetPolicy()), nil
+}
 
 // StartRunRequest describes a run to start.
 type StartRunRequest struct {
@@ -832,6 +869,11 @@ type ApprovalFilter struct {
 	RunID string
 	// Labels keeps requests of runs carrying all of these labels.
 	Labels map[string]string
+	// Decidable keeps the requests the caller may decide: those whose
+	// approver groups include one of its own, and those that name none (with
+	// auth off, every request). WatchApprovals does not filter votes and
+	// resolutions by it.
+	Decidable bool
 	// PageSize is how many requests each ListApprovals call fetches; 0 means 50.
 	PageSize uint32
 }
@@ -841,7 +883,13 @@ type ApprovalFilter struct {
 // yielding an error.
 func (c *Client) ListApprovals(ctx context.Context, filter ApprovalFilter) iter.Seq2[Approval, error] {
 	return func(yield func(Approval, error) bool) {
-		req := &aaav1.ListApprovalsRequest{Tool: filter.Tool, RunId: filter.RunID, Labels: filter.Labels, PageSize: filter.PageSize}
+		req := &aaav1.ListApprovalsRequest{
+			Tool:      filter.Tool,
+			RunId:     filter.RunID,
+			Labels:    filter.Labels,
+			PageSize:  filter.PageSize,
+			Decidable: filter.Decidable,
+		}
 		for {
 			var resp *aaav1.ListApprovalsResponse
 			err := c.retry(ctx, func(ctx context.Context) (err error) {
@@ -952,6 +1000,7 @@ func (c *Client) WatchApprovals(ctx context.Context, opts WatchOptions) iter.Seq
 				Labels:        opts.Labels,
 				AfterPosition: position,
 				HeartbeatS:    opts.Heartbeat.Seconds(),
+				Decidable:     opts.Decidable,
 			})
 			for err == nil {
 				var item *aaav1.WatchApprovalsResponse

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -109,6 +110,11 @@ var (
 	// call, whose tool needs grants from several distinct approvers;
 	// Metadata["approver"] and Metadata["call_id"] name them.
 	ErrAlreadyVoted = reasonOf(aaav1.ErrorReason_ALREADY_VOTED)
+	// ErrNotAnApproverForCall (PERMISSION_DENIED): the call may be decided
+	// (granted, denied, edited) only by members of its approver groups, and
+	// the caller is in none of them; Error.Groups lists them and
+	// Metadata["call_id"] names the call.
+	ErrNotAnApproverForCall = reasonOf(aaav1.ErrorReason_NOT_AN_APPROVER_FOR_CALL)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends
@@ -158,6 +164,19 @@ func (e *Error) Is(target error) bool {
 // Field names the offending request field of an ErrInvalidField or
 // ErrPayloadTooLarge error; empty otherwise.
 func (e *Error) Field() string { return e.Metadata["field"] }
+
+// Groups lists the approver groups that may decide the call of an
+// ErrNotAnApproverForCall error; nil otherwise.
+func (e *Error) Groups() []string {
+	// The server sends them comma-separated in the ErrorInfo metadata.
+	var groups []string
+	for _, g := range strings.Split(e.Metadata["groups"], ",") {
+		if g != "" {
+			groups = append(groups, g)
+		}
+	}
+	return groups
+}
 
 // GRPCStatus returns the gRPC status the error was made from, so that
 // status.FromError and status.Code keep working.

@@ -39,6 +39,8 @@ const (
 	ActorEngine = aaav1.ActorKind_ACTOR_KIND_ENGINE
 	ActorWorker = aaav1.ActorKind_ACTOR_KIND_WORKER
 	ActorClient = aaav1.ActorKind_ACTOR_KIND_CLIENT
+	// ActorPolicy: the approval policy granted or denied a call; Actor.Name is the rule.
+	ActorPolicy = aaav1.ActorKind_ACTOR_KIND_POLICY
 )
 
 // ApprovalOutcome says how an approval request ended.
@@ -120,9 +122,10 @@ func (e ErrorDetail) String() string { return e.Type + ": " + e.Message }
 
 // Actor is who caused an event.
 type Actor struct {
-	// Kind is engine, worker or client.
+	// Kind is engine, worker, client or policy.
 	Kind ActorKind
-	// Name is the worker's identity or the client's name; empty for the engine.
+	// Name is the worker's identity, the client's name, or the policy rule
+	// that granted or denied; empty for the engine.
 	Name string
 	// Principal is, for a worker with auth on, the authenticated principal
 	// that served the task (an identity alone is only a label). Empty
@@ -220,6 +223,9 @@ type Approval struct {
 	Votes []Vote
 	// EditedFrom is, for a call a reviewer edited, the call it replaces.
 	EditedFrom string
+	// Approvers are the approver groups that may decide the call (from its
+	// tool or a policy rule); empty: any approver.
+	Approvers []string
 }
 
 // DecisionItem is the item of DecideApprovals that decides this request as
@@ -362,6 +368,7 @@ func approvalFromProto(a *aaav1.Approval) Approval {
 		Task:              a.GetTask(),
 		ApprovalsRequired: max(a.GetApprovalsRequired(), 1), // 0 from a server older than N-of-M
 		EditedFrom:        a.GetEditedFrom(),
+		Approvers:         a.GetApprovers(),
 	}
 	for _, v := range a.GetVotes() {
 		approval.Votes = append(approval.Votes, voteFromProto(v))
@@ -396,4 +403,21 @@ func resolutionFromProto(r *aaav1.ApprovalResolution) ApprovalResolution {
 		Time:       timeOf(r.GetTime()),
 		ReplacedBy: r.GetReplacedBy(),
 	}
+}
+
+// Policy describes the approval policy a server runs with (Client.GetPolicy,
+// Client.ReloadPolicy).
+type Policy struct {
+	// Loaded is false when the server runs without a policy (the other fields are then empty).
+	Loaded bool
+	// SHA256 is the hex SHA-256 of the policy file as loaded; events a rule decided carry it.
+	SHA256 string
+	// Rules are the rules' names, in the order they are tried.
+	Rules []string
+	// File is the file it was loaded from.
+	File string
+}
+
+func policyFromProto(p *aaav1.GetPolicyResponse) Policy {
+	return Policy{Loaded: p.GetLoaded(), SHA256: p.GetSha256(), Rules: p.GetRules(), File: p.GetFile()}
 }

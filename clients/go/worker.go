@@ -28,6 +28,11 @@ type Tool struct {
 	// ApprovalsRequired is how many grants from distinct approvers a gated
 	// call needs before it runs (any one denial denies); 0 means 1, at most 16.
 	ApprovalsRequired uint32
+	// Approvers are the approver groups (groups of the server's auth config)
+	// whose members may decide its calls; others get ErrNotAnApproverForCall.
+	// Empty: any approver (a policy rule may still name groups). Not enforced
+	// when the server runs without auth.
+	Approvers []string
 	// Retry says how failed or lost attempts are retried; nil means the
 	// server's default (gated tools: no retry; others: 3 attempts).
 	Retry *RetryPolicy
@@ -520,6 +525,7 @@ func (t Tool) toProto() *aaav1.ToolDefinition {
 		ParametersJson:    string(t.Parameters),
 		RequiresApproval:  t.RequiresApproval,
 		ApprovalsRequired: t.ApprovalsRequired,
+		Approvers:         t.Approvers,
 		HeartbeatTimeoutS: t.HeartbeatTimeout.Seconds(),
 		ApprovalTimeoutS:  t.ApprovalTimeout.Seconds(),
 	}
@@ -542,6 +548,7 @@ func toolFromProto(t *aaav1.ToolDefinition) Tool {
 		Description:       t.GetDescription(),
 		RequiresApproval:  t.GetRequiresApproval(),
 		ApprovalsRequired: t.GetApprovalsRequired(),
+		Approvers:         t.GetApprovers(),
 		HeartbeatTimeout:  seconds(t.GetHeartbeatTimeoutS()),
 		ApprovalTimeout:   seconds(t.GetApprovalTimeoutS()),
 	}

@@ -37,6 +37,7 @@ import {
 } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ApprovalService, BatchDecision } from "./gen/aaa/v1/approval_pb.js";
+import { PolicyService } from "./gen/aaa/v1/policy_pb.js";
 import type { DescMessage, DescMethodStreaming, DescMethodUnary, MessageInitShape } from "@bufbuild/protobuf";
 import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
 import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
@@ -51,6 +52,7 @@ import {
   decisionResultFromProto,
   eventFromProto,
   outcomeFromEvent,
+  policyFromProto,
   resolutionFromProto,
   runInfoFromProto,
   runStatusToProto,
@@ -63,6 +65,7 @@ import {
   type Event,
   type EventType,
   type Outcome,
+  type Policy,
   type RunInfo,
   type RunStatus,
   type ScriptedStep,
@@ -172,6 +175,8 @@ export interface WatchOptions {
   afterPosition?: number;
   /** Seconds between the server's heartbeats while idle (0: 15 s); they keep the resume position fresh and are not yielded. */
   heartbeatS?: number;
+  /** Only requests the caller may decide (see {@link Approvals.list}); votes and resolutions are not filtered. */
+  decidable?: boolean;
   /** Abort the stream: the iterator then throws `Cancelled`. */
   signal?: AbortSignal;
 }
@@ -397,6 +402,7 @@ export class Client {
     readonly approval: ServiceClient<typeof ApprovalService>;
     readonly worker: ServiceClient<typeof WorkerService>;
     readonly subscription: ServiceClient<typeof SubscriptionService>;
+    readonly policy: ServiceClient<typeof PolicyService>;
   };
   /** The HTTP/2 connection manager (exposed for `connect` and tests); of the first address when there are several. */
   readonly sessions: Http2SessionManager;
@@ -433,6 +439,7 @@ export class Client {
       approval: createClient(ApprovalService, transport),
       worker: createClient(WorkerService, transport),
       subscription: createClient(SubscriptionService, transport),
+      policy: createClient(PolicyService, transport),
     };
     this.approvals = new Approvals(this);
   }
@@ -572,6 +579,23 @@ export class Client {
     };
     const response = await this.call((o) => this.services.approval.decideApprovals(request, o), options);
     return response.results.map(decisionResultFromProto);
+  }
+
+  /** The approval policy this server runs with (`loaded` is false without one). Each server of a cluster answers for its own file. */
+  async getPolicy(control: CallControl = {}): Promise<Policy> {
+    const response = await this.call((o) => this.services.policy.getPolicy({}, o), control);
+    return policyFromProto(response);
+  }
+
+  /**
+   * Makes the server read its policy file again and returns the policy now in force. Role admin.
+   * A file that does not check throws `InvalidField` (the message names the rule) and the policy
+   * in force stays; so does a server started without `--policy`. Calls requested from now on follow
+   * the new policy; those already waiting keep what they were requested with.
+   */
+  async reloadPolicy(control: CallControl = {}): Promise<Policy> {
+    const response = await this.call((o) => this.services.policy.reloadPolicy({}, o), control);
+    return policyFromProto(response.policy);
   }
 
   /** The handle of an existing run (no call is made). */
@@ -814,16 +838,27 @@ export class Approvals {
   /** Created by the client. */
   constructor(private readonly client: Client) {}
 
-  /** Lists pending approval requests, oldest run first: all pages (of `pageSize`, default up to 1000), up to `limit`. */
+  /**
+   * Lists pending approval requests, oldest run first: all pages (of `pageSize`, default up to 1000), up to `limit`.
+   * With `decidable`, only the calls the caller may decide: those whose approver groups include one of its own,
+   * and those that name none (with auth off, every call).
+   */
   async list(
-    options: { tool?: string; runId?: string; labels?: Record<string, string>; limit?: number; pageSize?: number } & CallControl = {},
+    options: {
+      tool?: string;
+      runId?: string;
+      labels?: Record<string, string>;
+      limit?: number;
+      pageSize?: number;
+      decidable?: boolean;
+    } & CallControl = {},
   ): Promise<Approval[]> {
-    const { tool = "", runId = "", labels, limit } = options;
+    const { tool = "", runId = "", labels, limit, decidable = false } = options;
     const found: Approval[] = [];
     let pageToken = "";
     for (;;) {
       const pageSize = options.pageSize ?? Math.min(limit ?? 1000, 1000);
-      const request = { tool, runId, labels: { ...labels }, pageSize, pageToken };
+      const request = { tool, runId, labels: { ...labels }, pageSize, pageToken, decidable };
       const response = await this.client.call((o) => this.client.services.approval.listApprovals(request, o), options);
       found.push(...response.approvals.map(approvalFromProto));
       pageToken = response.nextPageToken;
@@ -845,14 +880,14 @@ export class Approvals {
    * "unspecified" (it was decided or expired meanwhile).
    */
   async *watch(options: WatchOptions = {}): AsyncGenerator<ApprovalWatchItem, void, undefined> {
-    const { tool = "", runId = "", labels, heartbeatS = 0 } = options;
+    const { tool = "", runId = "", labels, heartbeatS = 0, decidable = false } = options;
     let position = options.afterPosition === undefined ? undefined : BigInt(options.afterPosition);
     const yielded = new Map<string, Approval>(); // snapshot items already given, in case the snapshot restarts
     const backoff = new Backoff(this.client.retryMs);
     for (;;) {
       const stream = new AbortController();
       const signal = anySignal(stream.signal, this.client.closeSignal, options.signal);
-      const request = { tool, runId, labels: { ...labels }, afterPosition: position, heartbeatS };
+      const request = { tool, runId, labels: { ...labels }, afterPosition: position, heartbeatS, decidable };
       const inThisSnapshot = new Set<string>();
       try {
         for await (const response of this.client.services.approval.watchApprovals(request, { signal })) {

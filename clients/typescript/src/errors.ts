@@ -123,7 +123,8 @@ export class Unauthenticated extends AaaError {}
  * acts on a run it did not start (reason NOT_RUN_OWNER), decides a call of a run it started
  * under separation of duties (reason SEPARATION_OF_DUTIES), serves a tool or model its auth
  * config does not list (reason NOT_ALLOWED_TO_SERVE), uses another principal's worker identity
- * (reason IDENTITY_TAKEN) or reports on another principal's task (reason NOT_TASK_HOLDER).
+ * (reason IDENTITY_TAKEN), reports on another principal's task (reason NOT_TASK_HOLDER) or decides
+ * a call outside its approver groups (reason NOT_AN_APPROVER_FOR_CALL).
  */
 export class PermissionDenied extends AaaError {}
 /**
@@ -142,6 +143,18 @@ export class NotAllowedToServe extends PermissionDenied {}
 export class IdentityTaken extends PermissionDenied {}
 /** CompleteTask, FailTask or HeartbeatTask from another principal than the one the task was handed to (reason NOT_TASK_HOLDER). */
 export class NotTaskHolder extends PermissionDenied {}
+/**
+ * The call may be decided (granted, denied, edited) only by members of its approver groups, and
+ * the caller is in none of them (reason NOT_AN_APPROVER_FOR_CALL); `groups` lists them,
+ * `metadata.call_id` names the call.
+ */
+export class NotAnApproverForCall extends PermissionDenied {
+  /** The approver groups that may decide the call. */
+  get groups(): string[] {
+    // The server sends them comma-separated in the ErrorInfo metadata.
+    return (this.metadata.groups ?? "").split(",").filter((g) => g !== "");
+  }
+}
 
 /**
  * RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they piled up and the server
@@ -219,6 +232,7 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   IDENTITY_TAKEN: IdentityTaken,
   NOT_TASK_HOLDER: NotTaskHolder,
   ALREADY_VOTED: AlreadyVoted,
+  NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
 };
 
 /** The class of a reason the server sent, if this SDK knows it. */

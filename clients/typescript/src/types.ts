@@ -13,6 +13,7 @@
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { parse, parseObject, stringify, type JsonObject, type JsonValue } from "./json.js";
 import * as approvalPb from "./gen/aaa/v1/approval_pb.js";
+import type * as policyPb from "./gen/aaa/v1/policy_pb.js";
 import * as runPb from "./gen/aaa/v1/run_pb.js";
 import * as typesPb from "./gen/aaa/v1/types_pb.js";
 import * as workerPb from "./gen/aaa/v1/worker_pb.js";
@@ -25,11 +26,11 @@ export interface ErrorDetail {
   message: string;
 }
 
-/** Who caused an event: the engine, a worker (`name` is its identity) or a client. */
+/** Who caused an event: the engine, a worker (`name` is its identity), a client, or the approval policy (`name` is the rule). */
 export interface Actor {
   /** The kind of actor. */
-  kind: "engine" | "worker" | "client" | "unspecified";
-  /** Worker identity or caller name; empty for the engine. */
+  kind: "engine" | "worker" | "client" | "policy" | "unspecified";
+  /** Worker identity, caller name, or the policy rule that granted or denied; empty for the engine. */
   name: string;
   /**
    * For a worker with auth on: the authenticated principal that served the task (an identity
@@ -99,7 +100,11 @@ export interface EventDataMap {
     requires_approval: boolean;
     edited_from?: string;
   };
-  /** A gated call waits for a decision (`approvals_required` only when more than 1). */
+  /**
+   * A gated call waits for a decision (`approvals_required` only when more than 1; `approvers`,
+   * the groups that may decide it, when it names some; `policy` when a policy rule set what the
+   * decision needs, or failed and left the call to the tool's settings).
+   */
   "aaa.approval.requested": {
     call_id: string;
     name: string;
@@ -108,8 +113,14 @@ export interface EventDataMap {
     expires_at_ms?: number;
     approvals_required?: number;
     edited_from?: string;
+    approvers?: string[];
+    approval_timeout_s?: number;
+    policy?: PolicyDecision & { error?: string };
   };
-  /** A human granted the call; for a call that needed several grants, `approvers` lists them all. */
+  /**
+   * A human granted the call; for a call that needed several grants, `approvers` lists them all.
+   * Granted by the policy: the actor's kind is "policy" and `policy` names the rule.
+   */
   "aaa.approval.granted": {
     call_id: string;
     name?: string;
@@ -117,6 +128,7 @@ export interface EventDataMap {
     comment?: string;
     approver?: string;
     approvers?: string[];
+    policy?: PolicyDecision;
   };
   /** A grant of a call that needs several, not yet the last one. */
   "aaa.approval.voted": {
@@ -140,8 +152,15 @@ export interface EventDataMap {
     grant: boolean;
     approver?: string;
   };
-  /** A human denied the call (or its approval timed out: reason "timeout"). */
-  "aaa.approval.denied": { call_id: string; name?: string; reason?: string; arguments_sha256?: string; approver?: string };
+  /** A human denied the call (or its approval timed out: reason "timeout"; or a policy rule denied it: `policy`). */
+  "aaa.approval.denied": {
+    call_id: string;
+    name?: string;
+    reason?: string;
+    arguments_sha256?: string;
+    approver?: string;
+    policy?: PolicyDecision;
+  };
   /** The request expired: reason "deadline" or "run_cancelled". */
   "aaa.approval.expired": { call_id: string; name: string; reason: string };
   /** An attempt was handed to a worker. */
@@ -158,6 +177,12 @@ export interface EventDataMap {
   "aaa.run.failed": { error: ErrorDetail };
   /** The run was cancelled. */
   "aaa.run.cancelled": { reason: string };
+}
+
+/** The rule of the approval policy that decided, and the sha256 of the policy file it was in. */
+export interface PolicyDecision {
+  rule: string;
+  sha256: string;
 }
 
 /** An event type of the catalogue. */
@@ -247,6 +272,8 @@ export interface Approval {
   votes: Vote[];
   /** For a call a reviewer edited: the id of the call it replaces; "" otherwise. */
   editedFrom: string;
+  /** The approver groups that may decide it (from its tool or a policy rule); empty: any approver. */
+  approvers: string[];
   /** When it was requested. */
   requestedAt?: Date;
   /** When it expires, if it does. */
@@ -527,6 +554,7 @@ const ACTOR_KIND: Record<typesPb.ActorKind, Actor["kind"]> = {
   [typesPb.ActorKind.ENGINE]: "engine",
   [typesPb.ActorKind.WORKER]: "worker",
   [typesPb.ActorKind.CLIENT]: "client",
+  [typesPb.ActorKind.POLICY]: "policy",
 };
 
 /** Converts a wire Event. */
@@ -566,6 +594,7 @@ export function approvalFromProto(a: approvalPb.Approval): Approval {
     approvalsRequired: a.approvalsRequired,
     votes: a.votes.map(voteFromProto),
     editedFrom: a.editedFrom,
+    approvers: [...a.approvers],
   };
 }
 
@@ -725,4 +754,21 @@ export function replyToProto(reply: Reply): { content: string; toolCalls: { name
     content: reply.content,
     toolCalls: reply.toolCalls.map((c) => ({ name: c.name, argumentsJson: stringify(c.arguments) })),
   };
+}
+
+/** The approval policy a server runs with (`client.getPolicy()`, `client.reloadPolicy()`). */
+export interface Policy {
+  /** False when the server runs without a policy (the other fields are then empty). */
+  loaded: boolean;
+  /** Hex SHA-256 of the policy file as loaded; events a rule decided carry it. */
+  sha256: string;
+  /** The rules' names, in the order they are tried. */
+  rules: string[];
+  /** The file it was loaded from. */
+  file: string;
+}
+
+/** Converts a wire GetPolicyResponse (absent: no policy). */
+export function policyFromProto(p: policyPb.GetPolicyResponse | undefined): Policy {
+  return { loaded: p?.loaded ?? false, sha256: p?.sha256 ?? "", rules: [...(p?.rules ?? [])], file: p?.file ?? "" };
 }

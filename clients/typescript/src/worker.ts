@@ -91,6 +91,12 @@ export interface ToolOptions<A> {
   approvalTimeoutS?: number;
   /** Grants from distinct approvers a gated call needs before it runs (any one denial denies); unset: 1. At most 16. */
   approvalsRequired?: number;
+  /**
+   * The approver groups (`groups` of the server's auth config) whose members may decide its calls;
+   * others get `NotAnApproverForCall`. Unset or empty: any approver (a policy rule may still name
+   * groups). Not enforced when the server runs without auth.
+   */
+  approvers?: readonly string[];
   /** The work. */
   handler: ToolHandler<A>;
 }
@@ -115,6 +121,8 @@ export class Tool<A = JsonObject> {
   readonly approvalTimeoutS?: number;
   /** Grants from distinct approvers each call needs; undefined for 1. */
   readonly approvalsRequired?: number;
+  /** The approver groups that may decide its calls; empty: any approver. */
+  readonly approvers: readonly string[];
   /** The handler. */
   readonly handler: ToolHandler<A>;
 
@@ -129,6 +137,7 @@ export class Tool<A = JsonObject> {
     this.heartbeatTimeoutS = options.heartbeatTimeoutS;
     this.approvalTimeoutS = options.approvalTimeoutS;
     this.approvalsRequired = options.approvalsRequired;
+    this.approvers = [...(options.approvers ?? [])];
     this.handler = options.handler;
   }
 
@@ -147,6 +156,7 @@ export class Tool<A = JsonObject> {
       heartbeatTimeoutS: this.heartbeatTimeoutS ?? 0,
       approvalTimeoutS: this.approvalTimeoutS ?? 0,
       approvalsRequired: this.approvalsRequired ?? 0,
+      approvers: [...this.approvers],
     };
   }
 }

@@ -36,6 +36,8 @@ import grpc.aio
 from ._proto.aaa.v1 import (
     approval_pb2,
     approval_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
     subscription_pb2,
@@ -55,6 +57,7 @@ from .types import (
     DecisionResult,
     Event,
     Outcome,
+    Policy,
     RunInfo,
     RunStatus,
     SignalResult,
@@ -241,8 +244,8 @@ class Client:
         address: the server address (those of a list joined by commas).
         addresses: the server addresses, one unless a list was given.
         approvals: list and watch pending approvals (``Approvals``).
-        stubs: the generated gRPC stubs (``stubs.run``, ``stubs.approval``,
-            ``stubs.worker``, ``stubs.subscription``) for anything the SDK does not wrap.
+        stubs: the generated gRPC stubs (``stubs.run``, ``stubs.approval``, ``stubs.worker``,
+            ``stubs.subscription``, ``stubs.policy``) for anything the SDK does not wrap.
     """
 
     def __init__(
@@ -277,6 +280,7 @@ class Client:
             approval=approval_pb2_grpc.ApprovalServiceStub(self._channel),
             worker=worker_pb2_grpc.WorkerServiceStub(self._channel),
             subscription=subscription_pb2_grpc.SubscriptionServiceStub(self._channel),
+            policy=policy_pb2_grpc.PolicyServiceStub(self._channel),
         )
         self.approvals = Approvals(self)
 
@@ -394,6 +398,25 @@ class Client:
         # retry reports its items ALREADY_DECIDED.
         response = await self._call(self.stubs.approval.DecideApprovals, request)
         return [DecisionResult.from_proto(r) for r in response.results]
+
+    async def get_policy(self) -> Policy:
+        """The approval policy this server runs with (``loaded`` is False without one).
+
+        Each server of a cluster answers for its own ``--policy`` file.
+        """
+        response = await self._call(self.stubs.policy.GetPolicy, policy_pb2.GetPolicyRequest())
+        return Policy.from_proto(response)
+
+    async def reload_policy(self) -> Policy:
+        """Make the server read its policy file again; returns the policy now in force.
+
+        Role admin. A file that does not check raises ``InvalidField`` (the message names the
+        rule) and the policy in force stays; so does a server started without ``--policy``. Calls
+        requested from now on follow the new policy; those already waiting keep what they were
+        requested with.
+        """
+        response = await self._call(self.stubs.policy.ReloadPolicy, policy_pb2.ReloadPolicyRequest())
+        return Policy.from_proto(response.policy)
 
     async def get_run(self, run_id: str) -> RunInfo:
         """Return a run's summary, with its pending approvals."""
@@ -762,10 +785,19 @@ class Approvals:
         run_id: str = "",
         labels: Mapping[str, str] | None = None,
         limit: int | None = None,
+        decidable: bool = False,
     ) -> list[Approval]:
-        """List pending approval requests, oldest run first (all pages, up to ``limit``)."""
+        """List pending approval requests, oldest run first (all pages, up to ``limit``).
+
+        With ``decidable=True`` only the calls the caller may decide: those whose approver
+        groups include one of its own, and those that name none (with auth off, every call).
+        """
         request = approval_pb2.ListApprovalsRequest(
-            tool=tool, run_id=run_id, labels=dict(labels or {}), page_size=min(limit or 1000, 1000)
+            tool=tool,
+            run_id=run_id,
+            labels=dict(labels or {}),
+            page_size=min(limit or 1000, 1000),
+            decidable=decidable,
         )
         found: list[Approval] = []
         while True:
@@ -783,6 +815,7 @@ class Approvals:
         labels: Mapping[str, str] | None = None,
         after_position: int | None = None,
         heartbeat_s: float = 0.0,
+        decidable: bool = False,
     ) -> AsyncGenerator[ApprovalItem, None]:
         """Iterate over pending approvals, then over changes, forever.
 
@@ -791,7 +824,9 @@ class Approvals:
         needs several, not yet the last) and each ``ApprovalResolution`` (granted,
         denied, edited: see ``replaced_by``, or expired) as it happens. With
         ``after_position`` (the ``position`` of the last item you handled) the
-        snapshot is skipped and only later changes come.
+        snapshot is skipped and only later changes come. With ``decidable=True`` only
+        the requests the caller may decide are yielded (see ``list``); votes and
+        resolutions are not filtered.
         A dropped connection is resumed from the last position seen; a
         snapshot cut short is restarted without repeating what was yielded.
         """
@@ -800,7 +835,7 @@ class Approvals:
         backoff = _Backoff(self.client.retry_s)
         while True:
             request = approval_pb2.WatchApprovalsRequest(
-                tool=tool, run_id=run_id, labels=dict(labels or {}), heartbeat_s=heartbeat_s
+                tool=tool, run_id=run_id, labels=dict(labels or {}), heartbeat_s=heartbeat_s, decidable=decidable
             )
             if position is not None:
                 request.after_position = position

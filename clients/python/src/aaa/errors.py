@@ -154,8 +154,8 @@ class PermissionDenied(AaaError):
     would do), acts on a run it did not start (reason NOT_RUN_OWNER), decides a call of a
     run it started under separation of duties (reason SEPARATION_OF_DUTIES), serves a tool or
     model its auth config does not list (reason NOT_ALLOWED_TO_SERVE), uses another principal's
-    worker identity (reason IDENTITY_TAKEN) or reports on another principal's task (reason
-    NOT_TASK_HOLDER)."""
+    worker identity (reason IDENTITY_TAKEN), reports on another principal's task (reason
+    NOT_TASK_HOLDER) or decides a call outside its approver groups (reason NOT_AN_APPROVER_FOR_CALL)."""
 
 
 class NotRunOwner(PermissionDenied):
@@ -182,6 +182,18 @@ class IdentityTaken(PermissionDenied):
 class NotTaskHolder(PermissionDenied):
     """CompleteTask, FailTask or HeartbeatTask from another principal than the one the task was
     handed to (reason NOT_TASK_HOLDER)."""
+
+
+class NotAnApproverForCall(PermissionDenied):
+    """The call may be decided (granted, denied, edited) only by members of its approver groups,
+    and the caller is in none of them (reason NOT_AN_APPROVER_FOR_CALL); ``groups`` lists them,
+    ``metadata["call_id"]`` names the call."""
+
+    @property
+    def groups(self) -> list[str]:
+        """The approver groups that may decide the call."""
+        # The server sends them comma-separated in the ErrorInfo metadata.
+        return [g for g in self.metadata.get("groups", "").split(",") if g]
 
 
 class MemberTooSlow(AaaError):
@@ -253,6 +265,7 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.IDENTITY_TAKEN: IdentityTaken,
         types_pb2.NOT_TASK_HOLDER: NotTaskHolder,
         types_pb2.ALREADY_VOTED: AlreadyVoted,
+        types_pb2.NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
     }.items()
 }
 

@@ -9,6 +9,8 @@
 from ._proto.aaa.v1 import (
     approval_pb2,
     approval_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
     subscription_pb2,
@@ -21,6 +23,8 @@ from ._proto.aaa.v1 import (
 __all__ = [
     "approval_pb2",
     "approval_pb2_grpc",
+    "policy_pb2",
+    "policy_pb2_grpc",
     "run_pb2",
     "run_pb2_grpc",
     "subscription_pb2",

@@ -160,6 +160,7 @@ class Tool:
         heartbeat_timeout_s: an attempt without heartbeat for this long is lost (None: server default).
         approval_timeout_s: an unanswered approval request is denied after this long (None: never).
         approvals_required: grants from distinct approvers a gated call needs (None: one).
+        approvers: the approver groups whose members may decide its calls (empty: any approver).
     """
 
     def __init__(
@@ -174,6 +175,7 @@ class Tool:
         heartbeat_timeout_s: float | None = None,
         approval_timeout_s: float | None = None,
         approvals_required: int | None = None,
+        approvers: Iterable[str] = (),
     ) -> None:
         summary, docs = parse_docstring(fn.__doc__ or "")
         self.fn = fn
@@ -186,6 +188,9 @@ class Tool:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.approval_timeout_s = approval_timeout_s
         self.approvals_required = approvals_required
+        if isinstance(approvers, str):  # a lone name would be taken letter by letter
+            raise TypeError(f"approvers takes a list of group names, e.g. [{approvers!r}]")
+        self.approvers = list(approvers)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -205,6 +210,7 @@ class Tool:
             heartbeat_timeout_s=self.heartbeat_timeout_s or 0.0,
             approval_timeout_s=self.approval_timeout_s or 0.0,
             approvals_required=self.approvals_required or 0,
+            approvers=self.approvers,
         )
         if self.retries is not None or self.retry_backoff_s is not None:
             msg.retry.max_attempts = self.retries + 1 if self.retries is not None else 0
@@ -223,6 +229,7 @@ def tool(
     heartbeat_timeout_s: float | None = None,
     approval_timeout_s: float | None = None,
     approvals_required: int | None = None,
+    approvers: Iterable[str] = (),
 ) -> Any:
     """Declare a function as a tool; use as ``@tool`` or ``@tool(requires_approval=True, ...)``.
 
@@ -239,6 +246,10 @@ def tool(
         approval_timeout_s: deny unanswered approval requests after this long.
         approvals_required: with ``requires_approval``, a call runs only after this many
             grants from distinct approvers (at most 16); any one denial denies.
+        approvers: the approver groups (``groups`` of the server's auth config) whose members
+            may decide its calls that wait for a decision; others get ``NotAnApproverForCall``.
+            Empty: any approver (a policy rule may still name groups). Not enforced when the
+            server runs without auth.
     """
     options: dict[str, Any] = dict(
         name=name,
@@ -249,6 +260,7 @@ def tool(
         heartbeat_timeout_s=heartbeat_timeout_s,
         approval_timeout_s=approval_timeout_s,
         approvals_required=approvals_required,
+        approvers=approvers,
     )
     if fn is None:
         return lambda f: Tool(f, **options)

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping
 
-from ._proto.aaa.v1 import approval_pb2, run_pb2, types_pb2
+from ._proto.aaa.v1 import approval_pb2, policy_pb2, run_pb2, types_pb2
 
 #: Event types that end a run.
 TERMINAL_EVENT_TYPES = frozenset({"aaa.run.completed", "aaa.run.failed", "aaa.run.cancelled"})
@@ -113,8 +113,8 @@ class ErrorDetail:
 
 @dataclass(frozen=True)
 class Actor:
-    """Who caused an event: ``kind`` is "engine", "worker" or "client"; ``name`` identifies it
-    (a worker's identity, a client's name). ``principal`` is, for a worker with auth on, the
+    """Who caused an event: ``kind`` is "engine", "worker", "client" or "policy"; ``name``
+    identifies it (a worker's identity, a client's name, the policy rule that granted or denied). ``principal`` is, for a worker with auth on, the
     authenticated principal that served the task (an identity alone is only a label); empty
     otherwise (a client's name already is its principal when auth is on)."""
 
@@ -207,6 +207,8 @@ class Approval:
         votes: the grants cast so far, oldest first. Requests that ``approvals.watch``
             yields after its snapshot have none yet: follow its ``ApprovalVoted`` items.
         edited_from: for a call a reviewer edited, the call it replaces.
+        approvers: the approver groups that may decide it (from its tool or a policy rule);
+            empty: any approver.
     """
 
     run_id: str
@@ -224,6 +226,7 @@ class Approval:
     approvals_required: int = 1
     votes: list[Vote] = field(default_factory=list)
     edited_from: str = ""
+    approvers: list[str] = field(default_factory=list)
 
     @classmethod
     def from_proto(cls, msg: approval_pb2.Approval) -> Approval:
@@ -244,6 +247,7 @@ class Approval:
             approvals_required=max(msg.approvals_required, 1),  # older servers send 0: one grant
             votes=[Vote.from_proto(v) for v in msg.votes],
             edited_from=msg.edited_from,
+            approvers=list(msg.approvers),
         )
 
 
@@ -549,3 +553,25 @@ class ToolRef:
             approval_timeout_s=self.approval_timeout_s,
             approvals_required=self.approvals_required,
         )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The approval policy a server runs with (``Client.get_policy``, ``Client.reload_policy``).
+
+    Attributes:
+        loaded: False when the server runs without a policy (the other fields are then empty).
+        sha256: hex SHA-256 of the policy file as loaded; events a rule decided carry it.
+        rules: the rules' names, in the order they are tried.
+        file: the file it was loaded from.
+    """
+
+    loaded: bool
+    sha256: str = ""
+    rules: list[str] = field(default_factory=list)
+    file: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: policy_pb2.GetPolicyResponse) -> Policy:
+        """Convert an ``aaa.v1.GetPolicyResponse``."""
+        return cls(loaded=msg.loaded, sha256=msg.sha256, rules=list(msg.rules), file=msg.file)
