@@ -40,6 +40,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot start the built-in model: {0}")]
+    Models(String),
     #[error("cannot start webhooks: {0}")]
     Webhooks(#[from] crate::subscriptions::Error),
 }
@@ -333,7 +335,9 @@ async fn own_runs(
     let separation_of_duties = separation_of_duties(&config);
     let max_message = config.max_message_bytes;
     let webhooks = config.webhooks.clone();
+    let models = config.models.clone();
     let engine = Engine::start(store, config, stopping.clone()).await?;
+    crate::openai::start(engine.clone(), models).map_err(ServeError::Models)?;
     let subscriptions = SubscriptionApi::new(&engine);
     subscriptions.start_webhooks(&webhooks).await?;
     let filled = [

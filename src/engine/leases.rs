@@ -72,6 +72,34 @@ impl Leases {
             .insert((run, call_id.to_string()), lease);
     }
 
+    /// Leases the attempt unless it is leased already: a model attempt
+    /// offered twice (a timer re-offers what is dispatchable) is still
+    /// handed out once. False when another holds it.
+    pub fn grant_if_free(
+        &self,
+        run: RunId,
+        call_id: &str,
+        attempt: u32,
+        worker: &str,
+        kind: LeaseKind,
+        timeout: Duration,
+    ) -> bool {
+        let mut leases = self.leases.lock().expect("poisoned");
+        let key = (run, call_id.to_string());
+        if leases.get(&key).is_some_and(|l| l.attempt == attempt) {
+            return false;
+        }
+        let lease = Lease {
+            attempt,
+            worker: worker.to_string(),
+            kind,
+            timeout,
+            expires: seconds::instant_after(self.clock.now(), timeout),
+        };
+        leases.insert(key, lease);
+        true
+    }
+
     /// Extends the lease of this attempt; false when it holds none.
     pub fn renew(&self, run: RunId, call_id: &str, attempt: u32) -> bool {
         let now = self.clock.now();

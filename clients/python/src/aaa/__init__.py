@@ -53,7 +53,7 @@ from .errors import (
     Unauthenticated,
     Unavailable,
 )
-from .models import Message, ModelRequest, Reply, ToolCall, ToolSpec, echo, text, tool_call
+from .models import Message, ModelRequest, OpenAI, Reply, ToolCall, ToolSpec, echo, openai, text, tool_call
 from .subscriptions import Delivery
 from .tools import Tool, tool
 from .types import (
@@ -70,6 +70,7 @@ from .types import (
     Event,
     Outcome,
     RunInfo,
+    TokenUsage,
     RunStatus,
     SignalResult,
     SnapshotComplete,
@@ -126,6 +127,9 @@ __all__ = [
     "Run",
     "RunFinished",
     "RunInfo",
+    "TokenUsage",
+    "OpenAI",
+    "openai",
     "RunNotFound",
     "RunStatus",
     "SeparationOfDuties",
