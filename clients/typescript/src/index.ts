@@ -44,9 +44,11 @@ export {
 } from "./worker.js";
 export {
   Echo,
+  OpenAIModel,
   Reply,
   TERMINAL_EVENT_TYPES,
   echo,
+  openai,
   isEvent,
   text,
   toolCall,
@@ -72,6 +74,7 @@ export {
   type RunInfo,
   type RunStatus,
   type ScriptedStep,
+  type TokenUsage,
   type SignalResult,
   type ToolCall,
   type ToolInfo,
