@@ -938,3 +938,52 @@ async fn a_kill_9_mid_call_retries_it_once_as_the_next_attempt() {
         }
     }
 }
+
+/// `aaa runs start --model openai:MODEL@PROVIDER`, and the run's tokens in
+/// `aaa runs show`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_starts_a_run_on_the_built_in_model() {
+    let fake = FakeOpenAi::start(reference_model).await;
+    let models = fake.models(3);
+    let server = TestServer::start_with(move |c| c.models = Some(models.clone())).await;
+    let cli = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"))
+            .args(args)
+            .env("AAA_SERVER", format!("http://{}", server.addr()))
+            .env_remove("AAA_TOKEN")
+            .output()
+            .expect("run aaa");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "aaa {args:?}: {stderr}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let run_id = tokio::task::block_in_place(|| {
+        cli(&[
+            "runs",
+            "start",
+            "Pay ACME $250",
+            "--model",
+            "openai:fake-model@fake",
+            "--max-tokens",
+            "100000",
+        ])
+    });
+    let run_id = run_id.trim();
+    let events = wait_for_end(&mut server.runs().await, run_id).await;
+    let started = data(find(&events, "aaa.run.started"));
+    assert_eq!(started["model"]["openai"]["model"], "fake-model");
+    assert_eq!(started["budget"]["max_tokens"], 100000);
+    let shown = tokio::task::block_in_place(|| cli(&["runs", "show", run_id, "--json"]));
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["model"], "openai:fake-model@fake");
+    assert_eq!(
+        shown["usage"],
+        json!({"prompt_tokens": 50, "completion_tokens": 15, "total_tokens": 65})
+    );
+    let text = tokio::task::block_in_place(|| cli(&["runs", "show", run_id]));
+    assert!(
+        text.contains("tokens    65 (50 prompt, 15 completion)"),
+        "{text}"
+    );
+    server.shutdown().await;
+}
