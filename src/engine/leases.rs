@@ -59,17 +59,21 @@ impl Leases {
         kind: LeaseKind,
         timeout: Duration,
     ) {
-        let lease = Lease {
+        let lease = self.lease(attempt, worker, kind, timeout);
+        self.leases
+            .lock()
+            .expect("poisoned")
+            .insert((run, call_id.to_string()), lease);
+    }
+
+    fn lease(&self, attempt: u32, worker: &str, kind: LeaseKind, timeout: Duration) -> Lease {
+        Lease {
             attempt,
             worker: worker.to_string(),
             kind,
             timeout,
             expires: seconds::instant_after(self.clock.now(), timeout),
-        };
-        self.leases
-            .lock()
-            .expect("poisoned")
-            .insert((run, call_id.to_string()), lease);
+        }
     }
 
     /// Leases the attempt unless it is leased already: a model attempt
@@ -84,18 +88,12 @@ impl Leases {
         kind: LeaseKind,
         timeout: Duration,
     ) -> bool {
+        let lease = self.lease(attempt, worker, kind, timeout);
         let mut leases = self.leases.lock().expect("poisoned");
         let key = (run, call_id.to_string());
         if leases.get(&key).is_some_and(|l| l.attempt == attempt) {
             return false;
         }
-        let lease = Lease {
-            attempt,
-            worker: worker.to_string(),
-            kind,
-            timeout,
-            expires: seconds::instant_after(self.clock.now(), timeout),
-        };
         leases.insert(key, lease);
         true
     }

@@ -939,6 +939,31 @@ async fn a_kill_9_mid_call_retries_it_once_as_the_next_attempt() {
     }
 }
 
+/// A graceful stop while the provider has the request: the server stops
+/// without waiting for it, and the call goes on as attempt 2 after it
+/// comes back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_restart_mid_call_goes_on_as_the_next_attempt() {
+    let mut fake = FakeOpenAi::start(|n, _| match n {
+        0 => Answer::Hang,
+        _ => text("answered", 1, 1),
+    })
+    .await;
+    let models = fake.models(3);
+    let mut server = TestServer::start_with(move |c| c.models = Some(models.clone())).await;
+    let run_id = start_run(&mut server.runs().await, openai_run("hello", &[])).await;
+    assert_eq!(fake.next_arrival().await, 0);
+    server.restart().await;
+    let events = wait_for_end(&mut server.runs().await, &run_id).await;
+    let requested = of_type(&events, "aaa.llm.requested");
+    assert_eq!(requested.len(), 2);
+    assert_eq!(requested[1]["attempt"], 2);
+    assert_eq!(requested[1]["previous_error"]["type"], "AttemptLost");
+    assert_eq!(completed_text(&events), "answered");
+    assert_eq!(fake.seen().len(), 2);
+    server.shutdown().await;
+}
+
 /// `aaa runs start --model openai:MODEL@PROVIDER`, and the run's tokens in
 /// `aaa runs show`.
 #[tokio::test(flavor = "multi_thread")]
