@@ -120,11 +120,15 @@ impl Leases {
             .map(|lease| lease.worker.clone())
     }
 
-    pub fn release(&self, run: RunId, call_id: &str) {
-        self.leases
-            .lock()
-            .expect("poisoned")
-            .remove(&(run, call_id.to_string()));
+    /// Ends the lease of this attempt. A lease of a later attempt stays: the
+    /// call's next attempt may have been handed out (and leased) between
+    /// this one's result being recorded and this release.
+    pub fn release(&self, run: RunId, call_id: &str, attempt: u32) {
+        let mut leases = self.leases.lock().expect("poisoned");
+        let key = (run, call_id.to_string());
+        if leases.get(&key).is_some_and(|l| l.attempt == attempt) {
+            leases.remove(&key);
+        }
     }
 
     pub fn next_expiry(&self) -> Option<Instant> {

@@ -404,7 +404,8 @@ impl Engine {
     pub async fn report_builtin(&self, token: &str, report: Report) -> Result<(), Error> {
         let token = Token::decode(token, &self.inner.store.token_key())?;
         self.record_report(&token, &report, Actor::Engine).await?;
-        self.inner.leases.release(token.run, &token.call_id);
+        let (run, call, attempt) = (token.run, &token.call_id, token.attempt);
+        self.inner.leases.release(run, call, attempt);
         Ok(())
     }
 
@@ -1120,7 +1121,8 @@ impl Engine {
         });
         let refusal = match self.record_report(&token, &report, actor).await {
             Ok(()) => {
-                self.inner.leases.release(token.run, &token.call_id);
+                let (run, call, attempt) = (token.run, &token.call_id, token.attempt);
+                self.inner.leases.release(run, call, attempt);
                 return Ok(false);
             }
             Err(refusal @ (Error::StaleAttempt { .. } | Error::RunFinished(_))) => refusal,

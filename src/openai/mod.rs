@@ -51,8 +51,13 @@ struct Ctx {
 
 /// Starts taking the built-in model's calls until the engine stops. Runs
 /// whatever the config: a run whose provider is gone from the file fails
-/// with ProviderNotConfigured rather than wait forever.
-pub fn start(engine: Engine, models: Option<Arc<ModelsConfig>>) -> Result<(), String> {
+/// with ProviderNotConfigured rather than wait forever. The task ends, its
+/// calls with it, soon after the engine's shutdown token fires: await it
+/// before closing the store.
+pub fn start(
+    engine: Engine,
+    models: Option<Arc<ModelsConfig>>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
     let limits = models
         .iter()
         .flat_map(|m| m.providers.iter())
@@ -64,8 +69,7 @@ pub fn start(engine: Engine, models: Option<Arc<ModelsConfig>>) -> Result<(), St
         client: https_client()?,
         limits,
     });
-    tokio::spawn(consume(ctx));
-    Ok(())
+    Ok(tokio::spawn(consume(ctx)))
 }
 
 /// http:// and https:// (rustls with ring, the system's roots).
@@ -89,13 +93,23 @@ fn https_client() -> Result<HttpsClient, String> {
     Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 
+/// Takes model calls and serves each in a task of its own; on shutdown,
+/// waits for those tasks (they stop at once) so that no engine handle
+/// outlives the server.
 async fn consume(ctx: Arc<Ctx>) {
+    let mut calls = tokio::task::JoinSet::new();
+    take_calls(&ctx, &mut calls).await;
+    while calls.join_next().await.is_some() {}
+}
+
+async fn take_calls(ctx: &Arc<Ctx>, calls: &mut tokio::task::JoinSet<()>) {
     let worker = WorkerId::from(IDENTITY);
     let queue = [QueueKey::BuiltinModel];
     loop {
+        while calls.try_join_next().is_some() {}
         match ctx.engine.poll_task(&worker, &queue, POLL_WAIT).await {
             Ok(Some(task)) => {
-                tokio::spawn(serve(ctx.clone(), task));
+                calls.spawn(serve(ctx.clone(), task));
             }
             Ok(None) if ctx.engine.shutdown_token().is_cancelled() => return,
             Ok(None) => {}
