@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::auth::AuthConfig;
 use crate::clock::Clock;
+use crate::openai::ModelsConfig;
 use crate::policy::PolicyHandle;
 use crate::subscriptions::WebhookConfig;
 
@@ -55,6 +56,9 @@ pub struct Config {
     pub keepalive_interval: Duration,
     /// Webhooks: consumer groups whose member POSTs each event to a URL.
     pub webhooks: Vec<WebhookConfig>,
+    /// Providers of the built-in OpenAI-compatible model (`--models`);
+    /// `None`: runs cannot ask for it.
+    pub models: Option<Arc<ModelsConfig>>,
     /// The engine's time: event times, deadlines, timers and leases. Tests
     /// use a manual clock to move time forward instead of waiting.
     pub clock: Clock,
@@ -92,6 +96,7 @@ impl Config {
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(30),
             webhooks: Vec::new(),
+            models: None,
             clock: Clock::system(),
             lease: Duration::from_secs(3),
             standby: false,

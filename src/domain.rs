@@ -210,6 +210,11 @@ pub struct RunRecord {
     /// field existed (a store then reads the run's first event).
     #[prost(string, tag = "14")]
     pub started_by: String,
+    /// Tokens the run's model calls used (built-in models).
+    #[prost(uint64, tag = "15")]
+    pub prompt_tokens: u64,
+    #[prost(uint64, tag = "16")]
+    pub completion_tokens: u64,
 }
 
 /// A pending approval request.

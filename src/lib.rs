@@ -10,6 +10,8 @@
 //!   -> subscriptions (consumer groups: a dispatcher task per group follows
 //!                     the durable global log; cursors and dead letters go
 //!                     through the store's group commit)
+//! openai (the built-in OpenAI-compatible model: an in-process consumer of
+//!         the engine's model tasks, calling providers over HTTP)
 //! ```
 //!
 //! The durability contract: an RPC that appended events answers only after
@@ -33,6 +35,7 @@ pub mod connections;
 pub mod domain;
 pub mod engine;
 pub mod migrate;
+pub mod openai;
 pub mod policy;
 pub mod proto;
 pub mod seconds;

@@ -99,6 +99,11 @@ struct ServeArgs {
     /// Webhooks to POST events to (a TOML file; see docs/subscriptions.md).
     #[arg(long, env = "AAA_WEBHOOKS")]
     webhooks: Option<PathBuf>,
+    /// Providers of the built-in OpenAI-compatible model: base URLs, API
+    /// keys (from env vars or files), timeouts, retries (a TOML file; see
+    /// docs/models.md).
+    #[arg(long, env = "AAA_MODELS")]
+    models: Option<PathBuf>,
     /// With --store postgres://...: wait while another server holds the
     /// runs, and take them over once its claim lapses (see docs/postgres.md).
     #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
@@ -243,6 +248,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         max_streams_per_connection,
         max_connections,
         webhooks,
+        models,
         standby,
         lease_s,
         advertise,
@@ -300,6 +306,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Ok(hooks) => config.webhooks = hooks,
             Err(e) => {
                 eprintln!("aaa: --webhooks {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Some(path) = models {
+        match aaa::openai::ModelsConfig::load(&path) {
+            Ok(models) => config.models = Some(std::sync::Arc::new(models)),
+            Err(e) => {
+                eprintln!("aaa: --models {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
         }

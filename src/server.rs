@@ -43,6 +43,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot start the built-in model: {0}")]
+    Models(String),
     #[error("cannot start webhooks: {0}")]
     Webhooks(#[from] crate::subscriptions::Error),
 }
@@ -243,6 +245,11 @@ pub async fn serve(
         }
     };
     stopping.cancel();
+    let builtin_model = local.builtin_model.lock().expect("poisoned").take();
+    if let Some(task) = builtin_model {
+        // It stops at once on `stopping`; bounded all the same.
+        let _ = tokio::time::timeout(grace, task).await;
+    }
     drop(local);
     store.close().await;
     served?;
@@ -257,6 +264,8 @@ struct LocalServices {
     approvals: Arc<OnceLock<ApprovalServiceServer<ApprovalApi>>>,
     workers: Arc<OnceLock<WorkerServiceServer<WorkerApi>>>,
     subscriptions: Arc<OnceLock<SubscriptionServiceServer<SubscriptionApi>>>,
+    /// The built-in model's task, awaited at shutdown: it holds the engine.
+    builtin_model: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 /// The services' reads, answered from the database without an engine.
@@ -339,7 +348,10 @@ async fn own_runs(
     let separation_of_duties = separation_of_duties(&config);
     let max_message = config.max_message_bytes;
     let webhooks = config.webhooks.clone();
+    let models = config.models.clone();
     let engine = Engine::start(store, config, stopping.clone()).await?;
+    let builtin_model = crate::openai::start(engine.clone(), models).map_err(ServeError::Models)?;
+    *local.builtin_model.lock().expect("poisoned") = Some(builtin_model);
     let subscriptions = SubscriptionApi::new(&engine);
     subscriptions.start_webhooks(&webhooks).await?;
     let filled = [

@@ -268,7 +268,7 @@ type StartRunRequest struct {
 	Task string
 	// System is optional instructions, given to models as the first message.
 	System string
-	// Model drives the run: WorkerModel(name) or ScriptedModel(steps...). Required.
+	// Model drives the run: WorkerModel(name), OpenAI(model, provider) or ScriptedModel(steps...). Required.
 	Model Model
 	// Tools are the tools the run may call; they must have been registered by a worker.
 	Tools []ToolRef
@@ -281,12 +281,34 @@ type StartRunRequest struct {
 	RequestID string
 }
 
-// Model says which model drives a run. Make one with WorkerModel or ScriptedModel.
+// Model says which model drives a run. Make one with WorkerModel, OpenAI or ScriptedModel.
 type Model struct {
 	// Worker is the name of a model served by workers.
 	Worker string
-	// Script holds the steps of the built-in scripted model, used when Worker is empty.
+	// OpenAI is the server's built-in OpenAI-compatible model, used when Worker is empty.
+	OpenAI *OpenAISpec
+	// Script holds the steps of the built-in scripted model, used when Worker is empty and OpenAI nil.
 	Script []Step
+}
+
+// OpenAISpec is the server's built-in OpenAI-compatible model (see docs/models.md).
+// The server calls the provider itself; API keys never leave it.
+type OpenAISpec struct {
+	// Model is what the provider serves, e.g. "gpt-4.1-mini"; "" for the provider's default_model.
+	Model string
+	// Provider names a provider of the server's --models file; "" for its default.
+	Provider string
+	// Temperature is the sampling temperature (0 to 2); nil for the provider's default.
+	Temperature *float64
+	// MaxTokens caps one reply's tokens; 0 sends no cap.
+	MaxTokens uint32
+}
+
+// OpenAI is the server's built-in OpenAI-compatible model: model as the
+// provider names it, provider one of the server's --models file ("" for
+// either: the defaults).
+func OpenAI(model, provider string) Model {
+	return Model{OpenAI: &OpenAISpec{Model: model, Provider: provider}}
 }
 
 // WorkerModel is the model of that name served by workers.
@@ -343,6 +365,8 @@ type Budget struct {
 	Deadline time.Duration
 	// MaxModelCalls fails the run with BudgetExceeded past this many model calls; 0 means 50.
 	MaxModelCalls uint32
+	// MaxTokens fails the run with BudgetExceeded once its built-in model calls used this many tokens; 0 means no limit.
+	MaxTokens uint64
 }
 
 // StartedRun is StartRun's answer.
@@ -378,7 +402,11 @@ func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (StartedRun,
 		})
 	}
 	if req.Budget != (Budget{}) {
-		pb.Budget = &aaav1.Budget{DeadlineS: req.Budget.Deadline.Seconds(), MaxModelCalls: req.Budget.MaxModelCalls}
+		pb.Budget = &aaav1.Budget{
+			DeadlineS:     req.Budget.Deadline.Seconds(),
+			MaxModelCalls: req.Budget.MaxModelCalls,
+			MaxTokens:     req.Budget.MaxTokens,
+		}
 	}
 	var resp *aaav1.StartRunResponse
 	err = c.retry(ctx, func(ctx context.Context) (err error) {
@@ -394,6 +422,10 @@ func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (StartedRun,
 func (m Model) toProto() (*aaav1.ModelSpec, error) {
 	if m.Worker != "" {
 		return &aaav1.ModelSpec{Kind: &aaav1.ModelSpec_Worker{Worker: m.Worker}}, nil
+	}
+	if o := m.OpenAI; o != nil {
+		spec := &aaav1.OpenAiModel{Model: o.Model, Provider: o.Provider, Temperature: o.Temperature, MaxTokens: o.MaxTokens}
+		return &aaav1.ModelSpec{Kind: &aaav1.ModelSpec_Openai{Openai: spec}}, nil
 	}
 	if m.Script == nil {
 		return nil, nil // the server answers INVALID_FIELD

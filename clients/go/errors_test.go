@@ -51,6 +51,11 @@ func TestTypedErrors(t *testing.T) {
 			_, err := e.client.StartRun(e.ctx, aaa.StartRunRequest{Model: aaa.WorkerModel("m")})
 			return err
 		}, aaa.ErrInvalidField, codes.InvalidArgument, "task"},
+		// The test server has no --models: the request carried the built-in model.
+		{"built-in model without providers", func() error {
+			_, err := e.client.StartRun(e.ctx, aaa.StartRunRequest{Task: "x", Model: aaa.OpenAI("gpt-4.1-mini", "openai"), Budget: aaa.Budget{MaxTokens: 1000}})
+			return err
+		}, aaa.ErrInvalidField, codes.InvalidArgument, "model.openai"},
 		{"engine-owned type", func() error {
 			_, err := e.client.Signal(e.ctx, waiting, aaa.EventToolCompleted, map[string]string{"call_id": callID})
 			return err

@@ -170,7 +170,7 @@ type Run struct {
 	Status RunStatus
 	// Task is the task the run was started with.
 	Task string
-	// Model is "scripted" or the name of the worker-served model.
+	// Model is "scripted", the name of the worker-served model, or "openai:MODEL@PROVIDER".
 	Model string
 	// Tools are the names of the tools the run may call.
 	Tools []string
@@ -190,6 +190,13 @@ type Run struct {
 	Error *ErrorDetail
 	// PendingApprovals are the approvals the run waits for.
 	PendingApprovals []Approval
+	// Usage is the tokens the run's built-in model calls used (zero for other models).
+	Usage TokenUsage
+}
+
+// TokenUsage is what a run's model calls used, as the provider reported it.
+type TokenUsage struct {
+	PromptTokens, CompletionTokens, TotalTokens uint64
 }
 
 // Approval is a pending approval request: a tool call waiting for a human decision.
@@ -343,6 +350,11 @@ func runFromProto(r *aaav1.Run) Run {
 		DeadlineAt: timeOf(r.GetDeadlineAt()),
 		LastSeq:    r.GetLastSeq(),
 		Error:      errorFromProto(r.GetError()),
+		Usage: TokenUsage{
+			PromptTokens:     r.GetUsage().GetPromptTokens(),
+			CompletionTokens: r.GetUsage().GetCompletionTokens(),
+			TotalTokens:      r.GetUsage().GetTotalTokens(),
+		},
 	}
 	if r.GetResultJson() != "" {
 		run.Result = json.RawMessage(r.GetResultJson())

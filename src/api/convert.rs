@@ -4,7 +4,8 @@
 use serde_json::Value;
 
 use crate::engine::event::{
-    Budget, ErrorData, ModelChoice, Nudging, ProposedCall, RetrySpec, ScriptStep, ToolSpec,
+    Budget, ErrorData, ModelChoice, Nudging, OpenAiChoice, ProposedCall, RetrySpec, ScriptStep,
+    ToolSpec,
 };
 use crate::engine::state::Message;
 use crate::engine::{self, Error, MAX_EVENT_BYTES};
@@ -145,12 +146,11 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
     check_size("task", &request.task, MAX_EVENT_BYTES / 2)?;
     check_size("system", &request.system, MAX_EVENT_BYTES / 4)?;
     let model = match request.model.and_then(|m| m.kind) {
-        None => {
-            return Err(Error::invalid(
-                "model",
-                "required: set model.worker (a worker-served model) or model.scripted",
-            ))
-        }
+        None => return Err(Error::invalid(
+            "model",
+            "required: set model.worker (a worker-served model), model.scripted or model.openai",
+        )),
+        Some(proto::model_spec::Kind::Openai(openai)) => ModelChoice::Openai(openai_model(openai)?),
         Some(proto::model_spec::Kind::Worker(model)) => {
             name("model.worker", &model)?;
             ModelChoice::Worker(model)
@@ -187,6 +187,7 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
             0 => DEFAULT_MAX_MODEL_CALLS,
             n => n,
         },
+        max_tokens: budget.max_tokens,
     };
     labels("labels", &request.labels)?;
     check_size("request_id", &request.request_id, MAX_NAME_BYTES)?;
@@ -200,6 +201,32 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
         request_id: request.request_id,
         // Set by the handler, which knows the caller.
         principal: String::new(),
+    })
+}
+
+/// The built-in model as StartRun asks for it; the engine checks the
+/// provider and fills in its defaults.
+fn openai_model(openai: proto::OpenAiModel) -> Result<OpenAiChoice, Error> {
+    if !openai.model.is_empty() {
+        check_size("model.openai.model", &openai.model, MAX_NAME_BYTES)?;
+    }
+    if !openai.provider.is_empty() {
+        name("model.openai.provider", &openai.provider)?;
+    }
+    if let Some(t) = openai.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(Error::invalid(
+                "model.openai.temperature",
+                format!("{t} is out of range: 0 to 2"),
+            ));
+        }
+    }
+    Ok(OpenAiChoice {
+        provider: openai.provider,
+        model: openai.model,
+        temperature: openai.temperature,
+        max_tokens: (openai.max_tokens > 0).then_some(openai.max_tokens),
+        max_attempts: 0,
     })
 }
 
@@ -269,6 +296,7 @@ pub fn model_reply(reply: proto::ModelReply) -> Result<engine::Report, Error> {
     Ok(engine::Report::ModelReply {
         content: reply.content,
         calls,
+        facts: Default::default(),
     })
 }
 
@@ -459,6 +487,13 @@ pub fn run(record: RunRecord) -> proto::Run {
         result_json: record.result_json,
         error,
         pending_approvals: Vec::new(),
+        usage: Some(proto::TokenUsage {
+            prompt_tokens: record.prompt_tokens,
+            completion_tokens: record.completion_tokens,
+            total_tokens: record
+                .prompt_tokens
+                .saturating_add(record.completion_tokens),
+        }),
     }
 }
 
@@ -543,6 +578,7 @@ pub fn task(task: engine::Task) -> proto::Task {
             model,
             messages,
             tools,
+            ..
         } => proto::task::Kind::Model(proto::ModelTask {
             model,
             messages: messages.iter().map(message).collect(),

@@ -189,6 +189,11 @@ pub fn run_json(run: &Run) -> Value {
         "last_seq": run.last_seq,
         "result": embed(&run.result_json),
         "error": error_json(&run.error),
+        "usage": run.usage.map_or(Value::Null, |u| json!({
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+        })),
         "pending_approvals": run.pending_approvals.iter().map(approval_json).collect::<Vec<_>>(),
     })
 }

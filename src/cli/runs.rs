@@ -9,8 +9,8 @@ use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
 use crate::engine::event::ScriptStep;
 use crate::proto::{
     model_spec, scripted_step, stream_events_response, Budget, CancelRunRequest, GetRunRequest,
-    ListRunsRequest, ModelSpec, Run, RunStatus, ScriptedModel, ScriptedStep, ScriptedToolCall,
-    ScriptedToolCalls, StartRunRequest, StreamEventsRequest, ToolRef,
+    ListRunsRequest, ModelSpec, OpenAiModel, Run, RunStatus, ScriptedModel, ScriptedStep,
+    ScriptedToolCall, ScriptedToolCalls, StartRunRequest, StreamEventsRequest, ToolRef,
 };
 
 #[derive(clap::Args)]
@@ -64,9 +64,16 @@ struct StartArgs {
     /// its worker does not ask for it.
     #[arg(long = "gate", value_name = "NAME")]
     gated: Vec<String>,
-    /// The worker-served model that drives the run.
+    /// The model that drives the run: the name of a worker-served model, or
+    /// openai:MODEL[@PROVIDER] for the server's built-in OpenAI-compatible
+    /// model (a provider of its --models file; see docs/models.md), e.g.
+    /// openai:gpt-4.1-mini. openai: alone takes the provider's default model.
     #[arg(long, value_name = "NAME")]
     model: Option<String>,
+    /// The run fails with BudgetExceeded once its model calls used this
+    /// many tokens (built-in models report them).
+    #[arg(long, value_name = "TOKENS")]
+    max_tokens: Option<u64>,
     /// Drive the run with the built-in scripted model, whose replies are in
     /// this JSON file: an array of steps, each {"text": "..."},
     /// {"tool_calls": [{"name": "wire_money", "arguments": {"amount": 250}}]}
@@ -163,7 +170,10 @@ async fn cancel(connection: &Connection, args: &CancelArgs) -> Result<(), Error>
 
 async fn start(connection: &Connection, args: &StartArgs) -> Result<(), Error> {
     let kind = match (&args.model, &args.steps) {
-        (Some(model), _) => model_spec::Kind::Worker(model.clone()),
+        (Some(model), _) => match model.strip_prefix("openai:") {
+            Some(rest) => model_spec::Kind::Openai(openai_model(rest)),
+            None => model_spec::Kind::Worker(model.clone()),
+        },
         (None, Some(path)) => model_spec::Kind::Scripted(ScriptedModel {
             steps: read_steps(path)?,
         }),
@@ -182,9 +192,10 @@ async fn start(connection: &Connection, args: &StartArgs) -> Result<(), Error> {
         task: args.task.clone(),
         model: Some(ModelSpec { kind: Some(kind) }),
         tools: tools.chain(gated).collect(),
-        budget: args.deadline_s.map(|deadline_s| Budget {
-            deadline_s,
+        budget: (args.deadline_s.is_some() || args.max_tokens.is_some()).then(|| Budget {
+            deadline_s: args.deadline_s.unwrap_or(0.0),
             max_model_calls: 0,
+            max_tokens: args.max_tokens.unwrap_or(0),
         }),
         labels: args.labels.iter().cloned().collect(),
         request_id: args.request_id.clone().unwrap_or_default(),
@@ -197,6 +208,17 @@ async fn start(connection: &Connection, args: &StartArgs) -> Result<(), Error> {
         true => out.document(&json!({"run_id": started.run_id, "created": started.created})),
         // Just the id, so that RUN=$(aaa runs start ...) works.
         false => out.line(&started.run_id),
+    }
+}
+
+/// `MODEL[@PROVIDER]` of `--model openai:...`; either part may be empty
+/// (the provider's default model, the server's default provider).
+fn openai_model(text: &str) -> OpenAiModel {
+    let (model, provider) = text.rsplit_once('@').unwrap_or((text, ""));
+    OpenAiModel {
+        model: model.to_string(),
+        provider: provider.to_string(),
+        ..Default::default()
     }
 }
 
@@ -289,6 +311,13 @@ async fn show(connection: &Connection, args: &ShowArgs) -> Result<(), Error> {
     ];
     if let Some(error) = &run.error {
         rows.push(("error", format!("{}: {}", error.r#type, error.message)));
+    }
+    if let Some(usage) = run.usage.filter(|u| u.total_tokens > 0) {
+        let tokens = format!(
+            "{} ({} prompt, {} completion)",
+            usage.total_tokens, usage.prompt_tokens, usage.completion_tokens
+        );
+        rows.push(("tokens", tokens));
     }
     for (name, value) in rows.into_iter().filter(|(_, v)| !v.is_empty()) {
         out.line(&format!("{name:<9} {value}"))?;

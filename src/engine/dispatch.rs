@@ -23,6 +23,8 @@ use crate::store::RunId;
 pub enum QueueKey {
     Tool(String),
     Model(String),
+    /// Model calls of the server's built-in model; no worker polls these.
+    BuiltinModel,
 }
 
 /// A call a worker may take. Taking it does not start it: the engine checks
@@ -82,6 +84,7 @@ impl TaskRef {
         let (call_id, key) = match action {
             Action::DispatchTool { call_id, tool } => (call_id, QueueKey::Tool(tool)),
             Action::DispatchModel { call_id, model } => (call_id, QueueKey::Model(model)),
+            Action::DispatchBuiltinModel { call_id } => (call_id, QueueKey::BuiltinModel),
             _ => return None,
         };
         Some(TaskRef {

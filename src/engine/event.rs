@@ -221,15 +221,70 @@ pub enum ModelChoice {
     Worker(String),
     /// The built-in scripted model with its steps.
     Scripted(Vec<ScriptStep>),
+    /// The built-in OpenAI-compatible model, called by the server itself.
+    Openai(OpenAiChoice),
 }
 
 impl ModelChoice {
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> String {
         match self {
-            ModelChoice::Worker(name) => name,
-            ModelChoice::Scripted(_) => "scripted",
+            ModelChoice::Worker(name) => name.clone(),
+            ModelChoice::Scripted(_) => "scripted".to_string(),
+            ModelChoice::Openai(choice) => format!("openai:{}@{}", choice.model, choice.provider),
         }
     }
+
+    /// Attempts one model call gets before the run fails.
+    pub fn max_attempts(&self) -> u32 {
+        match self {
+            ModelChoice::Openai(choice) => choice.max_attempts.max(1),
+            _ => super::state::MODEL_MAX_ATTEMPTS,
+        }
+    }
+}
+
+/// The built-in OpenAI-compatible model as a run snapshots it: the provider
+/// by name (its URL and key stay in the server's config, never in the log)
+/// and what the provider's retry policy allowed when the run started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenAiChoice {
+    pub provider: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    pub max_attempts: u32,
+}
+
+/// Tokens a model call used, as its provider reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+
+    pub fn add(&mut self, other: Usage) {
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+    }
+}
+
+/// What a built-in model reports with a reply, beyond the message.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplyFacts {
+    pub attempt: Option<u32>,
+    pub usage: Option<Usage>,
+    pub model: String,
+    pub finish_reason: String,
+    pub latency_ms: Option<u64>,
 }
 
 /// One reply of the scripted model.
@@ -252,6 +307,13 @@ pub struct ProposedCall {
 pub struct Budget {
     pub deadline_s: f64,
     pub max_model_calls: u32,
+    /// Tokens the run's model calls may use; 0: no limit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -272,6 +334,9 @@ pub struct LlmRequested {
     pub call_id: String,
     pub model: String,
     pub attempt: u32,
+    /// For a retry: why the attempt before it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_error: Option<ErrorData>,
 }
 
 /// A tool call with the id the engine gave it.
@@ -292,6 +357,32 @@ pub struct AssistantMessage {
 pub struct LlmCompleted {
     pub call_id: String,
     pub message: AssistantMessage,
+    /// The rest is what built-in models report (absent for the others).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// The model that answered, as the provider names it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub finish_reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+}
+
+impl LlmCompleted {
+    pub fn new(call_id: String, message: AssistantMessage, facts: ReplyFacts) -> Self {
+        LlmCompleted {
+            call_id,
+            message,
+            attempt: facts.attempt,
+            usage: facts.usage,
+            model: facts.model,
+            finish_reason: facts.finish_reason,
+            latency_ms: facts.latency_ms,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

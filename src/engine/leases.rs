@@ -59,17 +59,43 @@ impl Leases {
         kind: LeaseKind,
         timeout: Duration,
     ) {
-        let lease = Lease {
+        let lease = self.lease(attempt, worker, kind, timeout);
+        self.leases
+            .lock()
+            .expect("poisoned")
+            .insert((run, call_id.to_string()), lease);
+    }
+
+    fn lease(&self, attempt: u32, worker: &str, kind: LeaseKind, timeout: Duration) -> Lease {
+        Lease {
             attempt,
             worker: worker.to_string(),
             kind,
             timeout,
             expires: seconds::instant_after(self.clock.now(), timeout),
-        };
-        self.leases
-            .lock()
-            .expect("poisoned")
-            .insert((run, call_id.to_string()), lease);
+        }
+    }
+
+    /// Leases the attempt unless it is leased already: a model attempt
+    /// offered twice (a timer re-offers what is dispatchable) is still
+    /// handed out once. False when another holds it.
+    pub fn grant_if_free(
+        &self,
+        run: RunId,
+        call_id: &str,
+        attempt: u32,
+        worker: &str,
+        kind: LeaseKind,
+        timeout: Duration,
+    ) -> bool {
+        let lease = self.lease(attempt, worker, kind, timeout);
+        let mut leases = self.leases.lock().expect("poisoned");
+        let key = (run, call_id.to_string());
+        if leases.get(&key).is_some_and(|l| l.attempt == attempt) {
+            return false;
+        }
+        leases.insert(key, lease);
+        true
     }
 
     /// Extends the lease of this attempt; false when it holds none.
@@ -94,11 +120,15 @@ impl Leases {
             .map(|lease| lease.worker.clone())
     }
 
-    pub fn release(&self, run: RunId, call_id: &str) {
-        self.leases
-            .lock()
-            .expect("poisoned")
-            .remove(&(run, call_id.to_string()));
+    /// Ends the lease of this attempt. A lease of a later attempt stays: the
+    /// call's next attempt may have been handed out (and leased) between
+    /// this one's result being recorded and this release.
+    pub fn release(&self, run: RunId, call_id: &str, attempt: u32) {
+        let mut leases = self.leases.lock().expect("poisoned");
+        let key = (run, call_id.to_string());
+        if leases.get(&key).is_some_and(|l| l.attempt == attempt) {
+            leases.remove(&key);
+        }
     }
 
     pub fn next_expiry(&self) -> Option<Instant> {

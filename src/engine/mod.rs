@@ -110,6 +110,9 @@ pub enum Work {
         model: String,
         messages: Vec<Message>,
         tools: Vec<ToolSpec>,
+        /// The run's model as it snapshotted it (the built-in model's
+        /// provider and settings).
+        spec: ModelChoice,
     },
 }
 
@@ -120,6 +123,8 @@ pub enum Report {
     ModelReply {
         content: String,
         calls: Vec<ProposedCall>,
+        /// Usage and the like, from built-in models.
+        facts: ReplyFacts,
     },
     Failure {
         error: ErrorData,
@@ -352,11 +357,18 @@ impl Engine {
     }
 
     /// Re-offers the work of runs that were active when the server stopped,
-    /// and gives their running attempts a fresh lease.
+    /// and gives their running attempts a fresh lease. A built-in model's
+    /// attempt in flight died with the server that made it: it is recorded
+    /// as lost and the call goes on as the next attempt, so no two attempts
+    /// of one call are ever in flight.
     async fn recover(&self) -> Result<(), Error> {
         let now = self.now_ms();
+        let mut lost = Vec::new();
         for run in self.inner.store.active_runs().await? {
             let state = self.load(run).await?;
+            if let Some(pending) = state.builtin_model_pending() {
+                lost.push((run, pending.call_id.clone(), pending.attempt));
+            }
             for call in &state.calls {
                 if call.phase == state::Phase::Running {
                     let timeout = self.heartbeat_timeout(call.spec.as_ref());
@@ -373,7 +385,61 @@ impl Engine {
             self.offer_all(run, state.dispatchable(now));
             self.cache_put(state);
         }
+        for (run, call_id, attempt) in lost {
+            let error = ErrorData::new(
+                "AttemptLost",
+                format!("the server that made attempt {attempt} stopped before it was answered"),
+            );
+            self.update(run, |state, _| {
+                let event =
+                    state.decide_model_failure(&call_id, attempt, error, true, Actor::Engine)?;
+                Ok((vec![event], ()))
+            })
+            .await?;
+        }
         Ok(())
+    }
+
+    /// The built-in model's result for an attempt it holds, recorded as the
+    /// engine's.
+    pub async fn report_builtin(&self, token: &str, report: Report) -> Result<(), Error> {
+        let token = Token::decode(token, &self.inner.store.token_key())?;
+        self.record_report(&token, &report, Actor::Engine).await?;
+        let (run, call, attempt) = (token.run, &token.call_id, token.attempt);
+        self.inner.leases.release(run, call, attempt);
+        Ok(())
+    }
+
+    /// A run's built-in model, checked against the server's providers: the
+    /// provider and model filled in, and the attempts its policy allows.
+    fn resolve_model(&self, model: ModelChoice) -> Result<ModelChoice, Error> {
+        let ModelChoice::Openai(mut choice) = model else {
+            return Ok(model);
+        };
+        let models = self.inner.config.models.as_deref().ok_or_else(|| {
+            Error::invalid(
+                "model.openai",
+                "this server has no model providers: start it with --models FILE (see docs/models.md)",
+            )
+        })?;
+        let provider = models
+            .provider(&choice.provider)
+            .map_err(|message| Error::invalid("model.openai.provider", message))?;
+        choice.provider = provider.name.clone();
+        if choice.model.is_empty() {
+            choice.model = provider.default_model.clone();
+        }
+        if choice.model.is_empty() {
+            return Err(Error::invalid(
+                "model.openai.model",
+                format!(
+                    "required: provider '{}' has no default_model",
+                    provider.name
+                ),
+            ));
+        }
+        choice.max_attempts = provider.retry.max_attempts;
+        Ok(ModelChoice::Openai(choice))
     }
 
     fn heartbeat_timeout(&self, spec: Option<&ToolSpec>) -> Duration {
@@ -508,6 +574,7 @@ impl Engine {
         let is_new = batch.events().first().is_some_and(|e| e.seq == 1);
         let was_active = !is_new && state.is_active();
         let status_before = (!is_new).then(|| state.status_code());
+        let usage_before = state.usage;
         let mut staged = Staged {
             now: self.now_ms(),
             first_seq: state.last_seq + 1,
@@ -529,9 +596,9 @@ impl Engine {
             self.start_for_waiting_poll(state, task, &mut staged);
         }
         self.fold(state, &mut staged)?;
-        // The summary changes with the status only; the store reads the
-        // run's head (last seq, update time) from its newest span.
-        if status_before != Some(state.status_code()) {
+        // The summary changes with the status and the tokens used only; the
+        // store reads the run's head (last seq, update time) from its newest span.
+        if status_before != Some(state.status_code()) || state.usage != usage_before {
             staged.batch.put_run(&state.summary());
         }
         if state.is_active() != was_active {
@@ -578,7 +645,7 @@ impl Engine {
     fn start_for_waiting_poll(&self, state: &RunState, task: TaskRef, staged: &mut Staged) {
         let call = match task.key {
             QueueKey::Tool(_) => state.startable(&task.call_id, staged.now),
-            QueueKey::Model(_) => None,
+            QueueKey::Model(_) | QueueKey::BuiltinModel => None,
         };
         let reserved =
             call.and_then(|call| Some((call, self.inner.dispatcher.reserve(&task.key)?)));
@@ -708,6 +775,7 @@ impl Engine {
             }
         }
         let tools = self.resolve_tools(&start.tools).await?;
+        let model = self.resolve_model(start.model)?;
         let now = self.now_ms();
         let deadline_at_ms = (start.budget.deadline_s > 0.0)
             .then(|| crate::seconds::after_ms(now, start.budget.deadline_s));
@@ -718,7 +786,7 @@ impl Engine {
         let started = RunStarted {
             task: start.task,
             system: start.system,
-            model: start.model,
+            model,
             tools,
             budget: start.budget,
             labels: start.labels,
@@ -916,7 +984,7 @@ impl Engine {
                     Err(e) => Err(e),
                 }
             }
-            QueueKey::Model(model) => {
+            QueueKey::Model(_) | QueueKey::BuiltinModel => {
                 let claimed = self
                     .read_run(task.run, |state| {
                         let pending = state.model_call.as_ref()?;
@@ -924,9 +992,10 @@ impl Engine {
                             return None;
                         }
                         let work = Work::Model {
-                            model,
+                            model: state.spec.model.name(),
                             messages: state.messages().to_vec(),
                             tools: state.spec.tools.clone(),
+                            spec: state.spec.model.clone(),
                         };
                         Some((work, pending.attempt, state.spec.deadline_at_ms))
                     })
@@ -937,14 +1006,23 @@ impl Engine {
                     Err(e) => return Err(e),
                 };
                 let timeout = self.inner.config.default_heartbeat_timeout;
-                self.inner.leases.grant(
-                    task.run,
-                    &task.call_id,
+                // One holder per attempt: a second offer of the same attempt
+                // finds it leased (unless a poll took it and went away
+                // before it could hand it over).
+                let leases = &self.inner.leases;
+                let (run, call, holder) = (task.run, task.call_id.as_str(), &worker.identity);
+                if task.undelivered {
+                    leases.grant(run, call, attempt, holder, LeaseKind::Model, timeout);
+                } else if !leases.grant_if_free(
+                    run,
+                    call,
                     attempt,
-                    &worker.identity,
+                    holder,
                     LeaseKind::Model,
                     timeout,
-                );
+                ) {
+                    return Ok(None);
+                }
                 self.inner.timers_changed.notify_one();
                 let token = Token {
                     kind: LeaseKind::Model,
@@ -1069,7 +1147,8 @@ impl Engine {
         });
         let refusal = match self.record_report(&token, &report, actor).await {
             Ok(()) => {
-                self.inner.leases.release(token.run, &token.call_id);
+                let (run, call, attempt) = (token.run, &token.call_id, token.attempt);
+                self.inner.leases.release(run, call, attempt);
                 return Ok(false);
             }
             Err(refusal @ (Error::StaleAttempt { .. } | Error::RunFinished(_))) => refusal,
@@ -1114,8 +1193,21 @@ impl Engine {
                         ToolOutcome::Failure { error, retryable },
                         actor,
                     )?,
-                (LeaseKind::Model, Report::ModelReply { content, calls }) => state
-                    .decide_model_reply(&token.call_id, token.attempt, content, calls, actor)?,
+                (
+                    LeaseKind::Model,
+                    Report::ModelReply {
+                        content,
+                        calls,
+                        facts,
+                    },
+                ) => state.decide_model_reply(
+                    &token.call_id,
+                    token.attempt,
+                    content,
+                    calls,
+                    facts,
+                    actor,
+                )?,
                 (LeaseKind::Model, Report::Failure { error, retryable }) => state
                     .decide_model_failure(&token.call_id, token.attempt, error, retryable, actor)?,
                 (LeaseKind::Tool, Report::ModelReply { .. }) => {

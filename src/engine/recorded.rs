@@ -48,7 +48,7 @@ pub fn compare(
         (Outcome::ToolOutput(recorded), Report::ToolOutput(output)) => &recorded == output,
         (Outcome::Failure(recorded), Report::Failure { error, .. }) => &recorded == error,
         (Outcome::RetriedModelFailure, Report::Failure { .. }) => true,
-        (Outcome::ModelReply(recorded), Report::ModelReply { content, calls }) => {
+        (Outcome::ModelReply(recorded), Report::ModelReply { content, calls, .. }) => {
             recorded.content == *content
                 && recorded.tool_calls.len() == calls.len()
                 && recorded

@@ -33,6 +33,8 @@ pub enum Action {
     DispatchTool { call_id: String, tool: String },
     /// Offer the model call to workers.
     DispatchModel { call_id: String, model: String },
+    /// Offer the model call to the server's built-in model.
+    DispatchBuiltinModel { call_id: String },
     /// Durable timer, armed in the same batch.
     ArmTimer { due_ms: i64, name: String },
     /// Durable timer removed in the same batch.
@@ -266,6 +268,8 @@ pub struct RunState {
     pub messages: Vec<Message>,
     pub model_calls: u32,
     pub model_call: Option<PendingModelCall>,
+    /// Tokens the run's model calls used (as built-in models report them).
+    pub usage: Usage,
     pub calls: Vec<Call>,
     pending_edit: Option<PendingEdit>,
 }
@@ -336,6 +340,7 @@ impl RunState {
             messages,
             model_calls: 0,
             model_call: None,
+            usage: Usage::default(),
             calls: Vec::new(),
             pending_edit: None,
         };
@@ -392,7 +397,37 @@ impl RunState {
     }
 
     fn worker_model_pending(&self) -> bool {
-        self.model_call.is_some() && matches!(self.spec.model, ModelChoice::Worker(_))
+        self.model_call.is_some() && !matches!(self.spec.model, ModelChoice::Scripted(_))
+    }
+
+    /// The attempt of the built-in model in flight, if any.
+    pub fn builtin_model_pending(&self) -> Option<&PendingModelCall> {
+        match self.spec.model {
+            ModelChoice::Openai(_) if !self.is_finished() => self.model_call.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Has the run used up its token budget?
+    fn tokens_spent(&self) -> bool {
+        let max = self.spec.budget.max_tokens;
+        max > 0 && self.usage.total() >= max
+    }
+
+    fn tokens_exceeded(&self) -> NewEvent {
+        NewEvent::engine(
+            RUN_FAILED,
+            RunFailed {
+                error: ErrorData::new(
+                    "BudgetExceeded",
+                    format!(
+                        "the run's model calls used {} tokens, its budget's max_tokens is {}",
+                        self.usage.total(),
+                        self.spec.budget.max_tokens
+                    ),
+                ),
+            },
+        )
     }
 
     /// The wire RunStatus number.
@@ -429,7 +464,7 @@ impl RunState {
             run_id: self.id.as_bytes().to_vec(),
             status: self.status_code(),
             task: self.spec.task.clone(),
-            model: self.spec.model.name().to_string(),
+            model: self.spec.model.name(),
             tools: self.spec.tools.iter().map(|t| t.name.clone()).collect(),
             labels: self.spec.labels.clone(),
             created_ms: self.created_ms,
@@ -440,6 +475,8 @@ impl RunState {
             error_type: error.error_type,
             error_message: error.message,
             started_by: self.started_by.clone(),
+            prompt_tokens: self.usage.prompt_tokens,
+            completion_tokens: self.usage.completion_tokens,
         }
     }
 
@@ -475,6 +512,9 @@ impl RunState {
                         call_id: e.call_id,
                         model: model.clone(),
                     }),
+                    ModelChoice::Openai(_) => {
+                        actions.push(Action::DispatchBuiltinModel { call_id: e.call_id })
+                    }
                     ModelChoice::Scripted(steps) => {
                         let reply = match steps.get(self.model_calls as usize - 1) {
                             Some(step) => self.scripted_reply(e.call_id, step.clone()),
@@ -498,6 +538,15 @@ impl RunState {
             LLM_COMPLETED => {
                 let e: LlmCompleted = decode(event)?;
                 self.model_call = None;
+                if let Some(usage) = e.usage {
+                    self.usage.add(usage);
+                }
+                if !e.message.tool_calls.is_empty() && self.tokens_spent() {
+                    // Nobody could read the calls' results: stop here.
+                    actions.push(Action::Emit(self.tokens_exceeded()));
+                    self.messages.push(Message::Assistant(e.message));
+                    return Ok(actions);
+                }
                 if e.message.tool_calls.is_empty() {
                     actions.push(Action::Emit(NewEvent::engine(
                         RUN_COMPLETED,
@@ -526,14 +575,17 @@ impl RunState {
             LLM_FAILED => {
                 let e: LlmFailed = decode(event)?;
                 self.model_call = None;
+                // A reply cut short or filtered ends the run with its own type.
+                let error = match e.error.error_type.as_str() {
+                    "ModelOutputTruncated" | "ModelContentFiltered" => e.error,
+                    _ => ErrorData::new(
+                        "ModelFailed",
+                        format!("{}: {}", e.error.error_type, e.error.message),
+                    ),
+                };
                 actions.push(Action::Emit(NewEvent::engine(
                     RUN_FAILED,
-                    RunFailed {
-                        error: ErrorData::new(
-                            "ModelFailed",
-                            format!("{}: {}", e.error.error_type, e.error.message),
-                        ),
-                    },
+                    RunFailed { error },
                 )));
             }
             TOOL_REQUESTED => {
@@ -595,7 +647,19 @@ impl RunState {
                         // recorded next ends the call (a log written before
                         // schemas were checked goes on as it did).
                         let violations = super::schema::violations(&spec.parameters, &e.arguments);
-                        if !violations.is_empty() {
+                        if !e.arguments.is_object() {
+                            // A model's arguments that are not a JSON object
+                            // (or not JSON at all) go back to the model.
+                            actions.push(fail_unstarted(
+                                e.call_id,
+                                "InvalidArguments",
+                                format!(
+                                    "the arguments of {} are not a JSON object: {}",
+                                    e.name,
+                                    output_text(&e.arguments)
+                                ),
+                            ));
+                        } else if !violations.is_empty() {
                             actions.push(fail_unstarted(
                                 e.call_id,
                                 "InvalidArguments",
@@ -1017,7 +1081,9 @@ impl RunState {
         {
             return;
         }
-        let event = if self.model_calls >= self.spec.budget.max_model_calls {
+        let event = if self.tokens_spent() {
+            self.tokens_exceeded()
+        } else if self.model_calls >= self.spec.budget.max_model_calls {
             NewEvent::engine(
                 RUN_FAILED,
                 RunFailed {
@@ -1035,8 +1101,9 @@ impl RunState {
                 LLM_REQUESTED,
                 LlmRequested {
                     call_id: format!("llm-{}", self.model_calls + 1),
-                    model: self.spec.model.name().to_string(),
+                    model: self.spec.model.name(),
                     attempt: 1,
+                    previous_error: None,
                 },
             )
         };
@@ -1062,7 +1129,8 @@ impl RunState {
                 tool_calls: self.name_calls(calls),
             },
         };
-        NewEvent::engine(LLM_COMPLETED, LlmCompleted { call_id, message })
+        let completed = LlmCompleted::new(call_id, message, ReplyFacts::default());
+        NewEvent::engine(LLM_COMPLETED, completed)
     }
 
     /// Gives proposed tool calls their run-unique ids.
@@ -1394,11 +1462,15 @@ impl RunState {
                 tool: c.name.clone(),
             })
             .collect();
-        if let (Some(call), ModelChoice::Worker(model)) = (&self.model_call, &self.spec.model) {
-            out.push(Action::DispatchModel {
+        match (&self.model_call, &self.spec.model) {
+            (Some(call), ModelChoice::Worker(model)) => out.push(Action::DispatchModel {
                 call_id: call.call_id.clone(),
                 model: model.clone(),
-            });
+            }),
+            (Some(call), ModelChoice::Openai(_)) => out.push(Action::DispatchBuiltinModel {
+                call_id: call.call_id.clone(),
+            }),
+            _ => {}
         }
         out
     }
@@ -1524,6 +1596,7 @@ impl RunState {
         attempt: u32,
         content: String,
         calls: Vec<ProposedCall>,
+        facts: ReplyFacts,
         actor: Actor,
     ) -> Result<NewEvent, Error> {
         self.check_model_attempt(call_id, attempt)?;
@@ -1531,14 +1604,8 @@ impl RunState {
             content,
             tool_calls: self.name_calls(calls),
         };
-        Ok(NewEvent::engine(
-            LLM_COMPLETED,
-            LlmCompleted {
-                call_id: call_id.to_string(),
-                message,
-            },
-        )
-        .by(actor))
+        let completed = LlmCompleted::new(call_id.to_string(), message, facts);
+        Ok(NewEvent::engine(LLM_COMPLETED, completed).by(actor))
     }
 
     /// A model attempt failed (reported, or its lease was lost).
@@ -1551,13 +1618,16 @@ impl RunState {
         actor: Actor,
     ) -> Result<NewEvent, Error> {
         self.check_model_attempt(call_id, attempt)?;
-        let event = if retryable && attempt < MODEL_MAX_ATTEMPTS {
+        let event = if retryable && attempt < self.spec.model.max_attempts() {
+            // Worker-served models keep their logs as before: no error.
+            let previous_error = matches!(self.spec.model, ModelChoice::Openai(_)).then_some(error);
             NewEvent::engine(
                 LLM_REQUESTED,
                 LlmRequested {
                     call_id: call_id.to_string(),
-                    model: self.spec.model.name().to_string(),
+                    model: self.spec.model.name(),
                     attempt: attempt + 1,
+                    previous_error,
                 },
             )
         } else {
@@ -1786,6 +1856,7 @@ mod tests {
                 budget: Budget {
                     deadline_s: 0.0,
                     max_model_calls: 5,
+                    max_tokens: 0,
                 },
                 labels: Default::default(),
                 deadline_at_ms: None,

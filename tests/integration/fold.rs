@@ -121,6 +121,7 @@ fn waiting_run() -> RunState {
             budget: Budget {
                 deadline_s: 0.0,
                 max_model_calls: 5,
+                max_tokens: 0,
             },
             labels: Default::default(),
             deadline_at_ms: None,

@@ -133,6 +133,7 @@ fn calls(seeds: &Seeds) -> impl Strategy<Value = Call> {
             start.budget = Some(Budget {
                 deadline_s: deadline,
                 max_model_calls: 3,
+                ..Default::default()
             });
             Call::StartRun(start)
         },

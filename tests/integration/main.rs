@@ -17,6 +17,7 @@ mod hardening;
 mod health;
 mod leases;
 mod migrate;
+mod openai;
 mod policy;
 mod postgres;
 mod restart;

@@ -145,6 +145,8 @@ fn run_record(run: RunId, status: i32, team: &str, started_by: &str) -> RunRecor
         error_type: String::new(),
         error_message: String::new(),
         started_by: started_by.into(),
+        prompt_tokens: 120,
+        completion_tokens: 30,
     }
 }
 

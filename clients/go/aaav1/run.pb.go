@@ -97,7 +97,8 @@ type Run struct {
 	Status RunStatus `protobuf:"varint,2,opt,name=status,proto3,enum=aaa.v1.RunStatus" json:"status,omitempty"`
 	// The task the run was started with (its first user message).
 	Task string `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
-	// "scripted", or the name of the worker-served model.
+	// "scripted", the name of the worker-served model, or for the built-in
+	// OpenAI-compatible model "openai:MODEL@PROVIDER".
 	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
 	// Names of the tools the run may call.
 	Tools []string `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
@@ -117,8 +118,11 @@ type Run struct {
 	Error *ErrorDetail `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
 	// Approvals this run waits for.
 	PendingApprovals []*Approval `protobuf:"bytes,13,rep,name=pending_approvals,json=pendingApprovals,proto3" json:"pending_approvals,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Tokens the run's model calls used so far, as the provider reported
+	// them (built-in models only; zero for worker-served and scripted ones).
+	Usage         *TokenUsage `protobuf:"bytes,14,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -242,6 +246,77 @@ func (x *Run) GetPendingApprovals() []*Approval {
 	return nil
 }
 
+func (x *Run) GetUsage() *TokenUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+// Tokens used by a run's model calls.
+type TokenUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tokens of the prompts sent, summed over the run's model calls.
+	PromptTokens uint64 `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// Tokens of the replies.
+	CompletionTokens uint64 `protobuf:"varint,2,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	// prompt_tokens + completion_tokens.
+	TotalTokens   uint64 `protobuf:"varint,3,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenUsage) Reset() {
+	*x = TokenUsage{}
+	mi := &file_aaa_v1_run_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenUsage) ProtoMessage() {}
+
+func (x *TokenUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_run_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenUsage.ProtoReflect.Descriptor instead.
+func (*TokenUsage) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TokenUsage) GetPromptTokens() uint64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *TokenUsage) GetCompletionTokens() uint64 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
+func (x *TokenUsage) GetTotalTokens() uint64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
 // Limits of one run.
 type Budget struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -251,13 +326,18 @@ type Budget struct {
 	// The run fails with BudgetExceeded when the model would be called more
 	// often than this. 0 means the default, 50.
 	MaxModelCalls uint32 `protobuf:"varint,2,opt,name=max_model_calls,json=maxModelCalls,proto3" json:"max_model_calls,omitempty"`
+	// The run fails with BudgetExceeded when its model calls have used this
+	// many tokens (prompt + completion, as the provider reports them) and it
+	// would call the model again. 0 means no limit. Counted for the built-in
+	// openai model only.
+	MaxTokens     uint64 `protobuf:"varint,3,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_aaa_v1_run_proto_msgTypes[1]
+	mi := &file_aaa_v1_run_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -269,7 +349,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[1]
+	mi := &file_aaa_v1_run_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -282,7 +362,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{1}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Budget) GetDeadlineS() float64 {
@@ -295,6 +375,13 @@ func (x *Budget) GetDeadlineS() float64 {
 func (x *Budget) GetMaxModelCalls() uint32 {
 	if x != nil {
 		return x.MaxModelCalls
+	}
+	return 0
+}
+
+func (x *Budget) GetMaxTokens() uint64 {
+	if x != nil {
+		return x.MaxTokens
 	}
 	return 0
 }
@@ -318,7 +405,7 @@ type ToolRef struct {
 
 func (x *ToolRef) Reset() {
 	*x = ToolRef{}
-	mi := &file_aaa_v1_run_proto_msgTypes[2]
+	mi := &file_aaa_v1_run_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +417,7 @@ func (x *ToolRef) String() string {
 func (*ToolRef) ProtoMessage() {}
 
 func (x *ToolRef) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[2]
+	mi := &file_aaa_v1_run_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +430,7 @@ func (x *ToolRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolRef.ProtoReflect.Descriptor instead.
 func (*ToolRef) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{2}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ToolRef) GetName() string {
@@ -383,6 +470,7 @@ type ModelSpec struct {
 	//
 	//	*ModelSpec_Worker
 	//	*ModelSpec_Scripted
+	//	*ModelSpec_Openai
 	Kind          isModelSpec_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -390,7 +478,7 @@ type ModelSpec struct {
 
 func (x *ModelSpec) Reset() {
 	*x = ModelSpec{}
-	mi := &file_aaa_v1_run_proto_msgTypes[3]
+	mi := &file_aaa_v1_run_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +490,7 @@ func (x *ModelSpec) String() string {
 func (*ModelSpec) ProtoMessage() {}
 
 func (x *ModelSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[3]
+	mi := &file_aaa_v1_run_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +503,7 @@ func (x *ModelSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelSpec.ProtoReflect.Descriptor instead.
 func (*ModelSpec) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{3}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ModelSpec) GetKind() isModelSpec_Kind {
@@ -443,6 +531,15 @@ func (x *ModelSpec) GetScripted() *ScriptedModel {
 	return nil
 }
 
+func (x *ModelSpec) GetOpenai() *OpenAiModel {
+	if x != nil {
+		if x, ok := x.Kind.(*ModelSpec_Openai); ok {
+			return x.Openai
+		}
+	}
+	return nil
+}
+
 type isModelSpec_Kind interface {
 	isModelSpec_Kind()
 }
@@ -457,9 +554,94 @@ type ModelSpec_Scripted struct {
 	Scripted *ScriptedModel `protobuf:"bytes,2,opt,name=scripted,proto3,oneof"`
 }
 
+type ModelSpec_Openai struct {
+	// A model behind an OpenAI-compatible Chat Completions API, called by
+	// the server itself through a provider of its --models file.
+	Openai *OpenAiModel `protobuf:"bytes,3,opt,name=openai,proto3,oneof"`
+}
+
 func (*ModelSpec_Worker) isModelSpec_Kind() {}
 
 func (*ModelSpec_Scripted) isModelSpec_Kind() {}
+
+func (*ModelSpec_Openai) isModelSpec_Kind() {}
+
+// The built-in OpenAI-compatible model. A run names a provider of the
+// server's --models file (base URL, API key, timeouts, retry policy), never
+// a URL or a key. Each model call is an aaa.llm.requested {attempt} before
+// the HTTP request and an aaa.llm.completed after it.
+type OpenAiModel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model the provider serves, e.g. "gpt-4.1-mini". Empty: the
+	// provider's default_model.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// A provider of the server's --models file. Empty: its default provider.
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	// Sampling temperature, 0 to 2. Unset: not sent (the provider's default).
+	Temperature *float64 `protobuf:"fixed64,3,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
+	// Most tokens one reply may have (sent as max_tokens). 0: not sent.
+	MaxTokens     uint32 `protobuf:"varint,4,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenAiModel) Reset() {
+	*x = OpenAiModel{}
+	mi := &file_aaa_v1_run_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenAiModel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenAiModel) ProtoMessage() {}
+
+func (x *OpenAiModel) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_run_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenAiModel.ProtoReflect.Descriptor instead.
+func (*OpenAiModel) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OpenAiModel) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *OpenAiModel) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *OpenAiModel) GetTemperature() float64 {
+	if x != nil && x.Temperature != nil {
+		return *x.Temperature
+	}
+	return 0
+}
+
+func (x *OpenAiModel) GetMaxTokens() uint32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
 
 // The built-in scripted model: the n-th model call returns the n-th step.
 // When the steps run out, the run fails with ScriptExhausted.
@@ -473,7 +655,7 @@ type ScriptedModel struct {
 
 func (x *ScriptedModel) Reset() {
 	*x = ScriptedModel{}
-	mi := &file_aaa_v1_run_proto_msgTypes[4]
+	mi := &file_aaa_v1_run_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -485,7 +667,7 @@ func (x *ScriptedModel) String() string {
 func (*ScriptedModel) ProtoMessage() {}
 
 func (x *ScriptedModel) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[4]
+	mi := &file_aaa_v1_run_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -498,7 +680,7 @@ func (x *ScriptedModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedModel.ProtoReflect.Descriptor instead.
 func (*ScriptedModel) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{4}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ScriptedModel) GetSteps() []*ScriptedStep {
@@ -525,7 +707,7 @@ type ScriptedStep struct {
 
 func (x *ScriptedStep) Reset() {
 	*x = ScriptedStep{}
-	mi := &file_aaa_v1_run_proto_msgTypes[5]
+	mi := &file_aaa_v1_run_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +719,7 @@ func (x *ScriptedStep) String() string {
 func (*ScriptedStep) ProtoMessage() {}
 
 func (x *ScriptedStep) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[5]
+	mi := &file_aaa_v1_run_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +732,7 @@ func (x *ScriptedStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedStep.ProtoReflect.Descriptor instead.
 func (*ScriptedStep) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{5}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ScriptedStep) GetReply() isScriptedStep_Reply {
@@ -623,7 +805,7 @@ type ScriptedToolCalls struct {
 
 func (x *ScriptedToolCalls) Reset() {
 	*x = ScriptedToolCalls{}
-	mi := &file_aaa_v1_run_proto_msgTypes[6]
+	mi := &file_aaa_v1_run_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +817,7 @@ func (x *ScriptedToolCalls) String() string {
 func (*ScriptedToolCalls) ProtoMessage() {}
 
 func (x *ScriptedToolCalls) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[6]
+	mi := &file_aaa_v1_run_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +830,7 @@ func (x *ScriptedToolCalls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCalls.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCalls) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{6}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ScriptedToolCalls) GetCalls() []*ScriptedToolCall {
@@ -671,7 +853,7 @@ type ScriptedToolCall struct {
 
 func (x *ScriptedToolCall) Reset() {
 	*x = ScriptedToolCall{}
-	mi := &file_aaa_v1_run_proto_msgTypes[7]
+	mi := &file_aaa_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +865,7 @@ func (x *ScriptedToolCall) String() string {
 func (*ScriptedToolCall) ProtoMessage() {}
 
 func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[7]
+	mi := &file_aaa_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +878,7 @@ func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCall.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCall) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ScriptedToolCall) GetName() string {
@@ -738,7 +920,7 @@ type StartRunRequest struct {
 
 func (x *StartRunRequest) Reset() {
 	*x = StartRunRequest{}
-	mi := &file_aaa_v1_run_proto_msgTypes[8]
+	mi := &file_aaa_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +932,7 @@ func (x *StartRunRequest) String() string {
 func (*StartRunRequest) ProtoMessage() {}
 
 func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[8]
+	mi := &file_aaa_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +945,7 @@ func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunRequest.ProtoReflect.Descriptor instead.
 func (*StartRunRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StartRunRequest) GetTask() string {
@@ -828,7 +1010,7 @@ type StartRunResponse struct {
 
 func (x *StartRunResponse) Reset() {
 	*x = StartRunResponse{}
-	mi := &file_aaa_v1_run_proto_msgTypes[9]
+	mi := &file_aaa_v1_run_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +1022,7 @@ func (x *StartRunResponse) String() string {
 func (*StartRunResponse) ProtoMessage() {}
 
 func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[9]
+	mi := &file_aaa_v1_run_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +1035,7 @@ func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
 func (*StartRunResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartRunResponse) GetRunId() string {
@@ -881,7 +1063,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_aaa_v1_run_proto_msgTypes[10]
+	mi := &file_aaa_v1_run_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1075,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[10]
+	mi := &file_aaa_v1_run_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1088,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -927,7 +1109,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_aaa_v1_run_proto_msgTypes[11]
+	mi := &file_aaa_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1121,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[11]
+	mi := &file_aaa_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1134,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -979,7 +1161,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_aaa_v1_run_proto_msgTypes[12]
+	mi := &file_aaa_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1173,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[12]
+	mi := &file_aaa_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1186,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRunsRequest) GetStatus() RunStatus {
@@ -1048,7 +1230,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_aaa_v1_run_proto_msgTypes[13]
+	mi := &file_aaa_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1242,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[13]
+	mi := &file_aaa_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1255,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -1111,7 +1293,7 @@ type StreamEventsRequest struct {
 
 func (x *StreamEventsRequest) Reset() {
 	*x = StreamEventsRequest{}
-	mi := &file_aaa_v1_run_proto_msgTypes[14]
+	mi := &file_aaa_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1305,7 @@ func (x *StreamEventsRequest) String() string {
 func (*StreamEventsRequest) ProtoMessage() {}
 
 func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[14]
+	mi := &file_aaa_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1318,7 @@ func (x *StreamEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsRequest.ProtoReflect.Descriptor instead.
 func (*StreamEventsRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StreamEventsRequest) GetRunId() string {
@@ -1190,7 +1372,7 @@ type StreamEventsResponse struct {
 
 func (x *StreamEventsResponse) Reset() {
 	*x = StreamEventsResponse{}
-	mi := &file_aaa_v1_run_proto_msgTypes[15]
+	mi := &file_aaa_v1_run_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1384,7 @@ func (x *StreamEventsResponse) String() string {
 func (*StreamEventsResponse) ProtoMessage() {}
 
 func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[15]
+	mi := &file_aaa_v1_run_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1397,7 @@ func (x *StreamEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamEventsResponse.ProtoReflect.Descriptor instead.
 func (*StreamEventsResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StreamEventsResponse) GetItem() isStreamEventsResponse_Item {
@@ -1272,7 +1454,7 @@ type CaughtUp struct {
 
 func (x *CaughtUp) Reset() {
 	*x = CaughtUp{}
-	mi := &file_aaa_v1_run_proto_msgTypes[16]
+	mi := &file_aaa_v1_run_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1466,7 @@ func (x *CaughtUp) String() string {
 func (*CaughtUp) ProtoMessage() {}
 
 func (x *CaughtUp) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[16]
+	mi := &file_aaa_v1_run_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1479,7 @@ func (x *CaughtUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CaughtUp.ProtoReflect.Descriptor instead.
 func (*CaughtUp) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{16}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CaughtUp) GetLastSeq() uint64 {
@@ -1331,7 +1513,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_aaa_v1_run_proto_msgTypes[17]
+	mi := &file_aaa_v1_run_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1525,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[17]
+	mi := &file_aaa_v1_run_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1538,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{17}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SignalRequest) GetRunId() string {
@@ -1414,7 +1596,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_aaa_v1_run_proto_msgTypes[18]
+	mi := &file_aaa_v1_run_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1608,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[18]
+	mi := &file_aaa_v1_run_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1621,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{18}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SignalResponse) GetSeq() uint64 {
@@ -1504,7 +1686,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_aaa_v1_run_proto_msgTypes[19]
+	mi := &file_aaa_v1_run_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1698,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[19]
+	mi := &file_aaa_v1_run_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1711,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{19}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -1557,7 +1739,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_aaa_v1_run_proto_msgTypes[20]
+	mi := &file_aaa_v1_run_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1751,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_run_proto_msgTypes[20]
+	mi := &file_aaa_v1_run_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1764,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_run_proto_rawDescGZIP(), []int{20}
+	return file_aaa_v1_run_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CancelRunResponse) GetSeq() uint64 {
@@ -1596,7 +1778,7 @@ var File_aaa_v1_run_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x10aaa/v1/run.proto\x12\x06aaa.v1\x1a\x15aaa/v1/approval.proto\x1a\x12aaa/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x04\n" +
+	"\x10aaa/v1/run.proto\x12\x06aaa.v1\x1a\x15aaa/v1/approval.proto\x1a\x12aaa/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x11.aaa.v1.RunStatusR\x06status\x12\x12\n" +
@@ -1615,23 +1797,39 @@ const file_aaa_v1_run_proto_rawDesc = "" +
 	"\vresult_json\x18\v \x01(\tR\n" +
 	"resultJson\x12)\n" +
 	"\x05error\x18\f \x01(\v2\x13.aaa.v1.ErrorDetailR\x05error\x12=\n" +
-	"\x11pending_approvals\x18\r \x03(\v2\x10.aaa.v1.ApprovalR\x10pendingApprovals\x1a9\n" +
+	"\x11pending_approvals\x18\r \x03(\v2\x10.aaa.v1.ApprovalR\x10pendingApprovals\x12(\n" +
+	"\x05usage\x18\x0e \x01(\v2\x12.aaa.v1.TokenUsageR\x05usage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\n" +
+	"TokenUsage\x12#\n" +
+	"\rprompt_tokens\x18\x01 \x01(\x04R\fpromptTokens\x12+\n" +
+	"\x11completion_tokens\x18\x02 \x01(\x04R\x10completionTokens\x12!\n" +
+	"\ftotal_tokens\x18\x03 \x01(\x04R\vtotalTokens\"n\n" +
 	"\x06Budget\x12\x1d\n" +
 	"\n" +
 	"deadline_s\x18\x01 \x01(\x01R\tdeadlineS\x12&\n" +
-	"\x0fmax_model_calls\x18\x02 \x01(\rR\rmaxModelCalls\"\xa7\x01\n" +
+	"\x0fmax_model_calls\x18\x02 \x01(\rR\rmaxModelCalls\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x03 \x01(\x04R\tmaxTokens\"\xa7\x01\n" +
 	"\aToolRef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x11requires_approval\x18\x02 \x01(\bR\x10requiresApproval\x12,\n" +
 	"\x12approval_timeout_s\x18\x03 \x01(\x01R\x10approvalTimeoutS\x12-\n" +
-	"\x12approvals_required\x18\x04 \x01(\rR\x11approvalsRequired\"b\n" +
+	"\x12approvals_required\x18\x04 \x01(\rR\x11approvalsRequired\"\x91\x01\n" +
 	"\tModelSpec\x12\x18\n" +
 	"\x06worker\x18\x01 \x01(\tH\x00R\x06worker\x123\n" +
-	"\bscripted\x18\x02 \x01(\v2\x15.aaa.v1.ScriptedModelH\x00R\bscriptedB\x06\n" +
-	"\x04kind\";\n" +
+	"\bscripted\x18\x02 \x01(\v2\x15.aaa.v1.ScriptedModelH\x00R\bscripted\x12-\n" +
+	"\x06openai\x18\x03 \x01(\v2\x13.aaa.v1.OpenAiModelH\x00R\x06openaiB\x06\n" +
+	"\x04kind\"\x95\x01\n" +
+	"\vOpenAiModel\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1a\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x12%\n" +
+	"\vtemperature\x18\x03 \x01(\x01H\x00R\vtemperature\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x04 \x01(\rR\tmaxTokensB\x0e\n" +
+	"\f_temperature\";\n" +
 	"\rScriptedModel\x12*\n" +
 	"\x05steps\x18\x01 \x03(\v2\x14.aaa.v1.ScriptedStepR\x05steps\"\x97\x01\n" +
 	"\fScriptedStep\x12\x14\n" +
@@ -1739,79 +1937,83 @@ func file_aaa_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_aaa_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_aaa_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_aaa_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_aaa_v1_run_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: aaa.v1.RunStatus
 	(*Run)(nil),                   // 1: aaa.v1.Run
-	(*Budget)(nil),                // 2: aaa.v1.Budget
-	(*ToolRef)(nil),               // 3: aaa.v1.ToolRef
-	(*ModelSpec)(nil),             // 4: aaa.v1.ModelSpec
-	(*ScriptedModel)(nil),         // 5: aaa.v1.ScriptedModel
-	(*ScriptedStep)(nil),          // 6: aaa.v1.ScriptedStep
-	(*ScriptedToolCalls)(nil),     // 7: aaa.v1.ScriptedToolCalls
-	(*ScriptedToolCall)(nil),      // 8: aaa.v1.ScriptedToolCall
-	(*StartRunRequest)(nil),       // 9: aaa.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 10: aaa.v1.StartRunResponse
-	(*GetRunRequest)(nil),         // 11: aaa.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 12: aaa.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 13: aaa.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 14: aaa.v1.ListRunsResponse
-	(*StreamEventsRequest)(nil),   // 15: aaa.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),  // 16: aaa.v1.StreamEventsResponse
-	(*CaughtUp)(nil),              // 17: aaa.v1.CaughtUp
-	(*SignalRequest)(nil),         // 18: aaa.v1.SignalRequest
-	(*SignalResponse)(nil),        // 19: aaa.v1.SignalResponse
-	(*CancelRunRequest)(nil),      // 20: aaa.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 21: aaa.v1.CancelRunResponse
-	nil,                           // 22: aaa.v1.Run.LabelsEntry
-	nil,                           // 23: aaa.v1.StartRunRequest.LabelsEntry
-	nil,                           // 24: aaa.v1.ListRunsRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*ErrorDetail)(nil),           // 26: aaa.v1.ErrorDetail
-	(*Approval)(nil),              // 27: aaa.v1.Approval
-	(*emptypb.Empty)(nil),         // 28: google.protobuf.Empty
-	(*Event)(nil),                 // 29: aaa.v1.Event
+	(*TokenUsage)(nil),            // 2: aaa.v1.TokenUsage
+	(*Budget)(nil),                // 3: aaa.v1.Budget
+	(*ToolRef)(nil),               // 4: aaa.v1.ToolRef
+	(*ModelSpec)(nil),             // 5: aaa.v1.ModelSpec
+	(*OpenAiModel)(nil),           // 6: aaa.v1.OpenAiModel
+	(*ScriptedModel)(nil),         // 7: aaa.v1.ScriptedModel
+	(*ScriptedStep)(nil),          // 8: aaa.v1.ScriptedStep
+	(*ScriptedToolCalls)(nil),     // 9: aaa.v1.ScriptedToolCalls
+	(*ScriptedToolCall)(nil),      // 10: aaa.v1.ScriptedToolCall
+	(*StartRunRequest)(nil),       // 11: aaa.v1.StartRunRequest
+	(*StartRunResponse)(nil),      // 12: aaa.v1.StartRunResponse
+	(*GetRunRequest)(nil),         // 13: aaa.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 14: aaa.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 15: aaa.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 16: aaa.v1.ListRunsResponse
+	(*StreamEventsRequest)(nil),   // 17: aaa.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),  // 18: aaa.v1.StreamEventsResponse
+	(*CaughtUp)(nil),              // 19: aaa.v1.CaughtUp
+	(*SignalRequest)(nil),         // 20: aaa.v1.SignalRequest
+	(*SignalResponse)(nil),        // 21: aaa.v1.SignalResponse
+	(*CancelRunRequest)(nil),      // 22: aaa.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 23: aaa.v1.CancelRunResponse
+	nil,                           // 24: aaa.v1.Run.LabelsEntry
+	nil,                           // 25: aaa.v1.StartRunRequest.LabelsEntry
+	nil,                           // 26: aaa.v1.ListRunsRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*ErrorDetail)(nil),           // 28: aaa.v1.ErrorDetail
+	(*Approval)(nil),              // 29: aaa.v1.Approval
+	(*emptypb.Empty)(nil),         // 30: google.protobuf.Empty
+	(*Event)(nil),                 // 31: aaa.v1.Event
 }
 var file_aaa_v1_run_proto_depIdxs = []int32{
 	0,  // 0: aaa.v1.Run.status:type_name -> aaa.v1.RunStatus
-	22, // 1: aaa.v1.Run.labels:type_name -> aaa.v1.Run.LabelsEntry
-	25, // 2: aaa.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	25, // 3: aaa.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 4: aaa.v1.Run.deadline_at:type_name -> google.protobuf.Timestamp
-	26, // 5: aaa.v1.Run.error:type_name -> aaa.v1.ErrorDetail
-	27, // 6: aaa.v1.Run.pending_approvals:type_name -> aaa.v1.Approval
-	5,  // 7: aaa.v1.ModelSpec.scripted:type_name -> aaa.v1.ScriptedModel
-	6,  // 8: aaa.v1.ScriptedModel.steps:type_name -> aaa.v1.ScriptedStep
-	7,  // 9: aaa.v1.ScriptedStep.tool_calls:type_name -> aaa.v1.ScriptedToolCalls
-	28, // 10: aaa.v1.ScriptedStep.echo:type_name -> google.protobuf.Empty
-	8,  // 11: aaa.v1.ScriptedToolCalls.calls:type_name -> aaa.v1.ScriptedToolCall
-	4,  // 12: aaa.v1.StartRunRequest.model:type_name -> aaa.v1.ModelSpec
-	3,  // 13: aaa.v1.StartRunRequest.tools:type_name -> aaa.v1.ToolRef
-	2,  // 14: aaa.v1.StartRunRequest.budget:type_name -> aaa.v1.Budget
-	23, // 15: aaa.v1.StartRunRequest.labels:type_name -> aaa.v1.StartRunRequest.LabelsEntry
-	1,  // 16: aaa.v1.GetRunResponse.run:type_name -> aaa.v1.Run
-	0,  // 17: aaa.v1.ListRunsRequest.status:type_name -> aaa.v1.RunStatus
-	24, // 18: aaa.v1.ListRunsRequest.labels:type_name -> aaa.v1.ListRunsRequest.LabelsEntry
-	1,  // 19: aaa.v1.ListRunsResponse.runs:type_name -> aaa.v1.Run
-	29, // 20: aaa.v1.StreamEventsResponse.event:type_name -> aaa.v1.Event
-	17, // 21: aaa.v1.StreamEventsResponse.caught_up:type_name -> aaa.v1.CaughtUp
-	9,  // 22: aaa.v1.RunService.StartRun:input_type -> aaa.v1.StartRunRequest
-	11, // 23: aaa.v1.RunService.GetRun:input_type -> aaa.v1.GetRunRequest
-	13, // 24: aaa.v1.RunService.ListRuns:input_type -> aaa.v1.ListRunsRequest
-	15, // 25: aaa.v1.RunService.StreamEvents:input_type -> aaa.v1.StreamEventsRequest
-	18, // 26: aaa.v1.RunService.Signal:input_type -> aaa.v1.SignalRequest
-	20, // 27: aaa.v1.RunService.CancelRun:input_type -> aaa.v1.CancelRunRequest
-	10, // 28: aaa.v1.RunService.StartRun:output_type -> aaa.v1.StartRunResponse
-	12, // 29: aaa.v1.RunService.GetRun:output_type -> aaa.v1.GetRunResponse
-	14, // 30: aaa.v1.RunService.ListRuns:output_type -> aaa.v1.ListRunsResponse
-	16, // 31: aaa.v1.RunService.StreamEvents:output_type -> aaa.v1.StreamEventsResponse
-	19, // 32: aaa.v1.RunService.Signal:output_type -> aaa.v1.SignalResponse
-	21, // 33: aaa.v1.RunService.CancelRun:output_type -> aaa.v1.CancelRunResponse
-	28, // [28:34] is the sub-list for method output_type
-	22, // [22:28] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	24, // 1: aaa.v1.Run.labels:type_name -> aaa.v1.Run.LabelsEntry
+	27, // 2: aaa.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	27, // 3: aaa.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	27, // 4: aaa.v1.Run.deadline_at:type_name -> google.protobuf.Timestamp
+	28, // 5: aaa.v1.Run.error:type_name -> aaa.v1.ErrorDetail
+	29, // 6: aaa.v1.Run.pending_approvals:type_name -> aaa.v1.Approval
+	2,  // 7: aaa.v1.Run.usage:type_name -> aaa.v1.TokenUsage
+	7,  // 8: aaa.v1.ModelSpec.scripted:type_name -> aaa.v1.ScriptedModel
+	6,  // 9: aaa.v1.ModelSpec.openai:type_name -> aaa.v1.OpenAiModel
+	8,  // 10: aaa.v1.ScriptedModel.steps:type_name -> aaa.v1.ScriptedStep
+	9,  // 11: aaa.v1.ScriptedStep.tool_calls:type_name -> aaa.v1.ScriptedToolCalls
+	30, // 12: aaa.v1.ScriptedStep.echo:type_name -> google.protobuf.Empty
+	10, // 13: aaa.v1.ScriptedToolCalls.calls:type_name -> aaa.v1.ScriptedToolCall
+	5,  // 14: aaa.v1.StartRunRequest.model:type_name -> aaa.v1.ModelSpec
+	4,  // 15: aaa.v1.StartRunRequest.tools:type_name -> aaa.v1.ToolRef
+	3,  // 16: aaa.v1.StartRunRequest.budget:type_name -> aaa.v1.Budget
+	25, // 17: aaa.v1.StartRunRequest.labels:type_name -> aaa.v1.StartRunRequest.LabelsEntry
+	1,  // 18: aaa.v1.GetRunResponse.run:type_name -> aaa.v1.Run
+	0,  // 19: aaa.v1.ListRunsRequest.status:type_name -> aaa.v1.RunStatus
+	26, // 20: aaa.v1.ListRunsRequest.labels:type_name -> aaa.v1.ListRunsRequest.LabelsEntry
+	1,  // 21: aaa.v1.ListRunsResponse.runs:type_name -> aaa.v1.Run
+	31, // 22: aaa.v1.StreamEventsResponse.event:type_name -> aaa.v1.Event
+	19, // 23: aaa.v1.StreamEventsResponse.caught_up:type_name -> aaa.v1.CaughtUp
+	11, // 24: aaa.v1.RunService.StartRun:input_type -> aaa.v1.StartRunRequest
+	13, // 25: aaa.v1.RunService.GetRun:input_type -> aaa.v1.GetRunRequest
+	15, // 26: aaa.v1.RunService.ListRuns:input_type -> aaa.v1.ListRunsRequest
+	17, // 27: aaa.v1.RunService.StreamEvents:input_type -> aaa.v1.StreamEventsRequest
+	20, // 28: aaa.v1.RunService.Signal:input_type -> aaa.v1.SignalRequest
+	22, // 29: aaa.v1.RunService.CancelRun:input_type -> aaa.v1.CancelRunRequest
+	12, // 30: aaa.v1.RunService.StartRun:output_type -> aaa.v1.StartRunResponse
+	14, // 31: aaa.v1.RunService.GetRun:output_type -> aaa.v1.GetRunResponse
+	16, // 32: aaa.v1.RunService.ListRuns:output_type -> aaa.v1.ListRunsResponse
+	18, // 33: aaa.v1.RunService.StreamEvents:output_type -> aaa.v1.StreamEventsResponse
+	21, // 34: aaa.v1.RunService.Signal:output_type -> aaa.v1.SignalResponse
+	23, // 35: aaa.v1.RunService.CancelRun:output_type -> aaa.v1.CancelRunResponse
+	30, // [30:36] is the sub-list for method output_type
+	24, // [24:30] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_aaa_v1_run_proto_init() }
@@ -1821,16 +2023,18 @@ func file_aaa_v1_run_proto_init() {
 	}
 	file_aaa_v1_approval_proto_init()
 	file_aaa_v1_types_proto_init()
-	file_aaa_v1_run_proto_msgTypes[3].OneofWrappers = []any{
+	file_aaa_v1_run_proto_msgTypes[4].OneofWrappers = []any{
 		(*ModelSpec_Worker)(nil),
 		(*ModelSpec_Scripted)(nil),
+		(*ModelSpec_Openai)(nil),
 	}
-	file_aaa_v1_run_proto_msgTypes[5].OneofWrappers = []any{
+	file_aaa_v1_run_proto_msgTypes[5].OneofWrappers = []any{}
+	file_aaa_v1_run_proto_msgTypes[7].OneofWrappers = []any{
 		(*ScriptedStep_Text)(nil),
 		(*ScriptedStep_ToolCalls)(nil),
 		(*ScriptedStep_Echo)(nil),
 	}
-	file_aaa_v1_run_proto_msgTypes[15].OneofWrappers = []any{
+	file_aaa_v1_run_proto_msgTypes[17].OneofWrappers = []any{
 		(*StreamEventsResponse_Event)(nil),
 		(*StreamEventsResponse_CaughtUp)(nil),
 	}
@@ -1840,7 +2044,7 @@ func file_aaa_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aaa_v1_run_proto_rawDesc), len(file_aaa_v1_run_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -334,12 +334,17 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 // Event types owned by the engine (clients cannot append them). Times are
 // milliseconds since the Unix epoch; `error` is {"type": ..., "message": ...}.
 //
-//	aaa.run.started        {task, system?, model: {"worker": name} or {"scripted": [steps]},
+//	aaa.run.started        {task, system?, model: {"worker": name} or {"scripted": [steps]}
+//	                        or {"openai": {provider, model, temperature?, max_tokens?, max_attempts}},
 //	                        tools: [{name, description, parameters, requires_approval, retry,
 //	                        heartbeat_timeout_s, approval_timeout_s}], budget: {deadline_s,
-//	                        max_model_calls}, labels, deadline_at_ms?}
-//	aaa.llm.requested      {call_id, model, attempt}   (attempt > 1: a retry of the same call)
-//	aaa.llm.completed      {call_id, message: {content, tool_calls: [{call_id, name, arguments}]}}
+//	                        max_model_calls, max_tokens?}, labels, deadline_at_ms?}
+//	aaa.llm.requested      {call_id, model, attempt, previous_error?}
+//	                       (attempt > 1: a retry of the same call; previous_error says why
+//	                       the attempt before failed, e.g. RateLimited, AttemptLost)
+//	aaa.llm.completed      {call_id, message: {content, tool_calls: [{call_id, name, arguments}]},
+//	                        attempt?, usage?: {prompt_tokens, completion_tokens}, model?,
+//	                        finish_reason?, latency_ms?}   (the extras: built-in models)
 //	aaa.llm.failed         {call_id, attempt, error}
 //	aaa.tool.requested     {call_id, name, arguments, requires_approval}
 //	aaa.tool.requested     for an edited call also carries edited_from: the call it replaces
@@ -362,7 +367,8 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 //	aaa.tool.retrying      {call_id, attempt, error, delay_s}
 //	aaa.tool.failed        {call_id, attempt, error}   (attempt 0: no attempt ran)
 //	aaa.run.completed      {value: {text}}
-//	aaa.run.failed         {error}  (types DeadlineExceeded, BudgetExceeded, ModelFailed, ScriptExhausted)
+//	aaa.run.failed         {error}  (types DeadlineExceeded, BudgetExceeded, ModelFailed, ScriptExhausted,
+//	                       ModelOutputTruncated, ModelContentFiltered)
 //	aaa.run.cancelled      {reason}
 //
 // Event types a client may append with RunService.Signal (the engine adds

@@ -89,3 +89,10 @@ def test_replies_and_scripted_steps():
         reply.to_step()
     with pytest.raises(TypeError):
         as_reply(42)
+
+
+def test_the_built_in_openai_model_spec():
+    spec = aaa.openai("gpt-4.1-mini", provider="openai", temperature=0.2).to_proto()
+    assert (spec.model, spec.provider, spec.temperature, spec.max_tokens) == ("gpt-4.1-mini", "openai", 0.2, 0)
+    assert not aaa.openai().to_proto().HasField("temperature")
+    assert aaa.Budget(max_tokens=5000).to_proto().max_tokens == 5000

@@ -46,6 +46,7 @@ import { AaaError, Cancelled, Code, MemberTooSlow, Timeout, Unavailable, toAaaEr
 import { stringify, type JsonObject } from "./json.js";
 import {
   Echo,
+  OpenAIModel,
   Reply,
   TERMINAL_EVENT_TYPES,
   approvalFromProto,
@@ -131,12 +132,14 @@ export interface Budget {
   deadlineS?: number;
   /** The run fails with BudgetExceeded past this many model calls; 0 or unset: the server's default (50). */
   maxModelCalls?: number;
+  /** The run fails with BudgetExceeded once its built-in model calls used this many tokens; 0 or unset: no limit. */
+  maxTokens?: number;
 }
 
 /** Options of {@link Client.startRun}. */
 export interface StartRunOptions {
-  /** A worker-served model's name, or the steps of the built-in scripted model (`[toolCall(...), echo()]`). */
-  model: string | readonly ScriptedStep[];
+  /** A worker-served model's name, `openai(...)` (the server's built-in OpenAI-compatible model), or the steps of the built-in scripted model (`[toolCall(...), echo()]`). */
+  model: string | OpenAIModel | readonly ScriptedStep[];
   /** The tools the run may call: `tool(...)` objects (their gate applies to this run too), {@link ToolRef}s or names. */
   tools?: readonly (ToolRef | string)[];
   /** Deadline and model-call limit. */
@@ -550,7 +553,11 @@ export class Client {
       system: options.system ?? "",
     };
     if (options.budget !== undefined) {
-      request.budget = { deadlineS: options.budget.deadlineS ?? 0, maxModelCalls: options.budget.maxModelCalls ?? 0 };
+      request.budget = {
+        deadlineS: options.budget.deadlineS ?? 0,
+        maxModelCalls: options.budget.maxModelCalls ?? 0,
+        maxTokens: BigInt(options.budget.maxTokens ?? 0),
+      };
     }
     const response = await this.call((o) => this.services.run.startRun(request, o), options);
     return new Run(this, response.runId, response.created);
@@ -637,8 +644,12 @@ export class Client {
   }
 }
 
-function modelSpec(model: string | readonly ScriptedStep[]): MessageInitShape<typeof ModelSpecSchema> {
+export function modelSpec(model: string | OpenAIModel | readonly ScriptedStep[]): MessageInitShape<typeof ModelSpecSchema> {
   if (typeof model === "string") return { kind: { case: "worker", value: model } };
+  if (model instanceof OpenAIModel) {
+    const { model: name, provider, temperature, maxTokens } = model;
+    return { kind: { case: "openai", value: { model: name, provider, temperature, maxTokens } } };
+  }
   const steps = model.map((step): MessageInitShape<typeof ScriptedStepSchema> => {
     if (step instanceof Echo) return { reply: { case: "echo" as const, value: {} } };
     if (!(step instanceof Reply)) throw new TypeError("scripted steps are text(...), toolCall(...) or echo()");

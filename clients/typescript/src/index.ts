@@ -44,9 +44,11 @@ export {
 } from "./worker.js";
 export {
   Echo,
+  OpenAIModel,
   Reply,
   TERMINAL_EVENT_TYPES,
   echo,
+  openai,
   isEvent,
   text,
   toolCall,
@@ -74,6 +76,7 @@ export {
   type RunInfo,
   type RunStatus,
   type ScriptedStep,
+  type TokenUsage,
   type SignalResult,
   type ToolCall,
   type ToolInfo,

@@ -230,7 +230,7 @@ export interface RunInfo {
   status: RunStatus;
   /** Its task (first user message). */
   task: string;
-  /** "scripted", or the worker-served model's name. */
+  /** "scripted", the worker-served model's name, or "openai:MODEL@PROVIDER". */
   model: string;
   /** Names of the tools it may call. */
   tools: string[];
@@ -250,6 +250,8 @@ export interface RunInfo {
   error?: ErrorDetail;
   /** Approvals it waits for (filled by `getRun` only). */
   pendingApprovals: Approval[];
+  /** Tokens its built-in model calls used (zeros for other models). */
+  usage: TokenUsage;
 }
 
 /** A pending approval request: a tool call waiting for a human decision. */
@@ -535,6 +537,35 @@ export function echo(): Echo {
   return new Echo();
 }
 
+/** The server's built-in OpenAI-compatible model (see docs/models.md); make one with {@link openai}. */
+export class OpenAIModel {
+  constructor(
+    /** What the provider serves, e.g. "gpt-4.1-mini"; "" for the provider's default_model. */
+    readonly model: string,
+    /** A provider of the server's --models file; "" for its default. */
+    readonly provider: string,
+    /** Sampling temperature (0 to 2); unset: the provider's default. */
+    readonly temperature?: number,
+    /** Most tokens one reply may have; 0: not sent. */
+    readonly maxTokens: number = 0,
+  ) {}
+}
+
+/** The built-in model for `startRun`: `model: openai("gpt-4.1-mini", { provider: "openai" })`. Keys stay in the server. */
+export function openai(
+  model = "",
+  options: { provider?: string; temperature?: number; maxTokens?: number } = {},
+): OpenAIModel {
+  return new OpenAIModel(model, options.provider ?? "", options.temperature, options.maxTokens ?? 0);
+}
+
+/** Tokens a run's built-in model calls used, as the provider reported them. */
+export interface TokenUsage {
+  promptTokens: number;
+  completionTokens: number;
+  totalTokens: number;
+}
+
 /** A step of the built-in scripted model: a `text(...)`, a `toolCall(...)` (or several, combined with `.and()`), or `echo()`. */
 export type ScriptedStep = Reply | Echo;
 
@@ -689,6 +720,11 @@ export function runInfoFromProto(r: runPb.Run): RunInfo {
     result: r.resultJson === "" ? undefined : parse(r.resultJson),
     error: errorDetail(r.error),
     pendingApprovals: r.pendingApprovals.map(approvalFromProto),
+    usage: {
+      promptTokens: Number(r.usage?.promptTokens ?? 0n),
+      completionTokens: Number(r.usage?.completionTokens ?? 0n),
+      totalTokens: Number(r.usage?.totalTokens ?? 0n),
+    },
   };
 }
 

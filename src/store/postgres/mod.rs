@@ -382,7 +382,8 @@ fn event(row: &Row) -> Result<EventRecord> {
 /// A run summary with its head: the newest event's seq and time.
 const RUN_SELECT: &str = "SELECT r.run_id, r.status, r.task, r.model, r.tools, r.labels, \
     r.created_ms, r.updated_ms, r.deadline_ms, r.last_seq, r.result_json, r.error_type, \
-    r.error_message, r.started_by, h.seq, h.time_ms FROM aaa_runs r \
+    r.error_message, r.started_by, h.seq, h.time_ms, r.prompt_tokens, r.completion_tokens \
+    FROM aaa_runs r \
     LEFT JOIN LATERAL (SELECT seq, time_ms FROM aaa_events e WHERE e.run_id = r.run_id \
     ORDER BY seq DESC LIMIT 1) h ON true";
 
@@ -404,6 +405,8 @@ fn run(row: &Row) -> Result<RunRecord> {
         error_type: get(row, 11)?,
         error_message: get(row, 12)?,
         started_by: get(row, 13)?,
+        prompt_tokens: get::<i64>(row, 16)? as u64,
+        completion_tokens: get::<i64>(row, 17)? as u64,
     };
     if let (Some(seq), Some(time)) = (head_seq, head_time) {
         record.last_seq = seq as u64;

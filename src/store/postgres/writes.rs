@@ -273,6 +273,10 @@ fn runs(runs: BTreeMap<Uuid, RunRecord>, out: &mut Vec<Statement>) {
         c.error_type.push(r.error_type);
         c.error_message.push(r.error_message);
         c.started_by.push(r.started_by);
+        c.prompt_tokens
+            .push(r.prompt_tokens.min(i64::MAX as u64) as i64);
+        c.completion_tokens
+            .push(r.completion_tokens.min(i64::MAX as u64) as i64);
     }
     out.push(statement(
         UPSERT_RUNS,
@@ -291,6 +295,8 @@ fn runs(runs: BTreeMap<Uuid, RunRecord>, out: &mut Vec<Statement>) {
             Box::new(c.error_type),
             Box::new(c.error_message),
             Box::new(c.started_by),
+            Box::new(c.prompt_tokens),
+            Box::new(c.completion_tokens),
         ],
     ));
 }
@@ -311,6 +317,8 @@ struct RunColumns {
     error_type: Vec<String>,
     error_message: Vec<String>,
     started_by: Vec<String>,
+    prompt_tokens: Vec<i64>,
+    completion_tokens: Vec<i64>,
 }
 
 #[derive(Default)]
@@ -501,16 +509,18 @@ const INSERT_EVENTS: &str = "INSERT INTO aaa_events \
 
 const UPSERT_RUNS: &str = "INSERT INTO aaa_runs \
     (run_id, status, task, model, tools, labels, created_ms, updated_ms, deadline_ms, \
-    last_seq, result_json, error_type, error_message, started_by) \
+    last_seq, result_json, error_type, error_message, started_by, prompt_tokens, \
+    completion_tokens) \
     SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::text[], $5::jsonb[], \
     $6::jsonb[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::text[], \
-    $12::text[], $13::text[], $14::text[]) \
+    $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[]) \
     ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status, task = EXCLUDED.task, \
     model = EXCLUDED.model, tools = EXCLUDED.tools, labels = EXCLUDED.labels, \
     created_ms = EXCLUDED.created_ms, updated_ms = EXCLUDED.updated_ms, \
     deadline_ms = EXCLUDED.deadline_ms, last_seq = EXCLUDED.last_seq, \
     result_json = EXCLUDED.result_json, error_type = EXCLUDED.error_type, \
-    error_message = EXCLUDED.error_message, started_by = EXCLUDED.started_by";
+    error_message = EXCLUDED.error_message, started_by = EXCLUDED.started_by, \
+    prompt_tokens = EXCLUDED.prompt_tokens, completion_tokens = EXCLUDED.completion_tokens";
 
 const UPSERT_APPROVALS: &str = "INSERT INTO aaa_approvals \
     (run_id, call_id, tool, arguments_json, arguments_sha256, requested_ms, expires_ms, \

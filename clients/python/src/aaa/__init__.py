@@ -54,7 +54,7 @@ from .errors import (
     Unauthenticated,
     Unavailable,
 )
-from .models import Message, ModelRequest, Reply, ToolCall, ToolSpec, echo, text, tool_call
+from .models import Message, ModelRequest, OpenAI, Reply, ToolCall, ToolSpec, echo, openai, text, tool_call
 from .subscriptions import Delivery
 from .tools import Tool, tool
 from .types import (
@@ -72,6 +72,7 @@ from .types import (
     Outcome,
     Policy,
     RunInfo,
+    TokenUsage,
     RunStatus,
     SignalResult,
     SnapshotComplete,
@@ -130,6 +131,9 @@ __all__ = [
     "Run",
     "RunFinished",
     "RunInfo",
+    "TokenUsage",
+    "OpenAI",
+    "openai",
     "RunNotFound",
     "RunStatus",
     "SeparationOfDuties",

@@ -45,7 +45,7 @@ from ._proto.aaa.v1 import (
     worker_pb2_grpc,
 )
 from .errors import AaaError, Unavailable, from_rpc_error
-from .models import Reply
+from .models import OpenAI, Reply
 from .subscriptions import _START_FROM, Handler, _follow_group
 from .tools import Tool
 from .types import (
@@ -74,7 +74,7 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 T = TypeVar("T")
 ToolLike = Union[Tool, ToolRef, str]
-ModelLike = Union[str, Sequence[Reply]]
+ModelLike = Union[str, OpenAI, Sequence[Reply]]
 #: A call for ``decide_approvals``: an ``Approval`` or ``(run_id, call_id, arguments_sha256)``.
 DecisionItemLike = Union[Approval, tuple[str, str, str]]
 
@@ -322,7 +322,8 @@ class Client:
 
         Args:
             task: the conversation's first user message.
-            model: the name of a worker-served model, or a list of steps for
+            model: the name of a worker-served model, ``openai(...)`` for the
+                server's built-in OpenAI-compatible model, or a list of steps for
                 the built-in scripted model (``text(...)``, ``tool_call(...)``, ``echo()``).
             tools: the tools the run may call: ``@tool`` functions (their gate
                 and ``approvals_required`` are applied to this run too), ``ToolRef``s
@@ -336,6 +337,8 @@ class Client:
         spec = run_pb2.ModelSpec()
         if isinstance(model, str):
             spec.worker = model
+        elif isinstance(model, OpenAI):
+            spec.openai.CopyFrom(model.to_proto())
         else:
             spec.scripted.steps.extend(step.to_step() for step in model)
         request = run_pb2.StartRunRequest(

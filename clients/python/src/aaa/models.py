@@ -99,6 +99,36 @@ def tool_call(tool: str | Tool, arguments: Mapping[str, Any] | None = None, /, *
     return Reply(tool_calls=(ToolCall(name, args),))
 
 
+@dataclass(frozen=True)
+class OpenAI:
+    """The server's built-in OpenAI-compatible model (see docs/models.md).
+
+    The server calls the provider itself: ``provider`` names one of its
+    ``--models`` file (empty: the file's default), ``model`` what that
+    provider serves (empty: the provider's ``default_model``). Keys never
+    leave the server.
+    """
+
+    model: str = ""
+    provider: str = ""
+    temperature: float | None = None
+    max_tokens: int = 0
+
+    def to_proto(self) -> run_pb2.OpenAiModel:
+        """Convert to ``aaa.v1.OpenAiModel``."""
+        msg = run_pb2.OpenAiModel(model=self.model, provider=self.provider, max_tokens=self.max_tokens)
+        if self.temperature is not None:
+            msg.temperature = self.temperature
+        return msg
+
+
+def openai(
+    model: str = "", *, provider: str = "", temperature: float | None = None, max_tokens: int = 0
+) -> OpenAI:
+    """The built-in model for ``start_run``: ``model=aaa.openai("gpt-4.1-mini", provider="openai")``."""
+    return OpenAI(model=model, provider=provider, temperature=temperature, max_tokens=max_tokens)
+
+
 def echo() -> Reply:
     """A scripted-model step that replies with the content of the conversation's last message."""
     return Reply(echo=True)

@@ -329,6 +329,15 @@ class SnapshotComplete:
 
 
 @dataclass(frozen=True)
+class TokenUsage:
+    """Tokens a run's model calls used, as the provider reported them (built-in models only)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """A run's summary, as returned by ``get_run`` and ``list_runs``.
 
@@ -350,6 +359,8 @@ class RunInfo:
     result: Any
     error: ErrorDetail | None
     pending_approvals: list[Approval] = field(default_factory=list)
+    #: Tokens the run's built-in model calls used: prompt, completion, total.
+    usage: TokenUsage = field(default_factory=lambda: TokenUsage())
 
     @classmethod
     def from_proto(cls, msg: run_pb2.Run) -> RunInfo:
@@ -368,6 +379,11 @@ class RunInfo:
             result=loads(msg.result_json),
             error=ErrorDetail.from_proto(msg.error) if msg.HasField("error") else None,
             pending_approvals=[Approval.from_proto(a) for a in msg.pending_approvals],
+            usage=TokenUsage(
+                prompt_tokens=msg.usage.prompt_tokens,
+                completion_tokens=msg.usage.completion_tokens,
+                total_tokens=msg.usage.total_tokens,
+            ),
         )
 
 
@@ -520,14 +536,18 @@ class DecisionResult:
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits of one run: a deadline in seconds (0: none) and a cap on model calls (0: server default)."""
+    """Limits of one run: a deadline in seconds (0: none), a cap on model calls (0: server default)
+    and on the tokens built-in models use (0: none)."""
 
     deadline_s: float = 0.0
     max_model_calls: int = 0
+    max_tokens: int = 0
 
     def to_proto(self) -> run_pb2.Budget:
         """Convert to ``aaa.v1.Budget``."""
-        return run_pb2.Budget(deadline_s=self.deadline_s, max_model_calls=self.max_model_calls)
+        return run_pb2.Budget(
+            deadline_s=self.deadline_s, max_model_calls=self.max_model_calls, max_tokens=self.max_tokens
+        )
 
 
 @dataclass(frozen=True)

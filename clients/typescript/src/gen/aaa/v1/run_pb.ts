@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/run.proto.
  */
 export const file_aaa_v1_run: GenFile = /*@__PURE__*/
-  fileDesc("ChBhYWEvdjEvcnVuLnByb3RvEgZhYWEudjEixQMKA1J1bhIOCgZydW5faWQYASABKAkSIQoGc3RhdHVzGAIgASgOMhEuYWFhLnYxLlJ1blN0YXR1cxIMCgR0YXNrGAMgASgJEg0KBW1vZGVsGAQgASgJEg0KBXRvb2xzGAUgAygJEicKBmxhYmVscxgGIAMoCzIXLmFhYS52MS5SdW4uTGFiZWxzRW50cnkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZGVhZGxpbmVfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGAogASgEEhMKC3Jlc3VsdF9qc29uGAsgASgJEiIKBWVycm9yGAwgASgLMhMuYWFhLnYxLkVycm9yRGV0YWlsEisKEXBlbmRpbmdfYXBwcm92YWxzGA0gAygLMhAuYWFhLnYxLkFwcHJvdmFsGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiNQoGQnVkZ2V0EhIKCmRlYWRsaW5lX3MYASABKAESFwoPbWF4X21vZGVsX2NhbGxzGAIgASgNImoKB1Rvb2xSZWYSDAoEbmFtZRgBIAEoCRIZChFyZXF1aXJlc19hcHByb3ZhbBgCIAEoCBIaChJhcHByb3ZhbF90aW1lb3V0X3MYAyABKAESGgoSYXBwcm92YWxzX3JlcXVpcmVkGAQgASgNIlAKCU1vZGVsU3BlYxIQCgZ3b3JrZXIYASABKAlIABIpCghzY3JpcHRlZBgCIAEoCzIVLmFhYS52MS5TY3JpcHRlZE1vZGVsSABCBgoEa2luZCI0Cg1TY3JpcHRlZE1vZGVsEiMKBXN0ZXBzGAEgAygLMhQuYWFhLnYxLlNjcmlwdGVkU3RlcCKAAQoMU2NyaXB0ZWRTdGVwEg4KBHRleHQYASABKAlIABIvCgp0b29sX2NhbGxzGAIgASgLMhkuYWFhLnYxLlNjcmlwdGVkVG9vbENhbGxzSAASJgoEZWNobxgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5FbXB0eUgAQgcKBXJlcGx5IjwKEVNjcmlwdGVkVG9vbENhbGxzEicKBWNhbGxzGAEgAygLMhguYWFhLnYxLlNjcmlwdGVkVG9vbENhbGwiOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIokCCg9TdGFydFJ1blJlcXVlc3QSDAoEdGFzaxgBIAEoCRIgCgVtb2RlbBgCIAEoCzIRLmFhYS52MS5Nb2RlbFNwZWMSHgoFdG9vbHMYAyADKAsyDy5hYWEudjEuVG9vbFJlZhIeCgZidWRnZXQYBCABKAsyDi5hYWEudjEuQnVkZ2V0EjMKBmxhYmVscxgFIAMoCzIjLmFhYS52MS5TdGFydFJ1blJlcXVlc3QuTGFiZWxzRW50cnkSEgoKcmVxdWVzdF9pZBgGIAEoCRIOCgZzeXN0ZW0YByABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIzChBTdGFydFJ1blJlc3BvbnNlEg4KBnJ1bl9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIioKDkdldFJ1blJlc3BvbnNlEhgKA3J1bhgBIAEoCzILLmFhYS52MS5SdW4ivwEKD0xpc3RSdW5zUmVxdWVzdBIhCgZzdGF0dXMYASABKA4yES5hYWEudjEuUnVuU3RhdHVzEjMKBmxhYmVscxgCIAMoCzIjLmFhYS52MS5MaXN0UnVuc1JlcXVlc3QuTGFiZWxzRW50cnkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJGChBMaXN0UnVuc1Jlc3BvbnNlEhkKBHJ1bnMYASADKAsyCy5hYWEudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJyChNTdHJlYW1FdmVudHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSDgoGZm9sbG93GAMgASgIEhMKC3R5cGVfcHJlZml4GAQgASgJEhMKC3N0b3BfYXRfZW5kGAUgASgIImUKFFN0cmVhbUV2ZW50c1Jlc3BvbnNlEh4KBWV2ZW50GAEgASgLMg0uYWFhLnYxLkV2ZW50SAASJQoJY2F1Z2h0X3VwGAIgASgLMhAuYWFhLnYxLkNhdWdodFVwSABCBgoEaXRlbSIcCghDYXVnaHRVcBIQCghsYXN0X3NlcRgBIAEoBCJUCg1TaWduYWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIMCgR0eXBlGAIgASgJEhEKCWRhdGFfanNvbhgDIAEoCRISCgpyZXF1ZXN0X2lkGAQgASgJIqYBCg5TaWduYWxSZXNwb25zZRILCgNzZXEYASABKAQSFwoPYWxyZWFkeV9kZWNpZGVkGAIgASgIEhAKCGRlY2lzaW9uGAMgASgJEg0KBXZvdGVzGAQgASgNEhoKEmFwcHJvdmFsc19yZXF1aXJlZBgFIAEoDRITCgtuZXdfY2FsbF9pZBgGIAEoCRIcChRuZXdfYXJndW1lbnRzX3NoYTI1NhgHIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiIAoRQ2FuY2VsUnVuUmVzcG9uc2USCwoDc2VxGAEgASgEKq8BCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUlVOTklORxABEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfQVBQUk9WQUwQAhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBADEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAQSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQBTKLAwoKUnVuU2VydmljZRI9CghTdGFydFJ1bhIXLmFhYS52MS5TdGFydFJ1blJlcXVlc3QaGC5hYWEudjEuU3RhcnRSdW5SZXNwb25zZRI3CgZHZXRSdW4SFS5hYWEudjEuR2V0UnVuUmVxdWVzdBoWLmFhYS52MS5HZXRSdW5SZXNwb25zZRI9CghMaXN0UnVucxIXLmFhYS52MS5MaXN0UnVuc1JlcXVlc3QaGC5hYWEudjEuTGlzdFJ1bnNSZXNwb25zZRJLCgxTdHJlYW1FdmVudHMSGy5hYWEudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBocLmFhYS52MS5TdHJlYW1FdmVudHNSZXNwb25zZTABEjcKBlNpZ25hbBIVLmFhYS52MS5TaWduYWxSZXF1ZXN0GhYuYWFhLnYxLlNpZ25hbFJlc3BvbnNlEkAKCUNhbmNlbFJ1bhIYLmFhYS52MS5DYW5jZWxSdW5SZXF1ZXN0GhkuYWFhLnYxLkNhbmNlbFJ1blJlc3BvbnNlYgZwcm90bzM", [file_aaa_v1_approval, file_aaa_v1_types, file_google_protobuf_empty, file_google_protobuf_timestamp]);
+  fileDesc("ChBhYWEvdjEvcnVuLnByb3RvEgZhYWEudjEi6AMKA1J1bhIOCgZydW5faWQYASABKAkSIQoGc3RhdHVzGAIgASgOMhEuYWFhLnYxLlJ1blN0YXR1cxIMCgR0YXNrGAMgASgJEg0KBW1vZGVsGAQgASgJEg0KBXRvb2xzGAUgAygJEicKBmxhYmVscxgGIAMoCzIXLmFhYS52MS5SdW4uTGFiZWxzRW50cnkSLgoKY3JlYXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZGVhZGxpbmVfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGAogASgEEhMKC3Jlc3VsdF9qc29uGAsgASgJEiIKBWVycm9yGAwgASgLMhMuYWFhLnYxLkVycm9yRGV0YWlsEisKEXBlbmRpbmdfYXBwcm92YWxzGA0gAygLMhAuYWFhLnYxLkFwcHJvdmFsEiEKBXVzYWdlGA4gASgLMhIuYWFhLnYxLlRva2VuVXNhZ2UaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJUCgpUb2tlblVzYWdlEhUKDXByb21wdF90b2tlbnMYASABKAQSGQoRY29tcGxldGlvbl90b2tlbnMYAiABKAQSFAoMdG90YWxfdG9rZW5zGAMgASgEIkkKBkJ1ZGdldBISCgpkZWFkbGluZV9zGAEgASgBEhcKD21heF9tb2RlbF9jYWxscxgCIAEoDRISCgptYXhfdG9rZW5zGAMgASgEImoKB1Rvb2xSZWYSDAoEbmFtZRgBIAEoCRIZChFyZXF1aXJlc19hcHByb3ZhbBgCIAEoCBIaChJhcHByb3ZhbF90aW1lb3V0X3MYAyABKAESGgoSYXBwcm92YWxzX3JlcXVpcmVkGAQgASgNIncKCU1vZGVsU3BlYxIQCgZ3b3JrZXIYASABKAlIABIpCghzY3JpcHRlZBgCIAEoCzIVLmFhYS52MS5TY3JpcHRlZE1vZGVsSAASJQoGb3BlbmFpGAMgASgLMhMuYWFhLnYxLk9wZW5BaU1vZGVsSABCBgoEa2luZCJsCgtPcGVuQWlNb2RlbBINCgVtb2RlbBgBIAEoCRIQCghwcm92aWRlchgCIAEoCRIYCgt0ZW1wZXJhdHVyZRgDIAEoAUgAiAEBEhIKCm1heF90b2tlbnMYBCABKA1CDgoMX3RlbXBlcmF0dXJlIjQKDVNjcmlwdGVkTW9kZWwSIwoFc3RlcHMYASADKAsyFC5hYWEudjEuU2NyaXB0ZWRTdGVwIoABCgxTY3JpcHRlZFN0ZXASDgoEdGV4dBgBIAEoCUgAEi8KCnRvb2xfY2FsbHMYAiABKAsyGS5hYWEudjEuU2NyaXB0ZWRUb29sQ2FsbHNIABImCgRlY2hvGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5SABCBwoFcmVwbHkiPAoRU2NyaXB0ZWRUb29sQ2FsbHMSJwoFY2FsbHMYASADKAsyGC5hYWEudjEuU2NyaXB0ZWRUb29sQ2FsbCI4ChBTY3JpcHRlZFRvb2xDYWxsEgwKBG5hbWUYASABKAkSFgoOYXJndW1lbnRzX2pzb24YAiABKAkiiQIKD1N0YXJ0UnVuUmVxdWVzdBIMCgR0YXNrGAEgASgJEiAKBW1vZGVsGAIgASgLMhEuYWFhLnYxLk1vZGVsU3BlYxIeCgV0b29scxgDIAMoCzIPLmFhYS52MS5Ub29sUmVmEh4KBmJ1ZGdldBgEIAEoCzIOLmFhYS52MS5CdWRnZXQSMwoGbGFiZWxzGAUgAygLMiMuYWFhLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRISCgpyZXF1ZXN0X2lkGAYgASgJEg4KBnN5c3RlbRgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjMKEFN0YXJ0UnVuUmVzcG9uc2USDgoGcnVuX2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgiHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiKgoOR2V0UnVuUmVzcG9uc2USGAoDcnVuGAEgASgLMgsuYWFhLnYxLlJ1biK/AQoPTGlzdFJ1bnNSZXF1ZXN0EiEKBnN0YXR1cxgBIAEoDjIRLmFhYS52MS5SdW5TdGF0dXMSMwoGbGFiZWxzGAIgAygLMiMuYWFhLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkYKEExpc3RSdW5zUmVzcG9uc2USGQoEcnVucxgBIAMoCzILLmFhYS52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInIKE1N0cmVhbUV2ZW50c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBBIOCgZmb2xsb3cYAyABKAgSEwoLdHlwZV9wcmVmaXgYBCABKAkSEwoLc3RvcF9hdF9lbmQYBSABKAgiZQoUU3RyZWFtRXZlbnRzUmVzcG9uc2USHgoFZXZlbnQYASABKAsyDS5hYWEudjEuRXZlbnRIABIlCgljYXVnaHRfdXAYAiABKAsyEC5hYWEudjEuQ2F1Z2h0VXBIAEIGCgRpdGVtIhwKCENhdWdodFVwEhAKCGxhc3Rfc2VxGAEgASgEIlQKDVNpZ25hbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEgwKBHR5cGUYAiABKAkSEQoJZGF0YV9qc29uGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkipgEKDlNpZ25hbFJlc3BvbnNlEgsKA3NlcRgBIAEoBBIXCg9hbHJlYWR5X2RlY2lkZWQYAiABKAgSEAoIZGVjaXNpb24YAyABKAkSDQoFdm90ZXMYBCABKA0SGgoSYXBwcm92YWxzX3JlcXVpcmVkGAUgASgNEhMKC25ld19jYWxsX2lkGAYgASgJEhwKFG5ld19hcmd1bWVudHNfc2hhMjU2GAcgASgJIjIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSIgChFDYW5jZWxSdW5SZXNwb25zZRILCgNzZXEYASABKAQqrwEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9BUFBST1ZBTBACEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAMSFQoRUlVOX1NUQVRVU19GQUlMRUQQBBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAFMosDCgpSdW5TZXJ2aWNlEj0KCFN0YXJ0UnVuEhcuYWFhLnYxLlN0YXJ0UnVuUmVxdWVzdBoYLmFhYS52MS5TdGFydFJ1blJlc3BvbnNlEjcKBkdldFJ1bhIVLmFhYS52MS5HZXRSdW5SZXF1ZXN0GhYuYWFhLnYxLkdldFJ1blJlc3BvbnNlEj0KCExpc3RSdW5zEhcuYWFhLnYxLkxpc3RSdW5zUmVxdWVzdBoYLmFhYS52MS5MaXN0UnVuc1Jlc3BvbnNlEksKDFN0cmVhbUV2ZW50cxIbLmFhYS52MS5TdHJlYW1FdmVudHNSZXF1ZXN0GhwuYWFhLnYxLlN0cmVhbUV2ZW50c1Jlc3BvbnNlMAESNwoGU2lnbmFsEhUuYWFhLnYxLlNpZ25hbFJlcXVlc3QaFi5hYWEudjEuU2lnbmFsUmVzcG9uc2USQAoJQ2FuY2VsUnVuEhguYWFhLnYxLkNhbmNlbFJ1blJlcXVlc3QaGS5hYWEudjEuQ2FuY2VsUnVuUmVzcG9uc2ViBnByb3RvMw", [file_aaa_v1_approval, file_aaa_v1_types, file_google_protobuf_empty, file_google_protobuf_timestamp]);
 
 /**
  * A run's summary.
@@ -46,7 +46,8 @@ export type Run = Message<"aaa.v1.Run"> & {
   task: string;
 
   /**
-   * "scripted", or the name of the worker-served model.
+   * "scripted", the name of the worker-served model, or for the built-in
+   * OpenAI-compatible model "openai:MODEL@PROVIDER".
    *
    * @generated from field: string model = 4;
    */
@@ -114,6 +115,14 @@ export type Run = Message<"aaa.v1.Run"> & {
    * @generated from field: repeated aaa.v1.Approval pending_approvals = 13;
    */
   pendingApprovals: Approval[];
+
+  /**
+   * Tokens the run's model calls used so far, as the provider reported
+   * them (built-in models only; zero for worker-served and scripted ones).
+   *
+   * @generated from field: aaa.v1.TokenUsage usage = 14;
+   */
+  usage?: TokenUsage | undefined;
 };
 
 /**
@@ -122,6 +131,41 @@ export type Run = Message<"aaa.v1.Run"> & {
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
   messageDesc(file_aaa_v1_run, 0);
+
+/**
+ * Tokens used by a run's model calls.
+ *
+ * @generated from message aaa.v1.TokenUsage
+ */
+export type TokenUsage = Message<"aaa.v1.TokenUsage"> & {
+  /**
+   * Tokens of the prompts sent, summed over the run's model calls.
+   *
+   * @generated from field: uint64 prompt_tokens = 1;
+   */
+  promptTokens: bigint;
+
+  /**
+   * Tokens of the replies.
+   *
+   * @generated from field: uint64 completion_tokens = 2;
+   */
+  completionTokens: bigint;
+
+  /**
+   * prompt_tokens + completion_tokens.
+   *
+   * @generated from field: uint64 total_tokens = 3;
+   */
+  totalTokens: bigint;
+};
+
+/**
+ * Describes the message aaa.v1.TokenUsage.
+ * Use `create(TokenUsageSchema)` to create a new message.
+ */
+export const TokenUsageSchema: GenMessage<TokenUsage> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_run, 1);
 
 /**
  * Limits of one run.
@@ -144,6 +188,16 @@ export type Budget = Message<"aaa.v1.Budget"> & {
    * @generated from field: uint32 max_model_calls = 2;
    */
   maxModelCalls: number;
+
+  /**
+   * The run fails with BudgetExceeded when its model calls have used this
+   * many tokens (prompt + completion, as the provider reports them) and it
+   * would call the model again. 0 means no limit. Counted for the built-in
+   * openai model only.
+   *
+   * @generated from field: uint64 max_tokens = 3;
+   */
+  maxTokens: bigint;
 };
 
 /**
@@ -151,7 +205,7 @@ export type Budget = Message<"aaa.v1.Budget"> & {
  * Use `create(BudgetSchema)` to create a new message.
  */
 export const BudgetSchema: GenMessage<Budget> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 1);
+  messageDesc(file_aaa_v1_run, 2);
 
 /**
  * A tool a run may call, by the name a worker registered it under.
@@ -195,7 +249,7 @@ export type ToolRef = Message<"aaa.v1.ToolRef"> & {
  * Use `create(ToolRefSchema)` to create a new message.
  */
 export const ToolRefSchema: GenMessage<ToolRef> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 2);
+  messageDesc(file_aaa_v1_run, 3);
 
 /**
  * Which model drives a run.
@@ -224,6 +278,15 @@ export type ModelSpec = Message<"aaa.v1.ModelSpec"> & {
      */
     value: ScriptedModel;
     case: "scripted";
+  } | {
+    /**
+     * A model behind an OpenAI-compatible Chat Completions API, called by
+     * the server itself through a provider of its --models file.
+     *
+     * @generated from field: aaa.v1.OpenAiModel openai = 3;
+     */
+    value: OpenAiModel;
+    case: "openai";
   } | { case: undefined; value?: undefined };
 };
 
@@ -232,7 +295,53 @@ export type ModelSpec = Message<"aaa.v1.ModelSpec"> & {
  * Use `create(ModelSpecSchema)` to create a new message.
  */
 export const ModelSpecSchema: GenMessage<ModelSpec> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 3);
+  messageDesc(file_aaa_v1_run, 4);
+
+/**
+ * The built-in OpenAI-compatible model. A run names a provider of the
+ * server's --models file (base URL, API key, timeouts, retry policy), never
+ * a URL or a key. Each model call is an aaa.llm.requested {attempt} before
+ * the HTTP request and an aaa.llm.completed after it.
+ *
+ * @generated from message aaa.v1.OpenAiModel
+ */
+export type OpenAiModel = Message<"aaa.v1.OpenAiModel"> & {
+  /**
+   * The model the provider serves, e.g. "gpt-4.1-mini". Empty: the
+   * provider's default_model.
+   *
+   * @generated from field: string model = 1;
+   */
+  model: string;
+
+  /**
+   * A provider of the server's --models file. Empty: its default provider.
+   *
+   * @generated from field: string provider = 2;
+   */
+  provider: string;
+
+  /**
+   * Sampling temperature, 0 to 2. Unset: not sent (the provider's default).
+   *
+   * @generated from field: optional double temperature = 3;
+   */
+  temperature?: number | undefined;
+
+  /**
+   * Most tokens one reply may have (sent as max_tokens). 0: not sent.
+   *
+   * @generated from field: uint32 max_tokens = 4;
+   */
+  maxTokens: number;
+};
+
+/**
+ * Describes the message aaa.v1.OpenAiModel.
+ * Use `create(OpenAiModelSchema)` to create a new message.
+ */
+export const OpenAiModelSchema: GenMessage<OpenAiModel> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_run, 5);
 
 /**
  * The built-in scripted model: the n-th model call returns the n-th step.
@@ -254,7 +363,7 @@ export type ScriptedModel = Message<"aaa.v1.ScriptedModel"> & {
  * Use `create(ScriptedModelSchema)` to create a new message.
  */
 export const ScriptedModelSchema: GenMessage<ScriptedModel> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 4);
+  messageDesc(file_aaa_v1_run, 6);
 
 /**
  * One reply of the scripted model.
@@ -299,7 +408,7 @@ export type ScriptedStep = Message<"aaa.v1.ScriptedStep"> & {
  * Use `create(ScriptedStepSchema)` to create a new message.
  */
 export const ScriptedStepSchema: GenMessage<ScriptedStep> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 5);
+  messageDesc(file_aaa_v1_run, 7);
 
 /**
  * Tool calls a scripted step makes.
@@ -320,7 +429,7 @@ export type ScriptedToolCalls = Message<"aaa.v1.ScriptedToolCalls"> & {
  * Use `create(ScriptedToolCallsSchema)` to create a new message.
  */
 export const ScriptedToolCallsSchema: GenMessage<ScriptedToolCalls> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 6);
+  messageDesc(file_aaa_v1_run, 8);
 
 /**
  * One tool call of a scripted step.
@@ -348,7 +457,7 @@ export type ScriptedToolCall = Message<"aaa.v1.ScriptedToolCall"> & {
  * Use `create(ScriptedToolCallSchema)` to create a new message.
  */
 export const ScriptedToolCallSchema: GenMessage<ScriptedToolCall> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 7);
+  messageDesc(file_aaa_v1_run, 9);
 
 /**
  * StartRun's request.
@@ -413,7 +522,7 @@ export type StartRunRequest = Message<"aaa.v1.StartRunRequest"> & {
  * Use `create(StartRunRequestSchema)` to create a new message.
  */
 export const StartRunRequestSchema: GenMessage<StartRunRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 8);
+  messageDesc(file_aaa_v1_run, 10);
 
 /**
  * StartRun's answer.
@@ -441,7 +550,7 @@ export type StartRunResponse = Message<"aaa.v1.StartRunResponse"> & {
  * Use `create(StartRunResponseSchema)` to create a new message.
  */
 export const StartRunResponseSchema: GenMessage<StartRunResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 9);
+  messageDesc(file_aaa_v1_run, 11);
 
 /**
  * GetRun's request.
@@ -462,7 +571,7 @@ export type GetRunRequest = Message<"aaa.v1.GetRunRequest"> & {
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 10);
+  messageDesc(file_aaa_v1_run, 12);
 
 /**
  * GetRun's answer.
@@ -483,7 +592,7 @@ export type GetRunResponse = Message<"aaa.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 11);
+  messageDesc(file_aaa_v1_run, 13);
 
 /**
  * ListRuns' request.
@@ -525,7 +634,7 @@ export type ListRunsRequest = Message<"aaa.v1.ListRunsRequest"> & {
  * Use `create(ListRunsRequestSchema)` to create a new message.
  */
 export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 12);
+  messageDesc(file_aaa_v1_run, 14);
 
 /**
  * ListRuns' answer.
@@ -553,7 +662,7 @@ export type ListRunsResponse = Message<"aaa.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 13);
+  messageDesc(file_aaa_v1_run, 15);
 
 /**
  * StreamEvents' request.
@@ -604,7 +713,7 @@ export type StreamEventsRequest = Message<"aaa.v1.StreamEventsRequest"> & {
  * Use `create(StreamEventsRequestSchema)` to create a new message.
  */
 export const StreamEventsRequestSchema: GenMessage<StreamEventsRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 14);
+  messageDesc(file_aaa_v1_run, 16);
 
 /**
  * One item of StreamEvents.
@@ -641,7 +750,7 @@ export type StreamEventsResponse = Message<"aaa.v1.StreamEventsResponse"> & {
  * Use `create(StreamEventsResponseSchema)` to create a new message.
  */
 export const StreamEventsResponseSchema: GenMessage<StreamEventsResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 15);
+  messageDesc(file_aaa_v1_run, 17);
 
 /**
  * Sent once per StreamEvents, when the stored history has been sent.
@@ -662,7 +771,7 @@ export type CaughtUp = Message<"aaa.v1.CaughtUp"> & {
  * Use `create(CaughtUpSchema)` to create a new message.
  */
 export const CaughtUpSchema: GenMessage<CaughtUp> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 16);
+  messageDesc(file_aaa_v1_run, 18);
 
 /**
  * Signal's request.
@@ -710,7 +819,7 @@ export type SignalRequest = Message<"aaa.v1.SignalRequest"> & {
  * Use `create(SignalRequestSchema)` to create a new message.
  */
 export const SignalRequestSchema: GenMessage<SignalRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 17);
+  messageDesc(file_aaa_v1_run, 19);
 
 /**
  * Signal's answer.
@@ -776,7 +885,7 @@ export type SignalResponse = Message<"aaa.v1.SignalResponse"> & {
  * Use `create(SignalResponseSchema)` to create a new message.
  */
 export const SignalResponseSchema: GenMessage<SignalResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 18);
+  messageDesc(file_aaa_v1_run, 20);
 
 /**
  * CancelRun's request.
@@ -804,7 +913,7 @@ export type CancelRunRequest = Message<"aaa.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 19);
+  messageDesc(file_aaa_v1_run, 21);
 
 /**
  * CancelRun's answer.
@@ -825,7 +934,7 @@ export type CancelRunResponse = Message<"aaa.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_run, 20);
+  messageDesc(file_aaa_v1_run, 22);
 
 /**
  * The lifecycle of a run.

@@ -29,7 +29,7 @@ RUN_STATUS_FAILED: RunStatus
 RUN_STATUS_CANCELLED: RunStatus
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "status", "task", "model", "tools", "labels", "created_at", "updated_at", "deadline_at", "last_seq", "result_json", "error", "pending_approvals")
+    __slots__ = ("run_id", "status", "task", "model", "tools", "labels", "created_at", "updated_at", "deadline_at", "last_seq", "result_json", "error", "pending_approvals", "usage")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class Run(_message.Message):
     RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PENDING_APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     status: RunStatus
     task: str
@@ -63,15 +64,28 @@ class Run(_message.Message):
     result_json: str
     error: _types_pb2.ErrorDetail
     pending_approvals: _containers.RepeatedCompositeFieldContainer[_approval_pb2.Approval]
-    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seq: _Optional[int] = ..., result_json: _Optional[str] = ..., error: _Optional[_Union[_types_pb2.ErrorDetail, _Mapping]] = ..., pending_approvals: _Optional[_Iterable[_Union[_approval_pb2.Approval, _Mapping]]] = ...) -> None: ...
+    usage: TokenUsage
+    def __init__(self, run_id: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seq: _Optional[int] = ..., result_json: _Optional[str] = ..., error: _Optional[_Union[_types_pb2.ErrorDetail, _Mapping]] = ..., pending_approvals: _Optional[_Iterable[_Union[_approval_pb2.Approval, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ...) -> None: ...
+
+class TokenUsage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("deadline_s", "max_model_calls")
+    __slots__ = ("deadline_s", "max_model_calls", "max_tokens")
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     deadline_s: float
     max_model_calls: int
-    def __init__(self, deadline_s: _Optional[float] = ..., max_model_calls: _Optional[int] = ...) -> None: ...
+    max_tokens: int
+    def __init__(self, deadline_s: _Optional[float] = ..., max_model_calls: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class ToolRef(_message.Message):
     __slots__ = ("name", "requires_approval", "approval_timeout_s", "approvals_required")
@@ -86,12 +100,26 @@ class ToolRef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., requires_approval: _Optional[bool] = ..., approval_timeout_s: _Optional[float] = ..., approvals_required: _Optional[int] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("worker", "scripted")
+    __slots__ = ("worker", "scripted", "openai")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     SCRIPTED_FIELD_NUMBER: _ClassVar[int]
+    OPENAI_FIELD_NUMBER: _ClassVar[int]
     worker: str
     scripted: ScriptedModel
-    def __init__(self, worker: _Optional[str] = ..., scripted: _Optional[_Union[ScriptedModel, _Mapping]] = ...) -> None: ...
+    openai: OpenAiModel
+    def __init__(self, worker: _Optional[str] = ..., scripted: _Optional[_Union[ScriptedModel, _Mapping]] = ..., openai: _Optional[_Union[OpenAiModel, _Mapping]] = ...) -> None: ...
+
+class OpenAiModel(_message.Message):
+    __slots__ = ("model", "provider", "temperature", "max_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    provider: str
+    temperature: float
+    max_tokens: int
+    def __init__(self, model: _Optional[str] = ..., provider: _Optional[str] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class ScriptedModel(_message.Message):
     __slots__ = ("steps",)
