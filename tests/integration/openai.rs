@@ -170,7 +170,7 @@ impl FakeOpenAi {
         format!(
             "[[provider]]\nname = \"fake\"\nbase_url = \"{}\"\n{key_line}\n\
              default_model = \"fake-model\"\nmax_attempts = {max_attempts}\n\
-             initial_backoff_s = 0.01\nmax_backoff_s = 0.05\ntimeout_s = 60\n\
+             initial_backoff_s = 0.01\nmax_backoff_s = 0.05\n\
              headers = {{ \"X-Team\" = \"payments\" }}\n",
             self.base_url()
         )
@@ -178,7 +178,13 @@ impl FakeOpenAi {
 
     /// The models config for an in-process server (the key from a fake env).
     fn models(&self, max_attempts: u32) -> Arc<ModelsConfig> {
-        let toml = self.models_toml("api_key_env = \"FAKE_KEY\"", max_attempts);
+        self.models_with(max_attempts, "")
+    }
+
+    /// [`FakeOpenAi::models`] with more TOML lines for the provider.
+    fn models_with(&self, max_attempts: u32, more: &str) -> Arc<ModelsConfig> {
+        let key_line = format!("api_key_env = \"FAKE_KEY\"\n{more}");
+        let toml = self.models_toml(&key_line, max_attempts);
         let env = |name: &str| (name == "FAKE_KEY").then(|| KEY.to_string());
         Arc::new(ModelsConfig::parse(&toml, std::path::Path::new("."), env).unwrap())
     }
@@ -696,6 +702,28 @@ async fn failed_attempts_are_retried_as_numbered_attempts() {
         "Retry-After: 1 was honoured"
     );
     fake.assert_nothing_refused();
+    server.shutdown().await;
+}
+
+/// A provider that does not answer within `timeout_s`: the attempt ends
+/// and the next one is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_provider_times_out_and_the_call_is_made_again() {
+    let fake = FakeOpenAi::start(|n, _| match n {
+        0 => Answer::Hang,
+        _ => text("in time", 1, 1),
+    })
+    .await;
+    let models = fake.models_with(3, "timeout_s = 0.3");
+    let server = TestServer::start_with(move |c| c.models = Some(models.clone())).await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, openai_run("hello", &[])).await;
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(completed_text(&events), "in time");
+    let requested = of_type(&events, "aaa.llm.requested");
+    assert_eq!(requested[1]["attempt"], 2);
+    assert_eq!(requested[1]["previous_error"]["type"], "ProviderTimeout");
+    assert_eq!(fake.seen().len(), 2);
     server.shutdown().await;
 }
 
