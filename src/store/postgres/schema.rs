@@ -16,6 +16,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("migrations/0003_shards.sql")),
     (4, include_str!("migrations/0004_members.sql")),
     (5, include_str!("migrations/0005_reviews.sql")),
+    (6, include_str!("migrations/0006_grants.sql")),
 ];
 
 /// The newest schema version this binary knows.
