@@ -177,7 +177,7 @@ pub(super) async fn run(args: &GrantsArgs) -> Result<(), Error> {
             match out.json {
                 true => out.document(&grant_json(&grant)),
                 false => out.line(&format!(
-                    "revoked {} ({} uses): {}",
+                    "revoked {} (uses: {}): {}",
                     grant.id, grant.uses, grant.revoke_reason
                 )),
             }
