@@ -109,6 +109,13 @@ var (
 	// call, whose tool needs grants from several distinct approvers;
 	// Metadata["approver"] and Metadata["call_id"] name them.
 	ErrAlreadyVoted = reasonOf(aaav1.ErrorReason_ALREADY_VOTED)
+	// ErrNotAnApproverForCall (PERMISSION_DENIED): the call may be decided
+	// only by members of its approver groups; Metadata["groups"] lists them,
+	// comma-separated.
+	ErrNotAnApproverForCall = reasonOf(aaav1.ErrorReason_NOT_AN_APPROVER_FOR_CALL)
+	// ErrGrantNotFound (NOT_FOUND): GrantService names a standing grant that
+	// does not exist; Metadata["grant_id"] names it.
+	ErrGrantNotFound = reasonOf(aaav1.ErrorReason_GRANT_NOT_FOUND)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

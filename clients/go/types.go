@@ -39,6 +39,10 @@ const (
 	ActorEngine = aaav1.ActorKind_ACTOR_KIND_ENGINE
 	ActorWorker = aaav1.ActorKind_ACTOR_KIND_WORKER
 	ActorClient = aaav1.ActorKind_ACTOR_KIND_CLIENT
+	// ActorPolicy: a rule of the server's approval policy; Name is the rule.
+	ActorPolicy = aaav1.ActorKind_ACTOR_KIND_POLICY
+	// ActorGrant: a standing grant; Name is the grant's id.
+	ActorGrant = aaav1.ActorKind_ACTOR_KIND_GRANT
 )
 
 // ApprovalOutcome says how an approval request ended.

@@ -76,6 +76,8 @@ export class AaaError extends Error {
 export class NotFound extends AaaError {}
 /** A consumer group that does not exist (reason GROUP_NOT_FOUND). */
 export class GroupNotFound extends NotFound {}
+/** A standing grant that does not exist (reason GRANT_NOT_FOUND); `metadata.grant_id` names it. */
+export class GrantNotFound extends NotFound {}
 /** The run id is unknown, or (auth on) names another principal's run and the caller lacks the reader role (reason RUN_NOT_FOUND). */
 export class RunNotFound extends NotFound {}
 /** The run has no such call, or no approval request for it (reason CALL_NOT_FOUND). */
@@ -142,6 +144,8 @@ export class NotAllowedToServe extends PermissionDenied {}
 export class IdentityTaken extends PermissionDenied {}
 /** CompleteTask, FailTask or HeartbeatTask from another principal than the one the task was handed to (reason NOT_TASK_HOLDER). */
 export class NotTaskHolder extends PermissionDenied {}
+/** The call may be decided only by members of its approver groups (reason NOT_AN_APPROVER_FOR_CALL); `metadata.groups` lists them. */
+export class NotAnApproverForCall extends PermissionDenied {}
 
 /**
  * RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they piled up and the server
@@ -219,6 +223,8 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   IDENTITY_TAKEN: IdentityTaken,
   NOT_TASK_HOLDER: NotTaskHolder,
   ALREADY_VOTED: AlreadyVoted,
+  NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
+  GRANT_NOT_FOUND: GrantNotFound,
 };
 
 /** The class of a reason the server sent, if this SDK knows it. */

@@ -28,7 +28,7 @@ export interface ErrorDetail {
 /** Who caused an event: the engine, a worker (`name` is its identity) or a client. */
 export interface Actor {
   /** The kind of actor. */
-  kind: "engine" | "worker" | "client" | "unspecified";
+  kind: "engine" | "worker" | "client" | "policy" | "grant" | "unspecified";
   /** Worker identity or caller name; empty for the engine. */
   name: string;
   /**
@@ -527,6 +527,8 @@ const ACTOR_KIND: Record<typesPb.ActorKind, Actor["kind"]> = {
   [typesPb.ActorKind.ENGINE]: "engine",
   [typesPb.ActorKind.WORKER]: "worker",
   [typesPb.ActorKind.CLIENT]: "client",
+  [typesPb.ActorKind.POLICY]: "policy",
+  [typesPb.ActorKind.GRANT]: "grant",
 };
 
 /** Converts a wire Event. */

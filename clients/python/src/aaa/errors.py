@@ -76,6 +76,10 @@ class GroupNotFound(NotFound):
     """A consumer group that does not exist (reason GROUP_NOT_FOUND)."""
 
 
+class GrantNotFound(NotFound):
+    """A standing grant that does not exist (reason GRANT_NOT_FOUND); ``metadata["grant_id"]`` names it."""
+
+
 class InvalidArgument(AaaError):
     """INVALID_ARGUMENT: the request is malformed."""
 
@@ -184,6 +188,11 @@ class NotTaskHolder(PermissionDenied):
     handed to (reason NOT_TASK_HOLDER)."""
 
 
+class NotAnApproverForCall(PermissionDenied):
+    """The call may be decided only by members of its approver groups (reason
+    NOT_AN_APPROVER_FOR_CALL); ``metadata["groups"]`` lists them, comma-separated."""
+
+
 class MemberTooSlow(AaaError):
     """RESOURCE_EXHAUSTED: a subscriber read none of its deliveries while they piled up, and the
     server ended its stream (reason MEMBER_TOO_SLOW); ``Client.subscribe`` joins again by itself."""
@@ -253,6 +262,8 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.IDENTITY_TAKEN: IdentityTaken,
         types_pb2.NOT_TASK_HOLDER: NotTaskHolder,
         types_pb2.ALREADY_VOTED: AlreadyVoted,
+        types_pb2.NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
+        types_pb2.GRANT_NOT_FOUND: GrantNotFound,
     }.items()
 }
 
