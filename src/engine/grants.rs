@@ -27,6 +27,9 @@ struct Live {
     record: GrantRecord,
     /// The compiled condition; None when there is none.
     condition: Option<Condition>,
+    /// The stored condition no longer compiles (a newer CEL): the grant
+    /// matches no call.
+    broken: bool,
     /// Uses the store holds (as of the last load) or that this engine
     /// committed since.
     committed: u64,
@@ -38,19 +41,20 @@ impl Live {
     fn new(record: GrantRecord, committed: u64) -> Live {
         // A stored condition compiled when the grant was created; one that
         // no longer does (a newer CEL) makes the grant match nothing.
-        let condition = match record.condition.as_str() {
-            "" => None,
+        let (condition, broken) = match record.condition.as_str() {
+            "" => (None, false),
             text => match Condition::compile(text) {
-                Ok(condition) => Some(condition),
+                Ok(condition) => (Some(condition), false),
                 Err(e) => {
                     tracing::warn!(grant = %record.id, "grant condition does not compile: {e}; the grant matches no call");
-                    Some(never())
+                    (None, true)
                 }
             },
         };
         Live {
             record,
             condition,
+            broken,
             committed,
             reserved: BTreeSet::new(),
         }
@@ -59,10 +63,6 @@ impl Live {
     fn uses(&self) -> u64 {
         self.committed + self.reserved.len() as u64
     }
-}
-
-fn never() -> Condition {
-    Condition::compile("false").expect("`false` compiles")
 }
 
 /// Whether a grant is in force at `now_ms`: not revoked, not expired, not
@@ -192,6 +192,7 @@ fn matches(grant: &Live, asked: &Asked) -> bool {
         now_ms: asked.now_ms,
     };
     g.tool == ask.tool
+        && !grant.broken
         && in_force(g, grant.uses(), asked.now_ms)
         // A grant stands in for one person's grant, never for a vote of
         // several: a call that needs more waits for people.

@@ -58,7 +58,16 @@ async fn run_paying(
     arguments: &str,
     labels: &[(&str, &str)],
 ) -> (String, Vec<Event>) {
-    let mut request = scripted_run("wire_money", arguments);
+    run_calling(clients, "wire_money", arguments, labels).await
+}
+
+async fn run_calling(
+    clients: &mut Clients,
+    tool: &str,
+    arguments: &str,
+    labels: &[(&str, &str)],
+) -> (String, Vec<Event>) {
+    let mut request = scripted_run(tool, arguments);
     request.labels = labels
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -374,10 +383,17 @@ async fn a_grant_is_limited_by_its_creators_groups_and_yields_to_the_policy() {
         denied.actor.as_ref().unwrap().kind,
         ActorKind::Policy as i32
     );
+    // A rule that failed leaves the call to a person, grant or not.
+    create_grant(&mut alice, create(|g| g.tool = "lookup".into())).await;
+    let (_, events) = run_calling(&mut runner, "lookup", "{}", &[]).await;
+    assert!(waits(&events), "{:?}", types(&events));
+    let requested = data(find(&events, "aaa.approval.requested"));
+    assert_eq!(requested["policy"]["rule"], "lookups-of-secrets");
+    assert!(requested["policy"]["error"].is_string());
     // A grant is not a vote: a call that needs two approvers waits.
     let (_, events) = run_paying(&mut runner, r#"{"amount":20000,"to":"Initech"}"#, &[]).await;
     assert!(waits(&events), "{:?}", types(&events));
-    assert_eq!(list(&mut alice, false).await.len(), 2);
+    assert_eq!(list(&mut alice, false).await.len(), 3);
     server.shutdown().await;
 }
 
