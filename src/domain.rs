@@ -344,7 +344,7 @@ pub struct GrantRecord {
     pub max_uses: u64,
     #[prost(string, tag = "10")]
     pub reason: String,
-    /// The approver that made it (empty with auth off).
+    /// The approver that made it (with auth off, the caller's address).
     #[prost(string, tag = "11")]
     pub created_by: String,
     #[prost(int64, tag = "12")]

@@ -94,7 +94,7 @@ impl Condition {
         let run = std::panic::AssertUnwindSafe(|| self.program.execute(context));
         match std::panic::catch_unwind(run) {
             Ok(Ok(Cel::Bool(b))) => Ok(b),
-            Ok(Ok(other)) => Err(format!("`when` gave {other:?}, not a bool")),
+            Ok(Ok(other)) => Err(format!("gave {other:?}, not a bool")),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("the CEL interpreter failed on this input".to_string()),
         }

@@ -4,7 +4,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{convert, principal};
+use super::{convert, peer_name, principal};
 use crate::clock::Clock;
 use crate::domain::GrantRecord;
 use crate::engine::grants::{in_force, Grantor, NewGrant};
@@ -41,9 +41,11 @@ impl GrantApi {
     }
 }
 
+/// Who creates or revokes: the principal, or with auth off the caller's
+/// address (as events name such a caller), for the audit trail.
 fn grantor<T>(request: &Request<T>) -> Grantor {
     Grantor {
-        principal: principal(request).map_or_else(String::new, |p| p.name.clone()),
+        principal: peer_name(request),
         groups: principal(request).map(|p| p.groups.clone()),
     }
 }

@@ -229,8 +229,8 @@ pub struct NewGrant {
     pub reason: String,
 }
 
-/// Who creates or revokes a grant: the principal (empty with auth off) and,
-/// with auth on, its approver groups.
+/// Who creates or revokes a grant: the principal (with auth off, the
+/// caller's address) and, with auth on, its approver groups.
 #[derive(Debug, Clone, Default)]
 pub struct Grantor {
     pub principal: String,

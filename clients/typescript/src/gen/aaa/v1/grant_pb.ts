@@ -259,7 +259,7 @@ export type Grant = Message<"aaa.v1.Grant"> & {
   reason: string;
 
   /**
-   * The approver that made it (empty with auth off).
+   * The approver that made it (with auth off, the caller's address).
    *
    * @generated from field: string created_by = 9;
    */
