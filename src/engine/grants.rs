@@ -83,6 +83,9 @@ pub struct Asked<'a> {
     pub started_by: &'a str,
     pub arguments_sha256: String,
     pub now_ms: i64,
+    /// Separation of duties is on: the run's starter may not decide its
+    /// calls, so neither may a grant the starter made.
+    pub separation_of_duties: bool,
 }
 
 #[derive(Default)]
@@ -200,6 +203,10 @@ fn matches(grant: &Live, asked: &Asked) -> bool {
         && (g.run_id.is_empty() || g.run_id == asked.run.to_string())
         && labels_match(&g.labels, asked.labels)
         && (g.started_by.is_empty() || g.started_by == asked.started_by)
+        && !(asked.separation_of_duties
+            && g.groups_enforced
+            && !asked.started_by.is_empty()
+            && g.created_by == asked.started_by)
         && (g.arguments_sha256.is_empty() || g.arguments_sha256 == asked.arguments_sha256)
         // Limited like the creator's own decision would be.
         && super::state::may_decide(
@@ -407,6 +414,8 @@ impl Engine {
             started_by: &state.started_by,
             arguments_sha256,
             now_ms,
+            separation_of_duties: (self.inner.config.auth.as_ref())
+                .is_some_and(|auth| auth.separation_of_duties),
         })
     }
 }

@@ -545,6 +545,15 @@ async fn with_separation_of_duties_the_starter_may_not_decide_its_runs_calls() {
         .await
         .expect("RegisterWorker");
     let mut duo = Clients::with_token(&server, &token("duo")).await;
+    // Nor may a standing grant the starter made: the call waits.
+    duo.grants
+        .create_grant(aaa::proto::CreateGrantRequest {
+            tool: "wire_money".into(),
+            reason: "my own payments".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateGrant");
     let run_id = duo
         .runs
         .start_run(scripted_reference_run())
