@@ -419,3 +419,74 @@ impl Engine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn grant(max_uses: u64) -> GrantRecord {
+        GrantRecord {
+            id: "g".into(),
+            tool: "wire_money".into(),
+            max_uses,
+            reason: "r".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Takes the grant for `call` of `run`, if it decides the call.
+    fn take(grants: &Grants, run: RunId, call: &str) -> Option<GrantUse> {
+        let arguments = json!({"amount": 1});
+        let labels = BTreeMap::new();
+        let asked = Asked {
+            run,
+            call_id: call,
+            ask: GrantAsk {
+                tool: "wire_money",
+                arguments: &arguments,
+                approvals_required: 1,
+                approvers: Vec::new(),
+            },
+            labels: &labels,
+            task: "",
+            started_by: "",
+            arguments_sha256: sha256_hex(&arguments),
+            now_ms: 0,
+            separation_of_duties: false,
+        };
+        grants.take(&asked).map(|(_, used)| used)
+    }
+
+    #[test]
+    fn a_reserved_use_counts_until_its_commit_is_known() {
+        let grants = Grants::default();
+        grants.put(grant(2));
+        let run = RunId::new();
+        let first = take(&grants, run, "call-1").expect("the first use");
+        let second = take(&grants, run, "call-2").expect("the second use");
+        assert_eq!(take(&grants, run, "call-3"), None, "two reserved: used up");
+        // The first commit failed: its use is free again; the second landed.
+        grants.release(&[first]);
+        grants.confirm(&[second]);
+        assert_eq!(grants.get("g").map(|(_, uses)| uses), Some(1));
+        let third = take(&grants, run, "call-3").expect("the freed use");
+        grants.confirm(&[third]);
+        assert_eq!(take(&grants, run, "call-4"), None);
+        assert_eq!(grants.get("g").map(|(_, uses)| uses), Some(2));
+    }
+
+    #[test]
+    fn a_revoked_expired_or_used_up_grant_is_not_in_force() {
+        let mut g = grant(1);
+        assert!(in_force(&g, 0, 1_000));
+        assert!(!in_force(&g, 1, 1_000), "used up");
+        g.max_uses = 0;
+        assert!(in_force(&g, 1_000_000, 1_000), "unlimited");
+        g.expires_ms = 1_000;
+        assert!(!in_force(&g, 0, 1_000), "expired at its expiry");
+        g.expires_ms = 0;
+        g.revoked_ms = 5;
+        assert!(!in_force(&g, 0, 1_000), "revoked");
+    }
+}
