@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/aaa/v1/subscription.proto",
         "proto/aaa/v1/cluster.proto",
         "proto/aaa/v1/policy.proto",
+        "proto/aaa/v1/grant.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(files, ["proto"])?;

@@ -314,6 +314,70 @@ pub struct DeadLetterRecord {
     pub replaying: bool,
 }
 
+/// A standing grant: an approver's decision made in advance for the calls
+/// of one tool that fall in its scope and meet its condition. Written when
+/// created and again when revoked; its uses are records of their own (see
+/// [`GrantUse`]), so that no two commits can lose a count.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GrantRecord {
+    /// A UUIDv7 in text form: id order is creation order.
+    #[prost(string, tag = "1")]
+    pub id: String,
+    #[prost(string, tag = "2")]
+    pub tool: String,
+    /// Scope: only this run's calls (empty: any run's).
+    #[prost(string, tag = "3")]
+    pub run_id: String,
+    /// Scope: only runs with every one of these labels.
+    #[prost(btree_map = "string, string", tag = "4")]
+    pub labels: BTreeMap<String, String>,
+    /// Scope: only runs this principal started (empty: anyone's).
+    #[prost(string, tag = "5")]
+    pub started_by: String,
+    /// A CEL expression over the call, as policy rules see it (empty: true).
+    #[prost(string, tag = "6")]
+    pub condition: String,
+    /// Only calls with exactly these arguments (hex SHA-256 of their
+    /// canonical JSON); empty: any arguments.
+    #[prost(string, tag = "7")]
+    pub arguments_sha256: String,
+    /// 0: does not expire.
+    #[prost(int64, tag = "8")]
+    pub expires_ms: i64,
+    /// 0: unlimited.
+    #[prost(uint64, tag = "9")]
+    pub max_uses: u64,
+    #[prost(string, tag = "10")]
+    pub reason: String,
+    /// The approver that made it (with auth off, the caller's address).
+    #[prost(string, tag = "11")]
+    pub created_by: String,
+    #[prost(int64, tag = "12")]
+    pub created_ms: i64,
+    /// With auth on, the creator's approver groups: the grant decides only
+    /// calls they may decide.
+    #[prost(string, repeated, tag = "13")]
+    pub creator_groups: Vec<String>,
+    /// False with auth off: groups were not known, so not enforced.
+    #[prost(bool, tag = "14")]
+    pub groups_enforced: bool,
+    /// 0: in force.
+    #[prost(int64, tag = "15")]
+    pub revoked_ms: i64,
+    #[prost(string, tag = "16")]
+    pub revoked_by: String,
+    #[prost(string, tag = "17")]
+    pub revoke_reason: String,
+}
+
+/// One use of a grant: the call it granted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GrantUse {
+    pub grant: String,
+    pub run: RunId,
+    pub call_id: String,
+}
+
 /// 32 random bytes for a new secret (the task-token key): two v4 UUIDs,
 /// 244 bits from the thread's CSPRNG.
 pub fn random_key() -> [u8; 32] {

@@ -4,7 +4,8 @@
 //! auth (one layer in front of every service: who is calling, may it?)
 //! api (tonic services: wire types <-> domain, one error mapping)
 //!   -> engine (per-run pure fold + driver: tool loop, approval gate,
-//!              leases, durable timers, task dispatch)
+//!              policy and standing grants, leases, durable timers,
+//!              task dispatch)
 //!     -> store (a trait in domain terms; backends: embedded = sled + a
 //!               segment log with group commit and fdatasync, postgres)
 //!   -> subscriptions (consumer groups: a dispatcher task per group follows

@@ -7,7 +7,8 @@
 //! positions stay valid); a position that comes out different stops the
 //! copy. Then the indexes are copied as they are (run summaries, pending
 //! approvals with their positions, active marks, timers, tools,
-//! idempotency records, groups with their cursors, dead letters) and the
+//! idempotency records, groups with their cursors, dead letters, standing
+//! grants and each of their uses) and the
 //! task-token key, so a worker holding a task can still report it. Last,
 //! every count is compared and each run's events are checksummed on both
 //! sides. Neither store may be in use by a server while this runs.
@@ -54,13 +55,15 @@ pub struct Counts {
     pub requests: u64,
     pub groups: u64,
     pub dead_letters: u64,
+    pub grants: u64,
+    pub grant_uses: u64,
 }
 
 impl std::fmt::Display for Counts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} events, {} runs, {} pending approvals, {} active runs, {} timers, {} tools, {} idempotency records, {} groups, {} dead letters",
+            "{} events, {} runs, {} pending approvals, {} active runs, {} timers, {} tools, {} idempotency records, {} groups, {} dead letters, {} grants, {} grant uses",
             self.events,
             self.runs,
             self.approvals,
@@ -69,7 +72,9 @@ impl std::fmt::Display for Counts {
             self.tools,
             self.requests,
             self.groups,
-            self.dead_letters
+            self.dead_letters,
+            self.grants,
+            self.grant_uses
         )
     }
 }
@@ -235,6 +240,12 @@ async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), Migrat
             cursor = next;
         }
     }
+    for (grant, _) in from.grants().await? {
+        out.add(|b| b.put_grant(&grant)).await?;
+    }
+    for used in from.list_grant_uses().await? {
+        out.add(|b| b.use_grant(used)).await?;
+    }
     let key = from.token_key();
     out.add(|b| b.put_token_key(key)).await?;
     out.flush().await
@@ -315,6 +326,8 @@ async fn count(store: &SharedStore) -> Result<Counts, MigrateError> {
         active: store.active_runs().await?.len() as u64,
         timers: store.list_timers().await?.len() as u64,
         tools: store.list_tools().await?.len() as u64,
+        grants: store.grants().await?.len() as u64,
+        grant_uses: store.list_grant_uses().await?.len() as u64,
         ..Default::default()
     };
     let mut cursor = None;

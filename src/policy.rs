@@ -43,8 +43,62 @@ pub struct Policy {
 
 struct Rule {
     name: String,
-    when: Program,
+    when: Condition,
     decide: Decide,
+}
+
+/// A CEL expression over a call's [`VARIABLES`], checked: it compiles,
+/// is at most 4 KiB and names no other variable. A policy rule's `when`,
+/// and a standing grant's condition.
+pub struct Condition {
+    program: Program,
+}
+
+impl Condition {
+    /// Compiles and checks `source`; the error says what is wrong.
+    pub fn compile(source: &str) -> Result<Condition, String> {
+        if source.len() > MAX_EXPRESSION {
+            return Err(format!(
+                "{} bytes, more than {MAX_EXPRESSION}",
+                source.len()
+            ));
+        }
+        let program = compile(source)?;
+        let references = program.references();
+        let mut unknown: Vec<&str> = references
+            .variables()
+            .into_iter()
+            .filter(|v| !VARIABLES.contains(v) && !is_bound_in(source, v))
+            .collect();
+        unknown.sort_unstable();
+        if !unknown.is_empty() {
+            return Err(format!(
+                "unknown variable {}; a rule sees {}",
+                unknown.join(", "),
+                VARIABLES.join(", ")
+            ));
+        }
+        Ok(Condition { program })
+    }
+
+    /// Whether the condition holds for a call; an error (a missing
+    /// argument, a type mismatch, a value that is not a bool) says why it
+    /// could not be told.
+    pub fn evaluate(&self, facts: &CallFacts) -> Result<bool, String> {
+        self.test(&context(facts))
+    }
+
+    fn test(&self, context: &Context) -> Result<bool, String> {
+        // The interpreter is not ours: a panic in it fails the condition
+        // safe instead of the engine.
+        let run = std::panic::AssertUnwindSafe(|| self.program.execute(context));
+        match std::panic::catch_unwind(run) {
+            Ok(Ok(Cel::Bool(b))) => Ok(b),
+            Ok(Ok(other)) => Err(format!("gave {other:?}, not a bool")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the CEL interpreter failed on this input".to_string()),
+        }
+    }
 }
 
 /// What a rule decides.
@@ -174,33 +228,18 @@ impl Policy {
     pub fn evaluate(&self, facts: &CallFacts) -> Verdict {
         let context = context(facts);
         for rule in &self.rules {
-            // The interpreter is not ours: a panic in it fails the rule
-            // safe instead of the engine.
-            let run = std::panic::AssertUnwindSafe(|| rule.when.execute(&context));
-            let result = std::panic::catch_unwind(run).unwrap_or_else(|_| {
-                Err(cel_interpreter::ExecutionError::function_error(
-                    "when",
-                    "the CEL interpreter failed on this input",
-                ))
-            });
-            match result {
-                Ok(Cel::Bool(true)) => {
+            match rule.when.test(&context) {
+                Ok(true) => {
                     return Verdict::Decided {
                         rule: rule.name.clone(),
                         decide: rule.decide.clone(),
                     }
                 }
-                Ok(Cel::Bool(false)) => {}
-                Ok(other) => {
+                Ok(false) => {}
+                Err(error) => {
                     return Verdict::Failed {
                         rule: rule.name.clone(),
-                        error: format!("`when` gave {other:?}, not a bool"),
-                    }
-                }
-                Err(e) => {
-                    return Verdict::Failed {
-                        rule: rule.name.clone(),
-                        error: e.to_string(),
+                        error,
                     }
                 }
             }
@@ -216,27 +255,7 @@ impl Policy {
 impl Rule {
     fn check(section: RuleSection) -> Result<Rule, String> {
         check_name(&section.name).map_err(|why| format!("name: {why}"))?;
-        if section.when.len() > MAX_EXPRESSION {
-            return Err(format!(
-                "when: {} bytes, more than {MAX_EXPRESSION}",
-                section.when.len()
-            ));
-        }
-        let when = compile(&section.when).map_err(|e| format!("when: {e}"))?;
-        let references = when.references();
-        let mut unknown: Vec<&str> = references
-            .variables()
-            .into_iter()
-            .filter(|v| !VARIABLES.contains(v) && !is_bound_in(&section.when, v))
-            .collect();
-        unknown.sort_unstable();
-        if !unknown.is_empty() {
-            return Err(format!(
-                "when: unknown variable {}; a rule sees {}",
-                unknown.join(", "),
-                VARIABLES.join(", ")
-            ));
-        }
+        let when = Condition::compile(&section.when).map_err(|e| format!("when: {e}"))?;
         let misplaced = |field: &str, present: bool| match present {
             true => Err(format!(
                 "{field} is only for decide = \"{}\"",

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 use crate::api::{
-    malformed, ApprovalApi, ClusterApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
+    malformed, ApprovalApi, ClusterApi, GrantApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
 };
 use crate::auth::AuthLayer;
 use crate::cluster::forward::Routed;
@@ -19,6 +19,7 @@ use crate::connections;
 use crate::engine::{Engine, Reads};
 use crate::proto::approval_service_server::ApprovalServiceServer;
 use crate::proto::cluster_service_server::ClusterServiceServer;
+use crate::proto::grant_service_server::GrantServiceServer;
 use crate::proto::policy_service_server::PolicyServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
@@ -206,7 +207,11 @@ pub async fn serve(
         )
         .add_service(
             Routed::new(local.approvals.clone(), cluster.clone(), forward_limit)
-                .with_reads(readers.map(|r| r.approvals)),
+                .with_reads(readers.as_ref().map(|r| r.approvals.clone())),
+        )
+        .add_service(
+            Routed::new(local.grants.clone(), cluster.clone(), forward_limit)
+                .with_reads(readers.map(|r| r.grants)),
         )
         .add_service(Routed::new(
             local.workers.clone(),
@@ -262,6 +267,7 @@ pub async fn serve(
 struct LocalServices {
     runs: Arc<OnceLock<RunServiceServer<RunApi>>>,
     approvals: Arc<OnceLock<ApprovalServiceServer<ApprovalApi>>>,
+    grants: Arc<OnceLock<GrantServiceServer<GrantApi>>>,
     workers: Arc<OnceLock<WorkerServiceServer<WorkerApi>>>,
     subscriptions: Arc<OnceLock<SubscriptionServiceServer<SubscriptionApi>>>,
     /// The built-in model's task, awaited at shutdown: it holds the engine.
@@ -272,6 +278,7 @@ struct LocalServices {
 struct ReadServices {
     runs: RunServiceServer<RunApi>,
     approvals: ApprovalServiceServer<ApprovalApi>,
+    grants: GrantServiceServer<GrantApi>,
 }
 
 impl ReadServices {
@@ -279,7 +286,9 @@ impl ReadServices {
         let runs = RunApi::reading(reads.clone(), separation_of_duties(config));
         ReadServices {
             runs: RunServiceServer::new(runs).max_decoding_message_size(config.max_message_bytes),
-            approvals: ApprovalServiceServer::new(ApprovalApi::reading(reads))
+            approvals: ApprovalServiceServer::new(ApprovalApi::reading(reads.clone()))
+                .max_decoding_message_size(config.max_message_bytes),
+            grants: GrantServiceServer::new(GrantApi::reading(reads, config.clock.clone()))
                 .max_decoding_message_size(config.max_message_bytes),
         }
     }
@@ -373,6 +382,13 @@ async fn own_runs(
             )
             .is_ok(),
         local
+            .grants
+            .set(
+                GrantServiceServer::new(GrantApi::serving(engine.clone()))
+                    .max_decoding_message_size(max_message),
+            )
+            .is_ok(),
+        local
             .workers
             .set(
                 WorkerServiceServer::new(WorkerApi { engine })
@@ -403,6 +419,9 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
             <ApprovalServiceServer<ApprovalApi> as NamedService>::NAME,
             status,
         )
+        .await;
+    health
+        .set_service_status(<GrantServiceServer<GrantApi> as NamedService>::NAME, status)
         .await;
     health
         .set_service_status(

@@ -115,6 +115,9 @@ var (
 	// the caller is in none of them; Error.Groups lists them and
 	// Metadata["call_id"] names the call.
 	ErrNotAnApproverForCall = reasonOf(aaav1.ErrorReason_NOT_AN_APPROVER_FOR_CALL)
+	// ErrGrantNotFound (NOT_FOUND): GrantService names a standing grant that
+	// does not exist; Metadata["grant_id"] names it.
+	ErrGrantNotFound = reasonOf(aaav1.ErrorReason_GRANT_NOT_FOUND)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

@@ -41,6 +41,8 @@ const (
 	ActorClient = aaav1.ActorKind_ACTOR_KIND_CLIENT
 	// ActorPolicy: the approval policy granted or denied a call; Actor.Name is the rule.
 	ActorPolicy = aaav1.ActorKind_ACTOR_KIND_POLICY
+	// ActorGrant: a standing grant; Name is the grant's id.
+	ActorGrant = aaav1.ActorKind_ACTOR_KIND_GRANT
 )
 
 // ApprovalOutcome says how an approval request ended.

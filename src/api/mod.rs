@@ -4,6 +4,7 @@
 mod approvals;
 mod cluster;
 pub(crate) mod convert;
+mod grants;
 pub mod malformed;
 mod policy;
 mod runs;
@@ -15,6 +16,7 @@ use tonic::{Request, Status};
 
 pub use approvals::ApprovalApi;
 pub use cluster::ClusterApi;
+pub use grants::GrantApi;
 pub use policy::PolicyApi;
 pub use runs::RunApi;
 pub use subscriptions::SubscriptionApi;

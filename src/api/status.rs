@@ -74,6 +74,10 @@ pub fn to_status(error: Error) -> Status {
             metadata.insert("run_id".to_string(), run.clone());
             (Code::NotFound, ErrorReason::RunNotFound)
         }
+        Error::GrantNotFound(id) => {
+            metadata.insert("grant_id".to_string(), id.clone());
+            (Code::NotFound, ErrorReason::GrantNotFound)
+        }
         Error::CallNotFound { run, call } => {
             metadata.insert("run_id".to_string(), run.clone());
             metadata.insert("call_id".to_string(), call.clone());

@@ -66,6 +66,9 @@ pub const RULES: &[(&str, &[Role])] = &[
     ),
     ("/aaa.v1.ApprovalService/DecideApprovals", &[Approver]),
     ("/aaa.v1.PolicyService/GetPolicy", &[Approver, Reader]),
+    ("/aaa.v1.GrantService/CreateGrant", &[Approver]),
+    ("/aaa.v1.GrantService/RevokeGrant", &[Approver]),
+    ("/aaa.v1.GrantService/ListGrants", &[Approver, Reader]),
     // Admin only.
     ("/aaa.v1.PolicyService/ReloadPolicy", &[]),
     ("/aaa.v1.WorkerService/RegisterWorker", &[Worker]),

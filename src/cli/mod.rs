@@ -6,6 +6,7 @@
 mod approvals;
 mod cluster;
 mod decisions;
+mod grants;
 mod policy;
 mod render;
 mod runs;
@@ -24,6 +25,7 @@ use tonic_types::StatusExt;
 
 use crate::proto::approval_service_client::ApprovalServiceClient;
 use crate::proto::cluster_service_client::ClusterServiceClient;
+use crate::proto::grant_service_client::GrantServiceClient;
 use crate::proto::policy_service_client::PolicyServiceClient;
 use crate::proto::run_service_client::RunServiceClient;
 
@@ -85,6 +87,12 @@ pub enum Command {
     /// Example: aaa policy test policy.toml --tool wire_money --arguments '{"amount":50,"to":"ACME"}'
     #[command(after_help = EXIT_CODES)]
     Policy(policy::PolicyArgs),
+    /// Standing grants: approve a tool's calls in advance, with a scope, a
+    /// condition, an expiry and a number of uses; list and revoke them.
+    ///
+    /// Example: aaa grants create --tool wire_money --run "$RUN" --max-uses 3 --expires-in 2h --reason "month-end"
+    #[command(after_help = EXIT_CODES)]
+    Grants(grants::GrantsArgs),
 }
 
 /// Where the server is and who we are; every client command takes these.
@@ -154,6 +162,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Edit(args) => (&args.connection, decisions::edit(args).await),
         Command::Cluster(args) => (&args.connection, cluster::run(args).await),
         Command::Policy(args) => (&args.connection, policy::run(args).await),
+        Command::Grants(args) => (&args.connection, grants::run(args).await),
     };
     let server = &connection.server;
     let Err(error) = result else {
@@ -247,6 +256,10 @@ impl Client {
 
     fn cluster(&self) -> ClusterServiceClient<Transport> {
         ClusterServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
+    }
+
+    fn grants(&self) -> GrantServiceClient<Transport> {
+        GrantServiceClient::with_interceptor(self.channel.clone(), self.bearer.clone())
     }
 
     fn policy(&self) -> PolicyServiceClient<Transport> {

@@ -39,12 +39,13 @@ const HOPS: &str = "aaa-forward-hops";
 /// are moving, and the caller retries.
 const MAX_HOPS: u32 = 2;
 /// The calls every server answers from the database, owner or not.
-const READS: [&str; 5] = [
+const READS: [&str; 6] = [
     "/aaa.v1.RunService/GetRun",
     "/aaa.v1.RunService/ListRuns",
     "/aaa.v1.RunService/StreamEvents",
     "/aaa.v1.ApprovalService/ListApprovals",
     "/aaa.v1.ApprovalService/WatchApprovals",
+    "/aaa.v1.GrantService/ListGrants",
 ];
 /// The one call whose request is a stream (it is not buffered or resent).
 const SUBSCRIBE: &str = "/aaa.v1.SubscriptionService/Subscribe";

@@ -241,7 +241,15 @@ impl Engine {
             };
             // On error the states may be ahead of the store: drop them, the
             // next load folds the log again.
-            let mut staged = self.stage(&mut state, events, WriteBatch::default(), Vec::new())?;
+            let mut staged = match self.stage(&mut state, events, WriteBatch::default(), Vec::new())
+            {
+                Ok(staged) => staged,
+                Err(e) => {
+                    // The runs staged before this one commit nothing.
+                    self.inner.grants.release(&batch.grant_uses());
+                    return Err(e);
+                }
+            };
             batch.extend(std::mem::take(&mut staged.batch));
             staged_runs.push((state, staged));
         }
@@ -249,7 +257,7 @@ impl Engine {
         let engine = self.clone();
         tokio::spawn(async move {
             let _guards = guards;
-            let positions = engine.inner.store.commit(batch).await?;
+            let positions = engine.commit_with_grants(batch).await?;
             let mut offset = 0;
             for (mut state, staged) in staged_runs {
                 let count = (state.last_seq + 1 - staged.first_seq) as usize;

@@ -6,6 +6,8 @@
 pub enum Error {
     #[error("run '{0}' not found")]
     RunNotFound(String),
+    #[error("grant '{0}' not found")]
+    GrantNotFound(String),
     #[error("run '{run}' has no approval request or call '{call}'")]
     CallNotFound { run: String, call: String },
     #[error("{field}: {message}")]

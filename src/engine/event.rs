@@ -54,6 +54,8 @@ pub enum Actor {
     Client(String),
     /// The approval policy, by the rule that decided.
     Policy(String),
+    /// A standing grant, by its id.
+    Grant(String),
 }
 
 /// A worker as events name it: the identity it chose and, with auth on, the
@@ -81,6 +83,7 @@ impl Actor {
             Actor::Worker(_) => 2,
             Actor::Client(_) => 3,
             Actor::Policy(_) => 4,
+            Actor::Grant(_) => 5,
         }
     }
 
@@ -88,7 +91,7 @@ impl Actor {
         match self {
             Actor::Engine => "",
             Actor::Worker(worker) => &worker.identity,
-            Actor::Client(name) | Actor::Policy(name) => name,
+            Actor::Client(name) | Actor::Policy(name) | Actor::Grant(name) => name,
         }
     }
 
@@ -97,7 +100,7 @@ impl Actor {
     pub fn principal(&self) -> &str {
         match self {
             Actor::Worker(worker) => &worker.principal,
-            Actor::Engine | Actor::Client(_) | Actor::Policy(_) => "",
+            Actor::Engine | Actor::Client(_) | Actor::Policy(_) | Actor::Grant(_) => "",
         }
     }
 }
@@ -457,9 +460,21 @@ pub struct ApprovalGranted {
     /// For a call that needs several grants: every approver, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvers: Vec<String>,
-    /// A grant by the policy: the rule that allowed the call.
+    /// A grant by the policy: the rule that allowed the call (or, with a
+    /// standing grant, the `require` rule that matched).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyStamp>,
+    /// A grant by a standing grant: which one, and who made it why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantStamp>,
+}
+
+/// The standing grant that granted a call, as its event records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GrantStamp {
+    pub id: String,
+    pub reason: String,
+    pub created_by: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

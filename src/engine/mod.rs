@@ -13,6 +13,7 @@ mod dispatch;
 pub mod error;
 pub mod event;
 mod facts;
+pub mod grants;
 mod heads;
 mod leases;
 mod reads;
@@ -274,6 +275,8 @@ struct Inner {
     /// the earliest one again (not at every lease change, which on a
     /// database would be a query per attempt).
     durable_timers_changed: std::sync::atomic::AtomicBool,
+    /// The standing grants, and their uses (see [`grants`]).
+    grants: grants::Grants,
 }
 
 /// Where a method's request ids are kept: per method (and run), and per
@@ -327,8 +330,11 @@ impl Engine {
                 )),
                 timers_changed: Notify::new(),
                 durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
+                grants: grants::Grants::default(),
             }),
         };
+        // Before any call is reviewed; a standby loads them as it takes over.
+        engine.inner.grants.load(&engine.inner.store).await?;
         engine.recover().await?;
         tokio::spawn(engine.clone().run_timers());
         Ok(engine)
@@ -554,9 +560,28 @@ impl Engine {
     ) -> Result<(), Error> {
         let mut staged = self.stage(state, events, batch, actions)?;
         let batch = std::mem::take(&mut staged.batch);
-        let positions = self.inner.store.commit(batch).await?;
+        let positions = self.commit_with_grants(batch).await?;
         self.act(state, staged, &positions);
         Ok(())
+    }
+
+    /// Commits a batch; the standing grants it uses count for good once
+    /// it is durable, and are given back if it is not.
+    async fn commit_with_grants(&self, batch: WriteBatch) -> Result<Vec<u64>, Error> {
+        let uses = batch.grant_uses();
+        match self.inner.store.commit(batch).await {
+            Ok(positions) => {
+                self.inner.grants.confirm(&uses);
+                Ok(positions)
+            }
+            Err(e) => {
+                if !uses.is_empty() {
+                    self.inner.grants.release(&uses);
+                    self.reload_grants().await;
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// Folds `events` into `state` and the batch (with the engine's
@@ -568,13 +593,6 @@ impl Engine {
         batch: WriteBatch,
         actions: Vec<Action>,
     ) -> Result<Staged, Error> {
-        // The active index changes rarely: write it when the run starts or
-        // stops being active. A new run (the batch holds its first event)
-        // has no mark yet.
-        let is_new = batch.events().first().is_some_and(|e| e.seq == 1);
-        let was_active = !is_new && state.is_active();
-        let status_before = (!is_new).then(|| state.status_code());
-        let usage_before = state.usage;
         let mut staged = Staged {
             now: self.now_ms(),
             first_seq: state.last_seq + 1,
@@ -584,18 +602,41 @@ impl Engine {
             handoffs: Vec::new(),
             timers_changed: false,
         };
+        match self.stage_into(state, actions, &mut staged) {
+            Ok(()) => Ok(staged),
+            Err(e) => {
+                // Nothing of it will commit: the grant uses it reserved go back.
+                self.inner.grants.release(&staged.batch.grant_uses());
+                Err(e)
+            }
+        }
+    }
+
+    fn stage_into(
+        &self,
+        state: &mut RunState,
+        actions: Vec<Action>,
+        staged: &mut Staged,
+    ) -> Result<(), Error> {
+        // The active index changes rarely: write it when the run starts or
+        // stops being active. A new run (the batch holds its first event)
+        // has no mark yet.
+        let is_new = staged.batch.events().first().is_some_and(|e| e.seq == 1);
+        let was_active = !is_new && state.is_active();
+        let status_before = (!is_new).then(|| state.status_code());
+        let usage_before = state.usage;
         if is_new {
             staged.first_seq = 1;
         }
-        self.route(state, actions, &mut staged);
-        self.fold(state, &mut staged)?;
+        self.route(state, actions, staged);
+        self.fold(state, staged)?;
         // Calls ready for a worker that is already polling start now, in
         // this commit, rather than in one more after the poll claims them.
         let ready = std::mem::take(&mut staged.offers);
         for task in ready {
-            self.start_for_waiting_poll(state, task, &mut staged);
+            self.start_for_waiting_poll(state, task, staged);
         }
-        self.fold(state, &mut staged)?;
+        self.fold(state, staged)?;
         // The summary changes with the status and the tokens used only; the
         // store reads the run's head (last seq, update time) from its newest span.
         if status_before != Some(state.status_code()) || state.usage != usage_before {
@@ -604,7 +645,7 @@ impl Engine {
         if state.is_active() != was_active {
             staged.batch.set_active(state.id, state.is_active());
         }
-        Ok(staged)
+        Ok(())
     }
 
     /// The staged batch is durable (its events got `positions`): now act.
@@ -714,7 +755,15 @@ impl Engine {
                 }
                 Action::Review { call_id } => {
                     let (verdict, sha256) = self.verdict(state, &call_id, staged.now);
-                    let follow = state.review(&call_id, &verdict, &sha256, staged.now);
+                    // A standing grant may stand in for the person the
+                    // call would wait for; its use commits with the grant.
+                    let granted = self.take_grant(state, &call_id, &verdict, staged.now);
+                    let stamp = granted.as_ref().map(|(stamp, _)| stamp);
+                    let follow = state.review(&call_id, &verdict, &sha256, stamp, staged.now);
+                    if let Some((stamp, used)) = granted {
+                        tracing::info!(grant = %stamp.id, run = %state.id, call = %call_id, "call granted by a standing grant");
+                        staged.batch.use_grant(used);
+                    }
                     self.route(state, follow, staged);
                 }
                 dispatch => staged

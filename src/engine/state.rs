@@ -213,6 +213,15 @@ struct PendingEdit {
     grant: Option<EditorGrant>,
 }
 
+/// A call a standing grant could decide (see [`RunState::grant_ask`]).
+#[derive(Debug)]
+pub struct GrantAsk<'a> {
+    pub tool: &'a str,
+    pub arguments: &'a Value,
+    pub approvals_required: u32,
+    pub approvers: Vec<String>,
+}
+
 /// Who decides an approval request, as the API authenticated them.
 #[derive(Debug, Clone)]
 pub struct Reviewer {
@@ -934,14 +943,73 @@ impl RunState {
         Ok(actions)
     }
 
+    /// What a standing grant would stand in for, given the policy's
+    /// verdict: a call that waits for a person (gated and unmatched, or
+    /// under a `require` rule), with the approvals and approver groups it
+    /// needs. None when the policy decided (allow, deny), when a rule
+    /// failed (a person must look), or when nobody needs to approve.
+    pub fn grant_ask(&self, call_id: &str, verdict: &Verdict) -> Option<GrantAsk<'_>> {
+        let call = self.call(call_id)?;
+        let needs = match verdict {
+            Verdict::NoMatch if call.phase == Phase::AwaitingApproval => Requirements::default(),
+            Verdict::Decided {
+                decide: Decide::Require(needs),
+                ..
+            } => needs.clone(),
+            _ => return None,
+        };
+        Some(GrantAsk {
+            tool: &call.name,
+            arguments: &call.arguments,
+            approvals_required: needs.approvals_required.unwrap_or(call.approvals_required),
+            approvers: needs.approvers.unwrap_or_else(|| call.approvers.clone()),
+        })
+    }
+
     /// What follows a valid call's request, given the approval policy's
-    /// verdict (`NoMatch` without a policy): a request for a human
-    /// decision, a grant or denial by the policy's rule, or the dispatch of
-    /// a call nobody needs to approve. `sha256` is the policy file's.
-    pub fn review(&self, call_id: &str, verdict: &Verdict, sha256: &str, now: i64) -> Vec<Action> {
+    /// verdict (`NoMatch` without a policy) and the standing grant the
+    /// engine found for it: a request for a human decision, a grant or
+    /// denial by the policy's rule, a grant by the standing grant, or the
+    /// dispatch of a call nobody needs to approve. `sha256` is the policy
+    /// file's. The grant comes in as data (found by the engine, which
+    /// counts its uses), so the fold stays pure: a replay reads the
+    /// recorded event and never looks at grants.
+    pub fn review(
+        &self,
+        call_id: &str,
+        verdict: &Verdict,
+        sha256: &str,
+        granted: Option<&GrantStamp>,
+        now: i64,
+    ) -> Vec<Action> {
         let Some(call) = self.call(call_id) else {
             return Vec::new();
         };
+        if let Some(grant) = granted.filter(|_| self.grant_ask(call_id, verdict).is_some()) {
+            let policy = match verdict {
+                Verdict::Decided { rule, .. } => Some(PolicyStamp {
+                    rule: rule.clone(),
+                    sha256: sha256.to_string(),
+                    error: String::new(),
+                }),
+                _ => None,
+            };
+            let event = NewEvent::engine(
+                APPROVAL_GRANTED,
+                ApprovalGranted {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments_sha256: Some(sha256_hex(&call.arguments)),
+                    comment: None,
+                    approver: None,
+                    approvers: Vec::new(),
+                    policy,
+                    grant: Some(grant.clone()),
+                },
+            )
+            .by(Actor::Grant(grant.id.clone()));
+            return vec![Action::Emit(event)];
+        }
         let gated = call.phase == Phase::AwaitingApproval;
         let stamp = |rule: &str, error: &str| PolicyStamp {
             rule: rule.to_string(),
@@ -972,6 +1040,7 @@ impl RunState {
                     approver: None,
                     approvers: Vec::new(),
                     policy: Some(stamp(rule, "")),
+                    grant: None,
                 },
             )
             .by(Actor::Policy(rule.clone())),
@@ -1060,6 +1129,7 @@ impl RunState {
         match event.actor_kind {
             3 => Actor::Client(event.actor_name.clone()),
             4 => Actor::Policy(event.actor_name.clone()),
+            5 => Actor::Grant(event.actor_name.clone()),
             2 => Actor::Worker(WorkerId {
                 identity: event.actor_name.clone(),
                 principal: event.actor_principal.clone(),
@@ -1695,6 +1765,7 @@ fn vote_event(
             approver: (call.approvals_required > 1).then_some(approver),
             approvers,
             policy: None,
+            grant: None,
         },
     )
 }
@@ -1702,7 +1773,7 @@ fn vote_event(
 /// Whether an approver in `groups` may decide a call that `approvers` may
 /// decide: any approver when the call names no groups; anyone with auth
 /// off (`groups` None: there are no identities to check).
-fn may_decide(groups: Option<&[String]>, approvers: &[String]) -> bool {
+pub(crate) fn may_decide(groups: Option<&[String]>, approvers: &[String]) -> bool {
     match groups {
         None => true,
         Some(_) if approvers.is_empty() => true,
@@ -1824,6 +1895,7 @@ mod tests {
                         &call_id,
                         &Verdict::NoMatch,
                         "",
+                        None,
                         record.time_ms,
                     )),
                     other => effects.push(other),

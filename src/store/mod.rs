@@ -31,8 +31,8 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, watch};
 
 pub use crate::domain::{
-    ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GroupRecord, Member, RunId,
-    RunRecord, ShardLease, Timer,
+    ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
+    GroupRecord, Member, RunId, RunRecord, ShardLease, Timer,
 };
 
 /// Store failures. Any of them but `Conflict` means the disk or the
@@ -113,6 +113,10 @@ pub enum Op {
     /// handed out before a migration stay valid after it). A running
     /// server keeps the key it read at open until it restarts.
     PutTokenKey([u8; 32]),
+    /// Creates a standing grant, or replaces it (a revocation).
+    PutGrant(GrantRecord),
+    /// Records one use of a grant; the same use twice is one.
+    UseGrant(GrantUse),
 }
 
 /// One atomic write: events (of one run, normally; of several for a batch
@@ -174,6 +178,7 @@ impl WriteBatch {
                 Some(run.as_bytes().as_slice())
             }
             Op::PutTimer(timer) | Op::DeleteTimer(timer) => Some(timer.run.as_bytes().as_slice()),
+            Op::UseGrant(used) => Some(used.run.as_bytes().as_slice()),
             _ => None,
         });
         let mut runs: Vec<RunId> = by_events
@@ -270,6 +275,25 @@ impl WriteBatch {
 
     pub fn put_token_key(&mut self, key: [u8; 32]) {
         self.ops.push(Op::PutTokenKey(key));
+    }
+
+    pub fn put_grant(&mut self, grant: &GrantRecord) {
+        self.ops.push(Op::PutGrant(grant.clone()));
+    }
+
+    pub fn use_grant(&mut self, used: GrantUse) {
+        self.ops.push(Op::UseGrant(used));
+    }
+
+    /// The grant uses the batch records.
+    pub fn grant_uses(&self) -> Vec<GrantUse> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::UseGrant(used) => Some(used.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn delete_dead_letter(&mut self, group: &str, position: u64) {
@@ -472,6 +496,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every consumer group.
     async fn list_groups(&self) -> Result<Vec<GroupRecord>>;
+
+    /// Every standing grant, revoked ones too, in id (creation) order,
+    /// each with its number of uses.
+    async fn grants(&self) -> Result<Vec<(GrantRecord, u64)>>;
+
+    /// Every use of every grant (for `aaa migrate`).
+    async fn list_grant_uses(&self) -> Result<Vec<GrantUse>>;
 }
 
 /// Which runs' heads a commit moved, as another server hears of it.

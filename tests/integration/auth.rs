@@ -83,7 +83,7 @@ pub fn signal_request(run_id: &str, ty: &str, data: serde_json::Value) -> Signal
 
 /// The RPCs, and which roles besides admin may call each (written here
 /// again, apart from the server's table, so that a change to either shows).
-const MATRIX: [(&str, &[&str]); 15] = [
+const MATRIX: [(&str, &[&str]); 18] = [
     ("StartRun", &["runner"]),
     ("GetRun", &["runner", "reader"]),
     ("ListRuns", &["runner", "reader"]),
@@ -94,6 +94,9 @@ const MATRIX: [(&str, &[&str]); 15] = [
     ("CancelRun", &["runner"]),
     ("ListApprovals", &["approver", "reader"]),
     ("WatchApprovals", &["approver", "reader"]),
+    ("CreateGrant", &["approver"]),
+    ("RevokeGrant", &["approver"]),
+    ("ListGrants", &["approver", "reader"]),
     ("RegisterWorker", &["worker"]),
     ("PollTask", &["worker"]),
     ("HeartbeatTask", &["worker"]),
@@ -107,6 +110,7 @@ async fn call(clients: &mut Clients, rpc: &str, run_id: &str) -> Result<(), Stat
         runs,
         approvals,
         workers,
+        grants,
     } = clients;
     let call = serde_json::json!({ "call_id": "call-9" });
     match rpc {
@@ -150,6 +154,19 @@ async fn call(clients: &mut Clients, rpc: &str, run_id: &str) -> Result<(), Stat
             .map(drop),
         "WatchApprovals" => approvals
             .watch_approvals(WatchApprovalsRequest::default())
+            .await
+            .map(drop),
+        // Invalid requests: the roles are checked first.
+        "CreateGrant" => grants
+            .create_grant(aaa::proto::CreateGrantRequest::default())
+            .await
+            .map(drop),
+        "RevokeGrant" => grants
+            .revoke_grant(aaa::proto::RevokeGrantRequest::default())
+            .await
+            .map(drop),
+        "ListGrants" => grants
+            .list_grants(aaa::proto::ListGrantsRequest::default())
             .await
             .map(drop),
         "RegisterWorker" => workers
@@ -528,6 +545,15 @@ async fn with_separation_of_duties_the_starter_may_not_decide_its_runs_calls() {
         .await
         .expect("RegisterWorker");
     let mut duo = Clients::with_token(&server, &token("duo")).await;
+    // Nor may a standing grant the starter made: the call waits.
+    duo.grants
+        .create_grant(aaa::proto::CreateGrantRequest {
+            tool: "wire_money".into(),
+            reason: "my own payments".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateGrant");
     let run_id = duo
         .runs
         .start_run(scripted_reference_run())

@@ -962,3 +962,111 @@ async fn the_documented_policy_works_end_to_end_from_the_terminal() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standing_grants_are_created_listed_and_revoked_from_the_terminal() {
+    let server = TestServer::start().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let created = aaa(
+        &server,
+        &[
+            "grants",
+            "create",
+            "--tool",
+            "wire_money",
+            "--label",
+            "team=payroll",
+            "--condition",
+            "args.amount < 1000",
+            "--expires-in",
+            "2h",
+            "--max-uses",
+            "2",
+            "--reason",
+            "payroll day",
+        ],
+    )
+    .await
+    .ok();
+    let id = created.stdout.trim().to_string();
+    assert_eq!(id.len(), 36, "the grant's id: {}", created.stdout);
+
+    // A payroll run's call is granted by it, nobody asked.
+    let run_id = start_with_cli(&server, REFERENCE_STEPS, &["--label", "team=payroll"]).await;
+    let mut runs = server.runs().await;
+    let events = wait_for_event(&mut runs, &run_id, "aaa.approval.granted").await;
+    let actor = events.last().unwrap().actor.clone().unwrap();
+    assert_eq!(
+        (actor.kind, actor.name.as_str()),
+        (aaa::proto::ActorKind::Grant as i32, id.as_str())
+    );
+
+    let listed = aaa(&server, &["grants", "ls", "--json"]).await.ok().json();
+    let grant = &listed["grants"][0];
+    assert_eq!(grant["id"], id.as_str());
+    assert_eq!(grant["scope"]["labels"], json!({"team": "payroll"}));
+    assert_eq!(
+        (grant["uses"].clone(), grant["uses_left"].clone()),
+        (json!(1), json!(1))
+    );
+    assert_eq!(grant["state"], "active");
+    let table = aaa(&server, &["grants", "ls"]).await.ok();
+    assert!(table.stdout.starts_with("ID"), "{}", table.stdout);
+    assert!(table.stdout.contains("team=payroll"), "{}", table.stdout);
+    assert!(table.stdout.contains("1/2"), "{}", table.stdout);
+
+    let revoked = aaa(&server, &["grants", "revoke", &id, "--reason", "done"])
+        .await
+        .ok();
+    assert_eq!(
+        revoked.stdout.trim(),
+        format!("revoked {id} (uses: 1): done")
+    );
+    let listed = aaa(&server, &["grants", "ls", "--json"]).await.ok().json();
+    assert_eq!(listed["grants"], json!([]));
+    let all = aaa(&server, &["grants", "ls", "--all", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(all["grants"][0]["state"], "revoked");
+    assert_eq!(all["grants"][0]["revoke_reason"], "done");
+
+    // Refusals: one line, exit 1, naming the field; usage errors exit 2.
+    let refused = aaa(
+        &server,
+        &[
+            "grants",
+            "create",
+            "--tool",
+            "wire_money",
+            "--condition",
+            "args.amount <",
+            "--reason",
+            "x",
+        ],
+    )
+    .await;
+    let line = refused.error_line(1);
+    assert!(
+        line.contains("condition:") && line.ends_with("(INVALID_FIELD)"),
+        "{line}"
+    );
+    let unknown = aaa(&server, &["grants", "revoke", "nope", "--reason", "x"]).await;
+    assert!(unknown.error_line(1).ends_with("(GRANT_NOT_FOUND)"));
+    let usage = aaa(
+        &server,
+        &[
+            "grants",
+            "create",
+            "--tool",
+            "wire_money",
+            "--expires-in",
+            "2 weeks",
+            "--reason",
+            "x",
+        ],
+    )
+    .await;
+    assert_eq!(usage.code, 2, "{}", usage.stderr);
+    server.shutdown().await;
+}

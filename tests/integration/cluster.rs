@@ -460,3 +460,59 @@ async fn with_auth_off_a_forwarded_call_names_the_client() {
     standby.shutdown().await;
     owner_server.shutdown().await;
 }
+
+/// Standing grants in a cluster: created through a standby (forwarded to
+/// the owner, which applies them), listed by the standby from the
+/// database, and, when the standby takes the runs over, loaded by it with
+/// their uses: a grant of two uses grants one call on each server, then no
+/// more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_forwards_grants_and_loads_them_with_their_uses_when_it_takes_over() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let owner_server = member_with(&url, false, None).await;
+    let standby = member_with(&url, true, None).await;
+    let mut clients = Clients::new(standby.channel().await, None);
+    let mut runs = standby.runs().await;
+    register(&mut standby.workers().await, vec![wire_money()], &[]).await;
+    let grant = clients
+        .grants
+        .create_grant(aaa::proto::CreateGrantRequest {
+            tool: "wire_money".into(),
+            max_uses: 2,
+            reason: "two payments".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateGrant through the standby")
+        .into_inner()
+        .grant
+        .unwrap();
+    let granted_by_it = |events: &[aaa::proto::Event]| {
+        events
+            .iter()
+            .any(|e| e.actor.as_ref().is_some_and(|a| a.name == grant.id))
+    };
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let events = wait_for_event(&mut runs, &run_id, "aaa.approval.granted").await;
+    assert!(granted_by_it(&events), "{:?}", types(&events));
+    let listed = clients
+        .grants
+        .list_grants(aaa::proto::ListGrantsRequest::default())
+        .await
+        .expect("ListGrants on the standby")
+        .into_inner()
+        .grants;
+    assert_eq!((listed[0].uses, listed[0].uses_left), (1, Some(1)));
+
+    owner_server.shutdown().await;
+    wait_until_owner(&standby, &member_of(&standby).await).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let events = wait_for_event(&mut runs, &run_id, "aaa.approval.granted").await;
+    assert!(granted_by_it(&events), "{:?}", types(&events));
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    assert!(!call_id.is_empty(), "used up: a person decides");
+    standby.shutdown().await;
+}

@@ -62,11 +62,12 @@ fn fold(state: &mut RunState, event: NewEvent) -> Result<(), Error> {
         while let Some(action) = actions.pop_front() {
             match action {
                 Action::Emit(follow_up) => queue.push_back(follow_up),
-                // No policy: what the call's tool says.
+                // No policy, no grants: what the call's tool says.
                 Action::Review { call_id } => actions.extend(state.review(
                     &call_id,
                     &aaa::policy::Verdict::NoMatch,
                     "",
+                    None,
                     next.time_ms,
                 )),
                 _ => {}

@@ -13,6 +13,7 @@ mod failover;
 mod fold;
 mod fuzz;
 mod gate;
+mod grants;
 mod hardening;
 mod health;
 mod leases;

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use aaa::proto::{RunStatus, StartRunRequest};
+use aaa::proto::{CreateGrantRequest, ListGrantsRequest, RunStatus, StartRunRequest};
 
 use crate::support::*;
 
@@ -30,9 +30,26 @@ async fn a_migrated_store_serves_what_the_original_did() {
         request_id: "start-1".into(),
         ..scripted_reference_run()
     };
+    // The first run's call is granted by a single-use standing grant.
+    let mut grants = Clients::new(original.channel().await, None).grants;
+    let grant = grants
+        .create_grant(CreateGrantRequest {
+            tool: "wire_money".into(),
+            max_uses: 1,
+            reason: "migrated".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateGrant")
+        .into_inner()
+        .grant
+        .unwrap();
     let finished = start_run(&mut runs, with_id.clone()).await;
-    let call = wait_for_approval(&mut runs, &finished).await;
-    grant_and_finish(&mut runs, &mut workers, &finished, &call).await;
+    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
+    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("CompleteTask");
+    wait_for_end(&mut runs, &finished).await;
     let waiting = start_run(&mut runs, scripted_reference_run()).await;
     let waiting_call = wait_for_approval(&mut runs, &waiting).await;
     let pending = list_approvals(&mut original.approvals().await, Default::default()).await;
@@ -62,6 +79,7 @@ async fn a_migrated_store_serves_what_the_original_did() {
         assert!(ok, "aaa migrate failed: {stderr}");
         assert!(stdout.contains("copied and verified:"), "{stdout}");
         assert!(stdout.contains(" 2 runs, 1 pending approvals"), "{stdout}");
+        assert!(stdout.contains(" 1 grants, 1 grant uses"), "{stdout}");
     }
 
     // Into a store that is not empty: refused, by name.
@@ -76,6 +94,22 @@ async fn a_migrated_store_serves_what_the_original_did() {
     assert_eq!(
         list_approvals(&mut server.approvals().await, Default::default()).await,
         pending
+    );
+    // The grant, used up.
+    let listed = Clients::new(server.channel().await, None)
+        .grants
+        .list_grants(ListGrantsRequest {
+            include_revoked: true,
+            tool: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .grants;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].id.as_str(), listed[0].uses, listed[0].uses_left),
+        (grant.id.as_str(), 1, Some(0))
     );
     // A retried start gets the original run; the waiting run goes on.
     let retried = runs.start_run(with_id).await.unwrap().into_inner();

@@ -15,8 +15,8 @@ use aaa::store::embedded::EmbeddedStore;
 use aaa::store::postgres::PostgresStore;
 use aaa::store::Store as _;
 use aaa::store::{
-    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, RunId, RunQuery,
-    RunRecord, SharedStore, StoreError, WriteBatch,
+    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
+    GroupRecord, RunId, RunQuery, RunRecord, SharedStore, StoreError, WriteBatch,
 };
 
 use aaa::proto::ListApprovalsRequest;
@@ -449,6 +449,96 @@ async fn round_trip_every_op_and_query(store: &SharedStore) {
     );
 }
 
+/// Grants and their uses: a use is a record, so the same use twice counts
+/// once and uses committed by concurrent batches all count; a revocation
+/// replaces the grant; a use commits with its run's event, or not at all.
+async fn grants_and_their_uses(store: &SharedStore) {
+    let grant = |id: &str| GrantRecord {
+        id: id.to_string(),
+        tool: "wire_money".into(),
+        labels: labels(&[("team", "payroll")]),
+        condition: "args.amount < 100".into(),
+        max_uses: 3,
+        reason: "payroll".into(),
+        created_by: "alice".into(),
+        created_ms: 1_000,
+        creator_groups: vec!["finance".into()],
+        groups_enforced: true,
+        ..Default::default()
+    };
+    let mut batch = WriteBatch::default();
+    batch.put_grant(&grant("g1"));
+    batch.put_grant(&grant("g2"));
+    store.commit(batch).await.unwrap();
+    assert_eq!(
+        store.grants().await.unwrap(),
+        [(grant("g1"), 0), (grant("g2"), 0)]
+    );
+
+    // Uses from concurrent commits, each with its run's first event.
+    let runs: Vec<RunId> = (0..8).map(|_| RunId::new()).collect();
+    let commits = runs.iter().map(|&run| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut batch = WriteBatch::default();
+            batch.push_event(event(run, 1, "aaa.approval.granted"));
+            batch.use_grant(GrantUse {
+                grant: "g1".into(),
+                run,
+                call_id: "call-1".into(),
+            });
+            store.commit(batch).await.unwrap();
+        })
+    });
+    for commit in commits.collect::<Vec<_>>() {
+        commit.await.unwrap();
+    }
+    // The same use again counts once.
+    let mut again = WriteBatch::default();
+    again.use_grant(GrantUse {
+        grant: "g1".into(),
+        run: runs[0],
+        call_id: "call-1".into(),
+    });
+    store.commit(again).await.unwrap();
+    // A use whose event is refused is not recorded.
+    let mut stale = WriteBatch::default();
+    stale.push_event(event(runs[1], 5, "aaa.approval.granted"));
+    stale.use_grant(GrantUse {
+        grant: "g1".into(),
+        run: runs[1],
+        call_id: "call-9".into(),
+    });
+    assert!(matches!(
+        store.commit(stale).await,
+        Err(StoreError::Conflict { .. })
+    ));
+
+    let mut revoked = grant("g2");
+    revoked.revoked_ms = 2_000;
+    revoked.revoked_by = "bob".into();
+    revoked.revoke_reason = "done".into();
+    let mut batch = WriteBatch::default();
+    batch.put_grant(&revoked);
+    store.commit(batch).await.unwrap();
+    assert_eq!(
+        store.grants().await.unwrap(),
+        [(grant("g1"), 8), (revoked, 0)]
+    );
+    let mut uses = store.list_grant_uses().await.unwrap();
+    uses.sort();
+    let mut expected: Vec<GrantUse> = runs
+        .iter()
+        .map(|&run| GrantUse {
+            grant: "g1".into(),
+            run,
+            call_id: "call-1".into(),
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(uses, expected);
+}
+
 fn expected_with_head(record: &RunRecord, last_seq: u64, updated_ms: i64) -> RunRecord {
     let mut record = record.clone();
     record.last_seq = last_seq;
@@ -567,6 +657,7 @@ async fn racing_writers_conflict_and_never_fork(store: &SharedStore) {
 async fn the_embedded_store_keeps_the_store_contract() {
     let (_dir, store) = embedded();
     round_trip_every_op_and_query(&store).await;
+    grants_and_their_uses(&store).await;
     positions_dense_under_concurrent_writers(&store).await;
     racing_writers_conflict_and_never_fork(&store).await;
     store.close().await;
@@ -579,6 +670,7 @@ async fn the_postgres_store_keeps_the_store_contract() {
     };
     let store = db.open().await;
     round_trip_every_op_and_query(&store).await;
+    grants_and_their_uses(&store).await;
     let rate = positions_dense_under_concurrent_writers(&store).await;
     eprintln!("postgres: {rate:.0} commits/s with 64 concurrent writers");
     racing_writers_conflict_and_never_fork(&store).await;

@@ -1260,6 +1260,7 @@ pub struct Clients {
     pub runs: RunServiceClient<Authed>,
     pub approvals: ApprovalServiceClient<Authed>,
     pub workers: WorkerServiceClient<Authed>,
+    pub grants: aaa::proto::grant_service_client::GrantServiceClient<Authed>,
 }
 
 impl Clients {
@@ -1268,7 +1269,10 @@ impl Clients {
         Clients {
             runs: RunServiceClient::with_interceptor(channel.clone(), bearer.clone()),
             approvals: ApprovalServiceClient::with_interceptor(channel.clone(), bearer.clone()),
-            workers: WorkerServiceClient::with_interceptor(channel, bearer),
+            workers: WorkerServiceClient::with_interceptor(channel.clone(), bearer.clone()),
+            grants: aaa::proto::grant_service_client::GrantServiceClient::with_interceptor(
+                channel, bearer,
+            ),
         }
     }
 

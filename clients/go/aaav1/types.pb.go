@@ -36,6 +36,8 @@ const (
 	ActorKind_ACTOR_KIND_CLIENT ActorKind = 3
 	// The approval policy; name is the rule that decided.
 	ActorKind_ACTOR_KIND_POLICY ActorKind = 4
+	// A standing grant (GrantService); name is the grant's id.
+	ActorKind_ACTOR_KIND_GRANT ActorKind = 5
 )
 
 // Enum value maps for ActorKind.
@@ -46,6 +48,7 @@ var (
 		2: "ACTOR_KIND_WORKER",
 		3: "ACTOR_KIND_CLIENT",
 		4: "ACTOR_KIND_POLICY",
+		5: "ACTOR_KIND_GRANT",
 	}
 	ActorKind_value = map[string]int32{
 		"ACTOR_KIND_UNSPECIFIED": 0,
@@ -53,6 +56,7 @@ var (
 		"ACTOR_KIND_WORKER":      2,
 		"ACTOR_KIND_CLIENT":      3,
 		"ACTOR_KIND_POLICY":      4,
+		"ACTOR_KIND_GRANT":       5,
 	}
 )
 
@@ -233,6 +237,9 @@ const (
 	// PERMISSION_DENIED: the call may be decided only by members of its
 	// approver groups; metadata["groups"] lists them (comma-separated).
 	ErrorReason_NOT_AN_APPROVER_FOR_CALL ErrorReason = 31
+	// NOT_FOUND: GrantService names a grant that does not exist;
+	// metadata["grant_id"] names it.
+	ErrorReason_GRANT_NOT_FOUND ErrorReason = 32
 )
 
 // Enum value maps for ErrorReason.
@@ -267,6 +274,7 @@ var (
 		29: "OWNER_UNAVAILABLE",
 		30: "ALREADY_VOTED",
 		31: "NOT_AN_APPROVER_FOR_CALL",
+		32: "GRANT_NOT_FOUND",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -298,6 +306,7 @@ var (
 		"OWNER_UNAVAILABLE":        29,
 		"ALREADY_VOTED":            30,
 		"NOT_AN_APPROVER_FOR_CALL": 31,
+		"GRANT_NOT_FOUND":          32,
 	}
 )
 
@@ -1069,19 +1078,20 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\bToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
-	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson*\x83\x01\n" +
+	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson*\x99\x01\n" +
 	"\tActorKind\x12\x1a\n" +
 	"\x16ACTOR_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ACTOR_KIND_ENGINE\x10\x01\x12\x15\n" +
 	"\x11ACTOR_KIND_WORKER\x10\x02\x12\x15\n" +
 	"\x11ACTOR_KIND_CLIENT\x10\x03\x12\x15\n" +
-	"\x11ACTOR_KIND_POLICY\x10\x04*_\n" +
+	"\x11ACTOR_KIND_POLICY\x10\x04\x12\x14\n" +
+	"\x10ACTOR_KIND_GRANT\x10\x05*_\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\x8b\x05\n" +
+	"\tROLE_TOOL\x10\x04*\xa0\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -1112,7 +1122,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x0eOWNERSHIP_LOST\x10\x1c\x12\x15\n" +
 	"\x11OWNER_UNAVAILABLE\x10\x1d\x12\x11\n" +
 	"\rALREADY_VOTED\x10\x1e\x12\x1c\n" +
-	"\x18NOT_AN_APPROVER_FOR_CALL\x10\x1fBq\n" +
+	"\x18NOT_AN_APPROVER_FOR_CALL\x10\x1f\x12\x13\n" +
+	"\x0fGRANT_NOT_FOUND\x10 Bq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

@@ -76,6 +76,8 @@ export class AaaError extends Error {
 export class NotFound extends AaaError {}
 /** A consumer group that does not exist (reason GROUP_NOT_FOUND). */
 export class GroupNotFound extends NotFound {}
+/** A standing grant that does not exist (reason GRANT_NOT_FOUND); `metadata.grant_id` names it. */
+export class GrantNotFound extends NotFound {}
 /** The run id is unknown, or (auth on) names another principal's run and the caller lacks the reader role (reason RUN_NOT_FOUND). */
 export class RunNotFound extends NotFound {}
 /** The run has no such call, or no approval request for it (reason CALL_NOT_FOUND). */
@@ -233,6 +235,7 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   NOT_TASK_HOLDER: NotTaskHolder,
   ALREADY_VOTED: AlreadyVoted,
   NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
+  GRANT_NOT_FOUND: GrantNotFound,
 };
 
 /** The class of a reason the server sent, if this SDK knows it. */

@@ -93,6 +93,7 @@ export {
   Code,
   DOMAIN,
   FailedPrecondition,
+  GrantNotFound,
   GroupMismatch,
   GroupNotFound,
   IdentityTaken,

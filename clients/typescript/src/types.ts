@@ -29,8 +29,8 @@ export interface ErrorDetail {
 /** Who caused an event: the engine, a worker (`name` is its identity), a client, or the approval policy (`name` is the rule). */
 export interface Actor {
   /** The kind of actor. */
-  kind: "engine" | "worker" | "client" | "policy" | "unspecified";
-  /** Worker identity, caller name, or the policy rule that granted or denied; empty for the engine. */
+  kind: "engine" | "worker" | "client" | "policy" | "grant" | "unspecified";
+  /** Worker identity, caller name, the policy rule or the standing grant's id that granted or denied; empty for the engine. */
   name: string;
   /**
    * For a worker with auth on: the authenticated principal that served the task (an identity
@@ -586,6 +586,7 @@ const ACTOR_KIND: Record<typesPb.ActorKind, Actor["kind"]> = {
   [typesPb.ActorKind.WORKER]: "worker",
   [typesPb.ActorKind.CLIENT]: "client",
   [typesPb.ActorKind.POLICY]: "policy",
+  [typesPb.ActorKind.GRANT]: "grant",
 };
 
 /** Converts a wire Event. */

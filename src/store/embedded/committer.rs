@@ -245,6 +245,10 @@ impl Committer {
                     out.delete(&keys::dead_letter(&group, position))
                 }
                 Op::PutTokenKey(key) => out.put(&keys::meta("token-key"), &key),
+                Op::PutGrant(grant) => out.put(&keys::grant(&grant.id), &grant.encode_to_vec()),
+                Op::UseGrant(used) => {
+                    out.put(&keys::grant_use(&used.grant, used.run, &used.call_id), &[])
+                }
             }
         }
         positions

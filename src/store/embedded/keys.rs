@@ -14,6 +14,8 @@ pub const REQUEST: u8 = b'I';
 pub const GROUP: u8 = b'G';
 pub const DEAD_LETTER: u8 = b'D';
 pub const META: u8 = b'M';
+pub const GRANT: u8 = b'N';
+pub const GRANT_USE: u8 = b'U';
 
 /// `E ‖ run ‖ seq`: a list of the run's spans in the log, the last one
 /// ending at `seq` (see [`super::spans`]).
@@ -121,6 +123,39 @@ pub fn dead_letters(group: &str) -> Vec<u8> {
     k.extend_from_slice(&(group.len() as u16).to_be_bytes());
     k.extend_from_slice(group.as_bytes());
     k
+}
+
+/// `N ‖ id`: a standing grant.
+pub fn grant(id: &str) -> Vec<u8> {
+    let mut k = vec![GRANT];
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// `U ‖ len(grant) ‖ grant ‖ run ‖ call_id`: one use of a grant. A use is
+/// a key, not a counter, so two commits can never lose one.
+pub fn grant_use(grant: &str, run: RunId, call_id: &str) -> Vec<u8> {
+    let mut k = grant_uses(grant);
+    k.extend_from_slice(run.as_bytes());
+    k.extend_from_slice(call_id.as_bytes());
+    k
+}
+
+/// The prefix of a grant's uses.
+pub fn grant_uses(grant: &str) -> Vec<u8> {
+    let mut k = vec![GRANT_USE];
+    k.extend_from_slice(&(grant.len() as u16).to_be_bytes());
+    k.extend_from_slice(grant.as_bytes());
+    k
+}
+
+/// Splits a grant-use key into (grant, run, call_id).
+pub fn parse_grant_use(key: &[u8]) -> Option<(String, RunId, String)> {
+    let len = u16::from_be_bytes(key.get(1..3)?.try_into().ok()?) as usize;
+    let grant = String::from_utf8(key.get(3..3 + len)?.to_vec()).ok()?;
+    let run = RunId::from_slice(key.get(3 + len..19 + len)?)?;
+    let call_id = String::from_utf8(key.get(19 + len..)?.to_vec()).ok()?;
+    Some((grant, run, call_id))
 }
 
 /// The smallest key greater than every key starting with `prefix`.

@@ -27,8 +27,8 @@ use prost::Message;
 use tokio::sync::watch;
 
 use super::{
-    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GroupRecord, Result, RunId,
-    RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
+    GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
 };
 
 impl From<sled::Error> for StoreError {
@@ -564,6 +564,36 @@ impl super::Store for EmbeddedStore {
             .map(|entry| {
                 let (key, value) = entry?;
                 decode(&key, &value)
+            })
+            .collect()
+    }
+
+    async fn grants(&self) -> Result<Vec<(GrantRecord, u64)>> {
+        let tree = &self.inner.tree;
+        tree.scan_prefix([keys::GRANT])
+            .map(|entry| {
+                let (key, value) = entry?;
+                let grant: GrantRecord = decode(&key, &value)?;
+                let uses = tree.scan_prefix(keys::grant_uses(&grant.id)).count() as u64;
+                Ok((grant, uses))
+            })
+            .collect()
+    }
+
+    async fn list_grant_uses(&self) -> Result<Vec<GrantUse>> {
+        self.inner
+            .tree
+            .scan_prefix([keys::GRANT_USE])
+            .keys()
+            .map(|key| {
+                let key = key?;
+                let (grant, run, call_id) = keys::parse_grant_use(&key)
+                    .ok_or_else(|| corrupt(&key, "bad grant use key"))?;
+                Ok(GrantUse {
+                    grant,
+                    run,
+                    call_id,
+                })
             })
             .collect()
     }

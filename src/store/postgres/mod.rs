@@ -50,8 +50,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GroupRecord,
-    Result, RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+    ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord,
+    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
 };
 
 /// The channel commits NOTIFY with their new head position.
@@ -856,5 +856,45 @@ impl super::Store for PostgresStore {
             )
             .await?;
         rows.iter().map(group).collect()
+    }
+
+    async fn grants(&self) -> Result<Vec<(GrantRecord, u64)>> {
+        let rows = self
+            .query(
+                "SELECT g.record, (SELECT count(*) FROM aaa_grant_uses u WHERE u.grant_id = g.id) \
+                 FROM aaa_grants g ORDER BY g.id",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let bytes: Vec<u8> = get(row, 0)?;
+                let grant = <GrantRecord as prost::Message>::decode(bytes.as_slice())
+                    .map_err(|e| corrupt(format!("grant: {e}")))?;
+                let uses: i64 = get(row, 1)?;
+                Ok((grant, uses.max(0) as u64))
+            })
+            .collect()
+    }
+
+    async fn list_grant_uses(&self) -> Result<Vec<GrantUse>> {
+        let rows = self
+            .query(
+                "SELECT grant_id, run_id, call_id FROM aaa_grant_uses \
+                 ORDER BY grant_id, run_id, call_id",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let run: Uuid = get(row, 1)?;
+                Ok(GrantUse {
+                    grant: get(row, 0)?,
+                    run: RunId::from_slice(run.as_bytes())
+                        .ok_or_else(|| corrupt("grant use with a bad run id"))?,
+                    call_id: get(row, 2)?,
+                })
+            })
+            .collect()
     }
 }

@@ -17,6 +17,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("migrations/0004_members.sql")),
     (5, include_str!("migrations/0005_reviews.sql")),
     (6, include_str!("migrations/0006_token_usage.sql")),
+    (7, include_str!("migrations/0007_grants.sql")),
 ];
 
 /// The newest schema version this binary knows.

@@ -10,8 +10,8 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::store::{
-    ApprovalRecord, DeadLetterRecord, GroupRecord, Op, Result, RunId, RunRecord, StoreError,
-    WriteBatch,
+    ApprovalRecord, DeadLetterRecord, GrantRecord, GrantUse, GroupRecord, Op, Result, RunId,
+    RunRecord, StoreError, WriteBatch,
 };
 
 /// One statement to run: its SQL and its parameters.
@@ -48,6 +48,8 @@ pub(super) struct Writes {
     groups: BTreeMap<String, GroupRecord>,
     dead_letters: BTreeMap<(String, u64), Option<DeadLetterRecord>>,
     token_key: Option<[u8; 32]>,
+    grants: BTreeMap<String, GrantRecord>,
+    grant_uses: std::collections::BTreeSet<GrantUse>,
 }
 
 /// A record's run id as a uuid, or why not.
@@ -154,6 +156,12 @@ impl Writes {
                 self.dead_letters.insert((group.clone(), *position), None);
             }
             Op::PutTokenKey(key) => self.token_key = Some(*key),
+            Op::PutGrant(grant) => {
+                self.grants.insert(grant.id.clone(), grant.clone());
+            }
+            Op::UseGrant(used) => {
+                self.grant_uses.insert(used.clone());
+            }
         }
     }
 
@@ -213,7 +221,48 @@ impl Writes {
         if let Some(key) = self.token_key {
             out.push(statement(UPSERT_TOKEN_KEY, vec![Box::new(key.to_vec())]));
         }
+        grants(self.grants, self.grant_uses, &mut out);
         out
+    }
+}
+
+fn grants(
+    grants: BTreeMap<String, GrantRecord>,
+    uses: std::collections::BTreeSet<GrantUse>,
+    out: &mut Vec<Statement>,
+) {
+    if !grants.is_empty() {
+        let (mut ids, mut tools, mut created, mut revoked, mut records) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (id, g) in grants {
+            ids.push(id);
+            tools.push(g.tool.clone());
+            created.push(g.created_ms);
+            revoked.push(g.revoked_ms);
+            records.push(prost::Message::encode_to_vec(&g));
+        }
+        out.push(statement(
+            UPSERT_GRANTS,
+            vec![
+                Box::new(ids),
+                Box::new(tools),
+                Box::new(created),
+                Box::new(revoked),
+                Box::new(records),
+            ],
+        ));
+    }
+    if !uses.is_empty() {
+        let (mut grants, mut runs, mut calls) = (Vec::new(), Vec::new(), Vec::new());
+        for used in uses {
+            grants.push(used.grant);
+            runs.push(used.run.as_uuid());
+            calls.push(used.call_id);
+        }
+        out.push(statement(
+            INSERT_GRANT_USES,
+            vec![Box::new(grants), Box::new(runs), Box::new(calls)],
+        ));
     }
 }
 
@@ -582,3 +631,11 @@ const UPSERT_DEAD_LETTERS: &str = "INSERT INTO aaa_dead_letters \
 const DELETE_DEAD_LETTERS: &str = "DELETE FROM aaa_dead_letters l \
     USING UNNEST($1::text[], $2::bigint[]) AS d(group_name, position) \
     WHERE l.group_name = d.group_name AND l.position = d.position";
+
+const UPSERT_GRANTS: &str = "INSERT INTO aaa_grants (id, tool, created_ms, revoked_ms, record) \
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) \
+    ON CONFLICT (id) DO UPDATE SET tool = EXCLUDED.tool, created_ms = EXCLUDED.created_ms, \
+    revoked_ms = EXCLUDED.revoked_ms, record = EXCLUDED.record";
+
+const INSERT_GRANT_USES: &str = "INSERT INTO aaa_grant_uses (grant_id, run_id, call_id) \
+    SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[]) ON CONFLICT DO NOTHING";

@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import uuid
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
@@ -38,6 +39,8 @@ from ._proto.aaa.v1 import (
     approval_pb2_grpc,
     policy_pb2,
     policy_pb2_grpc,
+    grant_pb2,
+    grant_pb2_grpc,
     run_pb2,
     run_pb2_grpc,
     subscription_pb2,
@@ -56,6 +59,7 @@ from .types import (
     Budget,
     DecisionResult,
     Event,
+    Grant,
     Outcome,
     Policy,
     RunInfo,
@@ -245,7 +249,7 @@ class Client:
         addresses: the server addresses, one unless a list was given.
         approvals: list and watch pending approvals (``Approvals``).
         stubs: the generated gRPC stubs (``stubs.run``, ``stubs.approval``, ``stubs.worker``,
-            ``stubs.subscription``, ``stubs.policy``) for anything the SDK does not wrap.
+            ``stubs.subscription``, ``stubs.policy``, ``stubs.grant``) for anything the SDK does not wrap.
     """
 
     def __init__(
@@ -281,6 +285,7 @@ class Client:
             worker=worker_pb2_grpc.WorkerServiceStub(self._channel),
             subscription=subscription_pb2_grpc.SubscriptionServiceStub(self._channel),
             policy=policy_pb2_grpc.PolicyServiceStub(self._channel),
+            grant=grant_pb2_grpc.GrantServiceStub(self._channel),
         )
         self.approvals = Approvals(self)
 
@@ -420,6 +425,64 @@ class Client:
         """
         response = await self._call(self.stubs.policy.ReloadPolicy, policy_pb2.ReloadPolicyRequest())
         return Policy.from_proto(response.policy)
+
+    async def create_grant(
+        self,
+        tool: ToolLike,
+        *,
+        reason: str,
+        run_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        started_by: str | None = None,
+        condition: str | None = None,
+        arguments_sha256: str | None = None,
+        expires_at: datetime | None = None,
+        expires_in: float | None = None,
+        max_uses: int = 0,
+    ) -> Grant:
+        """Grant a tool's calls in advance (role approver): a call that would wait for one
+        person and that the grant matches runs at once, with actor kind ``grant``.
+
+        Args:
+            tool: the tool (a ``@tool`` function, ``ToolRef`` or name).
+            reason: why, for the audit trail (required).
+            run_id, labels, started_by: the scope: only this run's calls, runs with every
+                one of these labels, runs this principal started.
+            condition: a CEL expression over the call (``args``, ``labels``, ``task``,
+                ``started_by``, ``now``), e.g. ``"args.amount < 500"``.
+            arguments_sha256: only a call with exactly these arguments (``Approval.arguments_sha256``).
+            expires_at / expires_in: when it stops granting (a datetime, or seconds from now).
+            max_uses: how many calls it may grant (0: any number).
+
+        Bad input raises ``InvalidField`` naming the field. Not retried: a retry after a
+        lost answer could make a second grant.
+        """
+        if expires_in is not None:
+            expires_at = datetime.now(timezone.utc) + timedelta(seconds=expires_in)
+        request = grant_pb2.CreateGrantRequest(
+            tool=_tool_ref(tool).name,
+            scope=grant_pb2.GrantScope(run_id=run_id or "", labels=dict(labels or {}), started_by=started_by or ""),
+            condition=condition or "",
+            arguments_sha256=arguments_sha256 or "",
+            max_uses=max_uses,
+            reason=reason,
+        )
+        if expires_at is not None:
+            request.expires_at.FromDatetime(expires_at.astimezone(timezone.utc))
+        response = await self._call(self.stubs.grant.CreateGrant, request, retry=False)
+        return Grant.from_proto(response.grant)
+
+    async def list_grants(self, *, include_revoked: bool = False, tool: str | None = None) -> list[Grant]:
+        """The grants in force with their uses (``include_revoked``: revoked, expired and used-up ones too)."""
+        request = grant_pb2.ListGrantsRequest(include_revoked=include_revoked, tool=tool or "")
+        response = await self._call(self.stubs.grant.ListGrants, request)
+        return [Grant.from_proto(g) for g in response.grants]
+
+    async def revoke_grant(self, grant_id: str, *, reason: str) -> Grant:
+        """Revoke a grant: it grants nothing from now on (role approver). Revoking twice changes nothing."""
+        request = grant_pb2.RevokeGrantRequest(id=grant_id, reason=reason)
+        response = await self._call(self.stubs.grant.RevokeGrant, request)
+        return Grant.from_proto(response.grant)
 
     async def get_run(self, run_id: str) -> RunInfo:
         """Return a run's summary, with its pending approvals."""

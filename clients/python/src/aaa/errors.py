@@ -76,6 +76,10 @@ class GroupNotFound(NotFound):
     """A consumer group that does not exist (reason GROUP_NOT_FOUND)."""
 
 
+class GrantNotFound(NotFound):
+    """A standing grant that does not exist (reason GRANT_NOT_FOUND); ``metadata["grant_id"]`` names it."""
+
+
 class InvalidArgument(AaaError):
     """INVALID_ARGUMENT: the request is malformed."""
 
@@ -266,6 +270,7 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.NOT_TASK_HOLDER: NotTaskHolder,
         types_pb2.ALREADY_VOTED: AlreadyVoted,
         types_pb2.NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
+        types_pb2.GRANT_NOT_FOUND: GrantNotFound,
     }.items()
 }
 

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping
 
-from ._proto.aaa.v1 import approval_pb2, policy_pb2, run_pb2, types_pb2
+from ._proto.aaa.v1 import approval_pb2, grant_pb2, policy_pb2, run_pb2, types_pb2
 
 #: Event types that end a run.
 TERMINAL_EVENT_TYPES = frozenset({"aaa.run.completed", "aaa.run.failed", "aaa.run.cancelled"})
@@ -595,3 +595,67 @@ class Policy:
     def from_proto(cls, msg: policy_pb2.GetPolicyResponse) -> Policy:
         """Convert an ``aaa.v1.GetPolicyResponse``."""
         return cls(loaded=msg.loaded, sha256=msg.sha256, rules=list(msg.rules), file=msg.file)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A standing grant: an approver's decision made in advance (see ``Client.create_grant``).
+
+    Attributes:
+        id: its id; the calls it grants name it as their actor (kind ``grant``).
+        tool: the tool whose calls it grants.
+        run_id, labels, started_by: its scope (empty: any).
+        condition: a CEL expression the call must make true (empty: any call).
+        arguments_sha256: the exact arguments it grants (empty: any).
+        expires_at: when it stops granting (None: never).
+        max_uses: how many calls it may grant (0: any number).
+        uses: calls it granted so far; ``uses_left``: None when unlimited.
+        active: in force (not revoked, expired or used up).
+        reason, created_by, created_at, creator_groups: who made it, when and why.
+        revoked_at, revoked_by, revoke_reason: set once revoked.
+    """
+
+    id: str
+    tool: str
+    run_id: str
+    labels: dict[str, str]
+    started_by: str
+    condition: str
+    arguments_sha256: str
+    expires_at: datetime | None
+    max_uses: int
+    uses: int
+    uses_left: int | None
+    active: bool
+    reason: str
+    created_by: str
+    created_at: datetime | None
+    creator_groups: list[str]
+    revoked_at: datetime | None
+    revoked_by: str
+    revoke_reason: str
+
+    @classmethod
+    def from_proto(cls, msg: grant_pb2.Grant) -> Grant:
+        """Convert an ``aaa.v1.Grant``."""
+        return cls(
+            id=msg.id,
+            tool=msg.tool,
+            run_id=msg.scope.run_id,
+            labels=dict(msg.scope.labels),
+            started_by=msg.scope.started_by,
+            condition=msg.condition,
+            arguments_sha256=msg.arguments_sha256,
+            expires_at=_time(msg, "expires_at"),
+            max_uses=msg.max_uses,
+            uses=msg.uses,
+            uses_left=msg.uses_left if msg.HasField("uses_left") else None,
+            active=msg.active,
+            reason=msg.reason,
+            created_by=msg.created_by,
+            created_at=_time(msg, "created_at"),
+            creator_groups=list(msg.creator_groups),
+            revoked_at=_time(msg, "revoked_at"),
+            revoked_by=msg.revoked_by,
+            revoke_reason=msg.revoke_reason,
+        )

@@ -17,6 +17,7 @@ class ActorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTOR_KIND_WORKER: _ClassVar[ActorKind]
     ACTOR_KIND_CLIENT: _ClassVar[ActorKind]
     ACTOR_KIND_POLICY: _ClassVar[ActorKind]
+    ACTOR_KIND_GRANT: _ClassVar[ActorKind]
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,11 +58,13 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OWNER_UNAVAILABLE: _ClassVar[ErrorReason]
     ALREADY_VOTED: _ClassVar[ErrorReason]
     NOT_AN_APPROVER_FOR_CALL: _ClassVar[ErrorReason]
+    GRANT_NOT_FOUND: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
 ACTOR_KIND_CLIENT: ActorKind
 ACTOR_KIND_POLICY: ActorKind
+ACTOR_KIND_GRANT: ActorKind
 ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
@@ -96,6 +99,7 @@ OWNERSHIP_LOST: ErrorReason
 OWNER_UNAVAILABLE: ErrorReason
 ALREADY_VOTED: ErrorReason
 NOT_AN_APPROVER_FOR_CALL: ErrorReason
+GRANT_NOT_FOUND: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")
