@@ -124,10 +124,10 @@ func (e ErrorDetail) String() string { return e.Type + ": " + e.Message }
 
 // Actor is who caused an event.
 type Actor struct {
-	// Kind is engine, worker, client or policy.
+	// Kind is engine, worker, client, policy or grant.
 	Kind ActorKind
-	// Name is the worker's identity, the client's name, or the policy rule
-	// that granted or denied; empty for the engine.
+	// Name is the worker's identity, the client's name, the policy rule
+	// that granted or denied, or the standing grant's id; empty for the engine.
 	Name string
 	// Principal is, for a worker with auth on, the authenticated principal
 	// that served the task (an identity alone is only a label). Empty
@@ -434,4 +434,73 @@ type Policy struct {
 
 func policyFromProto(p *aaav1.GetPolicyResponse) Policy {
 	return Policy{Loaded: p.GetLoaded(), SHA256: p.GetSha256(), Rules: p.GetRules(), File: p.GetFile()}
+}
+
+// Grant is a standing grant: an approver's decision made in advance (see
+// Client.CreateGrant), and what became of it.
+type Grant struct {
+	// ID is its id; the calls it grants name it as their actor (kind ActorGrant).
+	ID string
+	// Tool is the tool whose calls it grants.
+	Tool string
+	// RunID, Labels and StartedBy are its scope (empty: any run).
+	RunID     string
+	Labels    map[string]string
+	StartedBy string
+	// Condition is a CEL expression the call must make true ("": any call).
+	Condition string
+	// ArgumentsSHA256 is the digest of the only arguments it grants ("": any).
+	ArgumentsSHA256 string
+	// ExpiresAt is when it stops granting; zero if it does not expire.
+	ExpiresAt time.Time
+	// MaxUses is how many calls it may grant; 0: any number.
+	MaxUses uint64
+	// Uses is how many calls it granted so far.
+	Uses uint64
+	// UsesLeft is how many it may still grant; nil when unlimited.
+	UsesLeft *uint64
+	// Active: in force (not revoked, expired or used up).
+	Active bool
+	// Reason is why it exists.
+	Reason string
+	// CreatedBy is the approver that made it (with auth off, the caller's address).
+	CreatedBy string
+	// CreatedAt is when it was made.
+	CreatedAt time.Time
+	// CreatorGroups are, with auth on, the creator's approver groups, which
+	// limit the calls it may grant to those they may decide.
+	CreatorGroups []string
+	// RevokedAt, RevokedBy and RevokeReason are set once it is revoked.
+	RevokedAt    time.Time
+	RevokedBy    string
+	RevokeReason string
+}
+
+func grantFromProto(g *aaav1.Grant) Grant {
+	var usesLeft *uint64
+	if g.UsesLeft != nil {
+		n := g.GetUsesLeft()
+		usesLeft = &n
+	}
+	return Grant{
+		ID:              g.GetId(),
+		Tool:            g.GetTool(),
+		RunID:           g.GetScope().GetRunId(),
+		Labels:          g.GetScope().GetLabels(),
+		StartedBy:       g.GetScope().GetStartedBy(),
+		Condition:       g.GetCondition(),
+		ArgumentsSHA256: g.GetArgumentsSha256(),
+		ExpiresAt:       timeOf(g.GetExpiresAt()),
+		MaxUses:         g.GetMaxUses(),
+		Uses:            g.GetUses(),
+		UsesLeft:        usesLeft,
+		Active:          g.GetActive(),
+		Reason:          g.GetReason(),
+		CreatedBy:       g.GetCreatedBy(),
+		CreatedAt:       timeOf(g.GetCreatedAt()),
+		CreatorGroups:   g.GetCreatorGroups(),
+		RevokedAt:       timeOf(g.GetRevokedAt()),
+		RevokedBy:       g.GetRevokedBy(),
+		RevokeReason:    g.GetRevokeReason(),
+	}
 }

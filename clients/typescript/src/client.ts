@@ -37,8 +37,10 @@ import {
 } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ApprovalService, BatchDecision } from "./gen/aaa/v1/approval_pb.js";
+import { GrantService, type CreateGrantRequestSchema } from "./gen/aaa/v1/grant_pb.js";
 import { PolicyService } from "./gen/aaa/v1/policy_pb.js";
 import type { DescMessage, DescMethodStreaming, DescMethodUnary, MessageInitShape } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
 import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
 import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
@@ -52,6 +54,7 @@ import {
   approvalFromProto,
   decisionResultFromProto,
   eventFromProto,
+  grantFromProto,
   outcomeFromEvent,
   policyFromProto,
   resolutionFromProto,
@@ -65,6 +68,7 @@ import {
   type DecisionResult,
   type Event,
   type EventType,
+  type Grant,
   type Outcome,
   type Policy,
   type RunInfo,
@@ -196,6 +200,36 @@ export interface DecideApprovalsOptions extends CallControl {
   allOrNothing?: boolean;
   /** With auth off: the approver's name for the votes (unverified). With auth on the caller is the approver. */
   approver?: string;
+}
+
+/** Options of {@link Client.createGrant}. */
+export interface CreateGrantOptions extends CallControl {
+  /** Why it exists, for the audit trail. Required. */
+  reason: string;
+  /** Only this run's calls. */
+  runId?: string;
+  /** Only runs with every one of these labels, with these values. */
+  labels?: Record<string, string>;
+  /** Only runs started by this principal. */
+  startedBy?: string;
+  /** A CEL expression over the call, with the variables of policy rules (tool, args, labels, task, started_by, now); unset: any call. */
+  condition?: string;
+  /** Only a call with exactly these arguments: the `argumentsSha256` of its {@link Approval}. */
+  argumentsSha256?: string;
+  /** When it stops granting; unset (and no `expiresInS`): it does not expire. */
+  expiresAt?: Date;
+  /** Seconds from now until it stops granting (instead of `expiresAt`). */
+  expiresInS?: number;
+  /** How many calls it may grant; 0 or unset: any number. */
+  maxUses?: number;
+}
+
+/** Options of {@link Client.listGrants}. */
+export interface ListGrantsOptions extends CallControl {
+  /** Also revoked, expired and used-up grants. */
+  includeRevoked?: boolean;
+  /** Only this tool's. */
+  tool?: string;
 }
 
 const BATCH_DECISION: Record<DecideApprovalsOptions["decision"], BatchDecision> = { grant: BatchDecision.GRANT, deny: BatchDecision.DENY };
@@ -406,6 +440,7 @@ export class Client {
     readonly worker: ServiceClient<typeof WorkerService>;
     readonly subscription: ServiceClient<typeof SubscriptionService>;
     readonly policy: ServiceClient<typeof PolicyService>;
+    readonly grant: ServiceClient<typeof GrantService>;
   };
   /** The HTTP/2 connection manager (exposed for `connect` and tests); of the first address when there are several. */
   readonly sessions: Http2SessionManager;
@@ -443,6 +478,7 @@ export class Client {
       worker: createClient(WorkerService, transport),
       subscription: createClient(SubscriptionService, transport),
       policy: createClient(PolicyService, transport),
+      grant: createClient(GrantService, transport),
     };
     this.approvals = new Approvals(this);
   }
@@ -603,6 +639,51 @@ export class Client {
   async reloadPolicy(control: CallControl = {}): Promise<Policy> {
     const response = await this.call((o) => this.services.policy.reloadPolicy({}, o), control);
     return policyFromProto(response.policy);
+  }
+
+  /**
+   * Grants a tool's calls in advance (role approver): a gated call that would wait for one person
+   * and that the grant matches (tool, scope, condition, digest; not expired, revoked or used up)
+   * runs at once, with actor kind "grant" named after the grant's id. A policy rule's decision comes
+   * first; a call that needs several approvals still waits for them. Not retried: a retry after a
+   * lost answer could make a second grant.
+   *
+   * @param tool the tool (a `tool(...)` object or its name); it must be registered.
+   * @throws InvalidField naming the field for bad input (a condition that does not compile...).
+   */
+  async createGrant(tool: string | { readonly name: string }, options: CreateGrantOptions): Promise<Grant> {
+    if (options.expiresAt !== undefined && options.expiresInS !== undefined) {
+      throw new TypeError("give expiresAt or expiresInS, not both");
+    }
+    const expiresAt =
+      options.expiresAt ?? (options.expiresInS === undefined ? undefined : new Date(Date.now() + options.expiresInS * 1000));
+    const request: MessageInitShape<typeof CreateGrantRequestSchema> = {
+      tool: typeof tool === "string" ? tool : tool.name,
+      scope: { runId: options.runId ?? "", labels: { ...options.labels }, startedBy: options.startedBy ?? "" },
+      condition: options.condition ?? "",
+      argumentsSha256: options.argumentsSha256 ?? "",
+      expiresAt: expiresAt === undefined ? undefined : timestampFromDate(expiresAt),
+      maxUses: BigInt(options.maxUses ?? 0),
+      reason: options.reason,
+    };
+    const response = await this.call((o) => this.services.grant.createGrant(request, o), { ...options, retry: false });
+    return grantFromProto(response.grant);
+  }
+
+  /** The grants in force, newest last, with their uses (`includeRevoked`: revoked, expired and used-up ones too). Roles approver, reader. */
+  async listGrants(options: ListGrantsOptions = {}): Promise<Grant[]> {
+    const request = { includeRevoked: options.includeRevoked ?? false, tool: options.tool ?? "" };
+    const response = await this.call((o) => this.services.grant.listGrants(request, o), options);
+    return response.grants.map(grantFromProto);
+  }
+
+  /**
+   * Revokes a grant: it grants nothing from now on (role approver). Revoking a revoked grant changes nothing.
+   * @throws GrantNotFound for an unknown id.
+   */
+  async revokeGrant(id: string, options: { reason: string } & CallControl): Promise<Grant> {
+    const response = await this.call((o) => this.services.grant.revokeGrant({ id, reason: options.reason }, o), options);
+    return grantFromProto(response.grant);
   }
 
   /** The handle of an existing run (no call is made). */

@@ -7,6 +7,7 @@
  */
 
 export * as approval from "./gen/aaa/v1/approval_pb.js";
+export * as grant from "./gen/aaa/v1/grant_pb.js";
 export * as policy from "./gen/aaa/v1/policy_pb.js";
 export * as run from "./gen/aaa/v1/run_pb.js";
 export * as subscription from "./gen/aaa/v1/subscription_pb.js";

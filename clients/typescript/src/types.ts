@@ -13,6 +13,7 @@
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { parse, parseObject, stringify, type JsonObject, type JsonValue } from "./json.js";
 import * as approvalPb from "./gen/aaa/v1/approval_pb.js";
+import type * as grantPb from "./gen/aaa/v1/grant_pb.js";
 import type * as policyPb from "./gen/aaa/v1/policy_pb.js";
 import * as runPb from "./gen/aaa/v1/run_pb.js";
 import * as typesPb from "./gen/aaa/v1/types_pb.js";
@@ -120,6 +121,7 @@ export interface EventDataMap {
   /**
    * A human granted the call; for a call that needed several grants, `approvers` lists them all.
    * Granted by the policy: the actor's kind is "policy" and `policy` names the rule.
+   * Granted by a standing grant: the actor's kind is "grant", its name and `grant.id` the grant's id.
    */
   "aaa.approval.granted": {
     call_id: string;
@@ -129,6 +131,7 @@ export interface EventDataMap {
     approver?: string;
     approvers?: string[];
     policy?: PolicyDecision;
+    grant?: { id: string; reason: string; created_by: string };
   };
   /** A grant of a call that needs several, not yet the last one. */
   "aaa.approval.voted": {
@@ -808,4 +811,72 @@ export interface Policy {
 /** Converts a wire GetPolicyResponse (absent: no policy). */
 export function policyFromProto(p: policyPb.GetPolicyResponse | undefined): Policy {
   return { loaded: p?.loaded ?? false, sha256: p?.sha256 ?? "", rules: [...(p?.rules ?? [])], file: p?.file ?? "" };
+}
+
+/** Which runs' calls a standing grant covers; every field set must hold (empty: any). */
+export interface GrantScope {
+  /** Only this run's calls. */
+  runId: string;
+  /** Only runs with every one of these labels, with these values. */
+  labels: Record<string, string>;
+  /** Only runs started by this principal. */
+  startedBy: string;
+}
+
+/** A standing grant: an approver's decision made in advance (see {@link Client.createGrant}), and what became of it. */
+export interface Grant {
+  /** Its id; the calls it grants name it as their actor (kind "grant"). */
+  id: string;
+  /** The tool whose calls it grants. */
+  tool: string;
+  /** The runs whose calls it covers. */
+  scope: GrantScope;
+  /** A CEL expression the call must make true; empty: any call. */
+  condition: string;
+  /** Only a call with exactly these arguments (hex SHA-256 of their canonical JSON); empty: any. */
+  argumentsSha256: string;
+  /** When it stops granting; undefined: never. */
+  expiresAt?: Date;
+  /** How many calls it may grant; 0: any number. */
+  maxUses: number;
+  /** Calls it granted so far. */
+  uses: number;
+  /** Uses left; undefined when unlimited. */
+  usesLeft?: number;
+  /** In force: not revoked, not expired, not used up. */
+  active: boolean;
+  /** Why it exists. */
+  reason: string;
+  /** The approver that made it (with auth off, the caller's address). */
+  createdBy: string;
+  createdAt?: Date;
+  /** With auth on, the creator's approver groups, which limit the calls it may grant. */
+  creatorGroups: string[];
+  /** Set once revoked. */
+  revokedAt?: Date;
+  revokedBy: string;
+  revokeReason: string;
+}
+
+/** Converts a wire Grant. */
+export function grantFromProto(g: grantPb.Grant | undefined): Grant {
+  return {
+    id: g?.id ?? "",
+    tool: g?.tool ?? "",
+    scope: { runId: g?.scope?.runId ?? "", labels: { ...g?.scope?.labels }, startedBy: g?.scope?.startedBy ?? "" },
+    condition: g?.condition ?? "",
+    argumentsSha256: g?.argumentsSha256 ?? "",
+    expiresAt: optionalDate(g?.expiresAt),
+    maxUses: Number(g?.maxUses ?? 0n),
+    uses: Number(g?.uses ?? 0n),
+    usesLeft: g?.usesLeft === undefined ? undefined : Number(g.usesLeft),
+    active: g?.active ?? false,
+    reason: g?.reason ?? "",
+    createdBy: g?.createdBy ?? "",
+    createdAt: optionalDate(g?.createdAt),
+    creatorGroups: [...(g?.creatorGroups ?? [])],
+    revokedAt: optionalDate(g?.revokedAt),
+    revokedBy: g?.revokedBy ?? "",
+    revokeReason: g?.revokeReason ?? "",
+  };
 }
