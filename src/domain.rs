@@ -217,6 +217,18 @@ pub struct RunRecord {
     pub completion_tokens: u64,
 }
 
+/// Whether an approver in `groups` may decide a call that `approvers` may
+/// decide: any approver when the call names no groups; anyone with auth
+/// off (`groups` None: there are no identities to check). The one rule
+/// behind decisions, grants and the `decidable` filter.
+pub fn may_decide(groups: Option<&[String]>, approvers: &[String]) -> bool {
+    match groups {
+        None => true,
+        Some(_) if approvers.is_empty() => true,
+        Some(groups) => groups.iter().any(|g| approvers.contains(g)),
+    }
+}
+
 /// A pending approval request.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ApprovalRecord {
@@ -261,14 +273,16 @@ pub struct ApprovalRecord {
     pub approvers: Vec<String>,
 }
 
-/// One approver's grant of a call that needs several.
-#[derive(Clone, PartialEq, prost::Message)]
+/// One approver's grant of a call that needs several. Also JSON (the
+/// PostgreSQL store's `votes` column: `{approver, time_ms, comment}`).
+#[derive(Clone, PartialEq, prost::Message, serde::Serialize, serde::Deserialize)]
 pub struct VoteRecord {
     #[prost(string, tag = "1")]
     pub approver: String,
     #[prost(int64, tag = "2")]
     pub time_ms: i64,
     #[prost(string, tag = "3")]
+    #[serde(default)]
     pub comment: String,
 }
 

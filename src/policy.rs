@@ -254,7 +254,9 @@ impl Policy {
 
 impl Rule {
     fn check(section: RuleSection) -> Result<Rule, String> {
-        check_name(&section.name).map_err(|why| format!("name: {why}"))?;
+        // The names RegisterWorker and the auth config take (groups come
+        // from the auth config).
+        name("name", &section.name)?;
         let when = Condition::compile(&section.when).map_err(|e| format!("when: {e}"))?;
         let misplaced = |field: &str, present: bool| match present {
             true => Err(format!(
@@ -301,7 +303,7 @@ impl Rule {
                     ("escalate_to", &section.escalate_to),
                 ] {
                     for group in groups.iter().flatten() {
-                        check_name(group).map_err(|why| format!("{field}: '{group}': {why}"))?;
+                        name(field, group)?;
                     }
                 }
                 for (field, seconds) in [
@@ -351,20 +353,9 @@ fn compile(source: &str) -> Result<Program, String> {
         .map_err(|e| e.to_string())
 }
 
-/// A rule or group name: 1 to 128 letters, digits, `_`, `-` and `.`.
-fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 128 {
-        return Err(format!("'{name}' must be 1 to 128 characters"));
-    }
-    match name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || "_-.".contains(*c)))
-    {
-        Some(bad) => Err(format!(
-            "'{name}' contains '{bad}'; use letters, digits and _ - ."
-        )),
-        None => Ok(()),
-    }
+/// A name as everywhere else in aaa (`api::convert::name`), with its error as text.
+fn name(field: &str, text: &str) -> Result<(), String> {
+    crate::api::convert::name(field, text).map_err(|e| e.to_string())
 }
 
 fn owner_of(field: &str) -> &'static str {

@@ -250,10 +250,10 @@ pub async fn serve(
         }
     };
     stopping.cancel();
-    let builtin_model = local.builtin_model.lock().expect("poisoned").take();
-    if let Some(task) = builtin_model {
-        // It stops at once on `stopping`; bounded all the same.
-        let _ = tokio::time::timeout(grace, task).await;
+    let engine = local.engine.lock().expect("poisoned").take();
+    if let Some(engine) = engine {
+        // Its tasks stop at once on `stopping`; bounded all the same.
+        let _ = tokio::time::timeout(grace, engine.stopped()).await;
     }
     drop(local);
     store.close().await;
@@ -270,8 +270,8 @@ struct LocalServices {
     grants: Arc<OnceLock<GrantServiceServer<GrantApi>>>,
     workers: Arc<OnceLock<WorkerServiceServer<WorkerApi>>>,
     subscriptions: Arc<OnceLock<SubscriptionServiceServer<SubscriptionApi>>>,
-    /// The built-in model's task, awaited at shutdown: it holds the engine.
-    builtin_model: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The engine, whose background tasks are awaited at shutdown.
+    engine: Arc<std::sync::Mutex<Option<Engine>>>,
 }
 
 /// The services' reads, answered from the database without an engine.
@@ -359,8 +359,8 @@ async fn own_runs(
     let webhooks = config.webhooks.clone();
     let models = config.models.clone();
     let engine = Engine::start(store, config, stopping.clone()).await?;
-    let builtin_model = crate::openai::start(engine.clone(), models).map_err(ServeError::Models)?;
-    *local.builtin_model.lock().expect("poisoned") = Some(builtin_model);
+    crate::openai::start(engine.clone(), models).map_err(ServeError::Models)?;
+    *local.engine.lock().expect("poisoned") = Some(engine.clone());
     let subscriptions = SubscriptionApi::new(&engine);
     subscriptions.start_webhooks(&webhooks).await?;
     let filled = [

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::runs::page_size;
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
+use crate::domain::may_decide;
 use crate::engine::event::*;
 use crate::engine::{BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
 use crate::proto::{self, approval_service_server::ApprovalService};
@@ -123,11 +124,8 @@ impl Filter {
                 return Ok(false);
             }
         }
-        if let (Some(groups), proto::watch_approvals_response::Item::Requested(approval)) =
-            (&self.decidable_by, item)
-        {
-            let mine = approval.approvers.iter().any(|g| groups.contains(g));
-            if !approval.approvers.is_empty() && !mine {
+        if let proto::watch_approvals_response::Item::Requested(approval) = item {
+            if !may_decide(self.decidable_by.as_deref(), &approval.approvers) {
                 return Ok(false);
             }
         }
@@ -223,9 +221,7 @@ impl ApprovalService for ApprovalApi {
         };
         convert::check_size(if grant { "comment" } else { "reason" }, text, 4 * 1024)?;
         convert::check_size("approver", &request.approver, 256)?;
-        let engine = self.engine.as_ref().ok_or_else(|| {
-            Status::unavailable("this server does not own the runs; send writes to one that does")
-        })?;
+        let engine = self.engine.as_ref().ok_or_else(super::not_serving)?;
         let outcomes = engine
             .decide_approvals(
                 &items,

@@ -53,6 +53,12 @@ fn client_actor<T>(request: &Request<T>) -> Actor {
     Actor::Client(peer_name(request))
 }
 
+/// A write reached a server without an engine (one that does not own the
+/// runs); in a cluster such writes are forwarded before they get here.
+fn not_serving() -> Status {
+    Status::unavailable("this server does not own the runs; send writes to one that does")
+}
+
 fn unavailable() -> Status {
     status::to_status(Error::ShuttingDown)
 }

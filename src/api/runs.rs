@@ -63,9 +63,7 @@ impl RunApi {
     /// The engine, for a write; a server without one forwards writes
     /// rather than call this.
     fn engine(&self) -> Result<&Engine, Status> {
-        self.engine.as_ref().ok_or_else(|| {
-            Status::unavailable("this server does not own the runs; send writes to one that does")
-        })
+        self.engine.as_ref().ok_or_else(super::not_serving)
     }
 
     /// The run as the API shows it, with the approvals it waits for.

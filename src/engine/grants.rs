@@ -81,7 +81,9 @@ pub struct Asked<'a> {
     pub labels: &'a BTreeMap<String, String>,
     pub task: &'a str,
     pub started_by: &'a str,
-    pub arguments_sha256: String,
+    /// Computed on first need: only a grant bound to a digest asks for it,
+    /// and most calls reviewed meet no such grant.
+    pub arguments_sha256: std::cell::OnceCell<String>,
     pub now_ms: i64,
     /// Separation of duties is on: the run's starter may not decide its
     /// calls, so neither may a grant the starter made.
@@ -207,9 +209,10 @@ fn matches(grant: &Live, asked: &Asked) -> bool {
             && g.groups_enforced
             && !asked.started_by.is_empty()
             && g.created_by == asked.started_by)
-        && (g.arguments_sha256.is_empty() || g.arguments_sha256 == asked.arguments_sha256)
+        && (g.arguments_sha256.is_empty()
+            || g.arguments_sha256 == *asked.arguments_sha256.get_or_init(|| sha256_hex(ask.arguments)))
         // Limited like the creator's own decision would be.
-        && super::state::may_decide(
+        && crate::domain::may_decide(
             g.groups_enforced.then_some(g.creator_groups.as_slice()),
             &ask.approvers,
         )
@@ -404,7 +407,6 @@ impl Engine {
         now_ms: i64,
     ) -> Option<(GrantStamp, GrantUse)> {
         let ask = state.grant_ask(call_id, verdict)?;
-        let arguments_sha256 = sha256_hex(ask.arguments);
         self.inner.grants.take(&Asked {
             run: state.id,
             call_id,
@@ -412,7 +414,7 @@ impl Engine {
             labels: &state.spec.labels,
             task: &state.spec.task,
             started_by: &state.started_by,
-            arguments_sha256,
+            arguments_sha256: std::cell::OnceCell::new(),
             now_ms,
             separation_of_duties: (self.inner.config.auth.as_ref())
                 .is_some_and(|auth| auth.separation_of_duties),
@@ -451,7 +453,7 @@ mod tests {
             labels: &labels,
             task: "",
             started_by: "",
-            arguments_sha256: sha256_hex(&arguments),
+            arguments_sha256: std::cell::OnceCell::new(),
             now_ms: 0,
             separation_of_duties: false,
         };

@@ -260,6 +260,10 @@ pub struct Engine {
 struct Inner {
     store: SharedStore,
     config: Config,
+    /// Tasks that hold the engine beyond a request (timers, the built-in
+    /// model): [`Engine::stopped`] awaits them, so that no engine handle,
+    /// and no open store, outlives the server.
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     run_locks: Box<[Arc<tokio::sync::Mutex<()>>]>,
     request_locks: Box<[Arc<tokio::sync::Mutex<()>>]>,
     cache: Mutex<lru::LruCache<RunId, RunState>>,
@@ -319,6 +323,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 config,
+                background: Mutex::new(Vec::new()),
                 run_locks: locks(RUN_LOCK_STRIPES),
                 request_locks: locks(RUN_LOCK_STRIPES),
                 cache: Mutex::new(lru::LruCache::new(cache_size)),
@@ -336,8 +341,23 @@ impl Engine {
         // Before any call is reviewed; a standby loads them as it takes over.
         engine.inner.grants.load(&engine.inner.store).await?;
         engine.recover().await?;
-        tokio::spawn(engine.clone().run_timers());
+        engine.spawn_background(engine.clone().run_timers());
         Ok(engine)
+    }
+
+    /// Runs `task` until it ends; it must end soon after the engine's
+    /// shutdown token fires. [`Engine::stopped`] waits for it.
+    pub fn spawn_background(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(task);
+        self.inner.background.lock().expect("poisoned").push(handle);
+    }
+
+    /// Waits for the background tasks, once the shutdown token has fired.
+    pub async fn stopped(&self) {
+        let tasks = std::mem::take(&mut *self.inner.background.lock().expect("poisoned"));
+        for task in tasks {
+            let _ = task.await;
+        }
     }
 
     pub fn store(&self) -> &SharedStore {

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::error::Error;
 use super::event::*;
+use crate::domain::may_decide;
 use crate::policy::{Decide, Requirements, Verdict};
 use crate::seconds;
 use crate::store::{EventRecord, RunId, RunRecord};
@@ -1768,17 +1769,6 @@ fn vote_event(
             grant: None,
         },
     )
-}
-
-/// Whether an approver in `groups` may decide a call that `approvers` may
-/// decide: any approver when the call names no groups; anyone with auth
-/// off (`groups` None: there are no identities to check).
-pub(crate) fn may_decide(groups: Option<&[String]>, approvers: &[String]) -> bool {
-    match groups {
-        None => true,
-        Some(_) if approvers.is_empty() => true,
-        Some(groups) => groups.iter().any(|g| approvers.contains(g)),
-    }
 }
 
 /// Refuses a decision bound to other arguments than the call's.

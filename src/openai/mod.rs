@@ -44,7 +44,9 @@ type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 struct Ctx {
     engine: Engine,
     models: Option<Arc<ModelsConfig>>,
-    client: HttpsClient,
+    /// Built only with a models file: without one no call gets as far as
+    /// a request, and a server need not read the system's roots at start.
+    client: Option<HttpsClient>,
     /// Requests in flight per provider.
     limits: HashMap<String, Arc<Semaphore>>,
 }
@@ -52,24 +54,26 @@ struct Ctx {
 /// Starts taking the built-in model's calls until the engine stops. Runs
 /// whatever the config: a run whose provider is gone from the file fails
 /// with ProviderNotConfigured rather than wait forever. The task ends, its
-/// calls with it, soon after the engine's shutdown token fires: await it
-/// before closing the store.
-pub fn start(
-    engine: Engine,
-    models: Option<Arc<ModelsConfig>>,
-) -> Result<tokio::task::JoinHandle<()>, String> {
+/// calls with it, soon after the engine's shutdown token fires; it is one
+/// of the engine's background tasks ([`Engine::stopped`] awaits it).
+pub fn start(engine: Engine, models: Option<Arc<ModelsConfig>>) -> Result<(), String> {
     let limits = models
         .iter()
         .flat_map(|m| m.providers.iter())
         .map(|p| (p.name.clone(), Arc::new(Semaphore::new(p.max_concurrent))))
         .collect();
+    let client = match models {
+        Some(_) => Some(https_client()?),
+        None => None,
+    };
     let ctx = Arc::new(Ctx {
-        engine,
+        engine: engine.clone(),
         models,
-        client: https_client()?,
+        client,
         limits,
     });
-    Ok(tokio::spawn(consume(ctx)))
+    engine.spawn_background(consume(ctx));
+    Ok(())
 }
 
 /// http:// and https:// (rustls with ring, the system's roots).
@@ -181,12 +185,16 @@ async fn attempt(ctx: &Ctx, task: &Task) -> Report {
         }
     };
     let body = chat::request_body(choice, messages, tools);
+    let client = ctx
+        .client
+        .as_ref()
+        .expect("a provider comes from a models file, and the client with it");
     let outcome = match ctx.limits.get(&provider.name) {
         Some(limit) => {
             let _permit = limit.acquire().await;
-            request(&ctx.client, provider, &body).await
+            request(client, provider, &body).await
         }
-        None => request(&ctx.client, provider, &body).await,
+        None => request(client, provider, &body).await,
     };
     match outcome {
         (

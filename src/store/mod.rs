@@ -354,10 +354,7 @@ impl ApprovalQuery {
             && (self.tool.is_empty() || self.tool == approval.tool)
             && labels_match(&self.labels, &approval.labels)
             && self.at_or_below.is_none_or(|p| approval.position <= p)
-            && self.decidable_by.as_ref().is_none_or(|groups| {
-                approval.approvers.is_empty()
-                    || approval.approvers.iter().any(|g| groups.contains(g))
-            })
+            && crate::domain::may_decide(self.decidable_by.as_deref(), &approval.approvers)
     }
 }
 

@@ -516,6 +516,9 @@ escalate_to = ["finance-leads"]
         (Some(1), Some(2))
     );
 
+    // An open connection can keep the old server's store open past its
+    // stop, and the restart then finds its store locked; close it first.
+    drop(runner);
     server.restart().await;
     let mut runner = Clients::with_token(&server, &token("runner")).await;
     server.clock().advance(std::time::Duration::from_secs(61));

@@ -17,19 +17,6 @@ from helpers import WAIT_S, closed_port, same
 from test_examples import run_example
 
 
-async def poll_event(engine: Engine, run_id: str, event_type: str) -> aaa.Event:
-    """The run's first event of this type, reading engine.store until it is there (at most WAIT_S)."""
-
-    async def poll() -> aaa.Event:
-        while True:
-            for event in await engine.store.read(run_id):
-                if event.type == event_type:
-                    return event
-            await asyncio.sleep(0.02)  # between reads of the log, not a wait for a state
-
-    return await asyncio.wait_for(poll(), WAIT_S)
-
-
 def payment(uid: str) -> tuple[aaa.Tool, list[dict]]:
     """A gated tool of this test, and the calls it ran."""
     ran: list[dict] = []
@@ -78,7 +65,7 @@ async def test_a_denial_reaches_the_fake_model(server, uid):
         LLMHandler(FakeLLMClient(llm), model=f"fake-{uid}").attach(engine)
         ToolHandler(registry).attach(engine)
         run = await engine.start(ToolLoop(registry), {"task": "Pay ACME $250"})
-        request = await poll_event(engine, run.run_id, "aaa.approval.requested")
+        request = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
         assert request.run_id == run.run_id and request.data["name"] == wire_money.name
         assert same(request.data["arguments"], {"amount": 250, "to": "ACME"})  # 250 stays an int
         await run.signal("aaa.approval.denied", {"call_id": request.data["call_id"], "reason": "over the daily limit"})
@@ -140,7 +127,7 @@ async def test_a_deadline_ends_a_waiting_run(server, uid):
         LLMHandler(paying_llm(wire_money, uid)).attach(engine)
         ToolHandler(registry).attach(engine)
         run = await engine.start(ToolLoop(registry), {"task": "Pay ACME $250", "budget": Budget(deadline_s=1)})
-        await poll_event(engine, run.run_id, "aaa.approval.requested")
+        await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
         outcome = await run.result(timeout=WAIT_S)
     assert outcome.status == aaa.RunStatus.FAILED and outcome.value is None
     assert outcome.error is not None and outcome.error.type == "DeadlineExceeded"

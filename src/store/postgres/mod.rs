@@ -441,22 +441,7 @@ fn approval(row: &Row) -> Result<ApprovalRecord> {
 
 /// The votes column: a JSON array of {approver, time_ms, comment}.
 fn votes(value: serde_json::Value) -> Result<Vec<crate::domain::VoteRecord>> {
-    #[derive(serde::Deserialize)]
-    struct Vote {
-        approver: String,
-        time_ms: i64,
-        #[serde(default)]
-        comment: String,
-    }
-    let votes: Vec<Vote> = serde_json::from_value(value).map_err(corrupt)?;
-    Ok(votes
-        .into_iter()
-        .map(|v| crate::domain::VoteRecord {
-            approver: v.approver,
-            time_ms: v.time_ms,
-            comment: v.comment,
-        })
-        .collect())
+    serde_json::from_value(value).map_err(corrupt)
 }
 
 fn group(row: &Row) -> Result<GroupRecord> {

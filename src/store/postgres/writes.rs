@@ -410,18 +410,7 @@ fn approvals(
             c.position.push(a.position as i64);
             c.approvals_required
                 .push(i32::try_from(a.approvals_required.max(1)).unwrap_or(i32::MAX));
-            c.votes.push(serde_json::Value::Array(
-                a.votes
-                    .iter()
-                    .map(|v| {
-                        serde_json::json!({
-                            "approver": v.approver,
-                            "time_ms": v.time_ms,
-                            "comment": v.comment,
-                        })
-                    })
-                    .collect(),
-            ));
+            c.votes.push(serde_json::json!(a.votes));
             c.edited_from.push(a.edited_from);
             c.approvers.push(serde_json::json!(a.approvers));
         }
