@@ -1,6 +1,7 @@
 //! aaa: a durable run server for AI agents with a server-enforced approval gate.
 //!
 //! ```text
+//! http (plain HTTP beside gRPC on the same port: /metrics, the web inbox)
 //! auth (one layer in front of every service: who is calling, may it?)
 //! api (tonic services: wire types <-> domain, one error mapping)
 //!   -> engine (per-run pure fold + driver: tool loop, approval gate,
@@ -35,6 +36,7 @@ pub mod config;
 pub mod connections;
 pub mod domain;
 pub mod engine;
+pub mod http;
 pub mod migrate;
 pub mod openai;
 pub mod policy;

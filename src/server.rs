@@ -115,7 +115,13 @@ pub async fn serve(
     // In front of every service: authentication and roles (with auth off,
     // only the caller a forwarding server names), and the one answer to
     // requests that do not decode.
+    // Plain HTTP (browsers, Prometheus) shares the port: HTTP/1.1 is
+    // accepted beside HTTP/2, and the requests that are not gRPC leave
+    // before the gRPC auth layer for a router that checks its callers.
+    let http = axum::Router::new();
     let mut builder = builder
+        .accept_http1(true)
+        .layer(crate::http::HttpLayer::new(http))
         .layer(AuthLayer::new(config.auth.clone(), store.token_key()))
         .layer(malformed::layer());
 
