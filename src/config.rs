@@ -76,6 +76,8 @@ pub struct Config {
     /// The approval policy (`--policy FILE`), replaced whole on reload;
     /// `None`: every call follows its tool's settings.
     pub policy: Option<Arc<PolicyHandle>>,
+    /// The server's Prometheus metrics (`GET /metrics`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Config {
@@ -102,6 +104,7 @@ impl Config {
             standby: false,
             advertise: None,
             policy: None,
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 }

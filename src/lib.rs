@@ -37,6 +37,7 @@ pub mod connections;
 pub mod domain;
 pub mod engine;
 pub mod http;
+pub mod metrics;
 pub mod migrate;
 pub mod openai;
 pub mod policy;

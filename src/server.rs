@@ -118,10 +118,11 @@ pub async fn serve(
     // Plain HTTP (browsers, Prometheus) shares the port: HTTP/1.1 is
     // accepted beside HTTP/2, and the requests that are not gRPC leave
     // before the gRPC auth layer for a router that checks its callers.
-    let http = axum::Router::new();
+    let http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone());
     let mut builder = builder
         .accept_http1(true)
         .layer(crate::http::HttpLayer::new(http))
+        .layer(crate::metrics::ApiMetricsLayer::new(config.metrics.clone()))
         .layer(AuthLayer::new(config.auth.clone(), store.token_key()))
         .layer(malformed::layer());
 

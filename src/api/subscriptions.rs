@@ -25,8 +25,11 @@ pub struct SubscriptionApi {
 
 impl SubscriptionApi {
     pub fn new(engine: &Engine) -> Self {
-        let subscriptions =
-            Subscriptions::new(engine.store().clone(), engine.shutdown_token().clone());
+        let subscriptions = Subscriptions::new(
+            engine.store().clone(),
+            engine.shutdown_token().clone(),
+            engine.metrics().clone(),
+        );
         SubscriptionApi { subscriptions }
     }
 

@@ -131,18 +131,28 @@ fn check<B>(
         authorize(method, &principal)?;
         return Ok(Some(principal));
     }
-    let bearer = bearer_token(request.headers())?;
-    let certs = request
-        .extensions()
+    let principal = credentials(auth, request.headers(), request.extensions())?;
+    authorize(method, &principal)?;
+    Ok(Some(principal))
+}
+
+/// The principal a request's own credentials name: its bearer token, or
+/// else its client certificate. gRPC calls and plain HTTP (`/metrics`)
+/// authenticate the same way.
+pub fn credentials(
+    auth: &AuthConfig,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+) -> Result<Principal, Refusal> {
+    let bearer = bearer_token(headers)?;
+    let certs = extensions
         .get::<TlsConnectInfo<TcpConnectInfo>>()
         .and_then(|info| info.peer_certs());
     let cert = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
     if let (None, Some(der)) = (bearer, cert) {
         require_client_auth(der)?;
     }
-    let principal = auth.authenticate(bearer, cert)?;
-    authorize(method, &principal)?;
-    Ok(Some(principal))
+    auth.authenticate(bearer, cert)
 }
 
 /// The token of the one `authorization: Bearer TOKEN` header, if any. A

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-pub use layer::{remote_addr, AuthLayer};
+pub use layer::{credentials, remote_addr, AuthLayer};
 
 /// What a principal may do (see [`RULES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -223,6 +223,15 @@ pub fn authorize(method: &str, principal: &Principal) -> Result<(), Refusal> {
         return Ok(());
     }
     Err(missing_role(principal, method, allowed))
+}
+
+/// May `principal` read the server's metrics (`GET /metrics`)? Readers
+/// and admins may.
+pub fn authorize_scrape(principal: &Principal) -> Result<(), Refusal> {
+    if principal.has_any(&[Reader]) {
+        return Ok(());
+    }
+    Err(missing_role(principal, "GET /metrics", &[Reader]))
 }
 
 /// May `principal` append an event of `event_type` with Signal? Decisions

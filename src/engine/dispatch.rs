@@ -121,6 +121,30 @@ impl Waiter {
 }
 
 impl Dispatcher {
+    /// Sets the queue gauges: polls waiting and calls ready, by queue.
+    pub fn observe(&self, families: &crate::metrics::Families) {
+        families.poll_waiters.clear();
+        families.ready_tasks.clear();
+        let queues = self.queues.lock().expect("poisoned");
+        for (key, queue) in queues.iter() {
+            let (kind, name) = match key {
+                QueueKey::Tool(name) => ("tool", families.tools.label(name)),
+                QueueKey::Model(name) => ("model", families.models.label(name)),
+                QueueKey::BuiltinModel => ("model", "builtin".to_string()),
+            };
+            let label = crate::metrics::QueueLabel { kind, name };
+            let waiting = queue.waiters.iter().filter(|w| !w.is_gone()).count();
+            families
+                .poll_waiters
+                .get_or_create(&label)
+                .inc_by(waiting as i64);
+            families
+                .ready_tasks
+                .get_or_create(&label)
+                .inc_by(queue.ready.len() as i64);
+        }
+    }
+
     /// Hands the task to a waiting poll, or queues it.
     pub fn offer(&self, task: TaskRef) {
         let mut queues = self.queues.lock().expect("poisoned");

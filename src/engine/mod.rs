@@ -16,6 +16,7 @@ mod facts;
 pub mod grants;
 mod heads;
 mod leases;
+mod observed;
 mod reads;
 mod recorded;
 pub mod schema;
@@ -246,6 +247,8 @@ struct Staged {
     /// once it is durable.
     handoffs: Vec<(Reservation, TaskRef, Task)>,
     timers_changed: bool,
+    /// What the batch means for the metrics, counted once it is durable.
+    observed: Vec<observed::Observed>,
 }
 
 /// Handle to the engine. Cheap to clone.
@@ -340,6 +343,17 @@ impl Engine {
         };
         // Before any call is reviewed; a standby loads them as it takes over.
         engine.inner.grants.load(&engine.inner.store).await?;
+        let metrics = &engine.inner.config.metrics;
+        // Only the owner of the runs has an engine, so only it reports
+        // what waits (on a shared database the counts are the database's).
+        metrics.refresh_from(Arc::downgrade(&engine.inner), |inner, metrics| async move {
+            let families = metrics.families();
+            inner.dispatcher.observe(families);
+            match inner.store.waiting().await {
+                Ok(waiting) => observed::waiting(families, waiting),
+                Err(e) => tracing::warn!("metrics: cannot count what waits: {e}"),
+            }
+        });
         engine.recover().await?;
         engine.spawn_background(engine.clone().run_timers());
         Ok(engine)
@@ -362,6 +376,11 @@ impl Engine {
 
     pub fn store(&self) -> &SharedStore {
         &self.inner.store
+    }
+
+    /// The server's metrics.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.config.metrics
     }
 
     /// The engine's clock (see [`crate::clock`]).
@@ -621,6 +640,7 @@ impl Engine {
             offers: Vec::new(),
             handoffs: Vec::new(),
             timers_changed: false,
+            observed: Vec::new(),
         };
         match self.stage_into(state, actions, &mut staged) {
             Ok(()) => Ok(staged),
@@ -647,6 +667,7 @@ impl Engine {
         let usage_before = state.usage;
         if is_new {
             staged.first_seq = 1;
+            staged.observed.push(observed::Observed::RunStarted);
         }
         self.route(state, actions, staged);
         self.fold(state, staged)?;
@@ -661,6 +682,14 @@ impl Engine {
         // store reads the run's head (last seq, update time) from its newest span.
         if status_before != Some(state.status_code()) || state.usage != usage_before {
             staged.batch.put_run(&state.summary());
+        }
+        if state.usage != usage_before {
+            staged.observed.push(observed::Observed::Tokens {
+                model: state.spec.model.name(),
+                input: (state.usage.prompt_tokens).saturating_sub(usage_before.prompt_tokens),
+                output: (state.usage.completion_tokens)
+                    .saturating_sub(usage_before.completion_tokens),
+            });
         }
         if state.is_active() != was_active {
             staged.batch.set_active(state.id, state.is_active());
@@ -680,6 +709,7 @@ impl Engine {
         if staged.timers_changed {
             self.durable_timers_changed();
         }
+        observed::count(self.inner.config.metrics.families(), staged.observed);
         self.inner.reads.publish(state.id, state.last_seq);
     }
 
@@ -694,6 +724,7 @@ impl Engine {
                 )));
             }
             let record = self.record(state.id, state.last_seq + 1, event, staged.now)?;
+            observed::observe(state, &record, &mut staged.observed);
             let actions = state.apply(&record)?;
             staged.batch.push_event(record);
             self.route(state, actions, staged);

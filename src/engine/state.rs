@@ -133,6 +133,8 @@ pub struct Call {
     /// Due time of the approval timeout timer, when armed.
     pub approval_timer_ms: Option<i64>,
     pub requested_ms: i64,
+    /// When the latest attempt started (its `aaa.tool.started`).
+    pub started_ms: i64,
     pub approval_seq: u64,
     /// Global position of the approval request, once committed.
     pub approval_position: u64,
@@ -614,6 +616,7 @@ impl RunState {
                     requested_ms: now,
                     approval_seq: 0,
                     approval_position: 0,
+                    started_ms: 0,
                     approvals_required: spec.as_ref().map_or(1, |s| s.approvals_required.max(1)),
                     votes: Vec::new(),
                     answers: e.call_id.clone(),
@@ -867,6 +870,7 @@ impl RunState {
                 call.phase = Phase::Running;
                 call.attempt = e.attempt;
                 call.worker = e.worker;
+                call.started_ms = now;
             }
             TOOL_RETRYING => {
                 let e: ToolRetrying = decode(event)?;

@@ -451,6 +451,11 @@ pub trait Store: Send + Sync + 'static {
     /// Runs marked active (see [`Op::SetActive`]).
     async fn active_runs(&self) -> Result<Vec<RunId>>;
 
+    /// What waits, counted for the metrics at a scrape: pending approvals
+    /// by tool, and unfinished runs by status. A scan of the pending
+    /// approvals, done off the async threads.
+    async fn waiting(&self) -> Result<Waiting>;
+
     /// The earliest durable timer, if any.
     async fn next_timer(&self) -> Result<Option<Timer>>;
 
@@ -516,14 +521,28 @@ pub enum HeadsMoved {
 pub type SharedStore = Arc<dyn Store>;
 
 /// Opens the store the configuration names.
+/// See [`Store::waiting`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub approvals_by_tool: Vec<(String, u64)>,
+    /// Runs with work in progress (a model or tool call, or one ready).
+    pub running: u64,
+    /// Runs that wait only for approvals.
+    pub waiting: u64,
+}
+
 pub async fn open(config: &crate::Config) -> Result<SharedStore> {
     match &config.store_url {
         None => {
-            let store = embedded::EmbeddedStore::open(&config.data_dir, config.store_cache_bytes)?;
+            let store = embedded::EmbeddedStore::open_with_metrics(
+                &config.data_dir,
+                config.store_cache_bytes,
+                &config.metrics,
+            )?;
             Ok(Arc::new(store))
         }
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            let store = postgres::PostgresStore::open(url).await?;
+            let store = postgres::PostgresStore::open_with_metrics(url, &config.metrics).await?;
             Ok(Arc::new(store))
         }
         Some(url) => Err(StoreError::Format(format!(

@@ -10,7 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -109,8 +113,16 @@ struct Lease {
     deadline: Instant,
 }
 
+/// What a group shows the metrics: its durable cursor (its lag is read
+/// from it at a scrape) and its dead letters.
+pub struct Meters {
+    pub cursor: Arc<AtomicU64>,
+    pub dead_letters: Counter,
+}
+
 pub struct Group {
     store: SharedStore,
+    meters: Meters,
     /// The definition, and the cursor of the latest commit.
     record: GroupRecord,
     ack_timeout: Duration,
@@ -142,9 +154,11 @@ impl Group {
         store: SharedStore,
         record: GroupRecord,
         shutdown: CancellationToken,
+        meters: Meters,
     ) -> Result<(mpsc::Sender<Command>, impl Future<Output = ()>), Error> {
         let (commands, receiver) = mpsc::channel(1024);
         let mut group = Group {
+            meters,
             ack_timeout: Duration::from_millis(record.ack_timeout_ms),
             read_to: record.cursor,
             committed: record.cursor,
@@ -263,6 +277,7 @@ impl Group {
                     return false;
                 }
                 self.committed = cursor;
+                self.meters.cursor.store(cursor, Ordering::Relaxed);
             }
         }
         true
@@ -472,6 +487,7 @@ impl Group {
             replaying: false,
         };
         self.batch.put_dead_letter(&self.record.name, &letter);
+        self.meters.dead_letters.inc();
     }
 
     fn remove_member(&mut self, member: u64, reason: &str) {

@@ -14,6 +14,7 @@ mod group;
 mod webhook;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{self, now_ms};
+use crate::metrics::{GroupLabel, Metrics};
 use crate::store::{
     DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, StoreError, WriteBatch,
 };
@@ -182,6 +184,9 @@ struct Inner {
     /// Running group tasks by name. A tokio mutex: creating a group awaits
     /// its durable record, and two creators of one name must not race.
     groups: Mutex<HashMap<String, GroupHandle>>,
+    metrics: Metrics,
+    /// Each running group's durable cursor, for its lag at a scrape.
+    cursors: std::sync::Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
 
 #[derive(Clone)]
@@ -192,14 +197,31 @@ struct GroupHandle {
 }
 
 impl Subscriptions {
-    pub fn new(store: SharedStore, shutdown: CancellationToken) -> Self {
-        Subscriptions {
-            inner: Arc::new(Inner {
-                store,
-                shutdown,
-                groups: Mutex::new(HashMap::new()),
-            }),
-        }
+    pub fn new(store: SharedStore, shutdown: CancellationToken, metrics: Metrics) -> Self {
+        let inner = Arc::new(Inner {
+            store,
+            shutdown,
+            groups: Mutex::new(HashMap::new()),
+            metrics: metrics.clone(),
+            cursors: std::sync::Mutex::new(HashMap::new()),
+        });
+        metrics.refresh_from(Arc::downgrade(&inner), |inner, metrics| {
+            let families = metrics.families();
+            families.group_lag_events.clear();
+            let head = inner.store.durable_position();
+            for (name, cursor) in inner.cursors.lock().expect("poisoned").iter() {
+                let lag = head.saturating_sub(cursor.load(Ordering::Relaxed));
+                let label = GroupLabel {
+                    group: families.groups.label(name),
+                };
+                families
+                    .group_lag_events
+                    .get_or_create(&label)
+                    .inc_by(lag as i64);
+            }
+            std::future::ready(())
+        });
+        Subscriptions { inner }
     }
 
     /// Joins the group, creating it (durably, at `start`) if it does not exist.
@@ -359,10 +381,21 @@ impl Subscriptions {
         groups: &mut HashMap<String, GroupHandle>,
         record: GroupRecord,
     ) -> Result<GroupHandle, Error> {
+        let families = self.inner.metrics.families();
+        let label = GroupLabel {
+            group: families.groups.label(&record.name),
+        };
+        let meters = group::Meters {
+            cursor: Arc::new(AtomicU64::new(record.cursor)),
+            dead_letters: families.group_dead_letters.get_or_create(&label).clone(),
+        };
+        (self.inner.cursors.lock().expect("poisoned"))
+            .insert(record.name.clone(), meters.cursor.clone());
         let (commands, task) = group::Group::load(
             self.inner.store.clone(),
             record.clone(),
             self.inner.shutdown.clone(),
+            meters,
         )
         .await?;
         tokio::spawn(task);

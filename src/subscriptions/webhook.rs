@@ -25,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Definition, Error, Membership, Outbound, Start, Subscriptions};
 use crate::engine;
+use crate::metrics::WebhookOutcome;
 use crate::store::{EventRecord, RunId};
+use prometheus_client::metrics::counter::Counter;
 
 /// A delivery may stay unacked this long: longer than a POST's timeout plus
 /// the longest backoff, so the backoff, not the ack timeout, paces retries.
@@ -177,14 +179,38 @@ impl Subscriptions {
         };
         let membership = self.join(definition, Start::Now, IN_FLIGHT).await?;
         let shutdown = self.inner.shutdown.clone();
-        tokio::spawn(deliver(membership, hook, shutdown));
+        let families = self.inner.metrics.families();
+        let group = families.groups.label(&hook.group());
+        let counter = |outcome| {
+            let label = WebhookOutcome {
+                group: group.clone(),
+                outcome,
+            };
+            families.webhook_deliveries.get_or_create(&label).clone()
+        };
+        let outcomes = Outcomes {
+            delivered: counter("delivered"),
+            failed: counter("failed"),
+        };
+        tokio::spawn(deliver(membership, hook, outcomes, shutdown));
         Ok(())
     }
 }
 
 /// The webhook's member: a POST task per delivery; their outcomes come back
 /// here to be acked or nacked in one place.
-async fn deliver(mut membership: Membership, hook: WebhookConfig, shutdown: CancellationToken) {
+/// The webhook's deliveries, counted by how their POST went.
+struct Outcomes {
+    delivered: Counter,
+    failed: Counter,
+}
+
+async fn deliver(
+    mut membership: Membership,
+    hook: WebhookConfig,
+    outcomes: Outcomes,
+    shutdown: CancellationToken,
+) {
     let client = match https_client(hook.ca_pem.as_deref()) {
         Ok(client) => client,
         Err(e) => {
@@ -215,8 +241,14 @@ async fn deliver(mut membership: Membership, hook: WebhookConfig, shutdown: Canc
                 }
             },
             Some((delivery_id, failure)) = done.recv() => {
-                if let Some(reason) = &failure {
-                    tracing::warn!("webhook {}: delivery {delivery_id} failed: {reason}", hook.name);
+                match &failure {
+                    Some(reason) => {
+                        outcomes.failed.inc();
+                        tracing::warn!("webhook {}: delivery {delivery_id} failed: {reason}", hook.name);
+                    }
+                    None => {
+                        outcomes.delivered.inc();
+                    }
                 }
                 if membership.answer(delivery_id, failure).await.is_err() {
                     return;
@@ -473,7 +505,11 @@ mod tests {
             .await
             .unwrap();
         let shutdown = CancellationToken::new();
-        let subscriptions = Subscriptions::new(store.clone(), shutdown.clone());
+        let subscriptions = Subscriptions::new(
+            store.clone(),
+            shutdown.clone(),
+            crate::metrics::Metrics::new(),
+        );
         let (url, mut received) = receiver(vec![500]).await;
         let hook = WebhookConfig {
             name: "payments".into(),

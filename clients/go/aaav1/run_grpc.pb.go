@@ -35,7 +35,9 @@ const (
 // (approval decisions included).
 type RunServiceClient interface {
 	// Starts a run: appends aaa.run.started and lets the tool loop go. With a
-	// request_id, a retry returns the run the first call started.
+	// request_id, a retry returns the run the first call started. A W3C
+	// `traceparent` in the call's metadata puts the run's spans in that trace
+	// (its run span a child of the caller's span).
 	StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error)
 	// Returns one run's summary, with its pending approvals.
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
@@ -138,7 +140,9 @@ func (c *runServiceClient) CancelRun(ctx context.Context, in *CancelRunRequest, 
 // (approval decisions included).
 type RunServiceServer interface {
 	// Starts a run: appends aaa.run.started and lets the tool loop go. With a
-	// request_id, a retry returns the run the first call started.
+	// request_id, a retry returns the run the first call started. A W3C
+	// `traceparent` in the call's metadata puts the run's spans in that trace
+	// (its run span a child of the caller's span).
 	StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error)
 	// Returns one run's summary, with its pending approvals.
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)

@@ -276,7 +276,13 @@ type Task struct {
 	//
 	//	*Task_Tool
 	//	*Task_Model
-	Kind          isTask_Kind `protobuf_oneof:"kind"`
+	Kind isTask_Kind `protobuf_oneof:"kind"`
+	// W3C trace context (`00-TRACE-SPAN-FLAGS`) of the server's span for this
+	// attempt (`execute_tool {name}` or `chat {model}`), in the run's trace:
+	// the trace the client that started the run sent as `traceparent`
+	// metadata, or one of the run's own. A worker with OpenTelemetry set up
+	// makes its span of the work a child of it.
+	Traceparent   string `protobuf:"bytes,9,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +382,13 @@ func (x *Task) GetModel() *ModelTask {
 		}
 	}
 	return nil
+}
+
+func (x *Task) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 type isTask_Kind interface {
@@ -991,7 +1004,7 @@ const file_aaa_v1_worker_proto_rawDesc = "" +
 	"\x06models\x18\x03 \x03(\tR\x06models\x12\x15\n" +
 	"\x06wait_s\x18\x04 \x01(\x01R\x05waitS\"4\n" +
 	"\x10PollTaskResponse\x12 \n" +
-	"\x04task\x18\x01 \x01(\v2\f.aaa.v1.TaskR\x04task\"\xae\x02\n" +
+	"\x04task\x18\x01 \x01(\v2\f.aaa.v1.TaskR\x04task\"\xd0\x02\n" +
 	"\x04Task\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x17\n" +
@@ -1001,7 +1014,8 @@ const file_aaa_v1_worker_proto_rawDesc = "" +
 	"\vdeadline_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"deadlineAt\x12&\n" +
 	"\x04tool\x18\a \x01(\v2\x10.aaa.v1.ToolTaskH\x00R\x04tool\x12)\n" +
-	"\x05model\x18\b \x01(\v2\x11.aaa.v1.ModelTaskH\x00R\x05modelB\x06\n" +
+	"\x05model\x18\b \x01(\v2\x11.aaa.v1.ModelTaskH\x00R\x05model\x12 \n" +
+	"\vtraceparent\x18\t \x01(\tR\vtraceparentB\x06\n" +
 	"\x04kind\"E\n" +
 	"\bToolTask\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +

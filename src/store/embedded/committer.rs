@@ -46,6 +46,7 @@ pub(super) struct Committer {
     /// Why sled failed, once it has: sled keeps an I/O error for good (its
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
@@ -134,6 +135,7 @@ impl Committer {
             refuse(round, &cause);
             return;
         }
+        let started = std::time::Instant::now();
         let first_position = self.next_position;
         let mut writes = Round::new(first_position);
         let mut answers = Vec::with_capacity(round.len());
@@ -160,6 +162,14 @@ impl Committer {
         if !self.writable.send_replace(true) {
             tracing::info!("the log takes writes again");
         }
+        let families = self.metrics.families();
+        families
+            .store_commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        families
+            .store_commit_batch_size
+            .observe((self.next_position - first_position) as f64);
+        families.store_fsyncs.inc();
         let indexed = (|| -> Result<()> {
             log::apply(&writes, at, &self.tree, &self.recent)?;
             if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
@@ -296,6 +306,11 @@ impl Committer {
         self.tree.flush()?;
         self.data_file.sync_data()?;
         self.checkpointed = mark.offset;
+        let families = self.metrics.families();
+        families.store_fsyncs.inc();
+        families
+            .store_checkpoint_seconds
+            .observe(started.elapsed().as_secs_f64());
         tracing::debug!(
             "checkpoint at log offset {}: {lists} span lists in {written:?}, flushed in {:?}",
             mark.offset,

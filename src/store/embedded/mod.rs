@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use super::{
     ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
-    GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+    GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, Waiting, WriteBatch,
 };
 
 impl From<sled::Error> for StoreError {
@@ -129,6 +129,16 @@ fn token_key(tree: &sled::Db, data_file: &std::fs::File) -> Result<[u8; 32]> {
 impl EmbeddedStore {
     /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<EmbeddedStore> {
+        Self::open_with_metrics(dir, cache_bytes, &crate::metrics::Metrics::new())
+    }
+
+    /// Like [`EmbeddedStore::open`], counting commits and disk use into
+    /// `metrics`.
+    pub fn open_with_metrics(
+        dir: &Path,
+        cache_bytes: u64,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
         let tree = sled_config(dir, cache_bytes).open()?;
         check_format(&tree, dir)?;
@@ -155,22 +165,28 @@ impl EmbeddedStore {
             durable_position: durable_position.clone(),
             writable: writable_tx,
             index_failed: None,
+            metrics: metrics.clone(),
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
             .spawn(move || committer::run(committer, messages))?;
-        Ok(EmbeddedStore {
-            inner: Arc::new(Inner {
-                tree,
-                segments: opened.segments,
-                recent: opened.recent,
-                commits,
-                durable,
-                durable_position,
-                writable,
-                token_key,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            tree,
+            segments: opened.segments,
+            recent: opened.recent,
+            commits,
+            durable,
+            durable_position,
+            writable,
+            token_key,
+        });
+        let dir = dir.to_path_buf();
+        metrics.refresh_from(Arc::downgrade(&inner), move |_, metrics| {
+            let bytes = disk_bytes(&dir);
+            metrics.families().store_disk_bytes.set(bytes as i64);
+            std::future::ready(())
+        });
+        Ok(EmbeddedStore { inner })
     }
 
     /// Every event of `run` from seq `from` on, the durable ones only.
@@ -469,6 +485,39 @@ impl super::Store for EmbeddedStore {
             .collect()
     }
 
+    async fn waiting(&self) -> Result<Waiting> {
+        let tree = self.inner.tree.clone();
+        let counted = tokio::task::spawn_blocking(move || -> Result<Waiting> {
+            let mut by_tool = std::collections::BTreeMap::<String, u64>::new();
+            let mut waiting = 0;
+            let mut last_run = Vec::new();
+            for entry in tree.scan_prefix([keys::APPROVAL]) {
+                let (key, value) = entry?;
+                let record: ApprovalRecord = decode(&key, &value)?;
+                *by_tool.entry(record.tool).or_default() += 1;
+                // Keys are `A ‖ run ‖ call`: a run's approvals are together.
+                let run = key.get(..17).unwrap_or(&key);
+                if run != last_run.as_slice() {
+                    last_run = run.to_vec();
+                    let mut active = run.to_vec();
+                    active[0] = keys::ACTIVE;
+                    if !tree.contains_key(active)? {
+                        waiting += 1;
+                    }
+                }
+            }
+            let running = tree.scan_prefix([keys::ACTIVE]).keys().count() as u64;
+            Ok(Waiting {
+                approvals_by_tool: by_tool.into_iter().collect(),
+                running,
+                waiting,
+            })
+        });
+        counted
+            .await
+            .map_err(|e| StoreError::Format(format!("counting what waits failed: {e}")))?
+    }
+
     async fn next_timer(&self) -> Result<Option<Timer>> {
         let first = self.inner.tree.scan_prefix([keys::TIMER]).keys().next();
         first.map(|key| timer(&key?)).transpose()
@@ -608,6 +657,21 @@ fn timer(key: &[u8]) -> Result<Timer> {
 
 fn decode<T: Message + Default>(key: &[u8], value: &[u8]) -> Result<T> {
     T::decode(value).map_err(|e| corrupt(key, e))
+}
+
+/// Bytes of the files under `dir`, as far as they can be read.
+fn disk_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => disk_bytes(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ pub(super) struct Committer {
     /// The connection of the last round that went well, kept for the next.
     pub connection: Option<Object>,
     pub ownership: Arc<Ownership>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// What a round's first round trip read: the head, the last seq of each
@@ -141,6 +142,17 @@ pub(super) async fn run(mut committer: Committer, mut messages: mpsc::Receiver<M
 }
 
 impl Committer {
+    /// Counts a round the database committed.
+    fn observe(&self, round: &[Request], started: std::time::Instant) {
+        let families = self.metrics.families();
+        let events: usize = round.iter().map(|r| r.batch.events().len()).sum();
+        families
+            .store_commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        families.store_commit_batch_size.observe(events as f64);
+        families.store_fsyncs.inc();
+    }
+
     /// Commits and answers every request of the round (none: a probe).
     async fn commit_round(&mut self, round: &mut Vec<Request>) {
         let mut answers: Vec<Option<Result<Vec<u64>>>> = round
@@ -150,6 +162,7 @@ impl Committer {
         let outcome = match self.connection().await {
             Err(down) => Err(down),
             Ok(client) => {
+                let started = std::time::Instant::now();
                 let attempt = commit(&client, &self.ownership, round, &mut answers);
                 let outcome = tokio::time::timeout(ROUND_TIMEOUT, attempt)
                     .await
@@ -160,7 +173,10 @@ impl Committer {
                         )))
                     });
                 match outcome {
-                    Ok(_) => self.connection = Some(client),
+                    Ok(_) => {
+                        self.connection = Some(client);
+                        self.observe(round, started);
+                    }
                     // Its state (a transaction open, a lock held?) is unknown:
                     // it must never serve again.
                     Err(_) => drop(Object::take(client)),

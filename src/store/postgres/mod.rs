@@ -51,7 +51,8 @@ use uuid::Uuid;
 
 use super::{
     ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord,
-    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, WriteBatch,
+    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, Waiting,
+    WriteBatch,
 };
 
 /// The channel commits NOTIFY with their new head position.
@@ -188,6 +189,15 @@ impl PostgresStore {
     /// Connects to the database `url` names, brings its schema up to date,
     /// and starts the committer and the listener.
     pub async fn open(url: &str) -> Result<PostgresStore> {
+        Self::open_with_metrics(url, &crate::metrics::Metrics::new()).await
+    }
+
+    /// Like [`PostgresStore::open`], counting commits and the pool's
+    /// connections into `metrics`.
+    pub async fn open_with_metrics(
+        url: &str,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<PostgresStore> {
         let target = connect::target(url)?;
         let pool = connect::pool(&target)?;
         let unreachable = |e: PoolError| {
@@ -215,6 +225,7 @@ impl PostgresStore {
             writable: writable_tx,
             connection: Some(client),
             ownership: ownership.clone(),
+            metrics: metrics.clone(),
         };
         tokio::spawn(committer::run(committer, messages));
         let stop = CancellationToken::new();
@@ -229,18 +240,31 @@ impl PostgresStore {
             target.shown,
             schema::LATEST
         );
-        Ok(PostgresStore {
-            inner: Arc::new(Inner {
-                pool,
-                commits,
-                durable,
-                writable,
-                token_key,
-                ownership,
-                member: std::sync::Mutex::new(None),
-                stop,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            pool,
+            commits,
+            durable,
+            writable,
+            token_key,
+            ownership,
+            member: std::sync::Mutex::new(None),
+            stop,
+        });
+        metrics.refresh_from(Arc::downgrade(&inner), |inner, metrics| {
+            let families = metrics.families();
+            let status = inner.pool.status();
+            let idle = status.available;
+            let in_use = status.size.saturating_sub(idle);
+            for (state, n) in [("in_use", in_use), ("idle", idle)] {
+                let label = crate::metrics::PoolLabel { state };
+                families
+                    .store_pool_connections
+                    .get_or_create(&label)
+                    .set(n as i64);
+            }
+            std::future::ready(())
+        });
+        Ok(PostgresStore { inner })
     }
 
     /// A pooled connection, bounded in time by the pool's timeouts.
@@ -724,6 +748,36 @@ impl super::Store for PostgresStore {
             .query("SELECT run_id FROM aaa_active ORDER BY run_id", &[])
             .await?;
         rows.iter().map(|row| run_id(row, 0)).collect()
+    }
+
+    async fn waiting(&self) -> Result<Waiting> {
+        let tools = self
+            .query(
+                "SELECT tool, count(*) FROM aaa_approvals GROUP BY tool ORDER BY tool",
+                &[],
+            )
+            .await?;
+        let statuses = self
+            .query(
+                "SELECT status, count(*) FROM aaa_runs WHERE status IN (1, 2) GROUP BY status",
+                &[],
+            )
+            .await?;
+        let mut waiting = Waiting {
+            approvals_by_tool: tools
+                .iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64))
+                .collect(),
+            ..Waiting::default()
+        };
+        for row in &statuses {
+            let n = row.get::<_, i64>(1) as u64;
+            match row.get::<_, i32>(0) {
+                1 => waiting.running = n,
+                _ => waiting.waiting = n,
+            }
+        }
+        Ok(waiting)
     }
 
     async fn next_timer(&self) -> Result<Option<Timer>> {

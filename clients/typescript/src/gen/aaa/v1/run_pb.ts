@@ -1000,7 +1000,9 @@ export const RunStatusSchema: GenEnum<RunStatus> = /*@__PURE__*/
 export const RunService: GenService<{
   /**
    * Starts a run: appends aaa.run.started and lets the tool loop go. With a
-   * request_id, a retry returns the run the first call started.
+   * request_id, a retry returns the run the first call started. A W3C
+   * `traceparent` in the call's metadata puts the run's spans in that trace
+   * (its run span a child of the caller's span).
    *
    * @generated from rpc aaa.v1.RunService.StartRun
    */

@@ -75,7 +75,9 @@ class RunServiceServicer:
 
     def StartRun(self, request, context):
         """Starts a run: appends aaa.run.started and lets the tool loop go. With a
-        request_id, a retry returns the run the first call started.
+        request_id, a retry returns the run the first call started. A W3C
+        `traceparent` in the call's metadata puts the run's spans in that trace
+        (its run span a child of the caller's span).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,7 +45,7 @@ class PollTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("token", "run_id", "call_id", "attempt", "heartbeat_timeout_s", "deadline_at", "tool", "model")
+    __slots__ = ("token", "run_id", "call_id", "attempt", "heartbeat_timeout_s", "deadline_at", "tool", "model", "traceparent")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class Task(_message.Message):
     DEADLINE_AT_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     token: str
     run_id: str
     call_id: str
@@ -62,7 +63,8 @@ class Task(_message.Message):
     deadline_at: _timestamp_pb2.Timestamp
     tool: ToolTask
     model: ModelTask
-    def __init__(self, token: _Optional[str] = ..., run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., attempt: _Optional[int] = ..., heartbeat_timeout_s: _Optional[float] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool: _Optional[_Union[ToolTask, _Mapping]] = ..., model: _Optional[_Union[ModelTask, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, token: _Optional[str] = ..., run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., attempt: _Optional[int] = ..., heartbeat_timeout_s: _Optional[float] = ..., deadline_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool: _Optional[_Union[ToolTask, _Mapping]] = ..., model: _Optional[_Union[ModelTask, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class ToolTask(_message.Message):
     __slots__ = ("name", "arguments_json")
