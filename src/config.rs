@@ -78,6 +78,8 @@ pub struct Config {
     pub policy: Option<Arc<PolicyHandle>>,
     /// The server's Prometheus metrics (`GET /metrics`).
     pub metrics: crate::metrics::Metrics,
+    /// Where spans go (`--otlp-endpoint`); `None`: no traces.
+    pub tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 impl Config {
@@ -105,6 +107,7 @@ impl Config {
             advertise: None,
             policy: None,
             metrics: crate::metrics::Metrics::new(),
+            tracer: None,
         }
     }
 }

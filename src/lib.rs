@@ -40,6 +40,7 @@ pub mod http;
 pub mod metrics;
 pub mod migrate;
 pub mod openai;
+pub mod otel;
 pub mod policy;
 pub mod proto;
 pub mod seconds;

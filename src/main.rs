@@ -124,6 +124,11 @@ struct ServeArgs {
     /// SIGHUP and by PolicyService.ReloadPolicy (`aaa policy reload`).
     #[arg(long, env = "AAA_POLICY")]
     policy: Option<PathBuf>,
+    /// Export OpenTelemetry traces over OTLP/gRPC to this collector, e.g.
+    /// http://127.0.0.1:4317. Sampling and resource attributes come from
+    /// the standard OTEL_* variables (see docs/observability.md).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -233,6 +238,14 @@ fn main() -> ExitCode {
     })
 }
 
+/// The tracer for `--otlp-endpoint`, sampling as OTEL_TRACES_SAMPLER says.
+fn tracer(endpoint: &str, metrics: aaa::metrics::Metrics) -> Result<aaa::otel::Tracer, String> {
+    let sampler = std::env::var("OTEL_TRACES_SAMPLER").ok();
+    let arg = std::env::var("OTEL_TRACES_SAMPLER_ARG").ok();
+    let sampler = aaa::otel::Sampler::from_env(sampler.as_deref(), arg.as_deref())?;
+    aaa::otel::Tracer::start(endpoint, sampler, metrics)
+}
+
 async fn serve(args: ServeArgs) -> ExitCode {
     let ServeArgs {
         listen,
@@ -253,6 +266,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         lease_s,
         advertise,
         policy,
+        otlp_endpoint,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -297,6 +311,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("aaa: --policy {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Some(endpoint) = otlp_endpoint.filter(|e| !e.trim().is_empty()) {
+        match tracer(&endpoint, config.metrics.clone()) {
+            Ok(tracer) => config.tracer = Some(std::sync::Arc::new(tracer)),
+            Err(e) => {
+                eprintln!("aaa: --otlp-endpoint {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
         }

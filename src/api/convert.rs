@@ -201,7 +201,22 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
         request_id: request.request_id,
         // Set by the handler, which knows the caller.
         principal: String::new(),
+        traceparent: None,
     })
+}
+
+/// The caller's `traceparent` metadata, if it is a valid W3C trace
+/// context. An invalid one is ignored (the run gets a trace of its own),
+/// as the W3C spec asks: a caller's tracing must not stop its run.
+pub fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    let text = metadata.get("traceparent")?.to_str().ok()?;
+    match crate::otel::TraceContext::parse(text) {
+        Ok(_) => Some(text.trim().to_string()),
+        Err(e) => {
+            tracing::debug!("ignored: {e}");
+            None
+        }
+    }
 }
 
 /// The built-in model as StartRun asks for it; the engine checks the
@@ -592,6 +607,7 @@ pub fn task(task: engine::Task) -> proto::Task {
         attempt: task.attempt,
         heartbeat_timeout_s: task.heartbeat_timeout.as_secs_f64(),
         deadline_at: task.deadline_at_ms.and_then(timestamp),
+        traceparent: task.traceparent,
         kind: Some(kind),
     }
 }

@@ -150,8 +150,10 @@ impl RunService for RunApi {
     ) -> Result<Response<proto::StartRunResponse>, Status> {
         let actor = client_actor(&request);
         let principal = principal(&request).map_or_else(String::new, |p| p.name.clone());
+        let traceparent = convert::traceparent(request.metadata());
         let mut start = convert::start_run(request.into_inner())?;
         start.principal = principal;
+        start.traceparent = traceparent;
         let (run, created) = self.engine()?.start_run(start, actor).await?;
         Ok(Response::new(proto::StartRunResponse {
             run_id: run.to_string(),

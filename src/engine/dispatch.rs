@@ -308,6 +308,7 @@ mod tests {
                 name: "t".into(),
                 arguments: serde_json::Value::Null,
             },
+            traceparent: String::new(),
         }
     }
 

@@ -330,6 +330,9 @@ pub struct RunStarted {
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_at_ms: Option<i64>,
+    /// The W3C trace context the starter sent (see [`crate::otel`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,6 +21,7 @@ mod reads;
 mod recorded;
 pub mod schema;
 pub mod state;
+mod traced;
 
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
@@ -88,6 +89,8 @@ pub struct StartRun {
     /// The principal that asks (empty with auth off): request ids are its
     /// own, never shared with another principal's.
     pub principal: String,
+    /// The caller's W3C trace context, checked (see [`crate::otel`]).
+    pub traceparent: Option<String>,
 }
 
 /// A task handed to a worker.
@@ -100,6 +103,8 @@ pub struct Task {
     pub heartbeat_timeout: Duration,
     pub deadline_at_ms: Option<i64>,
     pub work: Work,
+    /// The W3C trace context of the server's span of this attempt.
+    pub traceparent: String,
 }
 
 #[derive(Debug, Clone)]
@@ -249,6 +254,8 @@ struct Staged {
     timers_changed: bool,
     /// What the batch means for the metrics, counted once it is durable.
     observed: Vec<observed::Observed>,
+    /// The spans its events end, exported once it is durable.
+    spans: Vec<opentelemetry_sdk::trace::SpanData>,
 }
 
 /// Handle to the engine. Cheap to clone.
@@ -641,6 +648,7 @@ impl Engine {
             handoffs: Vec::new(),
             timers_changed: false,
             observed: Vec::new(),
+            spans: Vec::new(),
         };
         match self.stage_into(state, actions, &mut staged) {
             Ok(()) => Ok(staged),
@@ -710,6 +718,11 @@ impl Engine {
             self.durable_timers_changed();
         }
         observed::count(self.inner.config.metrics.families(), staged.observed);
+        if let Some(tracer) = &self.inner.config.tracer {
+            for span in staged.spans {
+                tracer.emit(span);
+            }
+        }
         self.inner.reads.publish(state.id, state.last_seq);
     }
 
@@ -725,6 +738,9 @@ impl Engine {
             }
             let record = self.record(state.id, state.last_seq + 1, event, staged.now)?;
             observed::observe(state, &record, &mut staged.observed);
+            if let Some(tracer) = &self.inner.config.tracer {
+                staged.spans.extend(traced::span(tracer, state, &record));
+            }
             let actions = state.apply(&record)?;
             staged.batch.push_event(record);
             self.route(state, actions, staged);
@@ -891,6 +907,7 @@ impl Engine {
             budget: start.budget,
             labels: start.labels,
             deadline_at_ms,
+            traceparent: start.traceparent,
         };
         let run = RunId::new();
         let guard = self.lock_run(run).await;
@@ -1097,10 +1114,17 @@ impl Engine {
                             tools: state.spec.tools.clone(),
                             spec: state.spec.model.clone(),
                         };
-                        Some((work, pending.attempt, state.spec.deadline_at_ms))
+                        let span = crate::otel::context::chat_span(state.id, &pending.call_id);
+                        let traceparent = state.trace().traceparent(span);
+                        Some((
+                            work,
+                            pending.attempt,
+                            state.spec.deadline_at_ms,
+                            traceparent,
+                        ))
                     })
                     .await;
-                let (work, attempt, deadline) = match claimed {
+                let (work, attempt, deadline, traceparent) = match claimed {
                     Ok(Some(claimed)) => claimed,
                     Ok(None) | Err(Error::RunNotFound(_)) => return Ok(None),
                     Err(e) => return Err(e),
@@ -1131,7 +1155,7 @@ impl Engine {
                     principal: worker.principal.clone(),
                     call_id: task.call_id,
                 };
-                Ok(Some(self.task(token, timeout, deadline, work)))
+                Ok(Some(self.task(token, timeout, deadline, work, traceparent)))
             }
         }
     }
@@ -1166,7 +1190,9 @@ impl Engine {
             principal: worker.principal.clone(),
             call_id: call.call_id.clone(),
         };
-        self.task(token, timeout, state.spec.deadline_at_ms, work)
+        let span = crate::otel::context::attempt_span(state.id, &call.call_id, attempt);
+        let traceparent = state.trace().traceparent(span);
+        self.task(token, timeout, state.spec.deadline_at_ms, work, traceparent)
     }
 
     /// The task handed out for an attempt, with its signed token.
@@ -1176,6 +1202,7 @@ impl Engine {
         heartbeat_timeout: Duration,
         deadline_at_ms: Option<i64>,
         work: Work,
+        traceparent: String,
     ) -> Task {
         Task {
             token: token.encode(&self.inner.store.token_key()),
@@ -1185,6 +1212,7 @@ impl Engine {
             heartbeat_timeout,
             deadline_at_ms,
             work,
+            traceparent,
         }
     }
 

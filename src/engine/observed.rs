@@ -131,7 +131,7 @@ fn is_waiting(call: &super::state::Call) -> bool {
     call.phase == Phase::AwaitingApproval && call.approval_seq > 0 && call.decision.is_none()
 }
 
-fn actor_kind(kind: i32) -> &'static str {
+pub(super) fn actor_kind(kind: i32) -> &'static str {
     match kind {
         1 => "engine",
         2 => "worker",

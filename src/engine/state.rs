@@ -265,6 +265,8 @@ impl Reviewer {
 pub struct PendingModelCall {
     pub call_id: String,
     pub attempt: u32,
+    /// When its first attempt was requested.
+    pub requested_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -515,9 +517,14 @@ impl RunState {
                 if e.attempt == 1 {
                     self.model_calls += 1;
                 }
+                let requested_ms = match &self.model_call {
+                    Some(call) if call.call_id == e.call_id => call.requested_ms,
+                    _ => now,
+                };
                 self.model_call = Some(PendingModelCall {
                     call_id: e.call_id.clone(),
                     attempt: e.attempt,
+                    requested_ms,
                 });
                 match &self.spec.model {
                     ModelChoice::Worker(model) => actions.push(Action::DispatchModel {
@@ -1926,6 +1933,7 @@ mod tests {
                 },
                 labels: Default::default(),
                 deadline_at_ms: None,
+                traceparent: None,
             },
         );
         let id = RunId::from_slice(&[1; 16]).unwrap();

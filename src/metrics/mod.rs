@@ -404,7 +404,7 @@ fn register(f: &Families) -> Registry {
     );
     r.register(
         "aaa_trace_spans_dropped",
-        "Spans dropped because the trace exporter's queue was full",
+        "Spans not exported: the exporter's queue was full, or the collector did not take them",
         f.trace_spans_dropped.clone(),
     );
     r

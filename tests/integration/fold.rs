@@ -126,6 +126,7 @@ fn waiting_run() -> RunState {
             },
             labels: Default::default(),
             deadline_at_ms: None,
+            traceparent: None,
         },
     );
     let id = RunId::from_slice(&[1; 16]).unwrap();

@@ -29,5 +29,6 @@ mod scenario;
 mod storage;
 mod stream;
 mod subscriptions;
+mod traces;
 mod watch;
 mod worker_auth;
