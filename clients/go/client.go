@@ -510,6 +510,8 @@ func (c *Client) StartRun(ctx context.Context, req StartRunRequest) (StartedRun,
 			MaxTokens:     req.Budget.MaxTokens,
 		}
 	}
+	// With OpenTelemetry set up and a span in ctx, the run's spans join its trace.
+	ctx = withTraceparent(ctx)
 	var resp *aaav1.StartRunResponse
 	err = c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.runs.StartRun(ctx, pb)

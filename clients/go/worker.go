@@ -98,6 +98,9 @@ type TaskInfo struct {
 	HeartbeatTimeout time.Duration
 	// Deadline is when the run's deadline passes; zero if it has none.
 	Deadline time.Time
+	// Traceparent is the W3C trace context of the server's span of this
+	// attempt ("" from an older server).
+	Traceparent string
 }
 
 // ToolTask is one attempt at a tool call.
@@ -355,6 +358,7 @@ func (w *Worker) handle(parent context.Context, task *aaav1.Task) {
 		Attempt:          task.GetAttempt(),
 		HeartbeatTimeout: seconds(task.GetHeartbeatTimeoutS()),
 		Deadline:         timeOf(task.GetDeadlineAt()),
+		Traceparent:      task.GetTraceparent(),
 	}
 	ctx, cancel := context.WithCancelCause(context.WithValue(parent, taskInfoKey{}, info))
 	defer cancel(nil)
@@ -458,6 +462,10 @@ func (w *Worker) heartbeat(ctx context.Context, token string, timeout time.Durat
 // execute runs the handler and returns the report to send: one of complete and fail.
 func (w *Worker) execute(ctx context.Context, info TaskInfo, task *aaav1.Task) (complete *aaav1.CompleteTaskRequest, fail *aaav1.FailTaskRequest) {
 	token := task.GetToken()
+	// With OpenTelemetry set up, the handler runs in a span under the server's
+	// span of this attempt, so the handler's own spans join the run's trace.
+	ctx, span := startTaskSpan(ctx, task)
+	defer span.End() // after the recover below has marked a panic
 	failWith := func(err error) {
 		te := &TaskError{Type: "Error", Message: err.Error()}
 		errors.As(err, &te)
@@ -466,6 +474,7 @@ func (w *Worker) execute(ctx context.Context, info TaskInfo, task *aaav1.Task) (
 			Error:        &aaav1.ErrorDetail{Type: te.Type, Message: te.Message},
 			NonRetryable: te.NonRetryable,
 		}
+		failSpan(span, err, te.Type)
 	}
 	defer func() {
 		if r := recover(); r != nil {

@@ -357,7 +357,7 @@ impl Engine {
             let families = metrics.families();
             inner.dispatcher.observe(families);
             match inner.store.waiting().await {
-                Ok(waiting) => observed::waiting(families, waiting),
+                Ok(waiting) => observed::waiting(families, waiting, inner.config.clock.now_ms()),
                 Err(e) => tracing::warn!("metrics: cannot count what waits: {e}"),
             }
         });

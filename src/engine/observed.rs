@@ -260,20 +260,34 @@ pub(super) fn count(families: &Families, observed: Vec<Observed>) {
 
 /// Sets the gauges of what waits from the store's counts.
 /// A tool whose calls no longer wait shows 0 rather than vanishing.
-pub(super) fn waiting(families: &Families, waiting: Waiting) {
-    let mut counts = std::collections::BTreeMap::<String, i64>::new();
-    for (tool, n) in waiting.approvals_by_tool {
-        *counts.entry(families.tools.label(&tool)).or_default() += n as i64;
+pub(super) fn waiting(families: &Families, waiting: Waiting, now_ms: i64) {
+    // (pending, oldest request) by label; several tools may share `_other`.
+    let mut by_label = std::collections::BTreeMap::<String, (i64, i64)>::new();
+    for tool in waiting.approvals_by_tool {
+        let entry = by_label
+            .entry(families.tools.label(&tool.tool))
+            .or_insert((0, i64::MAX));
+        entry.0 += tool.pending as i64;
+        entry.1 = entry.1.min(tool.oldest_requested_ms);
     }
     let mut shown = families.pending_shown.lock().expect("poisoned");
     for tool in shown.iter() {
-        counts.entry(tool.clone()).or_default();
+        by_label.entry(tool.clone()).or_insert((0, i64::MAX));
     }
-    for (tool, n) in counts {
+    for (tool, (pending, oldest_ms)) in by_label {
+        let label = ToolLabel { tool: tool.clone() };
         families
             .approvals_pending
-            .get_or_create(&ToolLabel { tool: tool.clone() })
-            .set(n);
+            .get_or_create(&label)
+            .set(pending);
+        let waited_s = match pending {
+            0 => 0.0,
+            _ => (now_ms - oldest_ms).max(0) as f64 / 1000.0,
+        };
+        families
+            .approval_oldest_wait_seconds
+            .get_or_create(&label)
+            .set(waited_s);
         shown.insert(tool);
     }
     for (status, n) in [("running", waiting.running), ("waiting", waiting.waiting)] {

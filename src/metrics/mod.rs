@@ -13,6 +13,7 @@ mod api;
 mod bounded;
 pub mod scrape;
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -125,6 +126,7 @@ struct Inner {
 /// Every family, by what it measures.
 pub struct Families {
     pub approvals_pending: Family<ToolLabel, Gauge>,
+    pub approval_oldest_wait_seconds: Family<ToolLabel, Gauge<f64, AtomicU64>>,
     pub approval_wait_seconds: Histograms<ToolOutcome>,
     pub approval_decisions: Family<Decision, Counter>,
     pub approvals_expired: Family<Expiry, Counter>,
@@ -192,6 +194,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let families = Families {
             approvals_pending: Family::default(),
+            approval_oldest_wait_seconds: Family::default(),
             approval_wait_seconds: Family::new_with_constructor(wait_buckets),
             approval_decisions: Family::default(),
             approvals_expired: Family::default(),
@@ -285,6 +288,11 @@ fn register(f: &Families) -> Registry {
         "aaa_approvals_pending",
         "Approval requests waiting for a decision, by tool",
         f.approvals_pending.clone(),
+    );
+    r.register(
+        "aaa_approval_oldest_wait_seconds",
+        "How long the oldest pending approval request of each tool has waited (0: none waits)",
+        f.approval_oldest_wait_seconds.clone(),
     );
     r.register(
         "aaa_approval_wait_seconds",

@@ -521,10 +521,19 @@ pub enum HeadsMoved {
 pub type SharedStore = Arc<dyn Store>;
 
 /// Opens the store the configuration names.
+/// A tool's pending approvals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolWaiting {
+    pub tool: String,
+    pub pending: u64,
+    /// When the one that waits longest was requested.
+    pub oldest_requested_ms: i64,
+}
+
 /// See [`Store::waiting`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Waiting {
-    pub approvals_by_tool: Vec<(String, u64)>,
+    pub approvals_by_tool: Vec<ToolWaiting>,
     /// Runs with work in progress (a model or tool call, or one ready).
     pub running: u64,
     /// Runs that wait only for approvals.

@@ -67,6 +67,7 @@ fn must(text: &str, series: &str) -> f64 {
 
 const PENDING: &str = r#"aaa_approvals_pending{tool="wire_money"}"#;
 const WAITING: &str = r#"aaa_runs{status="waiting"}"#;
+const OLDEST: &str = r#"aaa_approval_oldest_wait_seconds{tool="wire_money"}"#;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_approval_is_measured_from_its_request_to_its_grant() {
@@ -91,6 +92,8 @@ async fn an_approval_is_measured_from_its_request_to_its_grant() {
 
     // The wait is measured on the server's clock, which the test moves.
     server.clock().advance(Duration::from_secs(90));
+    let oldest = must(&scrape(&server).await, OLDEST);
+    assert!((90.0..300.0).contains(&oldest), "oldest wait {oldest}");
     grant(&mut runs, &run_id, &call_id).await;
     let task = poll_until_task(&mut workers, "payments-1", &["wire_money"], &[]).await;
     server.clock().advance(Duration::from_secs(2));
@@ -101,6 +104,7 @@ async fn an_approval_is_measured_from_its_request_to_its_grant() {
 
     let text = scrape(&server).await;
     assert_eq!(must(&text, PENDING), 0.0);
+    assert_eq!(must(&text, OLDEST), 0.0);
     assert_eq!(must(&text, WAITING), 0.0);
     let wait = r#"aaa_approval_wait_seconds_{}{tool="wire_money",outcome="granted"}"#;
     assert_eq!(must(&text, &wait.replace("{}", "count")), 1.0);

@@ -241,6 +241,15 @@ async fn the_reference_story_is_one_trace_under_the_callers_span() {
     assert_eq!(approval_attributes["aaa.approval.waited"], "true");
     assert!(approval.start_time_unix_nano >= run_span.start_time_unix_nano);
     assert!(run_span.end_time_unix_nano >= tool.end_time_unix_nano);
+    // `AAA_TRACE_SVG=docs/trace.svg` draws the trace for the docs.
+    if let Ok(path) = std::env::var("AAA_TRACE_SVG") {
+        let mut all: Vec<&Span> = spans
+            .values()
+            .filter(|s| !s.name.starts_with("chat "))
+            .collect();
+        all.extend(chats.iter());
+        std::fs::write(&path, waterfall(&all)).expect("write the picture");
+    }
     server.shutdown().await;
 }
 
@@ -314,4 +323,59 @@ fn scripted_run_without_tools() -> aaa::proto::StartRunRequest {
         script.steps = vec![echo_step()];
     }
     request
+}
+
+/// The spans of one trace as an SVG waterfall: a bar per span from its
+/// start to its end, in start order, children indented under the root.
+fn waterfall(spans: &[&Span]) -> String {
+    let mut spans = spans.to_vec();
+    spans.sort_by_key(|s| (s.start_time_unix_nano, s.name.clone()));
+    let start = spans
+        .iter()
+        .map(|s| s.start_time_unix_nano)
+        .min()
+        .unwrap_or(0);
+    let end = spans
+        .iter()
+        .map(|s| s.end_time_unix_nano)
+        .max()
+        .unwrap_or(1);
+    let total = (end - start).max(1) as f64;
+    let (label_width, bar_width, row) = (300.0, 560.0, 28.0);
+    let height = row * (spans.len() as f64 + 1.5);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"13\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        w = label_width + bar_width + 120.0
+    );
+    for (i, span) in spans.iter().enumerate() {
+        let y = row * (i as f64 + 0.5);
+        let root = span.name == "invoke_agent";
+        let x = label_width + bar_width * (span.start_time_unix_nano - start) as f64 / total;
+        let width = (bar_width * (span.end_time_unix_nano - span.start_time_unix_nano) as f64
+            / total)
+            .max(2.0);
+        let millis = (span.end_time_unix_nano - span.start_time_unix_nano) as f64 / 1e6;
+        let color = match span.name.split(' ').next() {
+            Some("invoke_agent") => "#6c7a89",
+            Some("aaa.approval") => "#e67e22",
+            Some("execute_tool") => "#27ae60",
+            _ => "#2e86de",
+        };
+        let indent = if root { 8.0 } else { 24.0 };
+        svg.push_str(&format!(
+            "<text x=\"{indent}\" y=\"{ty}\">{name}</text>\n\
+             <rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{width:.1}\" height=\"18\" rx=\"3\" fill=\"{color}\"/>\n\
+             <text x=\"{tx:.1}\" y=\"{ty}\" fill=\"#333\">{millis:.1} ms</text>\n",
+            ty = y + 14.0,
+            name = span.name,
+            tx = x + width + 6.0,
+        ));
+    }
+    svg.push_str(&format!(
+        "<text x=\"8\" y=\"{y}\" fill=\"#666\">one trace of the reference story; the approval waited for a human (the test moved the clock 30 s)</text>\n</svg>\n",
+        y = height - 8.0
+    ));
+    svg
 }

@@ -46,6 +46,7 @@ import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
 import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
 import { AaaError, Cancelled, Code, MemberTooSlow, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { stringify, type JsonObject } from "./json.js";
+import { traceparent } from "./otel.js";
 import {
   Echo,
   OpenAIModel,
@@ -595,7 +596,10 @@ export class Client {
         maxTokens: BigInt(options.budget.maxTokens ?? 0),
       };
     }
-    const response = await this.call((o) => this.services.run.startRun(request, o), options);
+    // With OpenTelemetry set up and a span active, the run's spans join its trace.
+    const parent = await traceparent();
+    const headers = parent === undefined ? undefined : { traceparent: parent };
+    const response = await this.call((o) => this.services.run.startRun(request, { ...o, headers }), options);
     return new Run(this, response.runId, response.created);
   }
 

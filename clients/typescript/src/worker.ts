@@ -39,6 +39,7 @@ import type { CallOptions } from "@connectrpc/connect";
 import { Backoff, type Client } from "./client.js";
 import { FailedPrecondition, InvalidArgument, NonRetryable, NotFound, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { parseObject, stringify, type JsonObject } from "./json.js";
+import { inTaskSpan, type FailSpan } from "./otel.js";
 import { Reply, modelRequestFromProto, optionalDate, replyToProto, type ModelRequest, type ToolInfo } from "./types.js";
 
 /** The attempt a tool or model handler is running. */
@@ -66,6 +67,8 @@ export interface TaskContext {
   readonly signal: AbortSignal;
   /** The identity of the worker running it. */
   readonly worker: string;
+  /** W3C trace context of the server's span of this attempt ("" from an older server). */
+  readonly traceparent: string;
 }
 
 /** A tool's handler: gets the arguments (parsed exactly) and the task; returns any JSON value (bigints allowed). */
@@ -400,6 +403,7 @@ export class Worker {
       deadlineAt: optionalDate(task.deadlineAt),
       signal: controller.signal,
       worker: this.identity,
+      traceparent: task.traceparent,
     };
     const heartbeats = new AbortController();
     const heartbeating = this.heartbeat(task, controller, heartbeats.signal);
@@ -454,8 +458,16 @@ export class Worker {
     }
   }
 
-  /** Runs the tool or model; returns the report to send. */
-  private async execute(task: Task, context: TaskContext): Promise<Report> {
+  /**
+   * Runs the tool or model; returns the report to send. With OpenTelemetry set
+   * up, in a span under the server's span of this attempt, so the handler's
+   * own spans join the run's trace.
+   */
+  private execute(task: Task, context: TaskContext): Promise<Report> {
+    return inTaskSpan(task, context.name, (fail) => this.run(task, context, fail));
+  }
+
+  private async run(task: Task, context: TaskContext, fail: FailSpan): Promise<Report> {
     try {
       if (task.kind.case === "tool") {
         const tool = this.tools.get(task.kind.value.name);
@@ -475,6 +487,7 @@ export class Worker {
     } catch (err) {
       const message = err instanceof Error ? err.message : String(err);
       this.logger.info(`${context.kind} ${context.name} attempt ${task.attempt} failed: ${message}`);
+      fail(err, errorType(err));
       return {
         kind: "fail",
         request: { token: task.token, error: { type: errorType(err), message }, nonRetryable: err instanceof NonRetryable },

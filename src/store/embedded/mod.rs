@@ -28,7 +28,8 @@ use tokio::sync::watch;
 
 use super::{
     ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
-    GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, Waiting, WriteBatch,
+    GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, ToolWaiting, Waiting,
+    WriteBatch,
 };
 
 impl From<sled::Error> for StoreError {
@@ -488,13 +489,15 @@ impl super::Store for EmbeddedStore {
     async fn waiting(&self) -> Result<Waiting> {
         let tree = self.inner.tree.clone();
         let counted = tokio::task::spawn_blocking(move || -> Result<Waiting> {
-            let mut by_tool = std::collections::BTreeMap::<String, u64>::new();
+            let mut by_tool = std::collections::BTreeMap::<String, (u64, i64)>::new();
             let mut waiting = 0;
             let mut last_run = Vec::new();
             for entry in tree.scan_prefix([keys::APPROVAL]) {
                 let (key, value) = entry?;
                 let record: ApprovalRecord = decode(&key, &value)?;
-                *by_tool.entry(record.tool).or_default() += 1;
+                let tool = by_tool.entry(record.tool).or_insert((0, i64::MAX));
+                tool.0 += 1;
+                tool.1 = tool.1.min(record.requested_ms);
                 // Keys are `A ‖ run ‖ call`: a run's approvals are together.
                 let run = key.get(..17).unwrap_or(&key);
                 if run != last_run.as_slice() {
@@ -508,7 +511,14 @@ impl super::Store for EmbeddedStore {
             }
             let running = tree.scan_prefix([keys::ACTIVE]).keys().count() as u64;
             Ok(Waiting {
-                approvals_by_tool: by_tool.into_iter().collect(),
+                approvals_by_tool: by_tool
+                    .into_iter()
+                    .map(|(tool, (pending, oldest))| ToolWaiting {
+                        tool,
+                        pending,
+                        oldest_requested_ms: oldest,
+                    })
+                    .collect(),
                 running,
                 waiting,
             })

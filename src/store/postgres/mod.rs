@@ -51,8 +51,8 @@ use uuid::Uuid;
 
 use super::{
     ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord,
-    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, Waiting,
-    WriteBatch,
+    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, ToolWaiting,
+    Waiting, WriteBatch,
 };
 
 /// The channel commits NOTIFY with their new head position.
@@ -753,7 +753,8 @@ impl super::Store for PostgresStore {
     async fn waiting(&self) -> Result<Waiting> {
         let tools = self
             .query(
-                "SELECT tool, count(*) FROM aaa_approvals GROUP BY tool ORDER BY tool",
+                "SELECT tool, count(*), min(requested_ms) FROM aaa_approvals \
+                 GROUP BY tool ORDER BY tool",
                 &[],
             )
             .await?;
@@ -766,7 +767,11 @@ impl super::Store for PostgresStore {
         let mut waiting = Waiting {
             approvals_by_tool: tools
                 .iter()
-                .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1) as u64))
+                .map(|row| ToolWaiting {
+                    tool: row.get(0),
+                    pending: row.get::<_, i64>(1) as u64,
+                    oldest_requested_ms: row.get(2),
+                })
                 .collect(),
             ..Waiting::default()
         };

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iter
 import grpc
 import grpc.aio
 
+from . import _otel
 from ._proto.aaa.v1 import (
     approval_pb2,
     approval_pb2_grpc,
@@ -300,12 +301,20 @@ class Client:
         await self._channel.close(grace=None)
 
     async def _call(
-        self, method: Callable[..., Awaitable[T]], request: Any, *, timeout: float | None = None, retry: bool = True
+        self,
+        method: Callable[..., Awaitable[T]],
+        request: Any,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+        metadata: Any = None,
     ) -> T:
         """Make a unary call, retrying UNAVAILABLE, and raise typed errors."""
         backoff = _Backoff(self.retry_s if retry else 0.0)
         while True:
             try:
+                if metadata:
+                    return await method(request, timeout=timeout, metadata=metadata)
                 return await method(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
                 if _transient(err) and await backoff.wait():
@@ -356,7 +365,10 @@ class Client:
         )
         if budget is not None:
             request.budget.CopyFrom(budget.to_proto())
-        response = await self._call(self.stubs.run.StartRun, request)
+        # With OpenTelemetry set up and a span current, the run's spans join its trace.
+        traceparent = _otel.traceparent()
+        metadata = (("traceparent", traceparent),) if traceparent else None
+        response = await self._call(self.stubs.run.StartRun, request, metadata=metadata)
         return Run(self, response.run_id, created=response.created)
 
     def run(self, run_id: str) -> Run:

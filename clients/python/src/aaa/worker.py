@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 import grpc
 import grpc.aio
 
+from . import _otel
 from ._proto.aaa.v1 import types_pb2, worker_pb2
 from .errors import AaaError, FailedPrecondition, InvalidArgument, NotFound, from_rpc_error
 from .models import ModelRequest, as_reply
@@ -76,6 +77,8 @@ class TaskInfo:
     name: str
     heartbeat_timeout_s: float
     deadline_at: datetime | None
+    #: W3C trace context of the server's span of this attempt ("" from an older server).
+    traceparent: str = ""
 
 
 _current: contextvars.ContextVar[TaskInfo] = contextvars.ContextVar("aaa_current_task")
@@ -259,27 +262,34 @@ class Worker:
         kind = task.WhichOneof("kind")
         name = task.tool.name if kind == "tool" else task.model.model
         deadline = task.deadline_at.ToDatetime(tzinfo=timezone.utc) if task.HasField("deadline_at") else None
-        info = TaskInfo(task.run_id, task.call_id, task.attempt, kind or "", name, task.heartbeat_timeout_s, deadline)
+        info = TaskInfo(
+            task.run_id, task.call_id, task.attempt, kind or "", name, task.heartbeat_timeout_s, deadline,
+            task.traceparent,
+        )
         _current.set(info)
-        try:
-            if kind == "tool":
-                tool = self.tools.get(name)
-                if tool is None:
-                    raise NonRetryable(f"worker {self.identity} does not serve tool {name!r}")
-                arguments = json.loads(task.tool.arguments_json or "{}")
-                output = await self._invoke(tool.fn, **arguments)
-                return worker_pb2.CompleteTaskRequest(token=task.token, output_json=dumps(output))
-            handler = self.models.get(name)
-            if handler is None:
-                raise NonRetryable(f"worker {self.identity} does not serve model {name!r}")
-            reply = as_reply(await self._invoke(handler, ModelRequest.from_task(task)))
-            return worker_pb2.CompleteTaskRequest(token=task.token, reply=reply.to_proto())
-        except Exception as exc:
-            log.info("%s %s attempt %s failed: %r", kind, name, task.attempt, exc)
-            error = types_pb2.ErrorDetail(type=type(exc).__name__, message=str(exc))
-            return worker_pb2.FailTaskRequest(
-                token=task.token, error=error, non_retryable=isinstance(exc, NonRetryable)
-            )
+        # With OpenTelemetry set up, the handler runs in a span under the server's
+        # span of this attempt, so the handler's own spans join the run's trace.
+        with _otel.task_span(kind or "", name, task) as span:
+            try:
+                if kind == "tool":
+                    tool = self.tools.get(name)
+                    if tool is None:
+                        raise NonRetryable(f"worker {self.identity} does not serve tool {name!r}")
+                    arguments = json.loads(task.tool.arguments_json or "{}")
+                    output = await self._invoke(tool.fn, **arguments)
+                    return worker_pb2.CompleteTaskRequest(token=task.token, output_json=dumps(output))
+                handler = self.models.get(name)
+                if handler is None:
+                    raise NonRetryable(f"worker {self.identity} does not serve model {name!r}")
+                reply = as_reply(await self._invoke(handler, ModelRequest.from_task(task)))
+                return worker_pb2.CompleteTaskRequest(token=task.token, reply=reply.to_proto())
+            except Exception as exc:
+                log.info("%s %s attempt %s failed: %r", kind, name, task.attempt, exc)
+                _otel.fail(span, exc)
+                error = types_pb2.ErrorDetail(type=type(exc).__name__, message=str(exc))
+                return worker_pb2.FailTaskRequest(
+                    token=task.token, error=error, non_retryable=isinstance(exc, NonRetryable)
+                )
 
     async def _invoke(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call fn: async functions on the loop, sync ones in the worker's thread pool."""
