@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod archive;
 pub mod auth;
 pub mod bench;
 pub mod causes;

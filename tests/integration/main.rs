@@ -22,6 +22,7 @@ mod openai;
 mod policy;
 mod postgres;
 mod restart;
+mod retention;
 mod reviews;
 mod scenario;
 mod storage;

@@ -46,6 +46,8 @@ pub(super) struct Committer {
     /// Why sled failed, once it has: sled keeps an I/O error for good (its
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
+    /// Dead event bytes per log segment (see `super::retention`).
+    pub dead: HashMap<u64, u64>,
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
@@ -139,9 +141,15 @@ impl Committer {
         let mut answers = Vec::with_capacity(round.len());
         let mut heads = HashMap::new();
         for request in round.iter_mut() {
-            let staged = self
-                .check_heads(&request.batch, &mut heads)
-                .map(|()| self.stage(&mut request.batch, &mut writes));
+            let staged = self.check_heads(&request.batch, &mut heads).and_then(|()| {
+                let (mark, position) = (writes.mark(), self.next_position);
+                self.stage(&mut request.batch, &mut writes)
+                    .inspect_err(|_| {
+                        // Nothing of a refused batch goes to the log.
+                        writes.rollback(mark);
+                        self.next_position = position;
+                    })
+            });
             answers.push(staged);
         }
         let last_position = self.next_position - 1;
@@ -186,8 +194,9 @@ impl Committer {
     }
 
     /// Assigns positions to the batch's events and adds its writes to the
-    /// round.
-    fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Vec<u64> {
+    /// round. On an error the caller takes back what it added.
+    fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Result<Vec<u64>> {
+        let request_run = batch.request_run();
         let mut positions = Vec::with_capacity(batch.events.len());
         for event in &mut batch.events {
             event.position = self.next_position;
@@ -210,6 +219,9 @@ impl Committer {
                 Op::PutRun(run) => {
                     let id = RunId::from_slice(&run.run_id).expect("run record with a bad id");
                     out.put(&keys::run_scoped(keys::RUN, id), &run.encode_to_vec());
+                    if let Some(key) = super::retention::expiry_keys(id, &run) {
+                        out.put(&key, &[]);
+                    }
                 }
                 Op::PutApproval(mut approval) => {
                     let id = RunId::from_slice(&approval.run_id).expect("approval with a bad id");
@@ -235,7 +247,13 @@ impl Committer {
                     scope,
                     request_id,
                     answer,
-                } => out.put(&keys::request(&scope, &request_id), &answer),
+                } => {
+                    let key = keys::request(&scope, &request_id);
+                    if let Some(run) = request_run {
+                        out.put(&keys::run_request(run, &key), &[]);
+                    }
+                    out.put(&key, &answer)
+                }
                 Op::PutGroup(group) => out.put(&keys::group(&group.name), &group.encode_to_vec()),
                 Op::PutDeadLetter { group, letter } => out.put(
                     &keys::dead_letter(&group, letter.position),
@@ -249,9 +267,14 @@ impl Committer {
                 Op::UseGrant(used) => {
                     out.put(&keys::grant_use(&used.grant, used.run, &used.call_id), &[])
                 }
+                Op::ExpireRun {
+                    run,
+                    expired_ms,
+                    until_ms,
+                } => self.stage_expire(run, expired_ms, until_ms, out)?,
             }
         }
-        positions
+        Ok(positions)
     }
 
     /// Refuses a batch whose runs moved past the seqs it expects (another

@@ -24,7 +24,8 @@
 //! `first_position: u64 LE` then entries, each
 //! `1 ‖ key ‖ value` (put), `2 ‖ key` (delete) or
 //! `3 ‖ run: 16 ‖ first_seq: u64 LE ‖ count: u32 LE ‖ last_time_ms: i64 LE
-//! ‖ events` (a run's events, consecutive seqs), where key, value and
+//! ‖ events` (a run's events, consecutive seqs), or `4 ‖ run: 16` (the
+//! run was deleted: forget its recent spans), where key, value and
 //! events are `len: u32 LE ‖ bytes` and events is a sequence of such
 //! encoded events.
 
@@ -44,11 +45,12 @@ use super::{keys, EventRecord, Result, RunId, StoreError};
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const EVENTS: u8 = 3;
+const FORGET: u8 = 4;
 const HEADER: u64 = 8;
 /// The first segments are small (a fresh server writes little) and each
-/// one is as big as the log before it, up to [`MAX_SEGMENT`].
+/// one is as big as the log before it, up to the largest the store was
+/// opened with (`--log-segment-kib`, 32 MiB by default).
 const MIN_SEGMENT: u64 = 1 << 20;
-const MAX_SEGMENT: u64 = 32 << 20;
 /// Reads up to this size reuse a per-thread buffer (see [`Segments::read`]).
 const MAX_REUSED_BUFFER: usize = 1 << 20;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -65,6 +67,16 @@ impl Round {
         }
     }
 
+    /// Where the payload ends now, to [`Round::rollback`] to.
+    pub fn mark(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// Takes back everything added after `mark`.
+    pub fn rollback(&mut self, mark: usize) {
+        self.payload.truncate(mark);
+    }
+
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
         self.payload.push(PUT);
         put_bytes(&mut self.payload, key);
@@ -74,6 +86,13 @@ impl Round {
     pub fn delete(&mut self, key: &[u8]) {
         self.payload.push(DELETE);
         put_bytes(&mut self.payload, key);
+    }
+
+    /// Forgets the run's recent spans when applied (the run is deleted;
+    /// the round deletes its span lists in sled too).
+    pub fn forget(&mut self, run: RunId) {
+        self.payload.push(FORGET);
+        self.payload.extend_from_slice(run.as_bytes());
     }
 
     /// Adds events of one run with consecutive seqs, positions assigned.
@@ -174,6 +193,14 @@ impl Segments {
         })
     }
 
+    /// The start of the segment that holds `offset`, if one does.
+    pub fn segment_of(&self, offset: u64) -> Option<u64> {
+        let files = self.files.read().expect("segments lock");
+        let (&start, file) = files.range(..=offset).next_back()?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        (offset < start + len).then_some(start)
+    }
+
     fn insert(&self, start: u64, file: Arc<File>) -> Arc<File> {
         self.files
             .write()
@@ -203,6 +230,8 @@ impl Segment {
 /// The committer's handle on the log.
 pub struct Log {
     dir: PathBuf,
+    /// The largest segment made (a record bigger than that grows one).
+    max_segment: u64,
     segments: Arc<Segments>,
     current: Segment,
     /// The segment after `current`: found at open, or being zero-filled.
@@ -267,7 +296,9 @@ impl Mark {
 impl Log {
     /// Opens the log in `dir` and applies the records after the last
     /// checkpoint's mark again, to `tree` and to the returned recent spans.
-    pub fn open(dir: &Path, tree: &sled::Db) -> Result<Opened> {
+    pub fn open(dir: &Path, tree: &sled::Db, max_segment: u64) -> Result<Opened> {
+        let max_segment = max_segment.max(HEADER * 8);
+        let min_segment = MIN_SEGMENT.min(max_segment);
         let mark = Mark::load(tree)?;
         let recent = Arc::new(Recent::default());
         std::fs::create_dir_all(dir)?;
@@ -296,10 +327,10 @@ impl Log {
         }
         found.sort_by_key(|s| s.start);
         if found.is_empty() {
-            let file = make_segment(dir, 0, MIN_SEGMENT)?;
+            let file = make_segment(dir, 0, min_segment)?;
             found.push(Segment {
                 start: 0,
-                capacity: MIN_SEGMENT,
+                capacity: min_segment,
                 file: segments.insert(0, Arc::new(file)),
             });
         }
@@ -354,6 +385,7 @@ impl Log {
         let next = found.next().map(Next::Ready);
         let mut log = Log {
             dir: dir.to_path_buf(),
+            max_segment,
             segments: segments.clone(),
             current,
             next,
@@ -414,6 +446,11 @@ impl Log {
         Ok(at)
     }
 
+    /// The start of the segment that holds log offset `offset`.
+    pub fn segment_of(&self, offset: u64) -> Option<u64> {
+        self.segments.segment_of(offset)
+    }
+
     /// Makes the next segment now, if it is not made or being made; waits
     /// for one being made. A failure leaves none, for the next try.
     pub fn prepare_now(&mut self) -> Result<()> {
@@ -432,7 +469,7 @@ impl Log {
                 .map_err(|_| corrupt(self.current.end(), "preparing a segment panicked"))??,
             None => {
                 let start = self.current.end();
-                let capacity = start.clamp(MIN_SEGMENT, MAX_SEGMENT);
+                let capacity = self.capacity_at(start);
                 Segment {
                     start,
                     capacity,
@@ -440,6 +477,11 @@ impl Log {
                 }
             }
         })
+    }
+
+    /// The size of a new segment starting at `start`.
+    fn capacity_at(&self, start: u64) -> u64 {
+        start.clamp(MIN_SEGMENT.min(self.max_segment), self.max_segment)
     }
 
     /// The offset the next record goes to: a checkpoint's mark.
@@ -459,7 +501,7 @@ impl Log {
     /// Starts zero-filling the segment after the current one.
     fn prepare_next(&mut self) {
         let start = self.current.end();
-        let capacity = start.clamp(MIN_SEGMENT, MAX_SEGMENT);
+        let capacity = self.capacity_at(start);
         let dir = self.dir.clone();
         self.next = Some(Next::Preparing(std::thread::spawn(move || {
             let file = Arc::new(make_segment(&dir, start, capacity)?);
@@ -583,6 +625,7 @@ enum Entry<'a> {
         block_at: usize,
         block: &'a [u8],
     },
+    Forget(&'a [u8]),
 }
 
 struct Entries<'a> {
@@ -626,6 +669,7 @@ fn entries(payload: &[u8]) -> Option<Entries<'_>> {
                     block,
                 }
             }
+            FORGET => Entry::Forget(take(&mut rest, 16)?),
             _ => return None,
         });
     }
@@ -680,6 +724,9 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent
             }
             Entry::Delete(key) => {
                 tree.remove(key)?;
+            }
+            Entry::Forget(run) => {
+                recent.forget(RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?);
             }
             Entry::Events { .. } => {}
         }
@@ -742,7 +789,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let first_tree = scratch();
-        let mut opened = Log::open(dir.path(), &first_tree).unwrap();
+        let mut opened = Log::open(dir.path(), &first_tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (1, 0));
         let log = &mut opened.log;
         append(
@@ -770,7 +817,7 @@ mod tests {
 
         // Everything again into an empty sled.
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
         assert_eq!(span_events(&opened, run, 1), [1, 2]);
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -784,7 +831,7 @@ mod tests {
         // From the mark: only the record after it.
         let tree = scratch();
         mark.save(&tree).unwrap();
-        let opened = Log::open(dir.path(), &tree).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -795,7 +842,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let tree = scratch();
-        let mut opened = Log::open(dir.path(), &tree).unwrap();
+        let mut opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         let filler = "x".repeat(300 * 1024);
         let mut offsets = Vec::new();
         for seq in 1..=12 {
@@ -815,7 +862,7 @@ mod tests {
         drop(opened);
 
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (13, 12));
         for (seq, at) in (1..=12).zip(offsets) {
             let stored = u64::from_le_bytes(

@@ -17,6 +17,7 @@
 mod committer;
 mod keys;
 mod log;
+mod retention;
 mod spans;
 
 use std::path::Path;
@@ -129,14 +130,23 @@ fn token_key(tree: &sled::Db, data_file: &std::fs::File) -> Result<[u8; 32]> {
 impl EmbeddedStore {
     /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<EmbeddedStore> {
+        let segment = crate::config::DEFAULT_LOG_SEGMENT_KIB * 1024;
+        EmbeddedStore::open_with(dir, cache_bytes, segment)
+    }
+
+    /// [`EmbeddedStore::open`], with log segments of at most
+    /// `segment_bytes` (the unit compaction gives disk back in).
+    pub fn open_with(dir: &Path, cache_bytes: u64, segment_bytes: u64) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
         let tree = sled_config(dir, cache_bytes).open()?;
         check_format(&tree, dir)?;
         // Before anything reads the tree: it may hold less than the log.
-        let opened = log::Log::open(&dir.join("log"), &tree)?;
+        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes)?;
         if opened.replayed > 0 {
             tracing::info!("applied {} records of the log again", opened.replayed);
         }
+        retention::backfill(&tree)?;
+        let dead = retention::load_dead(&tree)?;
         let last_position = opened.next_position - 1;
         let data_file = std::fs::File::open(dir.join("db"))?;
         let token_key = token_key(&tree, &data_file)?;
@@ -155,6 +165,7 @@ impl EmbeddedStore {
             durable_position: durable_position.clone(),
             writable: writable_tx,
             index_failed: None,
+            dead,
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
@@ -360,6 +371,10 @@ impl super::Store for EmbeddedStore {
         if after >= durable {
             return Ok(out);
         }
+        // Events of runs deleted by retention stay in the log until their
+        // segment is compacted: skip them. A run is deleted when its span
+        // index is (a durable event always has its span, recent or in sled).
+        let mut kept: std::collections::HashMap<Vec<u8>, bool> = Default::default();
         // The record that holds `after + 1`, then the ones after it.
         for entry in self
             .inner
@@ -379,7 +394,19 @@ impl super::Store for EmbeddedStore {
                 if event.position > durable || out.len() >= limit {
                     return Ok(out);
                 }
-                out.push(event);
+                let live = match kept.get(&event.run_id) {
+                    Some(&live) => live,
+                    None => {
+                        let run = RunId::from_slice(&event.run_id)
+                            .ok_or_else(|| corrupt(&event.run_id, "bad run id"))?;
+                        let live = self.newest_span(run)?.is_some();
+                        kept.insert(event.run_id.clone(), live);
+                        live
+                    }
+                };
+                if live {
+                    out.push(event);
+                }
             }
         }
         Ok(out)
@@ -578,6 +605,23 @@ impl super::Store for EmbeddedStore {
                 Ok((grant, uses))
             })
             .collect()
+    }
+
+    async fn expired_runs(
+        &self,
+        now_ms: i64,
+        default_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<RunId>> {
+        EmbeddedStore::expired_runs(self, now_ms, default_ms, limit)
+    }
+
+    async fn expired_at(&self, run: RunId) -> Result<Option<i64>> {
+        EmbeddedStore::expired_at(self, run)
+    }
+
+    async fn drop_tombstones(&self, now_ms: i64, limit: usize) -> Result<usize> {
+        EmbeddedStore::drop_tombstones(self, now_ms, limit)
     }
 
     async fn list_grant_uses(&self) -> Result<Vec<GrantUse>> {

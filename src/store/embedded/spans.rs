@@ -83,6 +83,11 @@ impl Recent {
         }
     }
 
+    /// Forgets the run's recent spans (it was deleted).
+    pub fn forget(&self, run: RunId) {
+        self.runs.write().expect("recent spans lock").remove(&run);
+    }
+
     /// The run's recent spans.
     pub fn of(&self, run: RunId) -> Vec<Span> {
         let runs = self.runs.read().expect("recent spans lock");

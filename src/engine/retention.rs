@@ -1,0 +1,195 @@
+//! Retention: finished runs are deleted once they finished longer ago than
+//! their retention (the server's `--retention`, or the run's own
+//! [`crate::domain::RETENTION_LABEL`]), optionally archived first; then the
+//! store gives the space back (see `Store::compact`). Running and waiting
+//! runs are never deleted: the store lists finished runs only, and deletes
+//! a run only if its summary still says it finished.
+//!
+//! One background task sweeps: at start, every [`sweep_interval`], and at
+//! each advance of a manual clock (so tests move time instead of waiting).
+//! Each run is deleted under its lock, after its archive file (if any) is
+//! durable, and its cached state is dropped, so no call sees half of it.
+
+use std::time::Duration;
+
+use crate::domain::Retention;
+use crate::store::{RunId, WriteBatch};
+
+use super::{Engine, Error};
+
+/// Runs read and deleted per store call: a bounded batch, on either store.
+const SWEEP_BATCH: usize = 128;
+/// Tombstones dropped per store call.
+const TOMBSTONE_BATCH: usize = 1024;
+/// Compaction steps per sweep, at most; the next sweep goes on.
+const COMPACTION_STEPS: usize = 64;
+/// The longest a tombstone lasts (and how long it lasts with retention
+/// forever, for runs with a retention of their own).
+pub const MAX_TOMBSTONE: Duration = Duration::from_secs(7 * 86_400);
+/// The shortest a tombstone lasts.
+pub const MIN_TOMBSTONE: Duration = Duration::from_secs(3_600);
+
+/// How often the sweep runs: a tenth of the retention, between one
+/// second and a minute.
+pub fn sweep_interval(retention: Retention) -> Duration {
+    match retention {
+        Retention::Forever => Duration::from_secs(60),
+        Retention::Ms(ms) => Duration::from_millis((ms / 10).max(0) as u64)
+            .clamp(Duration::from_secs(1), Duration::from_secs(60)),
+    }
+}
+
+/// How long a deleted run's tombstone lasts: as long as the retention,
+/// within [`MIN_TOMBSTONE`] and [`MAX_TOMBSTONE`].
+pub fn tombstone_for(retention: Retention) -> Duration {
+    match retention {
+        Retention::Forever => MAX_TOMBSTONE,
+        Retention::Ms(ms) => {
+            Duration::from_millis(ms.max(0) as u64).clamp(MIN_TOMBSTONE, MAX_TOMBSTONE)
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Swept {
+    pub deleted: u64,
+    pub archived: u64,
+    pub tombstones_dropped: u64,
+    pub segments_compacted: u64,
+    pub bytes_freed: u64,
+}
+
+impl Engine {
+    /// The retention task: sweeps until shutdown.
+    pub(super) async fn run_retention(self) {
+        let clock = self.clock().clone();
+        let interval = sweep_interval(self.inner.config.retention);
+        let mut advances = clock.advances();
+        loop {
+            advances.mark_seen();
+            match self.sweep().await {
+                Ok(swept) if swept.deleted + swept.segments_compacted > 0 => tracing::info!(
+                    deleted = swept.deleted,
+                    archived = swept.archived,
+                    tombstones_dropped = swept.tombstones_dropped,
+                    segments_compacted = swept.segments_compacted,
+                    bytes_freed = swept.bytes_freed,
+                    "retention sweep"
+                ),
+                Ok(_) => {}
+                Err(Error::ShuttingDown) => return,
+                Err(e) => tracing::error!("retention sweep failed (tried again later): {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = advances.next() => {}
+                _ = self.shutdown_token().cancelled() => return,
+            }
+        }
+    }
+
+    /// Deletes (and archives) every run whose retention has passed, drops
+    /// tombstones that ran out, and compacts.
+    pub async fn sweep(&self) -> Result<Swept, Error> {
+        let retention = self.inner.config.retention;
+        let default_ms = match retention {
+            Retention::Forever => None,
+            Retention::Ms(ms) => Some(ms),
+        };
+        let mut swept = Swept::default();
+        let now = self.now_ms();
+        let until = now.saturating_add(tombstone_for(retention).as_millis() as i64);
+        let mut failed = Vec::new();
+        loop {
+            if self.shutdown_token().is_cancelled() {
+                return Err(Error::ShuttingDown);
+            }
+            let runs: Vec<RunId> = self
+                .inner
+                .store
+                .expired_runs(now, default_ms, SWEEP_BATCH + failed.len())
+                .await?
+                .into_iter()
+                .filter(|run| !failed.contains(run))
+                .collect();
+            if runs.is_empty() {
+                break;
+            }
+            let full = runs.len() >= SWEEP_BATCH;
+            let deletions = runs.into_iter().map(|run| async move {
+                let result = self.expire(run, now, until).await;
+                (run, result)
+            });
+            for (run, result) in futures_util::future::join_all(deletions).await {
+                match result {
+                    Ok(archived) => {
+                        swept.deleted += 1;
+                        swept.archived += u64::from(archived);
+                    }
+                    Err(e) => {
+                        tracing::error!(%run, "could not delete an expired run (kept, tried again at the next sweep): {e}");
+                        failed.push(run);
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        loop {
+            let dropped = self
+                .inner
+                .store
+                .drop_tombstones(now, TOMBSTONE_BATCH)
+                .await?;
+            swept.tombstones_dropped += dropped as u64;
+            if dropped < TOMBSTONE_BATCH {
+                break;
+            }
+        }
+        for _ in 0..COMPACTION_STEPS {
+            if self.shutdown_token().is_cancelled() {
+                break;
+            }
+            let step = self.inner.store.compact().await?;
+            swept.segments_compacted += step.segments;
+            swept.bytes_freed += step.freed_bytes;
+            if step.segments == 0 {
+                break;
+            }
+        }
+        Ok(swept)
+    }
+
+    /// Deletes one expired run under its lock, archived first when the
+    /// server archives; true if it wrote an archive.
+    async fn expire(&self, run: RunId, now: i64, until: i64) -> Result<bool, Error> {
+        let _guard = self.lock_run(run).await;
+        let archived = match &self.inner.config.archive_dir {
+            Some(dir) => {
+                let events = self.inner.store.run_events(run, 0, usize::MAX).await?;
+                if !events.is_empty() {
+                    let dir = dir.clone();
+                    tokio::task::spawn_blocking(move || crate::archive::write(&dir, run, &events))
+                        .await
+                        .map_err(|e| Error::Internal(format!("archive task failed: {e}")))?
+                        .map_err(|e| {
+                            Error::StorageUnavailable(format!(
+                                "the archive of run {run} cannot be written: {e}"
+                            ))
+                        })?;
+                }
+                true
+            }
+            None => false,
+        };
+        let mut batch = WriteBatch::default();
+        batch.expire_run(run, now, until);
+        let committed = self.inner.store.commit(batch).await;
+        // Whatever the outcome, the next call reads the run again.
+        self.inner.cache.lock().expect("poisoned").pop(&run);
+        committed?;
+        Ok(archived)
+    }
+}

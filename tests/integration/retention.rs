@@ -1,0 +1,199 @@
+//! Retention (docs/retention.md): finished runs are deleted once their
+//! retention has passed, and answer RUN_EXPIRED while their tombstone
+//! lasts; running and waiting runs are never deleted. The tests move the
+//! server's clock; each sweep runs at an advance.
+
+use std::time::Duration;
+
+use aaa::domain::Retention;
+use aaa::proto::{
+    model_spec, GetRunRequest, ListRunsRequest, ModelSpec, RunStatus, ScriptedModel, SignalRequest,
+    StartRunRequest, StreamEventsRequest,
+};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+use crate::support::*;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A run that completes at once: the scripted model echoes the task.
+pub fn short_run(task: &str) -> StartRunRequest {
+    StartRunRequest {
+        task: task.into(),
+        model: Some(ModelSpec {
+            kind: Some(model_spec::Kind::Scripted(ScriptedModel {
+                steps: vec![echo_step()],
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+fn labelled(mut request: StartRunRequest, retention: &str) -> StartRunRequest {
+    request
+        .labels
+        .insert(aaa::domain::RETENTION_LABEL.into(), retention.into());
+    request
+}
+
+/// GetRun's answer: Ok(status) or the error.
+async fn status_of(runs: &mut RunClient, run_id: &str) -> Result<i32, tonic::Status> {
+    runs.get_run(GetRunRequest {
+        run_id: run_id.into(),
+    })
+    .await
+    .map(|r| r.into_inner().run.expect("run").status)
+}
+
+/// Waits (up to [`WAIT`]) until GetRun of `run_id` is refused with `reason`.
+pub async fn wait_until_gone(runs: &mut RunClient, run_id: &str, reason: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match status_of(runs, run_id).await {
+            Err(status) if status.code() == Code::NotFound => {
+                let info = status.get_details_error_info().expect("ErrorInfo");
+                if info.reason == reason {
+                    return;
+                }
+            }
+            Err(status) => panic!("GetRun {run_id}: {status:?}"),
+            Ok(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {run_id} was not refused with {reason} within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn finished_runs_expire_and_say_so_while_waiting_runs_stay() {
+    let mut server =
+        TestServer::start_with(|config| config.retention = Retention::Ms(HOUR.as_millis() as i64))
+            .await;
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+
+    let waiting = start_run(&mut runs, scripted_reference_run()).await;
+    let call = wait_for_approval(&mut runs, &waiting).await;
+    let mut first = short_run("first");
+    first.request_id = "req-first".into();
+    let first = start_run(&mut runs, first).await;
+    let kept = start_run(&mut runs, labelled(short_run("kept"), "forever")).await;
+    let quick = start_run(&mut runs, labelled(short_run("quick"), "10m")).await;
+    for run in [&first, &kept, &quick] {
+        wait_for_end(&mut runs, run).await;
+    }
+
+    // Ten minutes on: the run with its own ten minutes goes, no other.
+    server.clock().advance(Duration::from_secs(11 * 60));
+    wait_until_gone(&mut runs, &quick, "RUN_EXPIRED").await;
+    assert_eq!(
+        status_of(&mut runs, &first).await.unwrap(),
+        RunStatus::Completed as i32
+    );
+
+    // An hour on: the finished run goes; the waiting one (older than the
+    // retention) and the one kept for good stay.
+    server.clock().advance(HOUR);
+    wait_until_gone(&mut runs, &first, "RUN_EXPIRED").await;
+    assert_eq!(
+        status_of(&mut runs, &waiting).await.unwrap(),
+        RunStatus::WaitingForApproval as i32
+    );
+    assert_eq!(
+        status_of(&mut runs, &kept).await.unwrap(),
+        RunStatus::Completed as i32
+    );
+
+    // Every call that names the deleted run says it expired, also after a
+    // restart.
+    server.restart().await;
+    let mut runs = server.runs().await;
+    let status = expect_err(status_of(&mut runs, &first).await);
+    let info = assert_error(&status, Code::NotFound, "RUN_EXPIRED");
+    assert_eq!(info.metadata["run_id"], first);
+    assert!(info.metadata["expired_ms"].parse::<i64>().unwrap() > 0);
+    let stream = runs
+        .stream_events(StreamEventsRequest {
+            run_id: first.clone(),
+            ..Default::default()
+        })
+        .await;
+    assert_error(
+        &expect_err(stream.map(|_| ())),
+        Code::NotFound,
+        "RUN_EXPIRED",
+    );
+    let signal = runs
+        .signal(SignalRequest {
+            run_id: first.clone(),
+            r#type: "app.note".into(),
+            data_json: "{}".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_error(&expect_err(signal), Code::NotFound, "RUN_EXPIRED");
+    let listed: Vec<String> = runs
+        .list_runs(ListRunsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .runs
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert!(
+        !listed.contains(&first) && !listed.contains(&quick),
+        "{listed:?}"
+    );
+    assert!(
+        listed.contains(&waiting) && listed.contains(&kept),
+        "{listed:?}"
+    );
+
+    // Its idempotency record went with it: the same request id starts a
+    // new run.
+    let mut again = short_run("first");
+    again.request_id = "req-first".into();
+    let again = start_run(&mut runs, again).await;
+    assert_ne!(again, first);
+
+    // The waiting run is whole: it takes its grant and goes on.
+    grant_and_finish(&mut runs, &mut server.workers().await, &waiting, &call).await;
+
+    // Once the tombstone has gone (at least an hour, as long as the
+    // retention), the run is just not found.
+    server.clock().advance(2 * HOUR);
+    wait_until_gone(&mut runs, &first, "RUN_NOT_FOUND").await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_retention_label_is_refused_by_name() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    for bad in ["soon", "30", "-1d", "1.5h", "999999999d"] {
+        let refused = runs.start_run(labelled(short_run("x"), bad)).await;
+        let info = assert_error(&expect_err(refused), Code::InvalidArgument, "INVALID_FIELD");
+        assert_eq!(info.metadata["field"], "labels[aaa.retention]", "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn retention_forever_keeps_every_run() {
+    let server = TestServer::start_with(|config| config.retention = Retention::Forever).await;
+    let mut runs = server.runs().await;
+    let run = start_run(&mut runs, short_run("kept")).await;
+    wait_for_end(&mut runs, &run).await;
+    let gone = start_run(&mut runs, labelled(short_run("gone"), "1h")).await;
+    wait_for_end(&mut runs, &gone).await;
+    server.clock().advance(365 * 24 * HOUR);
+    wait_until_gone(&mut runs, &gone, "RUN_EXPIRED").await;
+    assert_eq!(
+        status_of(&mut runs, &run).await.unwrap(),
+        RunStatus::Completed as i32
+    );
+}
