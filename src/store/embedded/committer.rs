@@ -46,14 +46,15 @@ pub(super) struct Committer {
     /// Why sled failed, once it has: sled keeps an I/O error for good (its
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
-    /// Dead event bytes per log segment (see `super::retention`).
-    pub dead: HashMap<u64, u64>,
+    /// Dead bytes per log segment, for compaction (see `super::compact`).
+    pub reclaim: super::compact::Reclaim,
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
 /// it stays off the async runtime, and needs no hand-off per round.
 pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
     let mut round = Vec::new();
+    let mut compactions = Vec::new();
     let mut closed = None;
     let mut backoff = PROBE_FIRST;
     while closed.is_none() {
@@ -76,9 +77,18 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
             messages.blocking_recv()
         };
         let Some(message) = message else { break };
-        closed = queue::gather(message, &mut messages, &mut round, MAX_ROUND);
+        closed = queue::gather(
+            message,
+            &mut messages,
+            &mut round,
+            &mut compactions,
+            MAX_ROUND,
+        );
         if !round.is_empty() {
             committer.commit_round(&mut round);
+        }
+        for reply in compactions.drain(..) {
+            let _ = reply.send(committer.compact());
         }
     }
     // Refuse what comes after: its senders get StoreError::Closed.
@@ -307,7 +317,7 @@ impl Committer {
 
     /// Makes sled hold every applied record durably, spans included, with a
     /// mark saying so.
-    fn checkpoint(&mut self) -> Result<()> {
+    pub(super) fn checkpoint(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
         let mark = Mark {
             offset: self.log.end(),

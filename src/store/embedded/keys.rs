@@ -22,6 +22,7 @@ pub const TOMBSTONE: u8 = b'Z';
 pub const TOMBSTONE_UNTIL: u8 = b'z';
 pub const RUN_REQUEST: u8 = b'J';
 pub const SEGMENT: u8 = b'S';
+pub const RETIRED: u8 = b'Q';
 
 /// `<family> ‖ time_ms ‖ run`: a finished run by its finish time (`X`,
 /// runs that follow the server's retention), by the time its own
@@ -48,6 +49,14 @@ pub fn parse_timed(key: &[u8]) -> Option<(i64, RunId)> {
 pub fn run_request(run: RunId, request_key: &[u8]) -> Vec<u8> {
     let mut k = run_scoped(RUN_REQUEST, run);
     k.extend_from_slice(request_key);
+    k
+}
+
+/// `Q ‖ start`: the log segment that starts at `start` was compacted
+/// away; its file is deleted (again, at open, if a crash came first).
+pub fn retired(start: u64) -> Vec<u8> {
+    let mut k = vec![RETIRED];
+    k.extend_from_slice(&start.to_be_bytes());
     k
 }
 

@@ -15,6 +15,7 @@
 //! position.
 
 mod committer;
+mod compact;
 mod keys;
 mod log;
 mod retention;
@@ -165,7 +166,7 @@ impl EmbeddedStore {
             durable_position: durable_position.clone(),
             writable: writable_tx,
             index_failed: None,
-            dead,
+            reclaim: compact::Reclaim::new(dead),
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
@@ -184,8 +185,30 @@ impl EmbeddedStore {
         })
     }
 
-    /// Every event of `run` from seq `from` on, the durable ones only.
+    /// Runs a read again when compaction deleted a segment under it: the
+    /// spans it found had been moved, and looking them up again finds them
+    /// where they are now.
+    fn retrying<T>(&self, read: impl Fn() -> Result<T>) -> Result<T> {
+        let mut tries = 0;
+        loop {
+            match read() {
+                Err(e) if log::is_retired(&e) && tries < 3 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// Every event of `run` after `after_seq`, the durable ones only.
     fn events_from(&self, run: RunId, after_seq: u64, limit: usize) -> Result<Vec<EventRecord>> {
+        self.retrying(|| self.events_from_once(run, after_seq, limit))
+    }
+
+    fn events_from_once(
+        &self,
+        run: RunId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRecord>> {
         let durable = self.inner.durable_position.load(Ordering::Acquire);
         let mut out = Vec::new();
         for span in self.spans_from(run, after_seq.saturating_add(1)) {
@@ -273,6 +296,55 @@ impl EmbeddedStore {
             .unwrap_or_default())
     }
 
+    /// Durable events after global position `after` (see
+    /// [`super::Store::log_after`]).
+    fn log_after_once(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
+        let durable = self.inner.durable_position.load(Ordering::Acquire);
+        let mut out = Vec::new();
+        if after >= durable {
+            return Ok(out);
+        }
+        // Events of runs deleted by retention stay in the log until their
+        // segment is compacted: skip them. A run is deleted when its span
+        // index is (a durable event always has its span, recent or in sled).
+        let mut kept: std::collections::HashMap<Vec<u8>, bool> = Default::default();
+        // The record that holds `after + 1`, then the ones after it.
+        for entry in self
+            .inner
+            .tree
+            .range(keys::log(after + 1)..vec![keys::LOG + 1])
+        {
+            let (key, value) = entry?;
+            let offset = value
+                .as_ref()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| corrupt(&key, "bad log offset"))?;
+            for event in self.inner.segments.record_events(offset)? {
+                if event.position <= after {
+                    continue;
+                }
+                if event.position > durable || out.len() >= limit {
+                    return Ok(out);
+                }
+                let live = match kept.get(&event.run_id) {
+                    Some(&live) => live,
+                    None => {
+                        let run = RunId::from_slice(&event.run_id)
+                            .ok_or_else(|| corrupt(&event.run_id, "bad run id"))?;
+                        let live = self.newest_span(run)?.is_some();
+                        kept.insert(event.run_id.clone(), live);
+                        live
+                    }
+                };
+                if live {
+                    out.push(event);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn get<T: Message + Default>(&self, key: &[u8]) -> Result<Option<T>> {
         match self.inner.tree.get(key)? {
             Some(value) => decode(key, &value).map(Some),
@@ -304,6 +376,10 @@ fn newest_span(tree: &sled::Db, recent: &spans::Recent, run: RunId) -> Result<Op
 impl super::Store for EmbeddedStore {
     async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
         self.inner.commits.commit(batch).await
+    }
+
+    async fn compact(&self) -> Result<super::Compacted> {
+        self.inner.commits.compact().await
     }
 
     async fn claim_runs(
@@ -354,7 +430,7 @@ impl super::Store for EmbeddedStore {
     }
 
     async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
-        match self.spans_from(run, seq).next() {
+        self.retrying(|| match self.spans_from(run, seq).next() {
             Some(span) => Ok(self
                 .inner
                 .segments
@@ -362,54 +438,11 @@ impl super::Store for EmbeddedStore {
                 .into_iter()
                 .find(|e| e.seq == seq)),
             None => Ok(None),
-        }
+        })
     }
 
     async fn log_after(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
-        let durable = self.durable_position();
-        let mut out = Vec::new();
-        if after >= durable {
-            return Ok(out);
-        }
-        // Events of runs deleted by retention stay in the log until their
-        // segment is compacted: skip them. A run is deleted when its span
-        // index is (a durable event always has its span, recent or in sled).
-        let mut kept: std::collections::HashMap<Vec<u8>, bool> = Default::default();
-        // The record that holds `after + 1`, then the ones after it.
-        for entry in self
-            .inner
-            .tree
-            .range(keys::log(after + 1)..vec![keys::LOG + 1])
-        {
-            let (key, value) = entry?;
-            let offset = value
-                .as_ref()
-                .try_into()
-                .map(u64::from_le_bytes)
-                .map_err(|_| corrupt(&key, "bad log offset"))?;
-            for event in self.inner.segments.record_events(offset)? {
-                if event.position <= after {
-                    continue;
-                }
-                if event.position > durable || out.len() >= limit {
-                    return Ok(out);
-                }
-                let live = match kept.get(&event.run_id) {
-                    Some(&live) => live,
-                    None => {
-                        let run = RunId::from_slice(&event.run_id)
-                            .ok_or_else(|| corrupt(&event.run_id, "bad run id"))?;
-                        let live = self.newest_span(run)?.is_some();
-                        kept.insert(event.run_id.clone(), live);
-                        live
-                    }
-                };
-                if live {
-                    out.push(event);
-                }
-            }
-        }
-        Ok(out)
+        self.retrying(|| self.log_after_once(after, limit))
     }
 
     async fn run(&self, run: RunId) -> Result<Option<RunRecord>> {

@@ -147,7 +147,7 @@ impl Committer {
             }
         }
         for (start, bytes) in by_segment {
-            let total = self.dead.entry(start).or_default();
+            let total = self.reclaim.dead.entry(start).or_default();
             *total += bytes;
             out.put(&keys::segment(start), &total.to_le_bytes());
         }
