@@ -282,6 +282,7 @@ struct Inner {
     durable_timers_changed: std::sync::atomic::AtomicBool,
     /// The standing grants, and their uses (see [`grants`]).
     grants: grants::Grants,
+    retention: retention::Counters,
 }
 
 /// Where a method's request ids are kept: per method (and run), and per
@@ -337,6 +338,7 @@ impl Engine {
                 timers_changed: Notify::new(),
                 durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
                 grants: grants::Grants::default(),
+                retention: retention::Counters::default(),
             }),
         };
         // Before any call is reviewed; a standby loads them as it takes over.

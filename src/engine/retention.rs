@@ -10,6 +10,8 @@
 //! Each run is deleted under its lock, after its archive file (if any) is
 //! durable, and its cached state is dropped, so no call sees half of it.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::domain::Retention;
@@ -51,16 +53,70 @@ pub fn tombstone_for(retention: Retention) -> Duration {
 }
 
 /// What one sweep did.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Swept {
+    /// Finished runs deleted.
     pub deleted: u64,
+    /// Of them, archived first.
     pub archived: u64,
     pub tombstones_dropped: u64,
+    /// Log segments compacted away (the embedded store).
     pub segments_compacted: u64,
+    /// Live bytes compaction copied forward.
+    pub bytes_moved: u64,
+    /// Disk given back.
     pub bytes_freed: u64,
+    /// Deleted runs with events past a consumer group's cursor, summed over
+    /// groups: the events a group skips (see docs/retention.md).
+    pub group_skips: u64,
+}
+
+/// Totals since the server started, for metrics: each field of [`Swept`]
+/// summed over sweeps.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub deleted: AtomicU64,
+    pub archived: AtomicU64,
+    pub tombstones_dropped: AtomicU64,
+    pub segments_compacted: AtomicU64,
+    pub bytes_moved: AtomicU64,
+    pub bytes_freed: AtomicU64,
+    pub group_skips: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, swept: &Swept) {
+        let add = |counter: &AtomicU64, n: u64| counter.fetch_add(n, Ordering::Relaxed);
+        add(&self.deleted, swept.deleted);
+        add(&self.archived, swept.archived);
+        add(&self.tombstones_dropped, swept.tombstones_dropped);
+        add(&self.segments_compacted, swept.segments_compacted);
+        add(&self.bytes_moved, swept.bytes_moved);
+        add(&self.bytes_freed, swept.bytes_freed);
+        add(&self.group_skips, swept.group_skips);
+    }
+
+    /// The totals so far.
+    pub fn snapshot(&self) -> Swept {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Swept {
+            deleted: get(&self.deleted),
+            archived: get(&self.archived),
+            tombstones_dropped: get(&self.tombstones_dropped),
+            segments_compacted: get(&self.segments_compacted),
+            bytes_moved: get(&self.bytes_moved),
+            bytes_freed: get(&self.bytes_freed),
+            group_skips: get(&self.group_skips),
+        }
+    }
 }
 
 impl Engine {
+    /// What retention did since the server started (for `/metrics`).
+    pub fn retention_counters(&self) -> Swept {
+        self.inner.retention.snapshot()
+    }
+
     /// The retention task: sweeps until shutdown.
     pub(super) async fn run_retention(self) {
         let clock = self.clock().clone();
@@ -98,7 +154,22 @@ impl Engine {
             Retention::Ms(ms) => Some(ms),
         };
         let mut swept = Swept::default();
+        let result = self.sweep_into(retention, default_ms, &mut swept).await;
+        self.inner.retention.add(&swept);
+        result.map(|()| swept)
+    }
+
+    async fn sweep_into(
+        &self,
+        retention: Retention,
+        default_ms: Option<i64>,
+        swept: &mut Swept,
+    ) -> Result<(), Error> {
         let now = self.now_ms();
+        // Groups whose cursor is behind a deleted run's last event skip
+        // its events they had not read: counted, and said per group.
+        let mut groups: Option<Vec<(String, u64)>> = None;
+        let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
         let until = now.saturating_add(tombstone_for(retention).as_millis() as i64);
         let mut failed = Vec::new();
         loop {
@@ -121,11 +192,22 @@ impl Engine {
                 let result = self.expire(run, now, until).await;
                 (run, result)
             });
-            for (run, result) in futures_util::future::join_all(deletions).await {
+            let results = futures_util::future::join_all(deletions).await;
+            if groups.is_none() {
+                let list = self.inner.store.list_groups().await?;
+                groups = Some(list.into_iter().map(|g| (g.name, g.cursor)).collect());
+            }
+            for (run, result) in results {
                 match result {
-                    Ok(archived) => {
+                    Ok((archived, last_position)) => {
                         swept.deleted += 1;
                         swept.archived += u64::from(archived);
+                        for (group, cursor) in groups.iter().flatten() {
+                            if *cursor < last_position {
+                                *skipped.entry(group.clone()).or_default() += 1;
+                                swept.group_skips += 1;
+                            }
+                        }
                     }
                     Err(e) => {
                         tracing::error!(%run, "could not delete an expired run (kept, tried again at the next sweep): {e}");
@@ -136,6 +218,13 @@ impl Engine {
             if !full {
                 break;
             }
+        }
+        for (group, runs) in &skipped {
+            tracing::warn!(
+                group = %group,
+                runs,
+                "consumer group is behind retention: the events of {runs} deleted runs past its cursor are skipped (only those it had read already may still be delivered)"
+            );
         }
         loop {
             let dropped = self
@@ -154,18 +243,30 @@ impl Engine {
             }
             let step = self.inner.store.compact().await?;
             swept.segments_compacted += step.segments;
+            swept.bytes_moved += step.moved_bytes;
             swept.bytes_freed += step.freed_bytes;
             if step.segments == 0 {
                 break;
             }
         }
-        Ok(swept)
+        Ok(())
     }
 
     /// Deletes one expired run under its lock, archived first when the
-    /// server archives; true if it wrote an archive.
-    async fn expire(&self, run: RunId, now: i64, until: i64) -> Result<bool, Error> {
+    /// server archives: whether it wrote an archive, and the global
+    /// position of the run's last event.
+    async fn expire(&self, run: RunId, now: i64, until: i64) -> Result<(bool, u64), Error> {
         let _guard = self.lock_run(run).await;
+        let last_seq = self.inner.store.run(run).await?.map_or(0, |r| r.last_seq);
+        let last_position = match last_seq {
+            0 => 0,
+            seq => self
+                .inner
+                .store
+                .event(run, seq)
+                .await?
+                .map_or(0, |e| e.position),
+        };
         let archived = match &self.inner.config.archive_dir {
             Some(dir) => {
                 let events = self.inner.store.run_events(run, 0, usize::MAX).await?;
@@ -190,6 +291,6 @@ impl Engine {
         // Whatever the outcome, the next call reads the run again.
         self.inner.cache.lock().expect("poisoned").pop(&run);
         committed?;
-        Ok(archived)
+        Ok((archived, last_position))
     }
 }

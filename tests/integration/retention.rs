@@ -297,3 +297,199 @@ async fn a_steady_load_with_a_tiny_retention_keeps_the_store_bounded() {
         "the data dir grew from {first_half} to {second_half} bytes"
     );
 }
+
+/// Consumer groups across deletion and compaction. A group created after
+/// the runs were deleted, from the beginning of the log (its cursor
+/// behind every deleted event), gets exactly the live events, once each,
+/// in position order: the deleted runs' are skipped. A group that existed
+/// all along gets every live event once, in order, too (events it had read
+/// ahead into its buffer before their run was deleted may still come).
+#[tokio::test]
+async fn groups_get_every_live_event_across_compaction_and_skip_deleted_ones() {
+    use crate::subscriptions::subscribe;
+    use aaa::proto::{StartFrom, SubscriptionOpen};
+    let server = TestServer::start_with(|config| {
+        config.retention = Retention::Ms(1_000);
+        config.log_segment_bytes = 64 * 1024;
+    })
+    .await;
+    let open = |group: &str| SubscriptionOpen {
+        group: group.into(),
+        event_types: vec!["*".into()],
+        start_from: StartFrom::Beginning as i32,
+        ..Default::default()
+    };
+    // This group exists from the start, its cursor at 0; no member reads.
+    drop(subscribe(&server, open("early")).await);
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let waiting = start_run(&mut runs, scripted_reference_run()).await;
+    wait_for_approval(&mut runs, &waiting).await;
+    let task = "y".repeat(4 * 1024);
+    let mut short = Vec::new();
+    for n in 0..12 {
+        for _ in 0..8 {
+            let run = start_run(&mut runs, short_run(&task)).await;
+            wait_for_end(&mut runs, &run).await;
+            short.push(run);
+        }
+        signal(
+            &mut runs,
+            &waiting,
+            "app.note",
+            serde_json::json!({ "n": n }),
+        )
+        .await
+        .expect("Signal");
+    }
+    server.clock().advance(Duration::from_secs(2));
+    for run in &short {
+        wait_until_gone(&mut runs, run, "RUN_EXPIRED").await;
+    }
+    if !on_postgres() {
+        // The first segments held mostly deleted runs: compacted away.
+        let first = std::path::Path::new(&server.store_location())
+            .join("log")
+            .join(format!("{:020}.seg", 0));
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while first.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "segment 0 was never compacted"
+            );
+            server.clock().advance(Duration::from_secs(1));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let live = history(&mut runs, &waiting).await;
+    for group in ["late", "early"] {
+        let mut member = subscribe(&server, open(group)).await;
+        let mut got = Vec::new();
+        let mut position = 0;
+        while got.len() < live.len() {
+            let delivery = member.delivery().await;
+            let event = delivery.event.clone().expect("event");
+            assert!(
+                event.position > position,
+                "{group}: out of order: {event:?}"
+            );
+            position = event.position;
+            member.ack_ok(&delivery).await;
+            if event.run_id == waiting {
+                got.push(event);
+            } else {
+                assert_eq!(group, "early", "an event of a deleted run: {event:?}");
+                assert!(short.contains(&event.run_id), "{event:?}");
+            }
+        }
+        assert_eq!(
+            got, live,
+            "{group}: the live run's events, once each, in order"
+        );
+    }
+    server.shutdown().await;
+}
+
+/// A kill -9 at each step of a compaction (the process aborts there, as
+/// `AAA_TEST_CRASH_AT=compact:STEP` asks): after a restart every
+/// acknowledged event of the waiting run is there, each finished run is
+/// whole or reported expired (never half there), the run still takes its
+/// grant, and compaction finishes what it started. PostgreSQL compacts its
+/// own tables: there is no step of aaa's to crash in.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_9_at_any_step_of_compaction_loses_nothing_live() {
+    use std::os::unix::process::ExitStatusExt;
+    if on_postgres() {
+        return;
+    }
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--retention",
+        "1s",
+        "--log-segment-kib",
+        "64",
+    ];
+    for step in ["written", "applied", "checkpointed"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let hook = format!("compact:{step}");
+        let server =
+            ChildServer::spawn_args_env(dir.path(), &args, &[("AAA_TEST_CRASH_AT", &hook)])
+                .ready()
+                .await;
+        let mut runs = server.runs().await;
+        register(&mut server.workers().await, vec![wire_money()], &[]).await;
+        let waiting = start_run(&mut runs, scripted_reference_run()).await;
+        let call = wait_for_approval(&mut runs, &waiting).await;
+        let task = "z".repeat(4 * 1024);
+        let (mut finished, mut notes) = (Vec::new(), 0);
+        // Short runs until the server's own sweep (every second) compacts
+        // and the hook aborts it.
+        'load: for n in 0..400 {
+            for _ in 0..5 {
+                let Ok(started) = runs.start_run(short_run(&task)).await else {
+                    break 'load;
+                };
+                finished.push(started.into_inner().run_id);
+            }
+            let data = serde_json::json!({ "n": n });
+            if signal(&mut runs, &waiting, "app.note", data).await.is_err() {
+                break;
+            }
+            notes += 1;
+        }
+        let status = server.exited().await;
+        assert_eq!(status.signal(), Some(libc::SIGABRT), "{step}: {status}");
+
+        let server = ChildServer::start_args(dir.path(), &args).await;
+        let mut runs = server.runs().await;
+        let events = history(&mut runs, &waiting).await;
+        assert_dense(&events, 1);
+        let kept = count(&events, "app.note");
+        assert!(
+            kept == notes || kept == notes + 1,
+            "{step}: {kept} notes of {notes} acknowledged"
+        );
+        assert_eq!(
+            status_of(&mut runs, &waiting).await.unwrap(),
+            RunStatus::WaitingForApproval as i32,
+            "{step}"
+        );
+        for run in &finished {
+            match status_of(&mut runs, run).await {
+                Ok(status) => {
+                    let events = history(&mut runs, run).await;
+                    assert_dense(&events, 1);
+                    let last = events.last().expect("events").r#type.as_str();
+                    if status == RunStatus::Completed as i32 {
+                        assert_eq!(last, "aaa.run.completed", "{step}: run {run}");
+                    }
+                }
+                Err(status) => {
+                    assert_eq!(status.code(), Code::NotFound, "{step}: {status:?}");
+                    let stream = runs
+                        .stream_events(StreamEventsRequest {
+                            run_id: run.clone(),
+                            ..Default::default()
+                        })
+                        .await;
+                    assert_eq!(expect_err(stream.map(|_| ())).code(), Code::NotFound);
+                }
+            }
+        }
+        // Compaction goes on after the restart: the runs expire, the log
+        // shrinks back to a few segments.
+        let log = dir.path().join("data").join("log");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while size_of(&log) > 8 * 64 * 1024 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{step}: the log stayed at {} bytes",
+                size_of(&log)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        grant_and_finish(&mut runs, &mut server.workers().await, &waiting, &call).await;
+        server.stop();
+    }
+}

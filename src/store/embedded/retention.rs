@@ -182,7 +182,18 @@ impl EmbeddedStore {
                 let key = key?;
                 let (_, run) =
                     keys::parse_timed(&key).ok_or_else(|| super::corrupt(&key, "bad key"))?;
-                out.push(run);
+                match self.get::<RunRecord>(&keys::run_scoped(keys::RUN, run))? {
+                    Some(record) if expiry_keys(run, &record).as_deref() == Some(&key[..]) => {
+                        out.push(run)
+                    }
+                    // An entry its run no longer has (the run is gone, or
+                    // its summary was written again): dropped here, as
+                    // tombstones are (a replay may bring it back; the next
+                    // sweep drops it again).
+                    _ => {
+                        tree.remove(&key)?;
+                    }
+                }
             }
             Ok(())
         };
