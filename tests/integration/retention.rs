@@ -493,3 +493,93 @@ async fn a_kill_9_at_any_step_of_compaction_loses_nothing_live() {
         server.stop();
     }
 }
+
+/// The text of a gzip file.
+fn gunzip(path: &std::path::Path) -> String {
+    use std::io::Read;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .expect("gzip");
+    text
+}
+
+/// Runs `aaa ARGS` against `server`; (exit code, stdout, stderr).
+async fn aaa_command(server: &impl Server, args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_aaa"));
+    command
+        .args(args)
+        .env("AAA_SERVER", format!("http://{}", server.addr()))
+        .env_remove("AAA_TOKEN");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("run aaa");
+    (
+        output.status.code().expect("exit code"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// With --archive-dir, an expiring run is written as RUN_ID.jsonl.gz
+/// before it is deleted: one line per event, its data exactly as appended;
+/// `aaa runs export` writes the same file on demand.
+#[tokio::test(flavor = "multi_thread")]
+async fn expiring_runs_are_archived_and_export_writes_the_same() {
+    let archive = tempfile::tempdir().expect("temp dir");
+    let archive_dir = archive.path().to_path_buf();
+    let server = TestServer::start_with(move |config| {
+        config.retention = Retention::Ms(HOUR.as_millis() as i64);
+        config.archive_dir = Some(archive_dir.clone());
+    })
+    .await;
+    let mut runs = server.runs().await;
+    let run = start_run(
+        &mut runs,
+        short_run(r#"pay {"amount": 12345678901234567890}"#),
+    )
+    .await;
+    let events = wait_for_end(&mut runs, &run).await;
+
+    let exports = tempfile::tempdir().expect("temp dir");
+    let out = exports.path().to_str().unwrap();
+    let (code, stdout, stderr) =
+        aaa_command(&server, &["runs", "export", &run, "--out", out]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let exported = exports.path().join(format!("{run}.jsonl.gz"));
+    assert_eq!(stdout.trim(), exported.display().to_string());
+    let exported = gunzip(&exported);
+    let lines: Vec<serde_json::Value> = exported
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), events.len());
+    for (line, event) in lines.iter().zip(&events) {
+        assert_eq!(line["run_id"], run);
+        assert_eq!(line["seq"], event.seq);
+        assert_eq!(line["position"], event.position);
+        assert_eq!(line["type"], event.r#type);
+        assert_eq!(line["data"], data(event));
+    }
+
+    server.clock().advance(2 * HOUR);
+    wait_until_gone(&mut runs, &run, "RUN_EXPIRED").await;
+    let archived = gunzip(&archive.path().join(format!("{run}.jsonl.gz")));
+    assert_eq!(
+        archived, exported,
+        "the archive and the export are the same"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(archive.path()).unwrap().collect();
+    assert_eq!(
+        leftovers.len(),
+        1,
+        "one file, no temporary left: {leftovers:?}"
+    );
+
+    // Exporting a deleted run says why there is nothing to export.
+    let (code, _, stderr) = aaa_command(&server, &["runs", "export", &run, "--out", out]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("RUN_EXPIRED"), "{stderr}");
+}
