@@ -71,8 +71,15 @@ struct Inner {
 /// and had a `wal` file; version 2 had event pointers without their last
 /// event's time (and rewrote the run summary on every append); version 3
 /// had one pointer per span, written at every append, where version 4 has
-/// lists written at checkpoints. Nothing converts any of them.
-const LAYOUT: &str = "4";
+/// lists written at checkpoints. Nothing converts any of them. Version 5
+/// adds retention (expiry index entries, tombstones, dead bytes per
+/// segment) and log entries that version 4 cannot read (a deleted run,
+/// compaction's copies): a version 4 directory is upgraded in place at
+/// open (its finished runs indexed), and an older aaa refuses a version 5
+/// one by name instead of misreading its log.
+const LAYOUT: &str = "5";
+/// The layout this version upgrades to [`LAYOUT`] at open.
+const UPGRADED: &str = "4";
 
 /// How the store opens sled in `dir`.
 fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
@@ -93,7 +100,7 @@ fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
 /// The error for a data directory of another layout.
 fn other_layout(version: &str) -> StoreError {
     StoreError::Format(format!(
-        "the data directory has layout version {version}; this aaa reads version {LAYOUT} only (start with an empty --data-dir)"
+        "the data directory has layout version {version}; this aaa reads version {LAYOUT} only (and upgrades version {UPGRADED}; start with an empty --data-dir)"
     ))
 }
 
@@ -102,6 +109,12 @@ fn check_format(tree: &sled::Db, dir: &Path) -> Result<()> {
     let name = keys::meta("format");
     match tree.get(&name)? {
         Some(format) if format == LAYOUT.as_bytes() => Ok(()),
+        Some(format) if format == UPGRADED.as_bytes() => {
+            // Made durable by the first checkpoint, after the backfill of
+            // the retention index (which runs again if a crash comes first).
+            tree.insert(&name, LAYOUT.as_bytes())?;
+            Ok(())
+        }
         Some(format) => Err(other_layout(&String::from_utf8_lossy(&format))),
         None if tree.first()?.is_some() || dir.join("wal").exists() => Err(other_layout("1")),
         None => {
@@ -718,6 +731,36 @@ mod tests {
             let expected = format!("layout version {old}; this aaa reads version {LAYOUT} only");
             assert!(error.to_string().contains(&expected), "{error}");
         }
+    }
+
+    /// A directory of layout 4 (before retention) is upgraded in place: its
+    /// finished runs are indexed for retention, its running ones are not.
+    #[tokio::test]
+    async fn a_data_dir_of_layout_4_is_upgraded_and_its_finished_runs_indexed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (done, running) = (RunId::new(), RunId::new());
+        {
+            let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
+            tree.insert(keys::meta("format"), b"4").unwrap();
+            for (run, status) in [(done, 3), (running, 2)] {
+                let record = RunRecord {
+                    run_id: run.as_bytes().to_vec(),
+                    status,
+                    updated_ms: 5_000,
+                    ..Default::default()
+                };
+                tree.insert(keys::run_scoped(keys::RUN, run), record.encode_to_vec())
+                    .unwrap();
+            }
+            tree.flush().unwrap();
+        }
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        let format = store.inner.tree.get(keys::meta("format")).unwrap().unwrap();
+        assert_eq!(&format[..], LAYOUT.as_bytes());
+        assert_eq!(store.expired_runs(5_000, Some(0), 10).unwrap(), [done]);
+        assert!(store.expired_runs(4_999, Some(0), 10).unwrap().is_empty());
+        assert!(store.expired_runs(i64::MAX, None, 10).unwrap().is_empty());
+        store.close().await;
     }
 
     /// A crash during a checkpoint leaves span lists in sled that the replay
