@@ -16,6 +16,13 @@ use crate::subscriptions::WebhookConfig;
 /// measured the same with 40 as with 64 (sled's file stays in the OS cache).
 pub const DEFAULT_STORE_CACHE_MIB: u64 = 40;
 
+/// How long finished runs are kept by default (`--retention`).
+pub const DEFAULT_RETENTION: crate::domain::Retention =
+    crate::domain::Retention::Ms(30 * 86_400_000);
+
+/// The embedded log's largest segment, in KiB (`--log-segment-kib`).
+pub const DEFAULT_LOG_SEGMENT_KIB: u64 = 32 * 1024;
+
 /// Open client connections served at once (see [`Config::max_connections`]).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
 
@@ -80,6 +87,15 @@ pub struct Config {
     pub metrics: crate::metrics::Metrics,
     /// Where spans go (`--otlp-endpoint`); `None`: no traces.
     pub tracer: Option<Arc<crate::otel::Tracer>>,
+    /// How long a finished run is kept after it finished, unless it sets
+    /// its own (see docs/retention.md).
+    pub retention: crate::domain::Retention,
+    /// Where expiring runs are archived before they are deleted (one
+    /// gzip JSON Lines file per run); `None`: not archived.
+    pub archive_dir: Option<PathBuf>,
+    /// The embedded log's largest segment file, in bytes: the unit in
+    /// which compaction gives disk back.
+    pub log_segment_bytes: u64,
 }
 
 impl Config {
@@ -108,6 +124,9 @@ impl Config {
             policy: None,
             metrics: crate::metrics::Metrics::new(),
             tracer: None,
+            retention: DEFAULT_RETENTION,
+            archive_dir: None,
+            log_segment_bytes: DEFAULT_LOG_SEGMENT_KIB * 1024,
         }
     }
 }

@@ -392,6 +392,105 @@ pub struct GrantUse {
     pub call_id: String,
 }
 
+/// The run label that sets a run's own retention, in place of the
+/// server's `--retention` (see docs/retention.md): a duration such as
+/// `7d`, `12h`, `30m`, `45s` or `500ms`, or `0` / `forever` to keep the
+/// run for good. StartRun refuses any other value.
+pub const RETENTION_LABEL: &str = "aaa.retention";
+
+/// How long a finished run is kept after it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// Never deleted.
+    Forever,
+    /// Deleted once it finished longer ago than this many milliseconds.
+    Ms(i64),
+}
+
+impl Retention {
+    /// Parses `30d`, `12h`, `30m`, `45s`, `500ms` (a whole number and a
+    /// unit), `0` or `forever`.
+    pub fn parse(text: &str) -> Result<Retention, String> {
+        let text = text.trim();
+        if text == "0" || text.eq_ignore_ascii_case("forever") {
+            return Ok(Retention::Forever);
+        }
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let unit_ms: i64 = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => {
+                return Err(format!(
+                    "'{text}' is not a retention: give a whole number and a unit (ms, s, m, h, d), e.g. 30d, or 0 / forever"
+                ))
+            }
+        };
+        let number: i64 = number.parse().map_err(|_| {
+            format!(
+                "'{text}' is not a retention: it needs a whole number before its unit, e.g. 30d"
+            )
+        })?;
+        // At most about 100 years: larger is forever in all but name, and
+        // keeps every sum with a time in range.
+        const MAX_MS: i64 = 100 * 366 * 86_400_000;
+        match number.checked_mul(unit_ms) {
+            Some(0) => Ok(Retention::Forever),
+            Some(ms) if ms <= MAX_MS => Ok(Retention::Ms(ms)),
+            _ => Err(format!(
+                "'{text}' is longer than 100 years: use forever to keep runs for good"
+            )),
+        }
+    }
+
+    /// The run's own retention, from its [`RETENTION_LABEL`]; `None` when
+    /// it has none (or one that does not parse, which StartRun refuses).
+    pub fn of_labels(labels: &BTreeMap<String, String>) -> Option<Retention> {
+        labels
+            .get(RETENTION_LABEL)
+            .and_then(|text| Retention::parse(text).ok())
+    }
+}
+
+impl fmt::Display for Retention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Retention::Forever => f.write_str("forever"),
+            Retention::Ms(ms) if ms % 86_400_000 == 0 => write!(f, "{}d", ms / 86_400_000),
+            Retention::Ms(ms) if ms % 3_600_000 == 0 => write!(f, "{}h", ms / 3_600_000),
+            Retention::Ms(ms) if ms % 60_000 == 0 => write!(f, "{}m", ms / 60_000),
+            Retention::Ms(ms) if ms % 1_000 == 0 => write!(f, "{}s", ms / 1_000),
+            Retention::Ms(ms) => write!(f, "{ms}ms"),
+        }
+    }
+}
+
+/// Whether a wire RunStatus number is a finished run's (completed, failed,
+/// cancelled): the only runs retention ever deletes.
+pub fn is_finished_status(status: i32) -> bool {
+    matches!(status, 3..=5)
+}
+
+/// When a finished run stops being kept, as its summary says: its finish
+/// time (the summary written at the end has its last event's time) plus
+/// its own retention. `Some(None)`: it follows the server's default;
+/// `None`: kept for good, or not finished.
+pub fn own_expiry(run: &RunRecord) -> Option<Option<i64>> {
+    if !is_finished_status(run.status) {
+        return None;
+    }
+    match Retention::of_labels(&run.labels) {
+        None => Some(None),
+        Some(Retention::Forever) => None,
+        Some(Retention::Ms(ms)) => Some(Some(run.updated_ms.saturating_add(ms))),
+    }
+}
+
 /// 32 random bytes for a new secret (the task-token key): two v4 UUIDs,
 /// 244 bits from the thread's CSPRNG.
 pub fn random_key() -> [u8; 32] {
@@ -412,5 +511,21 @@ mod tests {
         assert_eq!(group_shard(""), 197);
         assert_eq!(group_shard("audit"), 168);
         assert_eq!(group_shard("billing.approvals"), 26);
+    }
+
+    #[test]
+    fn retentions_parse_and_bad_ones_say_why() {
+        assert_eq!(Retention::parse("30d"), Ok(Retention::Ms(30 * 86_400_000)));
+        assert_eq!(Retention::parse("12h"), Ok(Retention::Ms(12 * 3_600_000)));
+        assert_eq!(Retention::parse("1s"), Ok(Retention::Ms(1_000)));
+        assert_eq!(Retention::parse("250ms"), Ok(Retention::Ms(250)));
+        for forever in ["0", "forever", "FOREVER", "0d"] {
+            assert_eq!(Retention::parse(forever), Ok(Retention::Forever));
+        }
+        for bad in ["", "d", "30", "-1d", "1.5h", "30 days", "99999999999d"] {
+            assert!(Retention::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Retention::Ms(30 * 86_400_000).to_string(), "30d");
+        assert_eq!(Retention::Ms(90_000).to_string(), "90s");
     }
 }

@@ -14,6 +14,9 @@
 //!                     through the store's group commit)
 //! openai (the built-in OpenAI-compatible model: an in-process consumer of
 //!         the engine's model tasks, calling providers over HTTP)
+//! engine::retention (a sweep that deletes finished runs past their
+//!         retention, archives them first (archive), and asks the store to
+//!         compact: the embedded log gives disk back a segment at a time)
 //! ```
 //!
 //! The durability contract: an RPC that appended events answers only after
@@ -26,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod archive;
 pub mod auth;
 pub mod bench;
 pub mod causes;

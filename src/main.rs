@@ -129,6 +129,21 @@ struct ServeArgs {
     /// the standard OTEL_* variables (see docs/observability.md).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// How long finished runs are kept after they finish: a whole number
+    /// and a unit (ms, s, m, h, d), e.g. 30d, or 0 / forever to keep them
+    /// all. A run's label aaa.retention overrides it (see docs/retention.md).
+    #[arg(long, env = "AAA_RETENTION", default_value = "30d",
+          value_parser = aaa::domain::Retention::parse)]
+    retention: aaa::domain::Retention,
+    /// Before deleting an expired run, write its events to this directory
+    /// as RUN_ID.jsonl.gz (gzip JSON Lines); created if missing.
+    #[arg(long, env = "AAA_ARCHIVE_DIR")]
+    archive_dir: Option<PathBuf>,
+    /// The embedded log's largest segment file, in KiB (64 to 1048576):
+    /// compaction gives disk back a segment at a time.
+    #[arg(long, env = "AAA_LOG_SEGMENT_KIB", default_value_t = aaa::config::DEFAULT_LOG_SEGMENT_KIB,
+          value_parser = clap::value_parser!(u64).range(64..=1_048_576))]
+    log_segment_kib: u64,
 }
 
 #[derive(clap::Args)]
@@ -267,6 +282,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         advertise,
         policy,
         otlp_endpoint,
+        retention,
+        archive_dir,
+        log_segment_kib,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -278,6 +296,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     config.store_cache_bytes = store_cache_mib * 1024 * 1024;
+    config.retention = retention;
+    config.archive_dir = archive_dir;
+    config.log_segment_bytes = log_segment_kib * 1024;
     config.max_message_bytes = max_message_mib as usize * 1024 * 1024;
     config.max_streams_per_connection = max_streams_per_connection;
     config.max_connections = max_connections as usize;

@@ -118,6 +118,10 @@ var (
 	// ErrGrantNotFound (NOT_FOUND): GrantService names a standing grant that
 	// does not exist; Metadata["grant_id"] names it.
 	ErrGrantNotFound = reasonOf(aaav1.ErrorReason_GRANT_NOT_FOUND)
+	// ErrRunExpired (NOT_FOUND): the run finished and was deleted by
+	// retention; said while its tombstone lasts (ErrRunNotFound after).
+	// Metadata["expired_ms"] says when it was deleted.
+	ErrRunExpired = reasonOf(aaav1.ErrorReason_RUN_EXPIRED)
 )
 
 // ErrNoOutcome is returned by Client.Result when the run's event stream ends

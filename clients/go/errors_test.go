@@ -160,7 +160,7 @@ func TestEveryErrorReasonHasASentinel(t *testing.T) {
 		aaa.ErrGroupNotFound, aaa.ErrGroupMismatch, aaa.ErrMemberTooSlow, aaa.ErrStorageUnavailable, aaa.ErrOwnershipLost,
 		aaa.ErrOwnerUnavailable,
 		aaa.ErrMalformedRequest, aaa.ErrNotAllowedToServe, aaa.ErrIdentityTaken, aaa.ErrNotTaskHolder,
-		aaa.ErrAlreadyVoted, aaa.ErrNotAnApproverForCall, aaa.ErrGrantNotFound,
+		aaa.ErrAlreadyVoted, aaa.ErrNotAnApproverForCall, aaa.ErrGrantNotFound, aaa.ErrRunExpired,
 	}
 	known := map[string]aaa.Reason{}
 	for _, r := range sentinels {

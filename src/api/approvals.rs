@@ -340,7 +340,9 @@ fn decision_result(item: &BatchItem, outcome: ItemOutcome) -> proto::DecisionRes
         ItemOutcome::Refused(error) => {
             let status = match &error {
                 Error::ArgumentsMismatch { .. } => DecisionStatus::Mismatch,
-                Error::RunNotFound(_) | Error::CallNotFound { .. } => DecisionStatus::NotFound,
+                Error::RunNotFound(_) | Error::RunExpired { .. } | Error::CallNotFound { .. } => {
+                    DecisionStatus::NotFound
+                }
                 Error::AlreadyVoted { .. } => DecisionStatus::AlreadyDecided,
                 _ => DecisionStatus::Refused,
             };

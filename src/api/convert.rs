@@ -190,6 +190,10 @@ pub fn start_run(request: proto::StartRunRequest) -> Result<engine::StartRun, Er
         max_tokens: budget.max_tokens,
     };
     labels("labels", &request.labels)?;
+    if let Some(text) = request.labels.get(crate::domain::RETENTION_LABEL) {
+        let field = format!("labels[{}]", crate::domain::RETENTION_LABEL);
+        crate::domain::Retention::parse(text).map_err(|message| Error::invalid(&field, message))?;
+    }
     check_size("request_id", &request.request_id, MAX_NAME_BYTES)?;
     Ok(engine::StartRun {
         task: request.task,

@@ -87,13 +87,10 @@ impl RunApi {
 
     async fn known_run(&self, text: &str) -> Result<(RunId, RunRecord), Error> {
         let run = convert::run_id("run_id", text)?;
-        let record = self
-            .reads
-            .store()
-            .run(run)
-            .await?
-            .ok_or_else(|| Error::RunNotFound(run.to_string()))?;
-        Ok((run, record))
+        match self.reads.store().run(run).await? {
+            Some(record) => Ok((run, record)),
+            None => Err(Error::missing_run(self.reads.store(), run).await),
+        }
     }
 
     /// The client that started the run, from its first event (seq 1,

@@ -74,6 +74,11 @@ pub fn to_status(error: Error) -> Status {
             metadata.insert("run_id".to_string(), run.clone());
             (Code::NotFound, ErrorReason::RunNotFound)
         }
+        Error::RunExpired { run, expired_ms } => {
+            metadata.insert("run_id".to_string(), run.clone());
+            metadata.insert("expired_ms".to_string(), expired_ms.to_string());
+            (Code::NotFound, ErrorReason::RunExpired)
+        }
         Error::GrantNotFound(id) => {
             metadata.insert("grant_id".to_string(), id.clone());
             (Code::NotFound, ErrorReason::GrantNotFound)

@@ -45,6 +45,13 @@ enum RunsCommand {
     /// Example: aaa runs tail "$RUN"
     #[command(after_help = EXIT_CODES)]
     Tail(TailArgs),
+    /// Write a run's events to a gzip-compressed JSON Lines file, the
+    /// format --archive-dir archives expiring runs in (docs/retention.md);
+    /// prints the file's path.
+    ///
+    /// Example: aaa runs export "$RUN" --out audits/
+    #[command(after_help = EXIT_CODES)]
+    Export(ExportArgs),
     /// Cancel a run: pending approvals expire, a running tool is told to stop.
     ///
     /// Example: aaa runs cancel "$RUN" --reason "duplicate payment"
@@ -132,6 +139,16 @@ struct TailArgs {
 }
 
 #[derive(clap::Args)]
+struct ExportArgs {
+    /// The run's id.
+    run: String,
+    /// Where to write: a directory (the file is RUN_ID.jsonl.gz in it), a
+    /// file name, or - for stdout.
+    #[arg(long, value_name = "PATH", default_value = ".")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
 struct CancelArgs {
     /// The run's id.
     run: String,
@@ -149,8 +166,64 @@ pub(super) async fn run(args: &RunsArgs) -> Result<(), Error> {
         RunsCommand::Ls(args) => list(connection, args).await,
         RunsCommand::Show(args) => show(connection, args).await,
         RunsCommand::Tail(args) => tail(connection, args).await,
+        RunsCommand::Export(args) => export(connection, args).await,
         RunsCommand::Cancel(args) => cancel(connection, args).await,
     }
+}
+
+async fn export(connection: &Connection, args: &ExportArgs) -> Result<(), Error> {
+    let client = connection.connect().await?;
+    let request = StreamEventsRequest {
+        run_id: args.run.clone(),
+        ..Default::default()
+    };
+    let mut stream = client.runs().stream_events(request).await?.into_inner();
+    let mut events = Vec::new();
+    while let Some(item) = stream.message().await? {
+        if let Some(stream_events_response::Item::Event(event)) = item.item {
+            events.push(event_record(&event)?);
+        }
+    }
+    if args.out == Path::new("-") {
+        use std::io::Write as _;
+        crate::archive::write_to(std::io::stdout().lock(), &events)?.flush()?;
+        return Ok(());
+    }
+    let run = crate::store::RunId::parse(&args.run)
+        .ok_or_else(|| Error::Failed(format!("'{}' is not a run id", args.run)))?;
+    let written = if args.out.is_dir() {
+        crate::archive::write(&args.out, run, &events)?
+    } else {
+        let file = std::fs::File::create(&args.out)
+            .map_err(|e| Error::Failed(format!("{}: {e}", args.out.display())))?;
+        crate::archive::write_to(file, &events)?.sync_all()?;
+        args.out.clone()
+    };
+    println!("{}", written.display());
+    Ok(())
+}
+
+/// An event as the server sent it, in the store's terms (for the archive).
+fn event_record(event: &crate::proto::Event) -> Result<crate::store::EventRecord, Error> {
+    let bad = |what: &str| Error::Failed(format!("the server sent an event with a bad {what}"));
+    let run = crate::store::RunId::parse(&event.run_id).ok_or_else(|| bad("run id"))?;
+    let id = uuid::Uuid::try_parse(&event.id).map_err(|_| bad("id"))?;
+    let time_ms = event.time.as_ref().map_or(0, |t| {
+        t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
+    });
+    let actor = event.actor.clone().unwrap_or_default();
+    Ok(crate::store::EventRecord {
+        run_id: run.as_bytes().to_vec(),
+        seq: event.seq,
+        position: event.position,
+        id: id.as_bytes().to_vec(),
+        event_type: event.r#type.clone(),
+        data_json: event.data_json.clone(),
+        time_ms,
+        actor_kind: actor.kind,
+        actor_name: actor.name,
+        actor_principal: actor.principal,
+    })
 }
 
 async fn cancel(connection: &Connection, args: &CancelArgs) -> Result<(), Error> {

@@ -6,6 +6,9 @@
 pub enum Error {
     #[error("run '{0}' not found")]
     RunNotFound(String),
+    /// The run finished and was deleted by retention at `expired_ms`.
+    #[error("run '{run}' finished and was deleted by retention (its events, summary and approvals are gone)")]
+    RunExpired { run: String, expired_ms: i64 },
     #[error("grant '{0}' not found")]
     GrantNotFound(String),
     #[error("run '{run}' has no approval request or call '{call}'")]
@@ -52,6 +55,24 @@ pub enum Error {
 }
 
 impl Error {
+    /// The run is not there: never was, or deleted by retention.
+    pub fn is_missing_run(&self) -> bool {
+        matches!(self, Error::RunNotFound(_) | Error::RunExpired { .. })
+    }
+
+    /// Why `run` is not in the store: deleted by retention (while its
+    /// tombstone lasts), or not found.
+    pub async fn missing_run(store: &crate::store::SharedStore, run: crate::store::RunId) -> Error {
+        match store.expired_at(run).await {
+            Ok(Some(expired_ms)) => Error::RunExpired {
+                run: run.to_string(),
+                expired_ms,
+            },
+            Ok(None) => Error::RunNotFound(run.to_string()),
+            Err(e) => e.into(),
+        }
+    }
+
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {
         Error::InvalidField {
             field: field.to_string(),
@@ -67,6 +88,10 @@ impl Error {
         use crate::api::status::clip;
         match self {
             Error::RunNotFound(run) => Error::RunNotFound(clip(&run)),
+            Error::RunExpired { run, expired_ms } => Error::RunExpired {
+                run: clip(&run),
+                expired_ms,
+            },
             Error::CallNotFound { run, call } => Error::CallNotFound {
                 run: clip(&run),
                 call: clip(&call),

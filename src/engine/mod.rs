@@ -19,6 +19,7 @@ mod leases;
 mod observed;
 mod reads;
 mod recorded;
+pub mod retention;
 pub mod schema;
 pub mod state;
 mod traced;
@@ -363,6 +364,7 @@ impl Engine {
         });
         engine.recover().await?;
         engine.spawn_background(engine.clone().run_timers());
+        engine.spawn_background(engine.clone().run_retention());
         Ok(engine)
     }
 
@@ -518,6 +520,9 @@ impl Engine {
             return Ok(state);
         }
         let events = self.inner.store.run_events(run, 0, usize::MAX).await?;
+        if events.is_empty() {
+            return Err(Error::missing_run(&self.inner.store, run).await);
+        }
         RunState::replay(run, &events)
     }
 
@@ -1097,7 +1102,7 @@ impl Engine {
                     .await;
                 match claimed {
                     Ok((claimed, _)) => Ok(claimed),
-                    Err(Error::RunNotFound(_)) => Ok(None),
+                    Err(e) if e.is_missing_run() => Ok(None),
                     Err(e) => Err(e),
                 }
             }
@@ -1126,7 +1131,8 @@ impl Engine {
                     .await;
                 let (work, attempt, deadline, traceparent) = match claimed {
                     Ok(Some(claimed)) => claimed,
-                    Ok(None) | Err(Error::RunNotFound(_)) => return Ok(None),
+                    Ok(None) => return Ok(None),
+                    Err(e) if e.is_missing_run() => return Ok(None),
                     Err(e) => return Err(e),
                 };
                 let timeout = self.inner.config.default_heartbeat_timeout;
@@ -1447,7 +1453,7 @@ impl Engine {
                 self.offer_all(run, dispatchable);
                 Ok(())
             }
-            Err(Error::RunNotFound(_)) => {
+            Err(e) if e.is_missing_run() => {
                 // A timer of a run that does not exist: drop it.
                 let mut batch = WriteBatch::default();
                 batch.delete_timer(due_ms, run, name);

@@ -100,6 +100,12 @@ pub struct WebhookOutcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetentionLabel {
+    /// `deleted`, `archived`, `tombstones_dropped`, `group_skips`.
+    pub what: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
     pub state: &'static str,
 }
@@ -152,6 +158,10 @@ pub struct Families {
     pub group_dead_letters: Family<GroupLabel, Counter>,
     pub webhook_deliveries: Family<WebhookOutcome, Counter>,
     pub trace_spans_dropped: Counter,
+    pub retention_runs: Family<RetentionLabel, Counter>,
+    pub retention_segments_compacted: Counter,
+    pub retention_bytes_freed: Counter,
+    pub retention_bytes_moved: Counter,
     /// Tools `aaa_approvals_pending` has shown, so that they show 0 when
     /// nothing of theirs waits.
     pub pending_shown: Mutex<std::collections::BTreeSet<String>>,
@@ -220,6 +230,10 @@ impl Metrics {
             group_dead_letters: Family::default(),
             webhook_deliveries: Family::default(),
             trace_spans_dropped: Counter::default(),
+            retention_runs: Family::default(),
+            retention_segments_compacted: Counter::default(),
+            retention_bytes_freed: Counter::default(),
+            retention_bytes_moved: Counter::default(),
             pending_shown: Mutex::default(),
             tools: Bounded::new(256),
             models: Bounded::new(64),
@@ -409,6 +423,26 @@ fn register(f: &Families) -> Registry {
         "aaa_webhook_deliveries",
         "Webhook deliveries, by group and outcome (delivered, failed)",
         f.webhook_deliveries.clone(),
+    );
+    r.register(
+        "aaa_retention_runs",
+        "Retention: finished runs deleted, archived first, tombstones dropped, and deleted runs a consumer group had not read yet (group_skips)",
+        f.retention_runs.clone(),
+    );
+    r.register(
+        "aaa_retention_segments_compacted",
+        "Retention: log segments of the embedded store compacted away",
+        f.retention_segments_compacted.clone(),
+    );
+    r.register(
+        "aaa_retention_bytes_freed",
+        "Retention: disk the embedded store gave back",
+        f.retention_bytes_freed.clone(),
+    );
+    r.register(
+        "aaa_retention_bytes_moved",
+        "Retention: live bytes compaction copied forward",
+        f.retention_bytes_moved.clone(),
     );
     r.register(
         "aaa_trace_spans_dropped",

@@ -117,6 +117,17 @@ pub enum Op {
     PutGrant(GrantRecord),
     /// Records one use of a grant; the same use twice is one.
     UseGrant(GrantUse),
+    /// Deletes a finished run whole (retention): its events, summary,
+    /// pending approvals, timers, active mark, idempotency records and
+    /// index entries, atomically, and leaves a tombstone saying it
+    /// expired at `expired_ms`, kept until `until_ms`. A run that is not
+    /// finished (or not there) is left as it is. Grant uses are kept: a
+    /// grant's uses are its count.
+    ExpireRun {
+        run: RunId,
+        expired_ms: i64,
+        until_ms: i64,
+    },
 }
 
 /// One atomic write: events (of one run, normally; of several for a batch
@@ -179,6 +190,7 @@ impl WriteBatch {
             }
             Op::PutTimer(timer) | Op::DeleteTimer(timer) => Some(timer.run.as_bytes().as_slice()),
             Op::UseGrant(used) => Some(used.run.as_bytes().as_slice()),
+            Op::ExpireRun { run, .. } => Some(run.as_bytes().as_slice()),
             _ => None,
         });
         let mut runs: Vec<RunId> = by_events
@@ -294,6 +306,26 @@ impl WriteBatch {
                 _ => None,
             })
             .collect()
+    }
+
+    pub fn expire_run(&mut self, run: RunId, expired_ms: i64, until_ms: i64) {
+        self.ops.push(Op::ExpireRun {
+            run,
+            expired_ms,
+            until_ms,
+        });
+    }
+
+    /// The run an idempotency record of this batch belongs to: the one
+    /// run whose events the batch appends (StartRun's first event,
+    /// Signal's), deleted with it by retention. `None` for a batch of no
+    /// events or of several runs (a record kept for the life of the store).
+    pub fn request_run(&self) -> Option<RunId> {
+        let first = self.events.first()?;
+        if self.events.iter().any(|e| e.run_id != first.run_id) {
+            return None;
+        }
+        RunId::from_slice(&first.run_id)
     }
 
     pub fn delete_dead_letter(&mut self, group: &str, position: u64) {
@@ -505,6 +537,46 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every use of every grant (for `aaa migrate`).
     async fn list_grant_uses(&self) -> Result<Vec<GrantUse>>;
+
+    // Retention (see docs/retention.md).
+
+    /// Finished runs whose retention has passed at `now_ms`, at most
+    /// `limit`: those that follow the server's default and finished at or
+    /// before `now_ms - default_ms` (none when `default_ms` is `None`:
+    /// kept for good), and those with their own retention
+    /// ([`crate::domain::RETENTION_LABEL`]) that ran out. Running and
+    /// waiting runs are never among them.
+    async fn expired_runs(
+        &self,
+        now_ms: i64,
+        default_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<RunId>>;
+
+    /// When the run was deleted by retention, while its tombstone lasts.
+    async fn expired_at(&self, run: RunId) -> Result<Option<i64>>;
+
+    /// Drops tombstones kept until `now_ms` or before, at most `limit`;
+    /// returns how many.
+    async fn drop_tombstones(&self, now_ms: i64, limit: usize) -> Result<usize>;
+
+    /// Gives back the disk space of deleted runs, a bounded step at a
+    /// time; returns what it did. The embedded store compacts its log
+    /// (see `embedded::compact`); a database reclaims space on its own.
+    async fn compact(&self) -> Result<Compacted> {
+        Ok(Compacted::default())
+    }
+}
+
+/// What one [`Store::compact`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Log segments deleted.
+    pub segments: u64,
+    /// Bytes of live events copied forward out of them.
+    pub moved_bytes: u64,
+    /// Bytes of disk given back.
+    pub freed_bytes: u64,
 }
 
 /// Which runs' heads a commit moved, as another server hears of it.
@@ -543,9 +615,10 @@ pub struct Waiting {
 pub async fn open(config: &crate::Config) -> Result<SharedStore> {
     match &config.store_url {
         None => {
-            let store = embedded::EmbeddedStore::open_with_metrics(
+            let store = embedded::EmbeddedStore::open_with(
                 &config.data_dir,
                 config.store_cache_bytes,
+                config.log_segment_bytes,
                 &config.metrics,
             )?;
             Ok(Arc::new(store))

@@ -5,7 +5,7 @@
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Result, StoreError, WriteBatch};
+use super::{Compacted, Result, StoreError, WriteBatch};
 
 /// Batches waiting at once before a caller's send waits.
 const CAPACITY: usize = 4096;
@@ -21,6 +21,9 @@ pub(crate) enum Message {
     Commit(Request),
     /// Commit what is queued, then stop and say so.
     Close(oneshot::Sender<()>),
+    /// Take one compaction step between rounds and say what it did (the
+    /// embedded store's; see `Store::compact`).
+    Compact(oneshot::Sender<Result<Compacted>>),
 }
 
 /// The callers' end. Cheap to clone.
@@ -45,6 +48,16 @@ impl Queue {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// Asks the committer for one compaction step.
+    pub async fn compact(&self) -> Result<Compacted> {
+        let (reply, answer) = oneshot::channel();
+        self.0
+            .send(Message::Compact(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
     /// Lets the committer finish what it has, then stop; later commits fail
     /// with [`StoreError::Closed`].
     pub async fn close(&self) {
@@ -56,11 +69,13 @@ impl Queue {
 }
 
 /// Adds `first` and every message already waiting (up to `max` requests in
-/// the round) to `round`; returns the close request if one came.
+/// the round) to `round`, compaction requests to `compactions`; returns
+/// the close request if one came.
 pub(crate) fn gather(
     first: Message,
     messages: &mut mpsc::Receiver<Message>,
     round: &mut Vec<Request>,
+    compactions: &mut Vec<oneshot::Sender<Result<Compacted>>>,
     max: usize,
 ) -> Option<oneshot::Sender<()>> {
     let mut message = first;
@@ -68,6 +83,7 @@ pub(crate) fn gather(
         match message {
             Message::Commit(request) => round.push(request),
             Message::Close(done) => return Some(done),
+            Message::Compact(reply) => compactions.push(reply),
         }
         if round.len() >= max {
             return None;

@@ -24,6 +24,7 @@ mod policy;
 mod postgres;
 mod prometheus;
 mod restart;
+mod retention;
 mod reviews;
 mod scenario;
 mod storage;

@@ -254,7 +254,7 @@ fn a_data_dir_of_an_older_layout_is_refused_before_serving() {
     assert_eq!(output.status.code(), Some(64), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("the data directory has layout version 1; this aaa reads version 4 only"),
+        stderr.contains("the data directory has layout version 1; this aaa reads version 5 only"),
         "{stderr}"
     );
     assert!(

@@ -34,7 +34,7 @@ fn open(group: &str) -> SubscriptionOpen {
 }
 
 /// One member of a group, on its own connection.
-struct Consumer {
+pub(crate) struct Consumer {
     requests: mpsc::Sender<SubscribeRequest>,
     responses: Streaming<SubscribeResponse>,
     subscribed: Subscribed,
@@ -63,7 +63,7 @@ async fn try_subscribe(server: &impl Server, open: SubscriptionOpen) -> Result<C
     })
 }
 
-async fn subscribe(server: &impl Server, open: SubscriptionOpen) -> Consumer {
+pub(crate) async fn subscribe(server: &impl Server, open: SubscriptionOpen) -> Consumer {
     try_subscribe(server, open).await.expect("Subscribe")
 }
 
@@ -82,7 +82,7 @@ impl Consumer {
         next_item(&mut self.responses).await
     }
 
-    async fn delivery(&mut self) -> Delivery {
+    pub(crate) async fn delivery(&mut self) -> Delivery {
         if let Some(delivery) = self.early.pop_front() {
             return delivery;
         }
@@ -126,7 +126,7 @@ impl Consumer {
     }
 
     /// Acks and checks the ack was not stale.
-    async fn ack_ok(&mut self, delivery: &Delivery) {
+    pub(crate) async fn ack_ok(&mut self, delivery: &Delivery) {
         self.ack(delivery).await;
         let result = self.ack_result().await;
         assert_eq!(result.delivery_id, delivery.delivery_id);

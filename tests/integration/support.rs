@@ -371,6 +371,12 @@ impl ChildServer {
 
     /// Starts the process without waiting for it to serve (a standby).
     pub fn spawn_args(dir: &Path, args: &[&str]) -> StartingServer {
+        Self::spawn_args_env(dir, args, &[])
+    }
+
+    /// [`ChildServer::spawn_args`] with these variables in its environment
+    /// (test hooks such as `AAA_TEST_CRASH_AT`).
+    pub fn spawn_args_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> StartingServer {
         let log_path = dir.join("server.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -387,6 +393,7 @@ impl ChildServer {
                     .filter(|_| !args.iter().any(|a| a.starts_with("--store")))
                     .map(|url| format!("--store={url}")),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -438,6 +445,22 @@ impl ChildServer {
         let status = tokio::task::block_in_place(|| self.child.wait()).expect("wait for aaa serve");
         let _ = exited.send(());
         assert!(status.success(), "aaa serve did not stop cleanly: {status}");
+    }
+
+    /// Waits (up to [`WAIT`]) for the process to end on its own; its exit
+    /// status.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "aaa serve did not exit within {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGKILL, then reap the process.

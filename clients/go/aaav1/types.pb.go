@@ -240,6 +240,11 @@ const (
 	// NOT_FOUND: GrantService names a grant that does not exist;
 	// metadata["grant_id"] names it.
 	ErrorReason_GRANT_NOT_FOUND ErrorReason = 32
+	// NOT_FOUND: the run finished and was deleted by retention (see
+	// docs/retention.md); said while its tombstone lasts, RUN_NOT_FOUND
+	// after. metadata["run_id"] names it, metadata["expired_ms"] says when
+	// it was deleted (Unix milliseconds).
+	ErrorReason_RUN_EXPIRED ErrorReason = 33
 )
 
 // Enum value maps for ErrorReason.
@@ -275,6 +280,7 @@ var (
 		30: "ALREADY_VOTED",
 		31: "NOT_AN_APPROVER_FOR_CALL",
 		32: "GRANT_NOT_FOUND",
+		33: "RUN_EXPIRED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -307,6 +313,7 @@ var (
 		"ALREADY_VOTED":            30,
 		"NOT_AN_APPROVER_FOR_CALL": 31,
 		"GRANT_NOT_FOUND":          32,
+		"RUN_EXPIRED":              33,
 	}
 )
 
@@ -1091,7 +1098,7 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
 	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
-	"\tROLE_TOOL\x10\x04*\xa0\x05\n" +
+	"\tROLE_TOOL\x10\x04*\xb1\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rRUN_NOT_FOUND\x10\x01\x12\x12\n" +
@@ -1123,7 +1130,8 @@ const file_aaa_v1_types_proto_rawDesc = "" +
 	"\x11OWNER_UNAVAILABLE\x10\x1d\x12\x11\n" +
 	"\rALREADY_VOTED\x10\x1e\x12\x1c\n" +
 	"\x18NOT_AN_APPROVER_FOR_CALL\x10\x1f\x12\x13\n" +
-	"\x0fGRANT_NOT_FOUND\x10 Bq\n" +
+	"\x0fGRANT_NOT_FOUND\x10 \x12\x0f\n" +
+	"\vRUN_EXPIRED\x10!Bq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"TypesProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"

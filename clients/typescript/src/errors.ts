@@ -80,6 +80,8 @@ export class GroupNotFound extends NotFound {}
 export class GrantNotFound extends NotFound {}
 /** The run id is unknown, or (auth on) names another principal's run and the caller lacks the reader role (reason RUN_NOT_FOUND). */
 export class RunNotFound extends NotFound {}
+/** The run finished and was deleted by retention (reason RUN_EXPIRED), said while its tombstone lasts; `metadata.expired_ms` says when. */
+export class RunExpired extends NotFound {}
 /** The run has no such call, or no approval request for it (reason CALL_NOT_FOUND). */
 export class CallNotFound extends NotFound {}
 
@@ -236,6 +238,7 @@ const BY_REASON: Record<ReasonName, ErrorClass> = {
   ALREADY_VOTED: AlreadyVoted,
   NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
   GRANT_NOT_FOUND: GrantNotFound,
+  RUN_EXPIRED: RunExpired,
 };
 
 /** The class of a reason the server sent, if this SDK knows it. */

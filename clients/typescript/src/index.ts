@@ -117,6 +117,7 @@ export {
   PermissionDenied,
   ReservedEventType,
   RunFinished,
+  RunExpired,
   RunNotFound,
   SeparationOfDuties,
   ShuttingDown,

@@ -47,12 +47,15 @@ pub(super) struct Committer {
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
     pub metrics: crate::metrics::Metrics,
+    /// Dead bytes per log segment, for compaction (see `super::compact`).
+    pub reclaim: super::compact::Reclaim,
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
 /// it stays off the async runtime, and needs no hand-off per round.
 pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
     let mut round = Vec::new();
+    let mut compactions = Vec::new();
     let mut closed = None;
     let mut backoff = PROBE_FIRST;
     while closed.is_none() {
@@ -75,9 +78,18 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
             messages.blocking_recv()
         };
         let Some(message) = message else { break };
-        closed = queue::gather(message, &mut messages, &mut round, MAX_ROUND);
+        closed = queue::gather(
+            message,
+            &mut messages,
+            &mut round,
+            &mut compactions,
+            MAX_ROUND,
+        );
         if !round.is_empty() {
             committer.commit_round(&mut round);
+        }
+        for reply in compactions.drain(..) {
+            let _ = reply.send(committer.compact());
         }
     }
     // Refuse what comes after: its senders get StoreError::Closed.
@@ -141,9 +153,15 @@ impl Committer {
         let mut answers = Vec::with_capacity(round.len());
         let mut heads = HashMap::new();
         for request in round.iter_mut() {
-            let staged = self
-                .check_heads(&request.batch, &mut heads)
-                .map(|()| self.stage(&mut request.batch, &mut writes));
+            let staged = self.check_heads(&request.batch, &mut heads).and_then(|()| {
+                let (mark, position) = (writes.mark(), self.next_position);
+                self.stage(&mut request.batch, &mut writes)
+                    .inspect_err(|_| {
+                        // Nothing of a refused batch goes to the log.
+                        writes.rollback(mark);
+                        self.next_position = position;
+                    })
+            });
             answers.push(staged);
         }
         let last_position = self.next_position - 1;
@@ -196,8 +214,9 @@ impl Committer {
     }
 
     /// Assigns positions to the batch's events and adds its writes to the
-    /// round.
-    fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Vec<u64> {
+    /// round. On an error the caller takes back what it added.
+    fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Result<Vec<u64>> {
+        let request_run = batch.request_run();
         let mut positions = Vec::with_capacity(batch.events.len());
         for event in &mut batch.events {
             event.position = self.next_position;
@@ -220,6 +239,9 @@ impl Committer {
                 Op::PutRun(run) => {
                     let id = RunId::from_slice(&run.run_id).expect("run record with a bad id");
                     out.put(&keys::run_scoped(keys::RUN, id), &run.encode_to_vec());
+                    if let Some(key) = super::retention::expiry_keys(id, &run) {
+                        out.put(&key, &[]);
+                    }
                 }
                 Op::PutApproval(mut approval) => {
                     let id = RunId::from_slice(&approval.run_id).expect("approval with a bad id");
@@ -245,7 +267,13 @@ impl Committer {
                     scope,
                     request_id,
                     answer,
-                } => out.put(&keys::request(&scope, &request_id), &answer),
+                } => {
+                    let key = keys::request(&scope, &request_id);
+                    if let Some(run) = request_run {
+                        out.put(&keys::run_request(run, &key), &[]);
+                    }
+                    out.put(&key, &answer)
+                }
                 Op::PutGroup(group) => out.put(&keys::group(&group.name), &group.encode_to_vec()),
                 Op::PutDeadLetter { group, letter } => out.put(
                     &keys::dead_letter(&group, letter.position),
@@ -259,9 +287,14 @@ impl Committer {
                 Op::UseGrant(used) => {
                     out.put(&keys::grant_use(&used.grant, used.run, &used.call_id), &[])
                 }
+                Op::ExpireRun {
+                    run,
+                    expired_ms,
+                    until_ms,
+                } => self.stage_expire(run, expired_ms, until_ms, out)?,
             }
         }
-        positions
+        Ok(positions)
     }
 
     /// Refuses a batch whose runs moved past the seqs it expects (another
@@ -294,7 +327,7 @@ impl Committer {
 
     /// Makes sled hold every applied record durably, spans included, with a
     /// mark saying so.
-    fn checkpoint(&mut self) -> Result<()> {
+    pub(super) fn checkpoint(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
         let mark = Mark {
             offset: self.log.end(),

@@ -16,6 +16,57 @@ pub const DEAD_LETTER: u8 = b'D';
 pub const META: u8 = b'M';
 pub const GRANT: u8 = b'N';
 pub const GRANT_USE: u8 = b'U';
+pub const FINISHED: u8 = b'X';
+pub const EXPIRES: u8 = b'Y';
+pub const TOMBSTONE: u8 = b'Z';
+pub const TOMBSTONE_UNTIL: u8 = b'z';
+pub const RUN_REQUEST: u8 = b'J';
+pub const SEGMENT: u8 = b'S';
+pub const RETIRED: u8 = b'Q';
+
+/// `<family> ‖ time_ms ‖ run`: a finished run by its finish time (`X`,
+/// runs that follow the server's retention), by the time its own
+/// retention runs out (`Y`), or a tombstone by the time it goes (`z`).
+pub fn timed(family: u8, time_ms: i64, run: RunId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25);
+    k.push(family);
+    k.extend_from_slice(&(time_ms.max(0) as u64).to_be_bytes());
+    k.extend_from_slice(run.as_bytes());
+    k
+}
+
+/// Splits a [`timed`] key into (time_ms, run).
+pub fn parse_timed(key: &[u8]) -> Option<(i64, RunId)> {
+    if key.len() != 25 {
+        return None;
+    }
+    let time = u64::from_be_bytes(key[1..9].try_into().ok()?) as i64;
+    Some((time, RunId::from_slice(&key[9..25])?))
+}
+
+/// `J ‖ run ‖ request key`: an idempotency record that belongs to the
+/// run, deleted with it.
+pub fn run_request(run: RunId, request_key: &[u8]) -> Vec<u8> {
+    let mut k = run_scoped(RUN_REQUEST, run);
+    k.extend_from_slice(request_key);
+    k
+}
+
+/// `Q ‖ start`: the log segment that starts at `start` was compacted
+/// away; its file is deleted (again, at open, if a crash came first).
+pub fn retired(start: u64) -> Vec<u8> {
+    let mut k = vec![RETIRED];
+    k.extend_from_slice(&start.to_be_bytes());
+    k
+}
+
+/// `S ‖ start`: the event bytes of deleted runs in the log segment that
+/// starts at `start` (see `super::compact`).
+pub fn segment(start: u64) -> Vec<u8> {
+    let mut k = vec![SEGMENT];
+    k.extend_from_slice(&start.to_be_bytes());
+    k
+}
 
 /// `E ‖ run ‖ seq`: a list of the run's spans in the log, the last one
 /// ending at `seq` (see [`super::spans`]).

@@ -24,9 +24,14 @@
 //! `first_position: u64 LE` then entries, each
 //! `1 ‖ key ‖ value` (put), `2 ‖ key` (delete) or
 //! `3 ‖ run: 16 ‖ first_seq: u64 LE ‖ count: u32 LE ‖ last_time_ms: i64 LE
-//! ‖ events` (a run's events, consecutive seqs), where key, value and
-//! events are `len: u32 LE ‖ bytes` and events is a sequence of such
-//! encoded events.
+//! ‖ events` (a run's events, consecutive seqs), `4 ‖ run: 16` (the
+//! run was deleted: forget its recent spans), `5 ‖ old offset: u64 LE ‖
+//! run: 16 ‖ last_seq: u64 LE ‖ events` (compaction copied a live span
+//! here from `old offset`: its span lists now point here) or `6 ‖
+//! position: u64 LE` (the log index entry of the record whose last event
+//! has this position now points to this record, whose moved spans hold its
+//! live events), where key, value and events are `len: u32 LE ‖ bytes`
+//! and events is a sequence of such encoded events.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -44,11 +49,14 @@ use super::{keys, EventRecord, Result, RunId, StoreError};
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const EVENTS: u8 = 3;
+const FORGET: u8 = 4;
+const MOVE: u8 = 5;
+const RELINK: u8 = 6;
 const HEADER: u64 = 8;
 /// The first segments are small (a fresh server writes little) and each
-/// one is as big as the log before it, up to [`MAX_SEGMENT`].
+/// one is as big as the log before it, up to the largest the store was
+/// opened with (`--log-segment-kib`, 32 MiB by default).
 const MIN_SEGMENT: u64 = 1 << 20;
-const MAX_SEGMENT: u64 = 32 << 20;
 /// Reads up to this size reuse a per-thread buffer (see [`Segments::read`]).
 const MAX_REUSED_BUFFER: usize = 1 << 20;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -65,6 +73,16 @@ impl Round {
         }
     }
 
+    /// Where the payload ends now, to [`Round::rollback`] to.
+    pub fn mark(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// Takes back everything added after `mark`.
+    pub fn rollback(&mut self, mark: usize) {
+        self.payload.truncate(mark);
+    }
+
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
         self.payload.push(PUT);
         put_bytes(&mut self.payload, key);
@@ -74,6 +92,31 @@ impl Round {
     pub fn delete(&mut self, key: &[u8]) {
         self.payload.push(DELETE);
         put_bytes(&mut self.payload, key);
+    }
+
+    /// Forgets the run's recent spans when applied (the run is deleted;
+    /// the round deletes its span lists in sled too).
+    pub fn forget(&mut self, run: RunId) {
+        self.payload.push(FORGET);
+        self.payload.extend_from_slice(run.as_bytes());
+    }
+
+    /// Adds a span compaction copies out of its segment: `block` is the
+    /// span's bytes as they were at `old_offset`, unchanged.
+    pub fn moved(&mut self, old_offset: u64, run: RunId, last_seq: u64, block: &[u8]) {
+        let out = &mut self.payload;
+        out.push(MOVE);
+        out.extend_from_slice(&old_offset.to_le_bytes());
+        out.extend_from_slice(run.as_bytes());
+        out.extend_from_slice(&last_seq.to_le_bytes());
+        put_bytes(out, block);
+    }
+
+    /// Points the log index entry of `position` (a record's last event)
+    /// at this record.
+    pub fn relink(&mut self, position: u64) {
+        self.payload.push(RELINK);
+        self.payload.extend_from_slice(&position.to_le_bytes());
     }
 
     /// Adds events of one run with consecutive seqs, positions assigned.
@@ -112,10 +155,26 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// The error of a read from a segment compaction deleted: the reader's
+/// span was moved; looking it up again finds it (see
+/// `EmbeddedStore::retrying`).
+pub fn retired() -> StoreError {
+    StoreError::Io(std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        "the log segment was compacted away",
+    ))
+}
+
+/// Whether `error` is [`retired`]'s.
+pub fn is_retired(error: &StoreError) -> bool {
+    matches!(error, StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// The segment files, shared by the committer (which adds them) and readers.
 #[derive(Default)]
 pub struct Segments {
-    files: RwLock<BTreeMap<u64, Arc<File>>>,
+    /// Each segment's file and size, by start offset.
+    files: RwLock<BTreeMap<u64, (Arc<File>, u64)>>,
 }
 
 impl Segments {
@@ -129,10 +188,11 @@ impl Segments {
         }
         let (start, file) = {
             let files = self.files.read().expect("segments lock");
-            let (start, file) = files
-                .range(..=offset)
-                .next_back()
-                .ok_or_else(|| corrupt(offset, "no segment holds it"))?;
+            let (start, (file, size)) = files.range(..=offset).next_back().ok_or_else(retired)?;
+            if offset + len as u64 > start + size {
+                // The segment that held it was compacted away.
+                return Err(retired());
+            }
             (*start, file.clone())
         };
         if len > MAX_REUSED_BUFFER {
@@ -166,19 +226,45 @@ impl Segments {
             let parsed = entries(payload).ok_or_else(|| corrupt(offset, "bad entries"))?;
             let mut out = Vec::new();
             for entry in parsed.entries {
-                if let Entry::Events { block, .. } = entry {
-                    out.extend(decode_events(block, offset)?);
+                match entry {
+                    Entry::Events { block, .. } | Entry::Moved { block, .. } => {
+                        out.extend(decode_events(block, offset)?)
+                    }
+                    _ => {}
                 }
             }
             Ok(out)
         })
     }
 
-    fn insert(&self, start: u64, file: Arc<File>) -> Arc<File> {
+    /// The start of the segment that holds `offset`, if one does.
+    pub fn segment_of(&self, offset: u64) -> Option<u64> {
+        let files = self.files.read().expect("segments lock");
+        let (&start, &(_, size)) = files.range(..=offset).next_back()?;
+        (offset < start + size).then_some(start)
+    }
+
+    /// Forgets the segment that starts at `start` (compaction deleted
+    /// it): a read of it fails with [`retired`], for the reader to look
+    /// its spans up again.
+    pub fn remove(&self, start: u64) {
+        self.files.write().expect("segments lock").remove(&start);
+    }
+
+    /// Every segment: (start, size in bytes).
+    pub fn list(&self) -> Vec<(u64, u64)> {
+        let files = self.files.read().expect("segments lock");
+        files
+            .iter()
+            .map(|(&start, &(_, size))| (start, size))
+            .collect()
+    }
+
+    fn insert(&self, start: u64, size: u64, file: Arc<File>) -> Arc<File> {
         self.files
             .write()
             .expect("segments lock")
-            .insert(start, file.clone());
+            .insert(start, (file.clone(), size));
         file
     }
 }
@@ -203,6 +289,8 @@ impl Segment {
 /// The committer's handle on the log.
 pub struct Log {
     dir: PathBuf,
+    /// The largest segment made (a record bigger than that grows one).
+    max_segment: u64,
     segments: Arc<Segments>,
     current: Segment,
     /// The segment after `current`: found at open, or being zero-filled.
@@ -267,7 +355,9 @@ impl Mark {
 impl Log {
     /// Opens the log in `dir` and applies the records after the last
     /// checkpoint's mark again, to `tree` and to the returned recent spans.
-    pub fn open(dir: &Path, tree: &sled::Db) -> Result<Opened> {
+    pub fn open(dir: &Path, tree: &sled::Db, max_segment: u64) -> Result<Opened> {
+        let max_segment = max_segment.max(HEADER * 8);
+        let min_segment = MIN_SEGMENT.min(max_segment);
         let mark = Mark::load(tree)?;
         let recent = Arc::new(Recent::default());
         std::fs::create_dir_all(dir)?;
@@ -288,7 +378,7 @@ impl Log {
                     found.push(Segment {
                         start,
                         capacity,
-                        file: segments.insert(start, Arc::new(file)),
+                        file: segments.insert(start, capacity, Arc::new(file)),
                     });
                 }
                 _ => {}
@@ -296,15 +386,17 @@ impl Log {
         }
         found.sort_by_key(|s| s.start);
         if found.is_empty() {
-            let file = make_segment(dir, 0, MIN_SEGMENT)?;
+            let file = make_segment(dir, 0, min_segment)?;
             found.push(Segment {
                 start: 0,
-                capacity: MIN_SEGMENT,
-                file: segments.insert(0, Arc::new(file)),
+                capacity: min_segment,
+                file: segments.insert(0, min_segment, Arc::new(file)),
             });
         }
+        // Compaction deletes segments below the checkpoint: gaps there are
+        // its doing. From the checkpoint on, segments follow each other.
         for pair in found.windows(2) {
-            if pair[0].end() != pair[1].start {
+            if pair[0].end() != pair[1].start && pair[1].start > mark.offset {
                 return Err(corrupt(pair[1].start, "segments do not follow each other"));
             }
         }
@@ -349,11 +441,34 @@ impl Log {
         }
         let end = replay.at;
         let (next_position, replayed) = (replay.next_position, replay.replayed);
+        // Segments compaction emptied whose deletion a crash cut short.
+        for key in tree.scan_prefix([keys::RETIRED]).keys() {
+            let key = key?;
+            let start = key
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| super::corrupt(&key, "bad retired segment key"))?;
+            if start >= found[index].start {
+                return Err(corrupt(
+                    start,
+                    "a retired segment at or after the checkpoint",
+                ));
+            }
+            segments.remove(start);
+            match std::fs::remove_file(dir.join(format!("{start:020}.seg"))) {
+                Ok(()) => tracing::info!("deleted log segment {start}, which compaction emptied"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+            tree.remove(&key)?;
+        }
         let mut found = found.into_iter().skip(index);
         let current = found.next().expect("the segment the log ends in");
         let next = found.next().map(Next::Ready);
         let mut log = Log {
             dir: dir.to_path_buf(),
+            max_segment,
             segments: segments.clone(),
             current,
             next,
@@ -375,6 +490,23 @@ impl Log {
     /// Writes the round's record and waits until it is on disk; returns the
     /// record's offset, for [`apply`].
     pub fn append(&mut self, round: &Round) -> Result<u64> {
+        self.write_record(round, true)
+    }
+
+    /// Writes the rounds' records one after the other and waits once until
+    /// all are on disk; returns their offsets. On an error, none of them
+    /// counts as written (the ones before it may reach the disk: each is a
+    /// whole record, applied at the next open like any other).
+    pub fn append_all(&mut self, rounds: &[Round]) -> Result<Vec<u64>> {
+        let mut offsets = Vec::with_capacity(rounds.len());
+        for round in rounds {
+            offsets.push(self.write_record(round, false)?);
+        }
+        self.current.file.sync_data()?;
+        Ok(offsets)
+    }
+
+    fn write_record(&mut self, round: &Round, sync: bool) -> Result<u64> {
         let payload = &round.payload;
         let mut record = Vec::with_capacity(HEADER as usize + payload.len());
         record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -382,6 +514,10 @@ impl Log {
         record.extend_from_slice(payload);
         let len = record.len() as u64;
         if self.end + len > self.current.end() {
+            if !sync {
+                // What was written unsynced to this segment goes first.
+                self.current.file.sync_data()?;
+            }
             self.switch()?;
         }
         let at = self.end;
@@ -392,8 +528,10 @@ impl Log {
             if at + len > self.current.end() {
                 // A record bigger than a whole segment grew this (empty) one.
                 self.current.file.sync_all()
-            } else {
+            } else if sync {
                 self.current.file.sync_data()
+            } else {
+                Ok(())
             }
         })();
         if let Err(e) = written {
@@ -406,12 +544,19 @@ impl Log {
         }
         if at + len > self.current.end() {
             self.current.capacity = at + len - self.current.start;
+            let (start, file) = (self.current.start, self.current.file.clone());
+            self.segments.insert(start, self.current.capacity, file);
         }
         self.end = at + len;
         if self.next.is_none() {
             self.prepare_next();
         }
         Ok(at)
+    }
+
+    /// The start of the segment that holds log offset `offset`.
+    pub fn segment_of(&self, offset: u64) -> Option<u64> {
+        self.segments.segment_of(offset)
     }
 
     /// Makes the next segment now, if it is not made or being made; waits
@@ -432,7 +577,7 @@ impl Log {
                 .map_err(|_| corrupt(self.current.end(), "preparing a segment panicked"))??,
             None => {
                 let start = self.current.end();
-                let capacity = start.clamp(MIN_SEGMENT, MAX_SEGMENT);
+                let capacity = self.capacity_at(start);
                 Segment {
                     start,
                     capacity,
@@ -440,6 +585,11 @@ impl Log {
                 }
             }
         })
+    }
+
+    /// The size of a new segment starting at `start`.
+    fn capacity_at(&self, start: u64) -> u64 {
+        start.clamp(MIN_SEGMENT.min(self.max_segment), self.max_segment)
     }
 
     /// The offset the next record goes to: a checkpoint's mark.
@@ -450,7 +600,8 @@ impl Log {
     /// Moves on to the next segment (see [`Log::take_next`]).
     fn switch(&mut self) -> Result<()> {
         let next = self.take_next()?;
-        self.segments.insert(next.start, next.file.clone());
+        self.segments
+            .insert(next.start, next.capacity, next.file.clone());
         self.end = next.start;
         self.current = next;
         Ok(())
@@ -459,7 +610,7 @@ impl Log {
     /// Starts zero-filling the segment after the current one.
     fn prepare_next(&mut self) {
         let start = self.current.end();
-        let capacity = start.clamp(MIN_SEGMENT, MAX_SEGMENT);
+        let capacity = self.capacity_at(start);
         let dir = self.dir.clone();
         self.next = Some(Next::Preparing(std::thread::spawn(move || {
             let file = Arc::new(make_segment(&dir, start, capacity)?);
@@ -469,6 +620,124 @@ impl Log {
                 file,
             })
         })));
+    }
+}
+
+/// A span found in a segment by [`Log::scan`]: a run's events (or a copy
+/// compaction made of them) ending at `last_seq`, at log `offset`.
+pub struct ScannedSpan {
+    pub run: RunId,
+    pub last_seq: u64,
+    pub offset: u64,
+    pub block: Vec<u8>,
+}
+
+/// A record found in a segment by [`Log::scan`].
+pub struct Scanned {
+    pub at: u64,
+    /// The positions whose log index entry may point at this record: its
+    /// last event's, or those it took over from records it holds copies of.
+    pub links: Vec<u64>,
+    pub spans: Vec<ScannedSpan>,
+}
+
+impl Log {
+    /// The records of the segment that starts at `start`, which must be
+    /// sealed (below the last checkpoint): compaction reads them.
+    pub fn scan(&self, start: u64) -> Result<Vec<Scanned>> {
+        let (file, size) = {
+            let files = self.segments.files.read().expect("segments lock");
+            let (file, size) = files.get(&start).ok_or_else(retired)?;
+            (file.clone(), *size)
+        };
+        let mut bytes = vec![0; size as usize];
+        file.read_exact_at(&mut bytes, 0)?;
+        let mut out = Vec::new();
+        let mut rest = &bytes[..];
+        let mut at = start;
+        while let Some(header) = rest.get(..HEADER as usize) {
+            if header == [0; HEADER as usize] {
+                break;
+            }
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let payload = rest
+                .get(HEADER as usize..HEADER as usize + len)
+                .ok_or_else(|| corrupt(at, "a sealed segment ends in a torn record"))?;
+            let parsed = entries(payload).ok_or_else(|| corrupt(at, "bad entries"))?;
+            let mut record = Scanned {
+                at,
+                links: Vec::new(),
+                spans: Vec::new(),
+            };
+            let mut position = parsed.first_position;
+            for entry in parsed.entries {
+                let (run, last_seq, block_at, block) = match entry {
+                    Entry::Events {
+                        run,
+                        first_seq,
+                        count,
+                        block_at,
+                        block,
+                        ..
+                    } => {
+                        position += u64::from(count);
+                        let last_seq = first_seq + u64::from(count.max(1)) - 1;
+                        (run, last_seq, block_at, block)
+                    }
+                    Entry::Moved {
+                        run,
+                        last_seq,
+                        block_at,
+                        block,
+                        ..
+                    } => (run, last_seq, block_at, block),
+                    Entry::Relink(position) => {
+                        record.links.push(position);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                record.spans.push(ScannedSpan {
+                    run: RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?,
+                    last_seq,
+                    offset: at + HEADER + block_at as u64,
+                    block: block.to_vec(),
+                });
+            }
+            if position > parsed.first_position {
+                record.links.push(position - 1);
+            }
+            out.push(record);
+            at += HEADER + len as u64;
+            rest = &rest[HEADER as usize + len..];
+        }
+        Ok(out)
+    }
+
+    /// Deletes a segment compaction emptied (nothing points into it any
+    /// more, durably): readers that still hold a span into it look it up
+    /// again.
+    pub fn delete_segment(&mut self, start: u64) -> Result<()> {
+        self.segments.remove(start);
+        let path = self.dir.join(format!("{start:020}.seg"));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+        File::open(&self.dir)?.sync_all()?;
+        Ok(())
+    }
+
+    /// The segments compaction may take: (start, size) of those that end
+    /// at or before `sealed_to` (a checkpoint's mark), neither the one
+    /// written to nor the next.
+    pub fn sealed(&self, sealed_to: u64) -> Vec<(u64, u64)> {
+        self.segments
+            .list()
+            .into_iter()
+            .filter(|&(start, size)| start != self.current.start && start + size <= sealed_to)
+            .collect()
     }
 }
 
@@ -583,6 +852,15 @@ enum Entry<'a> {
         block_at: usize,
         block: &'a [u8],
     },
+    Forget(&'a [u8]),
+    Moved {
+        old_offset: u64,
+        run: &'a [u8],
+        last_seq: u64,
+        block_at: usize,
+        block: &'a [u8],
+    },
+    Relink(u64),
 }
 
 struct Entries<'a> {
@@ -626,6 +904,22 @@ fn entries(payload: &[u8]) -> Option<Entries<'_>> {
                     block,
                 }
             }
+            FORGET => Entry::Forget(take(&mut rest, 16)?),
+            MOVE => {
+                let old_offset = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
+                let run = take(&mut rest, 16)?;
+                let last_seq = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
+                let block = take_bytes(&mut rest)?;
+                let block_at = payload.len() - rest.len() - block.len();
+                Entry::Moved {
+                    old_offset,
+                    run,
+                    last_seq,
+                    block_at,
+                    block,
+                }
+            }
+            RELINK => Entry::Relink(u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?)),
             _ => return None,
         });
     }
@@ -680,6 +974,23 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent
             }
             Entry::Delete(key) => {
                 tree.remove(key)?;
+            }
+            Entry::Forget(run) => {
+                recent.forget(RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?);
+            }
+            Entry::Moved {
+                old_offset,
+                run,
+                last_seq,
+                block_at,
+                ..
+            } => {
+                let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
+                let new_offset = at + HEADER + block_at as u64;
+                super::spans::relocate(tree, run, last_seq, old_offset, new_offset)?;
+            }
+            Entry::Relink(position) => {
+                tree.insert(keys::log(position), &at.to_le_bytes()[..])?;
             }
             Entry::Events { .. } => {}
         }
@@ -742,7 +1053,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let first_tree = scratch();
-        let mut opened = Log::open(dir.path(), &first_tree).unwrap();
+        let mut opened = Log::open(dir.path(), &first_tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (1, 0));
         let log = &mut opened.log;
         append(
@@ -770,7 +1081,7 @@ mod tests {
 
         // Everything again into an empty sled.
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
         assert_eq!(span_events(&opened, run, 1), [1, 2]);
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -784,7 +1095,7 @@ mod tests {
         // From the mark: only the record after it.
         let tree = scratch();
         mark.save(&tree).unwrap();
-        let opened = Log::open(dir.path(), &tree).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -795,7 +1106,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let tree = scratch();
-        let mut opened = Log::open(dir.path(), &tree).unwrap();
+        let mut opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         let filler = "x".repeat(300 * 1024);
         let mut offsets = Vec::new();
         for seq in 1..=12 {
@@ -815,7 +1126,7 @@ mod tests {
         drop(opened);
 
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (13, 12));
         for (seq, at) in (1..=12).zip(offsets) {
             let stored = u64::from_le_bytes(

@@ -15,8 +15,10 @@
 //! position.
 
 mod committer;
+mod compact;
 mod keys;
 mod log;
+mod retention;
 mod spans;
 
 use std::path::Path;
@@ -70,8 +72,15 @@ struct Inner {
 /// and had a `wal` file; version 2 had event pointers without their last
 /// event's time (and rewrote the run summary on every append); version 3
 /// had one pointer per span, written at every append, where version 4 has
-/// lists written at checkpoints. Nothing converts any of them.
-const LAYOUT: &str = "4";
+/// lists written at checkpoints. Nothing converts any of them. Version 5
+/// adds retention (expiry index entries, tombstones, dead bytes per
+/// segment) and log entries that version 4 cannot read (a deleted run,
+/// compaction's copies): a version 4 directory is upgraded in place at
+/// open (its finished runs indexed), and an older aaa refuses a version 5
+/// one by name instead of misreading its log.
+const LAYOUT: &str = "5";
+/// The layout this version upgrades to [`LAYOUT`] at open.
+const UPGRADED: &str = "4";
 
 /// How the store opens sled in `dir`.
 fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
@@ -92,7 +101,7 @@ fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
 /// The error for a data directory of another layout.
 fn other_layout(version: &str) -> StoreError {
     StoreError::Format(format!(
-        "the data directory has layout version {version}; this aaa reads version {LAYOUT} only (start with an empty --data-dir)"
+        "the data directory has layout version {version}; this aaa reads version {LAYOUT} only (and upgrades version {UPGRADED}; start with an empty --data-dir)"
     ))
 }
 
@@ -101,6 +110,12 @@ fn check_format(tree: &sled::Db, dir: &Path) -> Result<()> {
     let name = keys::meta("format");
     match tree.get(&name)? {
         Some(format) if format == LAYOUT.as_bytes() => Ok(()),
+        Some(format) if format == UPGRADED.as_bytes() => {
+            // Made durable by the first checkpoint, after the backfill of
+            // the retention index (which runs again if a crash comes first).
+            tree.insert(&name, LAYOUT.as_bytes())?;
+            Ok(())
+        }
         Some(format) => Err(other_layout(&String::from_utf8_lossy(&format))),
         None if tree.first()?.is_some() || dir.join("wal").exists() => Err(other_layout("1")),
         None => {
@@ -130,24 +145,29 @@ fn token_key(tree: &sled::Db, data_file: &std::fs::File) -> Result<[u8; 32]> {
 impl EmbeddedStore {
     /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<EmbeddedStore> {
-        Self::open_with_metrics(dir, cache_bytes, &crate::metrics::Metrics::new())
+        let segment = crate::config::DEFAULT_LOG_SEGMENT_KIB * 1024;
+        EmbeddedStore::open_with(dir, cache_bytes, segment, &crate::metrics::Metrics::new())
     }
 
-    /// Like [`EmbeddedStore::open`], counting commits and disk use into
-    /// `metrics`.
-    pub fn open_with_metrics(
+    /// [`EmbeddedStore::open`], with log segments of at most
+    /// `segment_bytes` (the unit compaction gives disk back in), counting
+    /// commits and disk use into `metrics`.
+    pub fn open_with(
         dir: &Path,
         cache_bytes: u64,
+        segment_bytes: u64,
         metrics: &crate::metrics::Metrics,
     ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
         let tree = sled_config(dir, cache_bytes).open()?;
         check_format(&tree, dir)?;
         // Before anything reads the tree: it may hold less than the log.
-        let opened = log::Log::open(&dir.join("log"), &tree)?;
+        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes)?;
         if opened.replayed > 0 {
             tracing::info!("applied {} records of the log again", opened.replayed);
         }
+        retention::backfill(&tree)?;
+        let dead = retention::load_dead(&tree)?;
         let last_position = opened.next_position - 1;
         let data_file = std::fs::File::open(dir.join("db"))?;
         let token_key = token_key(&tree, &data_file)?;
@@ -167,6 +187,7 @@ impl EmbeddedStore {
             writable: writable_tx,
             index_failed: None,
             metrics: metrics.clone(),
+            reclaim: compact::Reclaim::new(dead),
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
@@ -190,8 +211,30 @@ impl EmbeddedStore {
         Ok(EmbeddedStore { inner })
     }
 
-    /// Every event of `run` from seq `from` on, the durable ones only.
+    /// Runs a read again when compaction deleted a segment under it: the
+    /// spans it found had been moved, and looking them up again finds them
+    /// where they are now.
+    fn retrying<T>(&self, read: impl Fn() -> Result<T>) -> Result<T> {
+        let mut tries = 0;
+        loop {
+            match read() {
+                Err(e) if log::is_retired(&e) && tries < 3 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// Every event of `run` after `after_seq`, the durable ones only.
     fn events_from(&self, run: RunId, after_seq: u64, limit: usize) -> Result<Vec<EventRecord>> {
+        self.retrying(|| self.events_from_once(run, after_seq, limit))
+    }
+
+    fn events_from_once(
+        &self,
+        run: RunId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRecord>> {
         let durable = self.inner.durable_position.load(Ordering::Acquire);
         let mut out = Vec::new();
         for span in self.spans_from(run, after_seq.saturating_add(1)) {
@@ -279,6 +322,55 @@ impl EmbeddedStore {
             .unwrap_or_default())
     }
 
+    /// Durable events after global position `after` (see
+    /// [`super::Store::log_after`]).
+    fn log_after_once(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
+        let durable = self.inner.durable_position.load(Ordering::Acquire);
+        let mut out = Vec::new();
+        if after >= durable {
+            return Ok(out);
+        }
+        // Events of runs deleted by retention stay in the log until their
+        // segment is compacted: skip them. A run is deleted when its span
+        // index is (a durable event always has its span, recent or in sled).
+        let mut kept: std::collections::HashMap<Vec<u8>, bool> = Default::default();
+        // The record that holds `after + 1`, then the ones after it.
+        for entry in self
+            .inner
+            .tree
+            .range(keys::log(after + 1)..vec![keys::LOG + 1])
+        {
+            let (key, value) = entry?;
+            let offset = value
+                .as_ref()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| corrupt(&key, "bad log offset"))?;
+            for event in self.inner.segments.record_events(offset)? {
+                if event.position <= after {
+                    continue;
+                }
+                if event.position > durable || out.len() >= limit {
+                    return Ok(out);
+                }
+                let live = match kept.get(&event.run_id) {
+                    Some(&live) => live,
+                    None => {
+                        let run = RunId::from_slice(&event.run_id)
+                            .ok_or_else(|| corrupt(&event.run_id, "bad run id"))?;
+                        let live = self.newest_span(run)?.is_some();
+                        kept.insert(event.run_id.clone(), live);
+                        live
+                    }
+                };
+                if live {
+                    out.push(event);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn get<T: Message + Default>(&self, key: &[u8]) -> Result<Option<T>> {
         match self.inner.tree.get(key)? {
             Some(value) => decode(key, &value).map(Some),
@@ -310,6 +402,10 @@ fn newest_span(tree: &sled::Db, recent: &spans::Recent, run: RunId) -> Result<Op
 impl super::Store for EmbeddedStore {
     async fn commit(&self, batch: WriteBatch) -> Result<Vec<u64>> {
         self.inner.commits.commit(batch).await
+    }
+
+    async fn compact(&self) -> Result<super::Compacted> {
+        self.inner.commits.compact().await
     }
 
     async fn claim_runs(
@@ -360,7 +456,7 @@ impl super::Store for EmbeddedStore {
     }
 
     async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
-        match self.spans_from(run, seq).next() {
+        self.retrying(|| match self.spans_from(run, seq).next() {
             Some(span) => Ok(self
                 .inner
                 .segments
@@ -368,38 +464,11 @@ impl super::Store for EmbeddedStore {
                 .into_iter()
                 .find(|e| e.seq == seq)),
             None => Ok(None),
-        }
+        })
     }
 
     async fn log_after(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
-        let durable = self.durable_position();
-        let mut out = Vec::new();
-        if after >= durable {
-            return Ok(out);
-        }
-        // The record that holds `after + 1`, then the ones after it.
-        for entry in self
-            .inner
-            .tree
-            .range(keys::log(after + 1)..vec![keys::LOG + 1])
-        {
-            let (key, value) = entry?;
-            let offset = value
-                .as_ref()
-                .try_into()
-                .map(u64::from_le_bytes)
-                .map_err(|_| corrupt(&key, "bad log offset"))?;
-            for event in self.inner.segments.record_events(offset)? {
-                if event.position <= after {
-                    continue;
-                }
-                if event.position > durable || out.len() >= limit {
-                    return Ok(out);
-                }
-                out.push(event);
-            }
-        }
-        Ok(out)
+        self.retrying(|| self.log_after_once(after, limit))
     }
 
     async fn run(&self, run: RunId) -> Result<Option<RunRecord>> {
@@ -639,6 +708,23 @@ impl super::Store for EmbeddedStore {
             .collect()
     }
 
+    async fn expired_runs(
+        &self,
+        now_ms: i64,
+        default_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<RunId>> {
+        EmbeddedStore::expired_runs(self, now_ms, default_ms, limit)
+    }
+
+    async fn expired_at(&self, run: RunId) -> Result<Option<i64>> {
+        EmbeddedStore::expired_at(self, run)
+    }
+
+    async fn drop_tombstones(&self, now_ms: i64, limit: usize) -> Result<usize> {
+        EmbeddedStore::drop_tombstones(self, now_ms, limit)
+    }
+
     async fn list_grant_uses(&self) -> Result<Vec<GrantUse>> {
         self.inner
             .tree
@@ -715,6 +801,36 @@ mod tests {
             let expected = format!("layout version {old}; this aaa reads version {LAYOUT} only");
             assert!(error.to_string().contains(&expected), "{error}");
         }
+    }
+
+    /// A directory of layout 4 (before retention) is upgraded in place: its
+    /// finished runs are indexed for retention, its running ones are not.
+    #[tokio::test]
+    async fn a_data_dir_of_layout_4_is_upgraded_and_its_finished_runs_indexed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (done, running) = (RunId::new(), RunId::new());
+        {
+            let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
+            tree.insert(keys::meta("format"), b"4").unwrap();
+            for (run, status) in [(done, 3), (running, 2)] {
+                let record = RunRecord {
+                    run_id: run.as_bytes().to_vec(),
+                    status,
+                    updated_ms: 5_000,
+                    ..Default::default()
+                };
+                tree.insert(keys::run_scoped(keys::RUN, run), record.encode_to_vec())
+                    .unwrap();
+            }
+            tree.flush().unwrap();
+        }
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        let format = store.inner.tree.get(keys::meta("format")).unwrap().unwrap();
+        assert_eq!(&format[..], LAYOUT.as_bytes());
+        assert_eq!(store.expired_runs(5_000, Some(0), 10).unwrap(), [done]);
+        assert!(store.expired_runs(4_999, Some(0), 10).unwrap().is_empty());
+        assert!(store.expired_runs(i64::MAX, None, 10).unwrap().is_empty());
+        store.close().await;
     }
 
     /// A crash during a checkpoint leaves span lists in sled that the replay

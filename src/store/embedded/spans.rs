@@ -64,6 +64,70 @@ pub fn decode(key: &[u8], bytes: &[u8]) -> Result<Vec<Span>> {
     Ok(spans)
 }
 
+/// The span lists of `run` that may hold its span ending at `last_seq`:
+/// those from the first whose last seq is at or after it, up to one that
+/// starts after it (overlapping lists repeat earlier spans, never later).
+fn lists_holding(
+    tree: &sled::Db,
+    run: RunId,
+    last_seq: u64,
+) -> impl Iterator<Item = Result<(sled::IVec, Vec<Span>)>> + '_ {
+    let end = keys::prefix_end(&keys::run_scoped(keys::EVENT, run));
+    tree.range(keys::event(run, last_seq)..end)
+        .map(|entry| {
+            let (key, value) = entry?;
+            let list = decode(&key, &value)?;
+            Ok((key, list))
+        })
+        .take_while(move |list| match list {
+            Ok((_, list)) => list.first().is_some_and(|s| s.last_seq <= last_seq),
+            Err(_) => true,
+        })
+}
+
+/// Whether the span index still points at the span ending at `last_seq`
+/// written at log `offset` (compaction: the span is live).
+pub fn is_indexed(tree: &sled::Db, run: RunId, last_seq: u64, offset: u64) -> Result<bool> {
+    for list in lists_holding(tree, run, last_seq) {
+        let (_, list) = list?;
+        if list.iter().any(|s| s.offset == offset) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Points the run's span ending at `last_seq` at `new_offset` where it
+/// points at `old_offset` (compaction copied it; the bytes are the same),
+/// in every list that holds it. A span no list holds (the run was deleted
+/// since) stays gone. Each list is one sled value, rewritten whole, so a
+/// reader sees the old offset or the new one, both readable until the old
+/// segment is deleted.
+pub fn relocate(
+    tree: &sled::Db,
+    run: RunId,
+    last_seq: u64,
+    old_offset: u64,
+    new_offset: u64,
+) -> Result<()> {
+    let mut changed = Vec::new();
+    for list in lists_holding(tree, run, last_seq) {
+        let (key, mut list) = list?;
+        let mut hit = false;
+        for span in list.iter_mut().filter(|s| s.offset == old_offset) {
+            span.offset = new_offset;
+            hit = true;
+        }
+        if hit {
+            changed.push((key, list));
+        }
+    }
+    for (key, list) in changed {
+        tree.insert(key, encode(&list))?;
+    }
+    Ok(())
+}
+
 /// Spans applied since the last checkpoint, per run in seq order. The
 /// committer (and the replay at open) adds them; readers copy a run's.
 #[derive(Default)]
@@ -81,6 +145,11 @@ impl Recent {
         for &(run, span) in spans {
             runs.entry(run).or_default().push(span);
         }
+    }
+
+    /// Forgets the run's recent spans (it was deleted).
+    pub fn forget(&self, run: RunId) {
+        self.runs.write().expect("recent spans lock").remove(&run);
     }
 
     /// The run's recent spans.

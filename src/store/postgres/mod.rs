@@ -921,6 +921,62 @@ impl super::Store for PostgresStore {
             .collect()
     }
 
+    async fn expired_runs(
+        &self,
+        now_ms: i64,
+        default_ms: Option<i64>,
+        limit_: usize,
+    ) -> Result<Vec<RunId>> {
+        let mut out = Vec::new();
+        if let Some(default_ms) = default_ms {
+            let rows = self
+                .query(
+                    "SELECT run_id FROM aaa_runs WHERE finished_ms <= $1 \
+                     ORDER BY finished_ms LIMIT $2",
+                    &[&now_ms.saturating_sub(default_ms), &limit(limit_)],
+                )
+                .await?;
+            for row in &rows {
+                out.push(run_id(row, 0)?);
+            }
+        }
+        let left = limit_.saturating_sub(out.len());
+        if left > 0 {
+            let rows = self
+                .query(
+                    "SELECT run_id FROM aaa_runs WHERE expires_ms <= $1 \
+                     ORDER BY expires_ms LIMIT $2",
+                    &[&now_ms, &limit(left)],
+                )
+                .await?;
+            for row in &rows {
+                out.push(run_id(row, 0)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn expired_at(&self, run: RunId) -> Result<Option<i64>> {
+        let row = self
+            .query_opt(
+                "SELECT expired_ms FROM aaa_expired WHERE run_id = $1",
+                &[&run.as_uuid()],
+            )
+            .await?;
+        row.map(|row| get(&row, 0)).transpose()
+    }
+
+    async fn drop_tombstones(&self, now_ms: i64, limit_: usize) -> Result<usize> {
+        let rows = self
+            .query(
+                "DELETE FROM aaa_expired WHERE run_id IN (SELECT run_id FROM aaa_expired \
+                 WHERE until_ms <= $1 ORDER BY until_ms LIMIT $2) RETURNING run_id",
+                &[&now_ms, &limit(limit_)],
+            )
+            .await?;
+        Ok(rows.len())
+    }
+
     async fn list_grant_uses(&self) -> Result<Vec<GrantUse>> {
         let rows = self
             .query(

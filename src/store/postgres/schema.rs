@@ -18,6 +18,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("migrations/0005_reviews.sql")),
     (6, include_str!("migrations/0006_token_usage.sql")),
     (7, include_str!("migrations/0007_grants.sql")),
+    (8, include_str!("migrations/0008_retention.sql")),
 ];
 
 /// The newest schema version this binary knows.

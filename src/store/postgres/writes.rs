@@ -35,6 +35,9 @@ struct Events {
     actor_principal: Vec<String>,
 }
 
+/// An idempotency record's answer and the run it belongs to.
+type RequestRow = (Vec<u8>, Option<Uuid>);
+
 /// What a set of batches writes. `None` (or `false`) marks a deletion.
 #[derive(Default)]
 pub(super) struct Writes {
@@ -44,7 +47,10 @@ pub(super) struct Writes {
     active: BTreeMap<Uuid, bool>,
     timers: BTreeMap<(i64, Uuid, String), bool>,
     tools: BTreeMap<String, Vec<u8>>,
-    requests: BTreeMap<(Vec<u8>, String), Vec<u8>>,
+    /// Each answer and the run it belongs to (see `WriteBatch::request_run`).
+    requests: BTreeMap<(Vec<u8>, String), RequestRow>,
+    /// Runs to delete (retention): run, expired_ms, until_ms.
+    expire: Vec<(Uuid, i64, i64)>,
     groups: BTreeMap<String, GroupRecord>,
     dead_letters: BTreeMap<(String, u64), Option<DeadLetterRecord>>,
     token_key: Option<[u8; 32]>,
@@ -142,8 +148,9 @@ impl Writes {
                 request_id,
                 answer,
             } => {
+                let run = batch.request_run().map(|run| run.as_uuid());
                 self.requests
-                    .insert((scope.clone(), request_id.clone()), answer.clone());
+                    .insert((scope.clone(), request_id.clone()), (answer.clone(), run));
             }
             Op::PutGroup(group) => {
                 self.groups.insert(group.name.clone(), group.clone());
@@ -162,6 +169,11 @@ impl Writes {
             Op::UseGrant(used) => {
                 self.grant_uses.insert(used.clone());
             }
+            Op::ExpireRun {
+                run,
+                expired_ms,
+                until_ms,
+            } => self.expire.push((run.as_uuid(), *expired_ms, *until_ms)),
         }
     }
 
@@ -205,15 +217,38 @@ impl Writes {
             ));
         }
         if !self.requests.is_empty() {
-            let (mut scopes, mut ids, mut answers) = (Vec::new(), Vec::new(), Vec::new());
-            for ((scope, id), answer) in self.requests {
+            let (mut scopes, mut ids, mut answers, mut runs) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for ((scope, id), (answer, run)) in self.requests {
                 scopes.push(scope);
                 ids.push(id);
                 answers.push(answer);
+                runs.push(run);
             }
             out.push(statement(
                 UPSERT_REQUESTS,
-                vec![Box::new(scopes), Box::new(ids), Box::new(answers)],
+                vec![
+                    Box::new(scopes),
+                    Box::new(ids),
+                    Box::new(answers),
+                    Box::new(runs),
+                ],
+            ));
+        }
+        if !self.expire.is_empty() {
+            let mut columns = (Vec::new(), Vec::new(), Vec::new());
+            for (run, expired_ms, until_ms) in self.expire {
+                columns.0.push(run);
+                columns.1.push(expired_ms);
+                columns.2.push(until_ms);
+            }
+            out.push(statement(
+                EXPIRE_RUNS,
+                vec![
+                    Box::new(columns.0),
+                    Box::new(columns.1),
+                    Box::new(columns.2),
+                ],
             ));
         }
         groups(self.groups, &mut out);
@@ -308,6 +343,13 @@ fn runs(runs: BTreeMap<Uuid, RunRecord>, out: &mut Vec<Statement>) {
     }
     let mut c = RunColumns::default();
     for (id, r) in runs {
+        let (finished, expires) = match crate::domain::own_expiry(&r) {
+            Some(None) => (Some(r.updated_ms), None),
+            Some(Some(at)) => (None, Some(at)),
+            None => (None, None),
+        };
+        c.finished_ms.push(finished);
+        c.expires_ms.push(expires);
         c.id.push(id);
         c.status.push(r.status);
         c.tools.push(strings_json(&r.tools));
@@ -346,6 +388,8 @@ fn runs(runs: BTreeMap<Uuid, RunRecord>, out: &mut Vec<Statement>) {
             Box::new(c.started_by),
             Box::new(c.prompt_tokens),
             Box::new(c.completion_tokens),
+            Box::new(c.finished_ms),
+            Box::new(c.expires_ms),
         ],
     ));
 }
@@ -368,6 +412,8 @@ struct RunColumns {
     started_by: Vec<String>,
     prompt_tokens: Vec<i64>,
     completion_tokens: Vec<i64>,
+    finished_ms: Vec<Option<i64>>,
+    expires_ms: Vec<Option<i64>>,
 }
 
 #[derive(Default)]
@@ -548,17 +594,19 @@ const INSERT_EVENTS: &str = "INSERT INTO aaa_events \
 const UPSERT_RUNS: &str = "INSERT INTO aaa_runs \
     (run_id, status, task, model, tools, labels, created_ms, updated_ms, deadline_ms, \
     last_seq, result_json, error_type, error_message, started_by, prompt_tokens, \
-    completion_tokens) \
+    completion_tokens, finished_ms, expires_ms) \
     SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::text[], $5::jsonb[], \
     $6::jsonb[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::text[], \
-    $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[]) \
+    $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[], \
+    $18::bigint[]) \
     ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status, task = EXCLUDED.task, \
     model = EXCLUDED.model, tools = EXCLUDED.tools, labels = EXCLUDED.labels, \
     created_ms = EXCLUDED.created_ms, updated_ms = EXCLUDED.updated_ms, \
     deadline_ms = EXCLUDED.deadline_ms, last_seq = EXCLUDED.last_seq, \
     result_json = EXCLUDED.result_json, error_type = EXCLUDED.error_type, \
     error_message = EXCLUDED.error_message, started_by = EXCLUDED.started_by, \
-    prompt_tokens = EXCLUDED.prompt_tokens, completion_tokens = EXCLUDED.completion_tokens";
+    prompt_tokens = EXCLUDED.prompt_tokens, completion_tokens = EXCLUDED.completion_tokens, \
+    finished_ms = EXCLUDED.finished_ms, expires_ms = EXCLUDED.expires_ms";
 
 const UPSERT_APPROVALS: &str = "INSERT INTO aaa_approvals \
     (run_id, call_id, tool, arguments_json, arguments_sha256, requested_ms, expires_ms, \
@@ -596,9 +644,28 @@ const UPSERT_TOOLS: &str = "INSERT INTO aaa_tools (name, definition) \
     SELECT * FROM UNNEST($1::text[], $2::bytea[]) \
     ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition";
 
-const UPSERT_REQUESTS: &str = "INSERT INTO aaa_requests (scope, request_id, answer) \
-    SELECT * FROM UNNEST($1::bytea[], $2::text[], $3::bytea[]) \
-    ON CONFLICT (scope, request_id) DO UPDATE SET answer = EXCLUDED.answer";
+const UPSERT_REQUESTS: &str = "INSERT INTO aaa_requests (scope, request_id, answer, run_id) \
+    SELECT * FROM UNNEST($1::bytea[], $2::text[], $3::bytea[], $4::uuid[]) \
+    ON CONFLICT (scope, request_id) DO UPDATE SET answer = EXCLUDED.answer, \
+    run_id = EXCLUDED.run_id";
+
+/// Deletes finished runs whole (retention) and leaves their tombstones:
+/// a run that is not finished is not in `gone`, so nothing of it goes.
+/// Grant uses stay (they are the grants' counts). Timers are not looked
+/// for (no index by run): a finished run's are cancelled as it finishes,
+/// and one left would drop itself when it fires.
+const EXPIRE_RUNS: &str = "WITH d AS (SELECT * FROM UNNEST($1::uuid[], $2::bigint[], \
+    $3::bigint[]) AS d(run_id, expired_ms, until_ms)), \
+    gone AS (DELETE FROM aaa_runs r USING d WHERE r.run_id = d.run_id \
+    AND r.status IN (3, 4, 5) RETURNING d.*), \
+    events AS (DELETE FROM aaa_events WHERE run_id IN (SELECT run_id FROM gone)), \
+    approvals AS (DELETE FROM aaa_approvals WHERE run_id IN (SELECT run_id FROM gone)), \
+    active AS (DELETE FROM aaa_active WHERE run_id IN (SELECT run_id FROM gone)), \
+    requests AS (DELETE FROM aaa_requests WHERE run_id IN (SELECT run_id FROM gone)) \
+    INSERT INTO aaa_expired (run_id, expired_ms, until_ms) \
+    SELECT run_id, expired_ms, until_ms FROM gone \
+    ON CONFLICT (run_id) DO UPDATE SET expired_ms = EXCLUDED.expired_ms, \
+    until_ms = EXCLUDED.until_ms";
 
 const UPSERT_GROUPS: &str = "INSERT INTO aaa_groups \
     (name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, created_ms) \

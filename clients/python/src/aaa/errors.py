@@ -68,6 +68,11 @@ class RunNotFound(NotFound):
     the reader role (reason RUN_NOT_FOUND)."""
 
 
+class RunExpired(NotFound):
+    """The run finished and was deleted by retention (reason RUN_EXPIRED), said while its
+    tombstone lasts; ``metadata["expired_ms"]`` says when it was deleted."""
+
+
 class CallNotFound(NotFound):
     """The run has no such call, or no approval request for it (reason CALL_NOT_FOUND)."""
 
@@ -271,6 +276,7 @@ _BY_REASON: dict[str, type[AaaError]] = {
         types_pb2.ALREADY_VOTED: AlreadyVoted,
         types_pb2.NOT_AN_APPROVER_FOR_CALL: NotAnApproverForCall,
         types_pb2.GRANT_NOT_FOUND: GrantNotFound,
+        types_pb2.RUN_EXPIRED: RunExpired,
     }.items()
 }
 

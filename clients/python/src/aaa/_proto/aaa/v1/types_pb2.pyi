@@ -59,6 +59,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ALREADY_VOTED: _ClassVar[ErrorReason]
     NOT_AN_APPROVER_FOR_CALL: _ClassVar[ErrorReason]
     GRANT_NOT_FOUND: _ClassVar[ErrorReason]
+    RUN_EXPIRED: _ClassVar[ErrorReason]
 ACTOR_KIND_UNSPECIFIED: ActorKind
 ACTOR_KIND_ENGINE: ActorKind
 ACTOR_KIND_WORKER: ActorKind
@@ -100,6 +101,7 @@ OWNER_UNAVAILABLE: ErrorReason
 ALREADY_VOTED: ErrorReason
 NOT_AN_APPROVER_FOR_CALL: ErrorReason
 GRANT_NOT_FOUND: ErrorReason
+RUN_EXPIRED: ErrorReason
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "position", "id", "type", "data_json", "time", "actor")
