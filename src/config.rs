@@ -80,6 +80,10 @@ pub struct Config {
     pub metrics: crate::metrics::Metrics,
     /// Where spans go (`--otlp-endpoint`); `None`: no traces.
     pub tracer: Option<Arc<crate::otel::Tracer>>,
+    /// The web inbox's base URL as people reach it (behind a proxy, a
+    /// load balancer), for the links in webhooks and pages. `None`:
+    /// `http://` (`https://` under TLS) and the advertised address.
+    pub public_url: Option<String>,
 }
 
 impl Config {
@@ -108,6 +112,7 @@ impl Config {
             policy: None,
             metrics: crate::metrics::Metrics::new(),
             tracer: None,
+            public_url: None,
         }
     }
 }

@@ -140,6 +140,21 @@ impl Cluster {
         }
     }
 
+    /// A channel to this server itself, at its advertised address (the web
+    /// inbox calls the gRPC API through it as the signed-in person).
+    pub fn loopback(&self) -> Result<Channel, Status> {
+        self.channel(&self.address)
+    }
+
+    /// The scheme clients reach this server with.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     fn channel(&self, address: &str) -> Result<Channel, Status> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let bad = |e: &dyn std::fmt::Display| {
