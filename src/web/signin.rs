@@ -95,6 +95,11 @@ fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode) -> Respo
 /// A sign-in form posted from another site would sign the browser in as
 /// someone else (login CSRF): the browser's Origin must be this site.
 fn same_origin(parts: &Parts) -> bool {
+    // Browsers say where a request comes from (Fetch Metadata); older ones
+    // send the Origin.
+    if let Some(site) = parts.headers.get("sec-fetch-site") {
+        return matches!(site.to_str(), Ok("same-origin" | "none"));
+    }
     let Some(origin) = parts.headers.get(header::ORIGIN) else {
         return true;
     };
