@@ -462,6 +462,37 @@ mod tests {
     }
 
     #[test]
+    fn bodies_link_to_the_pages_of_the_run_and_the_call() {
+        let run = RunId::new();
+        let event = EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq: 5,
+            event_type: "aaa.approval.requested".into(),
+            data_json: r#"{"call_id":"call-1","name":"wire_money"}"#.into(),
+            ..Default::default()
+        };
+        let with = body(
+            "webhook.n",
+            "d",
+            1,
+            &event,
+            Some("https://aaa.example.com/"),
+        );
+        let with: serde_json::Value = serde_json::from_slice(&with).unwrap();
+        assert_eq!(
+            with["links"]["call"],
+            format!("https://aaa.example.com/calls/{run}/call-1")
+        );
+        assert_eq!(
+            with["links"]["run"],
+            format!("https://aaa.example.com/runs/{run}")
+        );
+        let without: serde_json::Value =
+            serde_json::from_slice(&body("webhook.n", "d", 1, &event, None)).unwrap();
+        assert!(without.get("links").is_none(), "{without}");
+    }
+
+    #[test]
     fn backoff_doubles_up_to_a_minute() {
         let delays: Vec<u64> = [1, 2, 3, 7, 8, 100].map(|a| backoff(a).as_secs()).to_vec();
         assert_eq!(delays, [1, 2, 4, 60, 60, 60]);

@@ -480,7 +480,7 @@ async fn decide(
     event_type: &str,
     data: Value,
 ) -> Response {
-    if let Err(refused) = visitor.check_csrf(web, &form.csrf) {
+    if let Some(refused) = visitor.refuse_without_csrf(web, &form.csrf) {
         return refused;
     }
     let request = SignalRequest {

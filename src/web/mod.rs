@@ -88,11 +88,12 @@ impl Visitor {
         self.session.csrf(&web.0.key)
     }
 
-    /// Whether a form's CSRF token is this session's.
-    pub fn check_csrf(&self, web: &Web, given: &str) -> Result<(), Response> {
+    /// The refusal of a form whose CSRF token is not this session's;
+    /// `None` when it is.
+    pub fn refuse_without_csrf(&self, web: &Web, given: &str) -> Option<Response> {
         match self.session.csrf_matches(&web.0.key, given) {
-            true => Ok(()),
-            false => Err(refusal(
+            true => None,
+            false => Some(refusal(
                 StatusCode::FORBIDDEN,
                 "This form's CSRF token is missing or not this session's: reload the page and try again.",
             )),

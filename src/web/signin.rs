@@ -188,7 +188,7 @@ pub async fn sign_out(
     visitor: Visitor,
     Form(form): Form<Csrf>,
 ) -> Response {
-    if let Err(refused) = visitor.check_csrf(&web, &form.csrf) {
+    if let Some(refused) = visitor.refuse_without_csrf(&web, &form.csrf) {
         return refused;
     }
     (

@@ -187,7 +187,11 @@ impl Browser {
         if let Some(token) = token {
             self.type_into("#token", token).await;
         }
-        self.find("form[action='/signin'] button").await.click().await.expect("click");
+        self.find("form[action='/signin'] button")
+            .await
+            .click()
+            .await
+            .expect("click");
         self.wait_until(
             "location.pathname === '/' && document.getElementById('inbox') !== null",
             "the inbox after sign-in",

@@ -126,7 +126,11 @@ fn row(run_id: &str, call_id: &str) -> String {
 }
 
 fn actor_name(event: &aaa::proto::Event) -> String {
-    event.actor.as_ref().map(|a| a.name.clone()).unwrap_or_default()
+    event
+        .actor
+        .as_ref()
+        .map(|a| a.name.clone())
+        .unwrap_or_default()
 }
 
 #[tokio::test]
@@ -139,7 +143,12 @@ async fn a_run_started_over_grpc_appears_live_and_is_approved_from_the_page_by_k
     let base = base(&server);
     alice.sign_in(&base, Some("token-alice")).await;
     assert_eq!(alice.text(".who").await, "alice");
-    alice.wait_until("document.getElementById('empty').hidden === false", "an empty inbox").await;
+    alice
+        .wait_until(
+            "document.getElementById('empty').hidden === false",
+            "an empty inbox",
+        )
+        .await;
 
     // Started over gRPC while the inbox is open: it appears, no reload.
     alice.eval("window.sameDocument = true; return 1;").await;
@@ -155,14 +164,28 @@ async fn a_run_started_over_grpc_appears_live_and_is_approved_from_the_page_by_k
         .run_id;
     alice
         .wait_until(
-            &format!("document.querySelector('{}') !== null", row(&run_id, "call-1")),
+            &format!(
+                "document.querySelector('{}') !== null",
+                row(&run_id, "call-1")
+            ),
             "the new request in the inbox",
         )
         .await;
-    assert_eq!(alice.eval("return window.sameDocument === true;").await, Value::Bool(true));
-    alice.wait_until("document.title.startsWith('(1) ')", "the count in the title").await;
+    assert_eq!(
+        alice.eval("return window.sameDocument === true;").await,
+        Value::Bool(true)
+    );
+    alice
+        .wait_until(
+            "document.title.startsWith('(1) ')",
+            "the count in the title",
+        )
+        .await;
     let shown = alice.text(&row(&run_id, "call-1")).await;
-    assert!(shown.contains("wire_money") && shown.contains("Pay ACME $250"), "{shown}");
+    assert!(
+        shown.contains("wire_money") && shown.contains("Pay ACME $250"),
+        "{shown}"
+    );
     assert!(shown.contains("team=payments"), "{shown}");
 
     // Open it: the call's page shows what the model wants and why.
@@ -172,11 +195,13 @@ async fn a_run_started_over_grpc_appears_live_and_is_approved_from_the_page_by_k
         .click()
         .await
         .expect("click");
-    alice.wait_until("document.getElementById('arguments') !== null", "the call's page").await;
-    assert_eq!(
-        alice.path().await,
-        format!("/calls/{run_id}/call-1")
-    );
+    alice
+        .wait_until(
+            "document.getElementById('arguments') !== null",
+            "the call's page",
+        )
+        .await;
+    assert_eq!(alice.path().await, format!("/calls/{run_id}/call-1"));
     let arguments: Value = serde_json::from_str(&alice.text("#arguments").await).unwrap();
     assert_eq!(arguments.to_string(), REFERENCE_ARGS);
     assert!(alice.text("#arguments").await.contains("\"amount\": 250"));
@@ -192,7 +217,10 @@ async fn a_run_started_over_grpc_appears_live_and_is_approved_from_the_page_by_k
     comment.send_keys("paid as agreed").await.expect("type");
     comment.send_keys("\u{E004}").await.expect("tab");
     let focused = alice.client.active_element().await.expect("focus");
-    assert_eq!(focused.attr("id").await.expect("id").as_deref(), Some("approve"));
+    assert_eq!(
+        focused.attr("id").await.expect("id").as_deref(),
+        Some("approve")
+    );
     focused.send_keys("\u{E007}").await.expect("enter");
     alice
         .wait_until(
@@ -205,7 +233,10 @@ async fn a_run_started_over_grpc_appears_live_and_is_approved_from_the_page_by_k
     let task = serve_one_call(&mut ops).await;
     assert_eq!(task.run_id, run_id);
     let tool = tool_task(&task);
-    assert_eq!((task.call_id.as_str(), tool.arguments_json.as_str()), ("call-1", REFERENCE_ARGS));
+    assert_eq!(
+        (task.call_id.as_str(), tool.arguments_json.as_str()),
+        ("call-1", REFERENCE_ARGS)
+    );
     let events = ops.wait_for_event(&run_id, "aaa.run.completed").await;
     assert_eq!(completed_text(&events), REFERENCE_TEXT);
     let granted = find(&events, "aaa.approval.granted");
@@ -217,7 +248,12 @@ async fn a_run_started_over_grpc_appears_live_and_is_approved_from_the_page_by_k
     );
 
     // The run's timeline, reachable from the call, shows it completed.
-    alice.find("a[href^='/runs/']").await.click().await.expect("click");
+    alice
+        .find("a[href^='/runs/']")
+        .await
+        .click()
+        .await
+        .expect("click");
     alice
         .wait_until(
             "(document.getElementById('run-status') || {}).textContent === 'completed'",
@@ -243,11 +279,25 @@ async fn a_denial_from_the_page_carries_its_reason_to_the_model() {
     let browser = driver.browser().await;
     let base = base(&server);
     // A link from a notification: sign-in first, then straight to the call.
-    browser.goto(&format!("{base}/calls/{run_id}/{call_id}")).await;
-    browser.wait_until("location.pathname === '/signin'", "the sign-in page").await;
+    browser
+        .goto(&format!("{base}/calls/{run_id}/{call_id}"))
+        .await;
+    browser
+        .wait_until("location.pathname === '/signin'", "the sign-in page")
+        .await;
     assert!(browser.text(".warning").await.contains("Auth is off"));
-    browser.find("form[action='/signin'] button").await.click().await.expect("click");
-    browser.wait_until("document.getElementById('reason') !== null", "the call's page").await;
+    browser
+        .find("form[action='/signin'] button")
+        .await
+        .click()
+        .await
+        .expect("click");
+    browser
+        .wait_until(
+            "document.getElementById('reason') !== null",
+            "the call's page",
+        )
+        .await;
     assert_eq!(browser.path().await, format!("/calls/{run_id}/{call_id}"));
 
     let reason = "over budget this month, ask finance";
@@ -293,22 +343,38 @@ async fn tokens_csrf_and_two_people_each_recorded_as_themselves() {
     let alice = driver.browser().await;
     alice.goto(&format!("{base}/signin")).await;
     alice.type_into("#token", "token-mallory").await;
-    alice.find("form[action='/signin'] button").await.click().await.expect("click");
-    alice.wait_until("document.getElementById('error') !== null", "the refusal").await;
+    alice
+        .find("form[action='/signin'] button")
+        .await
+        .click()
+        .await
+        .expect("click");
+    alice
+        .wait_until("document.getElementById('error') !== null", "the refusal")
+        .await;
     assert!(alice.text("#error").await.contains("matches no principal"));
     alice.goto(&call_page).await;
-    alice.wait_until("location.pathname === '/signin'", "sign-in again").await;
+    alice
+        .wait_until("location.pathname === '/signin'", "sign-in again")
+        .await;
 
     alice.sign_in(&base, Some("token-alice")).await;
     alice.goto(&call_page).await;
-    alice.wait_until("document.getElementById('approve') !== null", "the call's page").await;
+    alice
+        .wait_until(
+            "document.getElementById('approve') !== null",
+            "the call's page",
+        )
+        .await;
     assert!(alice.text("#votes").await.contains("0 of 2"));
     let digest = sha256_hex(REFERENCE_ARGS.as_bytes());
 
     // A decision without the session's CSRF token (or with another's) is
     // refused and records nothing.
     let approve = format!("/calls/{run_id}/{call_id}/approve");
-    let status = alice.post_from_page(&approve, &format!("sha256={digest}")).await;
+    let status = alice
+        .post_from_page(&approve, &format!("sha256={digest}"))
+        .await;
     assert_eq!(status, 403);
     let bob = driver.browser().await;
     bob.sign_in(&base, Some("token-bob")).await;
@@ -339,9 +405,16 @@ async fn tokens_csrf_and_two_people_each_recorded_as_themselves() {
         )
         .await;
     bob.goto(&call_page).await;
-    bob.wait_until("document.getElementById('votes') !== null", "the call's page").await;
+    bob.wait_until(
+        "document.getElementById('votes') !== null",
+        "the call's page",
+    )
+    .await;
     let votes = bob.text("#votes").await;
-    assert!(votes.contains("1 of 2") && votes.contains("alice"), "{votes}");
+    assert!(
+        votes.contains("1 of 2") && votes.contains("alice"),
+        "{votes}"
+    );
     bob.find("#approve").await.click().await.expect("click");
     bob.wait_until(
         "(document.getElementById('notice') || {}).textContent === 'Your decision was recorded: granted.'",
@@ -355,7 +428,11 @@ async fn tokens_csrf_and_two_people_each_recorded_as_themselves() {
 
     // Each sees the log with the actors as they were: bob his own grant.
     bob.goto(&format!("{base}/runs/{run_id}")).await;
-    bob.wait_until("document.getElementById('timeline') !== null", "the timeline").await;
+    bob.wait_until(
+        "document.getElementById('timeline') !== null",
+        "the timeline",
+    )
+    .await;
     let granted = bob
         .eval("return [...document.querySelectorAll('#timeline li')].find(li => li.textContent.includes('aaa.approval.granted')).querySelector('.actor').textContent;")
         .await;
@@ -366,15 +443,26 @@ async fn tokens_csrf_and_two_people_each_recorded_as_themselves() {
     let wanda = driver.browser().await;
     wanda.sign_in(&base, Some("token-wanda")).await;
     wanda.goto(&format!("{base}/runs/{run_id}")).await;
-    wanda.wait_until("document.getElementById('error') !== null", "a refusal").await;
+    wanda
+        .wait_until("document.getElementById('error') !== null", "a refusal")
+        .await;
     assert!(wanda.text("#error").await.contains("wanda may not call"));
 
     // Signing out ends the session.
     alice.goto(&base).await;
-    alice.find("form.signout button").await.click().await.expect("click");
-    alice.wait_until("location.pathname === '/signin'", "the sign-in page").await;
+    alice
+        .find("form.signout button")
+        .await
+        .click()
+        .await
+        .expect("click");
+    alice
+        .wait_until("location.pathname === '/signin'", "the sign-in page")
+        .await;
     alice.goto(&base).await;
-    alice.wait_until("location.pathname === '/signin'", "no session").await;
+    alice
+        .wait_until("location.pathname === '/signin'", "no session")
+        .await;
     for browser in [alice, bob, wanda] {
         browser.close().await;
     }
@@ -410,19 +498,34 @@ async fn values_from_models_and_clients_show_as_text_and_run_no_script() {
     browser.sign_in(&base, None).await;
     browser
         .wait_until(
-            &format!("document.querySelector('{}') !== null", row(&run_id, &call_id)),
+            &format!(
+                "document.querySelector('{}') !== null",
+                row(&run_id, &call_id)
+            ),
             "the row",
         )
         .await;
     let shown = browser.text(&row(&run_id, &call_id)).await;
     assert!(shown.contains(script) && shown.contains(image), "{shown}");
-    browser.goto(&format!("{base}/calls/{run_id}/{call_id}")).await;
-    browser.wait_until("document.getElementById('arguments') !== null", "the call's page").await;
+    browser
+        .goto(&format!("{base}/calls/{run_id}/{call_id}"))
+        .await;
+    browser
+        .wait_until(
+            "document.getElementById('arguments') !== null",
+            "the call's page",
+        )
+        .await;
     let text = browser.text("main").await;
     assert!(text.contains(script) && text.contains(image), "{text}");
     assert!(text.contains("Send an <b>email</b>"), "{text}");
     browser.goto(&format!("{base}/runs/{run_id}")).await;
-    browser.wait_until("document.getElementById('timeline') !== null", "the timeline").await;
+    browser
+        .wait_until(
+            "document.getElementById('timeline') !== null",
+            "the timeline",
+        )
+        .await;
     assert!(browser.text("#timeline").await.contains(script));
     let safe = browser
         .eval("return window.pwned === undefined && document.querySelectorAll('main script, main img, main b').length === 0;")
@@ -445,7 +548,10 @@ async fn the_pages_fit_a_375_px_phone_and_screenshots_are_taken() {
             "Refund order 4411 to the customer's original card",
             r#"{"amount":4999,"to":"card ending 4242, order 4411 (a long note that must wrap on a phone)"}"#,
         ),
-        ("Pay the electricity bill", r#"{"amount":120,"to":"City Power & Light"}"#),
+        (
+            "Pay the electricity bill",
+            r#"{"amount":120,"to":"City Power & Light"}"#,
+        ),
     ] {
         let request = StartRunRequest {
             task: task.into(),
@@ -470,24 +576,49 @@ async fn the_pages_fit_a_375_px_phone_and_screenshots_are_taken() {
     let base = base(&server);
     browser.sign_in(&base, None).await;
     let (_keep, dir) = shots();
+    // Tall enough for a whole call's page in one picture.
+    browser
+        .client
+        .set_window_size(1100, 1500)
+        .await
+        .expect("resize");
     let pages = [
         ("inbox", format!("{base}/"), "#inbox li"),
-        ("call", format!("{base}/calls/{run_id}/{call_id}"), "#arguments"),
+        (
+            "call",
+            format!("{base}/calls/{run_id}/{call_id}"),
+            "#arguments",
+        ),
         ("timeline", format!("{base}/runs/{done}"), "#timeline li"),
     ];
     for (name, url, ready) in &pages {
         browser.goto(url).await;
-        browser.wait_until(&format!("document.querySelector('{ready}') !== null"), name).await;
-        browser.screenshot(&dir.join(format!("web-{name}.png"))).await;
+        browser
+            .wait_until(&format!("document.querySelector('{ready}') !== null"), name)
+            .await;
+        browser
+            .screenshot(&dir.join(format!("web-{name}.png")))
+            .await;
     }
-    browser.client.set_window_size(375, 812).await.expect("resize");
+    browser
+        .client
+        .set_window_size(375, 812)
+        .await
+        .expect("resize");
     let width = browser.eval("return window.innerWidth;").await;
     assert!(width.as_u64().is_some_and(|w| w <= 375), "viewport {width}");
     for (name, url, ready) in &pages {
         browser.goto(url).await;
-        browser.wait_until(&format!("document.querySelector('{ready}') !== null"), name).await;
-        assert!(!browser.scrolls_sideways().await, "{name} scrolls sideways at 375 px");
-        browser.screenshot(&dir.join(format!("web-{name}-phone.png"))).await;
+        browser
+            .wait_until(&format!("document.querySelector('{ready}') !== null"), name)
+            .await;
+        assert!(
+            !browser.scrolls_sideways().await,
+            "{name} scrolls sideways at 375 px"
+        );
+        browser
+            .screenshot(&dir.join(format!("web-{name}-phone.png")))
+            .await;
     }
     for (name, _, _) in &pages {
         let png = std::fs::read(dir.join(format!("web-{name}-phone.png"))).unwrap();
@@ -514,7 +645,10 @@ async fn cookie(client: &HttpClient, base: &str) -> String {
     let response = client.request(request).await.expect("POST /signin");
     assert_eq!(response.status(), 303);
     let set = response.headers()["set-cookie"].to_str().unwrap();
-    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
     set.split(';').next().unwrap().to_string()
 }
 
@@ -566,7 +700,7 @@ async fn ten_thousand_pending_calls_are_served_a_page_at_a_time() {
     }
     // Wait until every run waits (each runs its scripted model first).
     let mut approvals = server.approvals().await;
-    let give_up = tokio::time::Instant::now() + WAIT * 4;
+    let give_up = tokio::time::Instant::now() + WAIT * 10;
     loop {
         let mut count = 0;
         let mut page_token = String::new();
@@ -589,7 +723,10 @@ async fn ten_thousand_pending_calls_are_served_a_page_at_a_time() {
         if count == PENDING {
             break;
         }
-        assert!(tokio::time::Instant::now() < give_up, "{count} of {PENDING} pending");
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "{count} of {PENDING} pending"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     println!("{PENDING} runs waiting after {:?}", started.elapsed());
