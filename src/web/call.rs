@@ -257,7 +257,11 @@ fn recorded(decided: &str) -> Option<&'static str> {
         "granted" => Some("granted"),
         "voted" => Some("your grant counted; the call needs more"),
         "denied" => Some("denied"),
-        "edited" => Some("edited; the edited call waits for a grant"),
+        "edited" => Some("edited; this call takes its place and waits for a grant"),
+        "edited-granted" => Some("edited and granted; this call takes its place and runs"),
+        "edited-voted" => {
+            Some("edited; this call takes its place, and your grant counted (it needs more)")
+        }
         "already" => Some("nothing changed, the call had already been decided"),
         _ => None,
     }
@@ -496,7 +500,11 @@ async fn decide(
                 (false, "aaa.approval.granted") => "granted",
                 (false, "aaa.approval.voted") => "voted",
                 (false, "aaa.approval.denied") => "denied",
-                (false, "aaa.approval.edited") => "edited",
+                (false, "aaa.approval.edited") if answer.votes == 0 => "edited",
+                (false, "aaa.approval.edited") if answer.votes >= answer.approvals_required => {
+                    "edited-granted"
+                }
+                (false, "aaa.approval.edited") => "edited-voted",
                 _ => "",
             };
             // After an edit, the page of the call that takes its place.

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use axum::extract::{Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::html::{self, Html};
@@ -113,6 +113,10 @@ pub async fn page_handler(
     visitor: Visitor,
     Query(filters): Query<Filters>,
 ) -> Response {
+    // A runner (no approver or reader role) has no inbox: its runs.
+    if !visitor.sees_approvals() {
+        return axum::response::Redirect::to("/runs").into_response();
+    }
     let started = Instant::now();
     let request = match filters.list_request() {
         Ok(request) => request,

@@ -88,6 +88,14 @@ impl Visitor {
         self.session.csrf(&web.0.key)
     }
 
+    /// Whether the person may see the approvals (ListApprovals and
+    /// WatchApprovals need approver or reader); with auth off, anyone.
+    pub fn sees_approvals(&self) -> bool {
+        self.principal.as_ref().is_none_or(|p| {
+            crate::auth::authorize("/aaa.v1.ApprovalService/WatchApprovals", p).is_ok()
+        })
+    }
+
     /// The refusal of a form whose CSRF token is not this session's;
     /// `None` when it is.
     pub fn refuse_without_csrf(&self, web: &Web, given: &str) -> Option<Response> {
@@ -159,6 +167,11 @@ pub fn page(
     live: &str,
     body: &Html,
 ) -> Response {
+    // No stream that the person's roles would refuse (it would retry).
+    let live = match visitor {
+        Some(v) if !v.sees_approvals() => "",
+        _ => live,
+    };
     let mut h = Html::new();
     h.raw("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">")
         .raw("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")

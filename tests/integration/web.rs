@@ -322,6 +322,98 @@ async fn a_denial_from_the_page_carries_its_reason_to_the_model() {
 }
 
 #[tokio::test]
+async fn an_edit_from_the_page_is_checked_against_the_schema_and_runs_as_edited() {
+    let server = TestServer::start().await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    let base = base(&server);
+    browser.sign_in(&base, None).await;
+    let page = format!("{base}/calls/{run_id}/{call_id}");
+    browser.goto(&page).await;
+    browser
+        .wait_until("document.title.startsWith('(1) ')", "the count")
+        .await;
+
+    // A new request while reading this one moves nothing on the page.
+    let top = "return document.getElementById('approve').getBoundingClientRect().top;";
+    let before = browser.eval(top).await;
+    let other = start_run(&mut runs, scripted_reference_run()).await;
+    wait_for_approval(&mut runs, &other).await;
+    browser
+        .wait_until("document.title.startsWith('(2) ')", "the new count")
+        .await;
+    assert_eq!(browser.eval(top).await, before, "the page moved");
+
+    // Arguments that do not fit the tool's schema are refused, nothing recorded.
+    browser
+        .find("details.edit summary")
+        .await
+        .click()
+        .await
+        .expect("open");
+    let edited = browser.find("#edited").await;
+    edited.clear().await.expect("clear");
+    edited
+        .send_keys(r#"{"amount":"lots","to":"ACME"}"#)
+        .await
+        .expect("type");
+    browser.find("#edit").await.click().await.expect("click");
+    browser
+        .wait_until("document.getElementById('error') !== null", "the refusal")
+        .await;
+    let error = browser.text("#error").await;
+    assert!(error.contains("arguments"), "{error}");
+    assert_eq!(wait_for_approval(&mut runs, &run_id).await, call_id);
+
+    // A good edit, granted with it: the edited call runs with what was written.
+    browser.goto(&page).await;
+    browser
+        .find("details.edit summary")
+        .await
+        .click()
+        .await
+        .expect("open");
+    let edited = browser.find("#edited").await;
+    edited.clear().await.expect("clear");
+    edited
+        .send_keys(r#"{"amount":200,"to":"ACME"}"#)
+        .await
+        .expect("type");
+    browser.type_into("#edit-reason", "over the cap").await;
+    browser.find("#edit").await.click().await.expect("click");
+    browser
+        .wait_until(
+            "(document.getElementById('notice') || {}).textContent.startsWith('Your decision was recorded: edited and granted')",
+            "the recorded edit",
+        )
+        .await;
+    let moved_to = browser.path().await;
+    assert!(
+        moved_to.starts_with(&format!("/calls/{run_id}/")),
+        "{moved_to}"
+    );
+    assert!(!moved_to.contains(&format!("/{call_id}?")), "{moved_to}");
+    let worker = Worker::spawn(&server, "payments-1", &["wire_money"], &[]).await;
+    let events = wait_for_end(&mut runs, &run_id).await;
+    let tasks = worker.stop().await;
+    let edited = find(&events, "aaa.approval.edited");
+    assert_eq!(data(edited)["reason"], "over the cap");
+    let ran: Vec<_> = tasks.iter().filter(|t| t.run_id == run_id).collect();
+    assert_eq!(ran.len(), 1);
+    assert_eq!(
+        tool_task(ran[0]).arguments_json,
+        r#"{"amount":200,"to":"ACME"}"#
+    );
+    browser.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn tokens_csrf_and_two_people_each_recorded_as_themselves() {
     let server = start_with_auth().await;
     let mut ops = Clients::with_token(&server, "token-ops").await;
