@@ -74,7 +74,17 @@ impl Driver {
 
     /// A new browser (its own profile and cookies), headless, 1100 x 900.
     pub async fn browser(&self) -> Browser {
+        self.open(false).await
+    }
+
+    /// A browser that accepts any server certificate (a test CA's).
+    pub async fn browser_accepting_test_certificates(&self) -> Browser {
+        self.open(true).await
+    }
+
+    async fn open(&self, accept_insecure_certs: bool) -> Browser {
         let capabilities = json!({
+            "acceptInsecureCerts": accept_insecure_certs,
             "goog:chromeOptions": {
                 "binary": chromium(),
                 "args": [

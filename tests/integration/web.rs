@@ -561,6 +561,46 @@ async fn tokens_csrf_and_two_people_each_recorded_as_themselves() {
     server.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn over_tls_the_pages_are_https_and_the_session_cookie_is_secure() {
+    // The certificate names "localhost" only: the pages still reach the
+    // server's own gRPC address (127.0.0.1) over TLS.
+    let pki_dir = tempfile::tempdir().unwrap();
+    crate::auth::make_pki(pki_dir.path());
+    let text = format!(
+        "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n\n{}",
+        auth_toml()
+    );
+    std::fs::write(pki_dir.path().join("auth.toml"), &text).unwrap();
+    let auth = Arc::new(AuthConfig::load(&pki_dir.path().join("auth.toml")).expect("auth config"));
+    let server = TestServer::start_with(move |config| config.auth = Some(auth.clone())).await;
+    let driver = Driver::start();
+    let browser = driver.browser_accepting_test_certificates().await;
+    let base = format!("https://localhost:{}", server.addr().port());
+    browser.sign_in(&base, Some("token-alice")).await;
+    browser
+        .wait_until(
+            "document.getElementById('empty').hidden === false",
+            "the empty inbox",
+        )
+        .await;
+    let cookie = browser
+        .client
+        .get_named_cookie("aaa_session")
+        .await
+        .expect("the session cookie");
+    assert_eq!(cookie.secure(), Some(true), "{cookie:?}");
+    assert_eq!(cookie.http_only(), Some(true), "{cookie:?}");
+    let same_site = cookie.same_site().map(|s| s.to_string());
+    assert_eq!(same_site.as_deref(), Some("Strict"), "{cookie:?}");
+    browser.goto(&format!("{base}/runs")).await;
+    browser
+        .wait_until("document.getElementById('runs') !== null", "the runs")
+        .await;
+    browser.close().await;
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn values_from_models_and_clients_show_as_text_and_run_no_script() {
     let server = TestServer::start().await;
