@@ -601,6 +601,64 @@ async fn over_tls_the_pages_are_https_and_the_session_cookie_is_secure() {
     server.shutdown().await;
 }
 
+/// On one PostgreSQL (the test passes without doing anything otherwise):
+/// a session made on one server is good on another (one browser, one host,
+/// two ports, as behind a load balancer), and a decision made on the
+/// standby is forwarded to the owner with the signed-in principal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_from_one_server_of_a_cluster_decides_through_another() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let auth = Arc::new(AuthConfig::parse(&auth_toml(), Path::new(".")).expect("auth config"));
+    let member = |standby: bool| {
+        let (url, auth) = (url.clone(), auth.clone());
+        TestServer::start_with(move |config| {
+            config.auth = Some(auth.clone());
+            config.store_url = Some(url.clone());
+            config.standby = standby;
+        })
+    };
+    let owner = member(false).await;
+    let standby = member(true).await;
+    let mut ops = Clients::with_token(&owner, "token-ops").await;
+    register_wire_money(&mut ops, 1).await;
+    let run_id = ops
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    ops.wait_for_event(&run_id, "aaa.approval.requested").await;
+
+    let driver = Driver::start();
+    let alice = driver.browser().await;
+    alice.sign_in(&base(&owner), Some("token-alice")).await;
+    // Cookies belong to the host, not the port: the standby gets it.
+    alice
+        .goto(&format!("{}/calls/{run_id}/call-1", base(&standby)))
+        .await;
+    alice
+        .wait_until(
+            "document.getElementById('approve') !== null",
+            "the call on the standby",
+        )
+        .await;
+    alice.find("#approve").await.click().await.expect("click");
+    alice
+        .wait_until(
+            "(document.getElementById('notice') || {}).textContent === 'Your decision was recorded: granted.'",
+            "the grant through the standby",
+        )
+        .await;
+    let events = ops.wait_for_event(&run_id, "aaa.approval.granted").await;
+    assert_eq!(actor_name(events.last().unwrap()), "alice");
+    alice.close().await;
+    standby.shutdown().await;
+    owner.shutdown().await;
+}
+
 #[tokio::test]
 async fn values_from_models_and_clients_show_as_text_and_run_no_script() {
     let server = TestServer::start().await;
