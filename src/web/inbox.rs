@@ -190,7 +190,16 @@ pub async fn page_handler(
 }
 
 fn filter_form(h: &mut Html, filters: &Filters) {
-    h.raw("<form class=\"filters\" method=\"get\" action=\"/\">")
+    // Folded unless in use: on a phone the calls come first.
+    let in_use = !(filters.tool.trim().is_empty()
+        && filters.label.trim().is_empty()
+        && filters.run.trim().is_empty()
+        && filters.mine.is_empty()
+        && filters.order.is_empty());
+    h.raw("<details class=\"filters\"")
+        .raw(if in_use { " open" } else { "" })
+        .raw("><summary>Filter and order</summary>")
+        .raw("<form class=\"filters\" method=\"get\" action=\"/\">")
         .raw("<label>Tool <input name=\"tool\" value=\"")
         .text(filters.tool.trim())
         .raw("\"></label><label>Label <input name=\"label\" placeholder=\"key=value\" value=\"")
@@ -212,7 +221,7 @@ fn filter_form(h: &mut Html, filters: &Filters) {
         .raw(">newest first</option></select></label>")
         .raw("<label class=\"check\"><input type=\"checkbox\" name=\"mine\" value=\"1\"")
         .raw(if filters.mine == "1" { " checked" } else { "" })
-        .raw("> only calls I may decide</label><button type=\"submit\">Filter</button></form>");
+        .raw("> only calls I may decide</label><button type=\"submit\">Filter</button></form></details>");
 }
 
 /// One pending call in the inbox (also sent by the live stream).
