@@ -5,6 +5,7 @@
 //! poll the page for a condition, bounded by [`WAIT`].
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -33,8 +34,11 @@ impl Driver {
     /// Starts chromedriver on a port it picks, and reads which from its
     /// first lines.
     pub fn start() -> Driver {
+        // Its own process group, browsers included, so that all of it can
+        // be stopped together, also after a test panicked (see Drop).
         let mut child = Command::new(chromedriver())
             .arg("--port=0")
+            .process_group(0)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -95,6 +99,8 @@ impl Driver {
                     "--window-size=1100,900",
                     "--hide-scrollbars",
                     "--force-device-scale-factor=1",
+                    "--disable-crash-reporter",
+                    "--disable-breakpad",
                 ],
             }
         });
@@ -112,10 +118,37 @@ impl Driver {
 }
 
 impl Drop for Driver {
+    /// Asks chromedriver to quit its browsers (they remove their profiles),
+    /// waits a bounded time, then stops what is left of its process group.
     fn drop(&mut self) {
+        let address = self.url.trim_start_matches("http://").to_string();
+        if let Ok(mut stream) = std::net::TcpStream::connect(&address) {
+            use std::io::{Read, Write};
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let request =
+                format!("GET /shutdown HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+            if stream.write_all(request.as_bytes()).is_ok() {
+                let _ = stream.read(&mut [0u8; 256]);
+            }
+        }
+        let give_up = std::time::Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The group's id is chromedriver's pid (process_group(0) above).
+        kill_group(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// SIGKILL to what is left of chromedriver's process group (`kill -KILL
+/// -- -GROUP`; nothing left is fine).
+fn kill_group(group: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// One person's browser.
