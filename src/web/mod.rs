@@ -1,11 +1,13 @@
-//! The web approval inbox, served by `aaa serve` on its own port beside
+//! The web approval inbox, served by `aaa serve` on the gRPC port beside
 //! gRPC (see `http`): server-rendered pages (html), a small script and a
 //! stylesheet embedded in the binary, sign-in to a signed cookie session
 //! (session), and every read and decision made through the server's own
 //! gRPC API as the signed-in principal (client). Pages: the inbox (inbox),
 //! a call's page and its decisions (call), runs and their timelines
-//! (runs); live updates as Server-Sent Events (live); the headers that keep
-//! the page from being framed or injected (security). See docs/web.md.
+//! (runs), events in words (events); live updates as Server-Sent Events
+//! (live); sign-in and out (signin); the headers that keep the page from
+//! being framed or injected, and the embedded assets (security). See
+//! docs/web.md.
 
 mod call;
 mod client;
