@@ -96,6 +96,10 @@ pub struct Config {
     /// The embedded log's largest segment file, in bytes: the unit in
     /// which compaction gives disk back.
     pub log_segment_bytes: u64,
+    /// The web inbox's base URL as people reach it (behind a proxy, a
+    /// load balancer), for the links in webhooks and pages. `None`:
+    /// `http://` (`https://` under TLS) and the advertised address.
+    pub public_url: Option<String>,
 }
 
 impl Config {
@@ -127,6 +131,7 @@ impl Config {
             retention: DEFAULT_RETENTION,
             archive_dir: None,
             log_segment_bytes: DEFAULT_LOG_SEGMENT_KIB * 1024,
+            public_url: None,
         }
     }
 }

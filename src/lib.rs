@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! http (plain HTTP beside gRPC on the same port: /metrics, the web inbox)
+//!   -> web (the approval inbox's pages; they act through the gRPC API
+//!           below as the signed-in person, over a loopback channel)
 //! auth (one layer in front of every service: who is calling, may it?)
 //! api (tonic services: wire types <-> domain, one error mapping)
 //!   -> engine (per-run pure fold + driver: tool loop, approval gate,
@@ -51,6 +53,7 @@ pub mod seconds;
 pub mod server;
 pub mod store;
 pub mod subscriptions;
+pub mod web;
 
 pub use config::Config;
 pub use server::{serve, ServeError};

@@ -144,6 +144,27 @@ struct ServeArgs {
     #[arg(long, env = "AAA_LOG_SEGMENT_KIB", default_value_t = aaa::config::DEFAULT_LOG_SEGMENT_KIB,
           value_parser = clap::value_parser!(u64).range(64..=1_048_576))]
     log_segment_kib: u64,
+    /// The web inbox's base URL as people reach it (a proxy, a load
+    /// balancer), for the links in webhooks and `aaa approvals ls --links`.
+    /// Default: http:// (https:// under TLS) and the advertised address.
+    /// The inbox itself is served on the gRPC port (see docs/web.md).
+    #[arg(long, env = "AAA_PUBLIC_URL", value_parser = public_url)]
+    public_url: Option<String>,
+}
+
+/// `--public-url`: an http:// or https:// URL, without query or fragment.
+fn public_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("not a URL ({e}); e.g. https://aaa.example.com"))?;
+    match (uri.scheme_str(), uri.authority(), uri.query()) {
+        (Some("http" | "https"), Some(_), None) if !text.contains('#') => {
+            Ok(text.trim_end_matches('/').to_string())
+        }
+        _ => Err("expected an http:// or https:// URL with a host and no query, e.g. https://aaa.example.com"
+            .into()),
+    }
 }
 
 #[derive(clap::Args)]
@@ -285,6 +306,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         retention,
         archive_dir,
         log_segment_kib,
+        public_url,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -308,6 +330,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.lease = aaa::seconds::duration(lease_s);
     config.standby = standby;
     config.advertise = advertise;
+    config.public_url = public_url.clone();
     if standby && config.store_url.is_none() {
         eprintln!(
             "aaa: --standby needs --store postgres://...: the embedded store belongs to one server"
@@ -377,7 +400,18 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let address = listener.local_addr().map_or(listen, |a| a);
     // Printed once the store is open: test harnesses and the SDKs' test
     // servers wait for this line.
-    let ready = move || println!("aaa serving on {address} with data in {place}");
+    let scheme = match config.auth.as_ref().is_some_and(|a| a.tls.is_some()) {
+        true => "https",
+        false => "http",
+    };
+    let web = public_url.unwrap_or_else(|| match address.ip().is_unspecified() {
+        true => format!("{scheme}://127.0.0.1:{}", address.port()),
+        false => format!("{scheme}://{address}"),
+    });
+    let ready = move || {
+        println!("aaa serving on {address} with data in {place}");
+        println!("aaa web inbox at {web}/");
+    };
     match aaa::serve(listener, config, ready, stop_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

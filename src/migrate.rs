@@ -278,6 +278,7 @@ async fn approvals_page(
     after: Option<ApprovalCursor>,
 ) -> Result<(Vec<ApprovalRecord>, Option<ApprovalCursor>), MigrateError> {
     let query = ApprovalQuery {
+        newest_first: false,
         after,
         limit: OPS_PER_BATCH,
         ..Default::default()

@@ -48,6 +48,8 @@ pub enum ServeError {
     Models(String),
     #[error("cannot start webhooks: {0}")]
     Webhooks(#[from] crate::subscriptions::Error),
+    #[error("cannot serve the web inbox: {0}")]
+    Web(String),
 }
 
 /// Where the store is, as errors and logs name it (no password).
@@ -118,7 +120,16 @@ pub async fn serve(
     // Plain HTTP (browsers, Prometheus) shares the port: HTTP/1.1 is
     // accepted beside HTTP/2, and the requests that are not gRPC leave
     // before the gRPC auth layer for a router that checks its callers.
-    let http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone());
+    let stopping = CancellationToken::new();
+    let web = match web_settings(&config, &cluster, &stopping) {
+        Ok(web) => web,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone())
+        .merge(crate::web::router(web));
     let mut builder = builder
         .accept_http1(true)
         .layer(crate::http::HttpLayer::new(http))
@@ -126,7 +137,6 @@ pub async fn serve(
         .layer(AuthLayer::new(config.auth.clone(), store.token_key()))
         .layer(malformed::layer());
 
-    let stopping = CancellationToken::new();
     let grace = config.shutdown_grace;
     let local = LocalServices::default();
     let mut shutdown = Box::pin(shutdown);
@@ -268,6 +278,34 @@ pub async fn serve(
     Ok(())
 }
 
+/// What the web inbox needs: it calls this server's gRPC API over a
+/// loopback channel as the signed-in person.
+fn web_settings(
+    config: &Config,
+    cluster: &Cluster,
+    stopping: &CancellationToken,
+) -> Result<crate::web::Settings, ServeError> {
+    let channel = cluster
+        .loopback()
+        .map_err(|e| ServeError::Web(e.message().to_string()))?;
+    Ok(crate::web::Settings {
+        auth: config.auth.clone(),
+        tls: config.auth.as_ref().is_some_and(|a| a.tls.is_some()),
+        key: cluster.store().token_key(),
+        channel,
+        stopping: stopping.clone(),
+    })
+}
+
+/// The base URL of this server's pages: `--public-url`, or the scheme and
+/// advertised address clients reach it at.
+pub fn public_url(config: &Config, cluster: &Cluster) -> String {
+    match &config.public_url {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => format!("{}://{}", cluster.scheme(), cluster.address),
+    }
+}
+
 /// The aaa services of this server, filled once it owns the runs; until
 /// then (and after it lost them) calls are forwarded to the owner.
 #[derive(Clone, Default)]
@@ -363,7 +401,17 @@ async fn own_runs(
         .map_err(|source| ServeError::Store { place, source })?;
     let separation_of_duties = separation_of_duties(&config);
     let max_message = config.max_message_bytes;
-    let webhooks = config.webhooks.clone();
+    // Webhook bodies link to the pages of the web inbox.
+    let base = public_url(&config, &cluster);
+    let webhooks: Vec<_> = config
+        .webhooks
+        .iter()
+        .cloned()
+        .map(|hook| crate::subscriptions::WebhookConfig {
+            public_url: Some(base.clone()),
+            ..hook
+        })
+        .collect();
     let models = config.models.clone();
     let engine = Engine::start(store, config, stopping.clone()).await?;
     crate::openai::start(engine.clone(), models).map_err(ServeError::Models)?;

@@ -97,6 +97,7 @@ impl Filter {
     fn query(&self, after: Option<(RunId, String)>, limit: usize) -> ApprovalQuery {
         ApprovalQuery {
             after,
+            newest_first: false,
             run: self.run,
             tool: self.tool.clone(),
             labels: self.labels.clone(),
@@ -172,10 +173,14 @@ impl ApprovalService for ApprovalApi {
         };
         let limit = page_size(request.page_size);
         // One more than a page: whether there is a next page.
+        let query = ApprovalQuery {
+            newest_first: request.newest_first,
+            ..filter.query(after, limit + 1)
+        };
         let mut records = self
             .reads
             .store()
-            .approvals(&filter.query(after, limit + 1))
+            .approvals(&query)
             .await
             .map_err(|e| to_status(e.into()))?;
         let more = records.len() > limit;

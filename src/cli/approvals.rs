@@ -85,6 +85,7 @@ impl Filter {
             page_size,
             page_token,
             decidable: self.mine,
+            newest_first: false,
         }
     }
 }
@@ -93,6 +94,17 @@ impl Filter {
 struct ListArgs {
     #[command(flatten)]
     filter: Filter,
+    /// Newest run first instead of oldest.
+    #[arg(long)]
+    newest_first: bool,
+    /// Add each call's page in the web inbox (a LINK column; `link` with
+    /// --json), for a chat or email message.
+    #[arg(long)]
+    links: bool,
+    /// The web inbox's base URL for --links, as `aaa serve --public-url`
+    /// (default: the --server URL, where the server serves its pages).
+    #[arg(long, env = "AAA_PUBLIC_URL", value_name = "URL", requires = "links")]
+    public_url: Option<String>,
     #[command(flatten)]
     page: Page,
     #[command(flatten)]
@@ -134,10 +146,13 @@ pub(super) async fn run(args: &ApprovalsArgs) -> Result<(), Error> {
 }
 
 async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
-    let request = args.filter.list_request(
+    let mut request = args.filter.list_request(
         args.page.limit.unwrap_or(0),
         args.page.page_token.clone().unwrap_or_default(),
     );
+    request.newest_first = args.newest_first;
+    let base = args.public_url.as_deref().unwrap_or(&connection.server);
+    let link = |a: &Approval| crate::web::call_url(base, &a.run_id, &a.call_id);
     let client = connection.connect().await?;
     let page = client
         .approvals()
@@ -146,7 +161,17 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
         .into_inner();
     let out = Output::new(args.format.json);
     if out.json {
-        let approvals: Vec<_> = page.approvals.iter().map(render::approval_json).collect();
+        let approvals: Vec<_> = page
+            .approvals
+            .iter()
+            .map(|a| {
+                let mut json = render::approval_json(a);
+                if let (true, Some(object)) = (args.links, json.as_object_mut()) {
+                    object.insert("link".into(), Value::String(link(a)));
+                }
+                json
+            })
+            .collect();
         return out.document(&json!({
             "approvals": approvals,
             "next_page_token": page.next_page_token,
@@ -167,14 +192,21 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
         if votes {
             row.push(format!("{}/{}", a.votes.len(), a.approvals_required.max(1)));
         }
+        if args.links {
+            row.push(link(a));
+        }
         row.push(a.arguments_json.clone());
         row
     });
-    let header: &[&str] = match votes {
-        true => &["RUN", "CALL", "TOOL", "REQUESTED", "GRANTS", "ARGUMENTS"],
-        false => &["RUN", "CALL", "TOOL", "REQUESTED", "ARGUMENTS"],
-    };
-    out.table(header, rows)?;
+    let mut header = vec!["RUN", "CALL", "TOOL", "REQUESTED"];
+    if votes {
+        header.push("GRANTS");
+    }
+    if args.links {
+        header.push("LINK");
+    }
+    header.push("ARGUMENTS");
+    out.table(&header, rows)?;
     if !page.next_page_token.is_empty() {
         out.line(&format!("more: --page-token {}", page.next_page_token))?;
     }

@@ -46,6 +46,8 @@ pub struct Cluster {
     keepalive: Duration,
     /// Signs the caller's principal on forwarded calls.
     pub(crate) key: [u8; 32],
+    /// The DNS names of this server's own certificate (under TLS).
+    own_names: Vec<String>,
 }
 
 impl Cluster {
@@ -68,6 +70,7 @@ impl Cluster {
             holding: OnceLock::new(),
             owner: Mutex::new(None),
             tls: ca_pem.map(|ca| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca))),
+            own_names: ca_pem.map(dns_names).unwrap_or_default(),
             keepalive,
             key,
         })
@@ -140,7 +143,36 @@ impl Cluster {
         }
     }
 
+    /// A channel to this server itself, at its advertised address (the web
+    /// inbox calls the gRPC API through it as the signed-in person).
+    /// Under TLS it checks the server's certificate for a name the
+    /// certificate has (the advertised host if it is one), since the
+    /// address may be one the certificate does not name (127.0.0.1).
+    pub fn loopback(&self) -> Result<Channel, Status> {
+        let host = host_of(&self.address);
+        match self.own_names.first() {
+            Some(name) if !self.own_names.iter().any(|n| n == host) => {
+                self.channel_named(&self.address, name)
+            }
+            _ => self.channel(&self.address),
+        }
+    }
+
+    /// The scheme clients reach this server with.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     fn channel(&self, address: &str) -> Result<Channel, Status> {
+        self.channel_named(address, host_of(address))
+    }
+
+    /// A channel to `address` whose TLS (if any) expects the name `host`.
+    fn channel_named(&self, address: &str, host: &str) -> Result<Channel, Status> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let bad = |e: &dyn std::fmt::Display| {
             unavailable(
@@ -155,14 +187,42 @@ impl Cluster {
             .keep_alive_timeout(self.keepalive)
             .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
-            let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
-            let host = host.trim_start_matches('[').trim_end_matches(']');
             endpoint = endpoint
                 .tls_config(tls.clone().domain_name(host))
                 .map_err(|e| bad(&e))?;
         }
         Ok(endpoint.connect_lazy())
     }
+}
+
+/// The host of a `host:port` address (an IPv6 one without its brackets).
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// The DNS names of the first certificate in a PEM file (none if it does
+/// not parse: the server would not have started with it).
+fn dns_names(pem: &[u8]) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(pem) else {
+        return Vec::new();
+    };
+    let Ok(cert) = pem.parse_x509() else {
+        return Vec::new();
+    };
+    let Ok(Some(names)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    names
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::DNSName(dns) => Some(dns.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// UNAVAILABLE with OWNER_UNAVAILABLE, naming the last owner known.

@@ -353,8 +353,12 @@ pub struct RunQuery {
 /// Pending approvals in (run, call_id) order.
 #[derive(Debug, Clone, Default)]
 pub struct ApprovalQuery {
-    /// Only those after this (run, call_id) pair (the previous page's last).
+    /// Only those after this (run, call_id) pair (the previous page's last),
+    /// in the query's order.
     pub after: Option<(RunId, String)>,
+    /// Newest run first, and each run's calls in reverse order (`after`
+    /// then means below the pair).
+    pub newest_first: bool,
     /// Only this run's.
     pub run: Option<RunId>,
     /// Only this tool's; empty for any.

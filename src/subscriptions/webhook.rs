@@ -53,6 +53,10 @@ pub struct WebhookConfig {
     pub secret: String,
     /// Attempts before dead-lettering; 0 means the groups' default.
     pub max_deliveries: u32,
+    /// The web inbox's base URL (`--public-url`, set by the server): each
+    /// body links to the run's page and, for an event about a call, to the
+    /// call's page. `None`: no links.
+    pub public_url: Option<String>,
 }
 
 impl WebhookConfig {
@@ -160,6 +164,7 @@ impl WebhookConfig {
                 event_types: entry.event_types,
                 secret,
                 max_deliveries: entry.max_deliveries,
+                public_url: None,
             });
         }
         Ok(hooks)
@@ -265,12 +270,30 @@ fn backoff(attempt: u32) -> Duration {
     doubled.min(MAX_BACKOFF)
 }
 
-/// The POST body: the delivery and its event, data as JSON (not text).
-pub fn body(group: &str, delivery_id: &str, attempt: u32, event: &EventRecord) -> Vec<u8> {
+/// The POST body: the delivery and its event, data as JSON (not text), and
+/// with a `public_url`, `links` to the pages of the run and of the call the
+/// event is about (sign-in still required: the links grant nothing).
+pub fn body(
+    group: &str,
+    delivery_id: &str,
+    attempt: u32,
+    event: &EventRecord,
+    public_url: Option<&str>,
+) -> Vec<u8> {
     let data: serde_json::Value =
         serde_json::from_str(&event.data_json).unwrap_or(serde_json::Value::Null);
     let run_id = RunId::from_slice(&event.run_id).map(|r| r.to_string());
-    let body = serde_json::json!({
+    let links = match (public_url, &run_id) {
+        (Some(base), Some(run)) => {
+            let mut links = serde_json::json!({ "run": crate::web::run_url(base, run) });
+            if let Some(call) = data["call_id"].as_str() {
+                links["call"] = crate::web::call_url(base, run, call).into();
+            }
+            Some(links)
+        }
+        _ => None,
+    };
+    let mut body = serde_json::json!({
         "group": group,
         "delivery_id": delivery_id,
         "attempt": attempt,
@@ -283,6 +306,9 @@ pub fn body(group: &str, delivery_id: &str, attempt: u32, event: &EventRecord) -
             "data": data,
         },
     });
+    if let Some(links) = links {
+        body["links"] = links;
+    }
     serde_json::to_vec(&body).expect("JSON values serialize")
 }
 
@@ -340,7 +366,13 @@ async fn post(
     attempt: u32,
     event: &EventRecord,
 ) -> Result<(), String> {
-    let body = body(&hook.group(), delivery_id, attempt, event);
+    let body = body(
+        &hook.group(),
+        delivery_id,
+        attempt,
+        event,
+        hook.public_url.as_deref(),
+    );
     let run_id = RunId::from_slice(&event.run_id).map_or_else(String::new, |r| r.to_string());
     let request = http::Request::post(hook.url.clone())
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -427,6 +459,37 @@ mod tests {
             let refused = WebhookConfig::parse(&text, std::path::Path::new("."), env).unwrap_err();
             assert!(refused.contains(error), "{text}: {refused}");
         }
+    }
+
+    #[test]
+    fn bodies_link_to_the_pages_of_the_run_and_the_call() {
+        let run = RunId::new();
+        let event = EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq: 5,
+            event_type: "aaa.approval.requested".into(),
+            data_json: r#"{"call_id":"call-1","name":"wire_money"}"#.into(),
+            ..Default::default()
+        };
+        let with = body(
+            "webhook.n",
+            "d",
+            1,
+            &event,
+            Some("https://aaa.example.com/"),
+        );
+        let with: serde_json::Value = serde_json::from_slice(&with).unwrap();
+        assert_eq!(
+            with["links"]["call"],
+            format!("https://aaa.example.com/calls/{run}/call-1")
+        );
+        assert_eq!(
+            with["links"]["run"],
+            format!("https://aaa.example.com/runs/{run}")
+        );
+        let without: serde_json::Value =
+            serde_json::from_slice(&body("webhook.n", "d", 1, &event, None)).unwrap();
+        assert!(without.get("links").is_none(), "{without}");
     }
 
     #[test]
@@ -518,6 +581,7 @@ mod tests {
             event_types: vec!["app.*".into()],
             secret: "s3cret".into(),
             max_deliveries: 0,
+            public_url: Some("https://aaa.example.com/".into()),
         };
         subscriptions.start_webhook(hook).await.unwrap();
 
@@ -544,6 +608,11 @@ mod tests {
         assert_eq!(body["group"], "webhook.payments");
         assert_eq!(body["event"]["type"], "app.paid");
         assert_eq!(body["event"]["data"]["amount"].to_string(), "250");
+        assert_eq!(
+            body["links"]["run"],
+            format!("https://aaa.example.com/runs/{run}")
+        );
+        assert!(body["links"].get("call").is_none(), "{body}");
 
         // Acked: the next event is the next POST.
         append(&store, run, 3, "app.paid", r#"{"amount":7}"#).await;

@@ -44,6 +44,7 @@ impl Aaa {
         let mut child = command
             .env("AAA_SERVER", format!("http://{}", server.addr()))
             .env_remove("AAA_TOKEN")
+            .env_remove("AAA_PUBLIC_URL")
             .env_remove("AAA_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1068,5 +1069,50 @@ async fn standing_grants_are_created_listed_and_revoked_from_the_terminal() {
     )
     .await;
     assert_eq!(usage.code, 2, "{}", usage.stderr);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn approvals_ls_links_to_each_calls_page_in_the_web_inbox() {
+    let server = TestServer::start().await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let mut runs = server.runs().await;
+    let older = start_run(&mut runs, scripted_reference_run()).await;
+    let newer = start_run(&mut runs, scripted_reference_run()).await;
+    for run in [&older, &newer] {
+        wait_for_approval(&mut runs, run).await;
+    }
+
+    // By default the links are on the --server URL, where the pages are.
+    let listed = aaa(&server, &["approvals", "ls", "--links"]).await.ok();
+    let header = listed.stdout.lines().next().unwrap();
+    assert!(header.contains("LINK"), "{header}");
+    let link = format!("http://{}/calls/{older}/call-1", server.addr());
+    assert!(listed.stdout.contains(&link), "{}", listed.stdout);
+
+    // --public-url (as `aaa serve` has it), newest first, as JSON.
+    let args = [
+        "approvals",
+        "ls",
+        "--links",
+        "--json",
+        "--newest-first",
+        "--public-url",
+        "https://aaa.example.com/",
+    ];
+    let listed = aaa(&server, &args).await.ok().json();
+    let approvals = listed["approvals"].as_array().unwrap();
+    assert_eq!(approvals[0]["run_id"], newer.as_str());
+    assert_eq!(
+        approvals[1]["link"],
+        format!("https://aaa.example.com/calls/{older}/call-1")
+    );
+    // Without --links, no link.
+    let listed = aaa(&server, &["approvals", "ls", "--json"])
+        .await
+        .ok()
+        .json();
+    assert!(listed["approvals"][0].get("link").is_none());
     server.shutdown().await;
 }

@@ -4,6 +4,7 @@
 mod support;
 
 mod auth;
+mod browser;
 mod cli;
 mod cluster;
 mod concurrency;
@@ -32,4 +33,5 @@ mod stream;
 mod subscriptions;
 mod traces;
 mod watch;
+mod web;
 mod worker_auth;

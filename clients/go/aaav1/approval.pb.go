@@ -462,7 +462,10 @@ type ListApprovalsRequest struct {
 	PageToken string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// Only calls the caller may decide: those of its approver groups and
 	// those that name none (with auth off, every call).
-	Decidable     bool `protobuf:"varint,6,opt,name=decidable,proto3" json:"decidable,omitempty"`
+	Decidable bool `protobuf:"varint,6,opt,name=decidable,proto3" json:"decidable,omitempty"`
+	// Newest run first (its calls in reverse order) instead of oldest run
+	// first. A page_token continues in the order it was made for.
+	NewestFirst   bool `protobuf:"varint,7,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +538,13 @@ func (x *ListApprovalsRequest) GetPageToken() string {
 func (x *ListApprovalsRequest) GetDecidable() bool {
 	if x != nil {
 		return x.Decidable
+	}
+	return false
+}
+
+func (x *ListApprovalsRequest) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
 	}
 	return false
 }
@@ -1458,7 +1468,7 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x04Vote\x12\x1a\n" +
 	"\bapprover\x18\x01 \x01(\tR\bapprover\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
-	"\acomment\x18\x03 \x01(\tR\acomment\"\x98\x02\n" +
+	"\acomment\x18\x03 \x01(\tR\acomment\"\xbb\x02\n" +
 	"\x14ListApprovalsRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12@\n" +
@@ -1466,7 +1476,8 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x05 \x01(\tR\tpageToken\x12\x1c\n" +
-	"\tdecidable\x18\x06 \x01(\bR\tdecidable\x1a9\n" +
+	"\tdecidable\x18\x06 \x01(\bR\tdecidable\x12!\n" +
+	"\fnewest_first\x18\a \x01(\bR\vnewestFirst\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +

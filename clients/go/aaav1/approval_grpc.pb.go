@@ -31,7 +31,8 @@ const (
 // See and follow the approval requests that runs wait for. Decisions are
 // made with RunService.Signal.
 type ApprovalServiceClient interface {
-	// Lists pending approval requests across runs, oldest run first, paginated.
+	// Lists pending approval requests across runs, oldest run first (or newest
+	// first, with newest_first), paginated.
 	ListApprovals(ctx context.Context, in *ListApprovalsRequest, opts ...grpc.CallOption) (*ListApprovalsResponse, error)
 	// Streams a snapshot of pending requests, a snapshot_complete marker, then
 	// each new request and each resolution as it becomes durable, with
@@ -99,7 +100,8 @@ func (c *approvalServiceClient) DecideApprovals(ctx context.Context, in *DecideA
 // See and follow the approval requests that runs wait for. Decisions are
 // made with RunService.Signal.
 type ApprovalServiceServer interface {
-	// Lists pending approval requests across runs, oldest run first, paginated.
+	// Lists pending approval requests across runs, oldest run first (or newest
+	// first, with newest_first), paginated.
 	ListApprovals(context.Context, *ListApprovalsRequest) (*ListApprovalsResponse, error)
 	// Streams a snapshot of pending requests, a snapshot_complete marker, then
 	// each new request and each resolution as it becomes durable, with

@@ -530,7 +530,27 @@ impl super::Store for EmbeddedStore {
             None => vec![keys::APPROVAL + 1],
         };
         let mut out = Vec::new();
-        for entry in self.inner.tree.range(start..end) {
+        let range = match (query.newest_first, &query.after, query.run) {
+            // Newest first: from the end down, below the previous page's last.
+            (true, Some((run, call)), _) => {
+                let below = keys::approval(*run, call);
+                let from = match query.run {
+                    Some(run) => keys::run_scoped(keys::APPROVAL, run),
+                    None => vec![keys::APPROVAL],
+                };
+                Box::new(self.inner.tree.range(from..below).rev())
+                    as Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>>
+            }
+            (true, None, Some(run)) => Box::new(
+                self.inner
+                    .tree
+                    .range(keys::run_scoped(keys::APPROVAL, run)..end)
+                    .rev(),
+            ),
+            (true, None, None) => Box::new(self.inner.tree.range(vec![keys::APPROVAL]..end).rev()),
+            (false, ..) => Box::new(self.inner.tree.range(start..end)),
+        };
+        for entry in range {
             if out.len() >= query.limit {
                 break;
             }

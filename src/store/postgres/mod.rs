@@ -708,7 +708,10 @@ impl super::Store for PostgresStore {
         let mut filter = Conditions::default();
         if let Some((run, call)) = &query.after {
             filter.add2(
-                "(run_id, call_id) > ($?::uuid, $?::text COLLATE \"C\")",
+                match query.newest_first {
+                    true => "(run_id, call_id) < ($?::uuid, $?::text COLLATE \"C\")",
+                    false => "(run_id, call_id) > ($?::uuid, $?::text COLLATE \"C\")",
+                },
                 run.as_uuid(),
                 call.clone(),
             );
@@ -735,8 +738,12 @@ impl super::Store for PostgresStore {
             );
         }
         let sql = format!(
-            "SELECT {APPROVAL_COLUMNS} FROM aaa_approvals{} ORDER BY run_id, call_id LIMIT {}",
+            "SELECT {APPROVAL_COLUMNS} FROM aaa_approvals{} ORDER BY {} LIMIT {}",
             filter.where_clause(),
+            match query.newest_first {
+                true => "run_id DESC, call_id DESC",
+                false => "run_id, call_id",
+            },
             filter.bind(limit(query.limit))
         );
         let rows = self.query(&sql, &filter.params()).await?;

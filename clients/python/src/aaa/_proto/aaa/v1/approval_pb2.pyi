@@ -101,7 +101,7 @@ class Vote(_message.Message):
     def __init__(self, approver: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., comment: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
-    __slots__ = ("tool", "run_id", "labels", "page_size", "page_token", "decidable")
+    __slots__ = ("tool", "run_id", "labels", "page_size", "page_token", "decidable", "newest_first")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,13 +115,15 @@ class ListApprovalsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     DECIDABLE_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     tool: str
     run_id: str
     labels: _containers.ScalarMap[str, str]
     page_size: int
     page_token: str
     decidable: bool
-    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., decidable: _Optional[bool] = ...) -> None: ...
+    newest_first: bool
+    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., decidable: _Optional[bool] = ..., newest_first: _Optional[bool] = ...) -> None: ...
 
 class ListApprovalsResponse(_message.Message):
     __slots__ = ("approvals", "next_page_token")

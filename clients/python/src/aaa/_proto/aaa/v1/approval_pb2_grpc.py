@@ -59,7 +59,8 @@ class ApprovalServiceServicer:
     """
 
     def ListApprovals(self, request, context):
-        """Lists pending approval requests across runs, oldest run first, paginated.
+        """Lists pending approval requests across runs, oldest run first (or newest
+        first, with newest_first), paginated.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,258 @@
+//! The web approval inbox, served by `aaa serve` on the gRPC port beside
+//! gRPC (see `http`): server-rendered pages (html), a small script and a
+//! stylesheet embedded in the binary, sign-in to a signed cookie session
+//! (session), and every read and decision made through the server's own
+//! gRPC API as the signed-in principal (client). Pages: the inbox (inbox),
+//! a call's page and its decisions (call), runs and their timelines
+//! (runs), events in words (events); live updates as Server-Sent Events
+//! (live); sign-in and out (signin); the headers that keep the page from
+//! being framed or injected, and the embedded assets (security). See
+//! docs/web.md.
+
+mod call;
+mod client;
+mod events;
+pub mod html;
+mod inbox;
+mod live;
+mod runs;
+mod security;
+pub mod session;
+mod signin;
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http::request::Parts;
+use http::StatusCode;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::auth::{AuthConfig, Principal};
+pub use client::Caller;
+use html::Html;
+use session::Session;
+
+/// What the pages need from the server.
+pub struct Settings {
+    /// The auth config; `None`: auth is off and the pages answer only on
+    /// loopback.
+    pub auth: Option<Arc<AuthConfig>>,
+    /// Served over TLS: cookies are Secure.
+    pub tls: bool,
+    /// The store's token key: signs sessions and the principal on calls.
+    pub key: [u8; 32],
+    /// A channel to this server's own gRPC address.
+    pub channel: Channel,
+    /// Cancelled when the server stops: every live stream ends.
+    pub stopping: CancellationToken,
+}
+
+/// The pages' shared state.
+#[derive(Clone)]
+pub struct Web(Arc<Settings>);
+
+/// The web inbox's routes, to merge into the server's HTTP router.
+pub fn router(settings: Settings) -> Router {
+    let web = Web(Arc::new(settings));
+    Router::new()
+        .route("/", get(inbox::page_handler))
+        .route("/signin", get(signin::page).post(signin::submit))
+        .route("/signout", post(signin::sign_out))
+        .route("/calls/{run}/{call}", get(call::page_handler))
+        .route("/calls/{run}/{call}/approve", post(call::approve))
+        .route("/calls/{run}/{call}/deny", post(call::deny))
+        .route("/calls/{run}/{call}/edit", post(call::edit))
+        .route("/runs", get(runs::list))
+        .route("/runs/{run}", get(runs::timeline))
+        .route("/live/approvals", get(live::approvals))
+        .route("/live/runs/{run}", get(live::run_events))
+        .route("/assets/app.js", get(security::script))
+        .route("/assets/app.css", get(security::style))
+        .with_state(web)
+        .layer(axum::middleware::map_response(security::headers))
+}
+
+/// The signed-in person of a request.
+pub struct Visitor {
+    pub session: Session,
+    /// Calls the API as this person.
+    pub caller: Caller,
+    /// With auth on, the principal; `None` with auth off.
+    pub principal: Option<Principal>,
+}
+
+impl Visitor {
+    pub fn csrf(&self, web: &Web) -> String {
+        self.session.csrf(&web.0.key)
+    }
+
+    /// Whether the person may see the approvals (ListApprovals and
+    /// WatchApprovals need approver or reader); with auth off, anyone.
+    pub fn sees_approvals(&self) -> bool {
+        self.principal.as_ref().is_none_or(|p| {
+            crate::auth::authorize("/aaa.v1.ApprovalService/WatchApprovals", p).is_ok()
+        })
+    }
+
+    /// The refusal of a form whose CSRF token is not this session's;
+    /// `None` when it is.
+    pub fn refuse_without_csrf(&self, web: &Web, given: &str) -> Option<Response> {
+        match self.session.csrf_matches(&web.0.key, given) {
+            true => None,
+            false => Some(refusal(
+                StatusCode::FORBIDDEN,
+                "This form's CSRF token is missing or not this session's: reload the page and try again.",
+            )),
+        }
+    }
+}
+
+impl FromRequestParts<Web> for Visitor {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, web: &Web) -> Result<Visitor, Response> {
+        let peer = crate::auth::remote_addr(&parts.extensions);
+        if web.0.auth.is_none() && !peer.is_some_and(|p| p.ip().is_loopback()) {
+            return Err(refusal(
+                StatusCode::FORBIDDEN,
+                "With auth off the web inbox answers only on loopback: start the server with \
+                 --auth-config to use it from another machine.",
+            ));
+        }
+        let now = crate::engine::now_ms();
+        let session = session::cookie_value(&parts.headers)
+            .and_then(|value| Session::verify(&web.0.key, value, now));
+        let principal = match (&web.0.auth, &session) {
+            (Some(auth), Some(session)) => auth.principal_named(&session.principal),
+            _ => None,
+        };
+        let signed_in = match &web.0.auth {
+            Some(_) => principal.is_some(),
+            None => session.as_ref().is_some_and(|s| s.principal.is_empty()),
+        };
+        let Some(session) = session.filter(|_| signed_in) else {
+            if parts.method == http::Method::GET && !parts.uri.path().starts_with("/live/") {
+                let next = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                return Err(
+                    Redirect::to(&format!("/signin{}", html::query(&[("next", next)])))
+                        .into_response(),
+                );
+            }
+            return Err(refusal(
+                StatusCode::UNAUTHORIZED,
+                "Not signed in (or the session expired): sign in again.",
+            ));
+        };
+        let name = match &principal {
+            Some(p) => p.name.clone(),
+            None => peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+        };
+        Ok(Visitor {
+            caller: Caller::new(web.0.channel.clone(), web.0.key, name),
+            session,
+            principal,
+        })
+    }
+}
+
+/// A whole page: the shell (navigation, sign-out, the auth-off warning)
+/// around `body`. `live` is the URL of the approvals stream that keeps the
+/// count in the title current.
+pub fn page(
+    web: &Web,
+    visitor: Option<&Visitor>,
+    title: &str,
+    live: &str,
+    body: &Html,
+) -> Response {
+    // No stream that the person's roles would refuse (it would retry).
+    let live = match visitor {
+        Some(v) if !v.sees_approvals() => "",
+        _ => live,
+    };
+    let mut h = Html::new();
+    h.raw("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">")
+        .raw("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
+        .raw("<title>")
+        .text(title)
+        .raw(" \u{2014} aaa</title><link rel=\"stylesheet\" href=\"/assets/app.css\">")
+        .raw("<script src=\"/assets/app.js\" defer></script></head><body data-title=\"")
+        .text(title)
+        .raw(" \u{2014} aaa\" data-live=\"")
+        .text(live)
+        .raw("\"><header class=\"top\"><a class=\"brand\" href=\"/\">aaa</a>");
+    if let Some(visitor) = visitor {
+        h.raw("<nav><a href=\"/\">Inbox <span class=\"count\" id=\"count\"></span></a>")
+            .raw("<a href=\"/runs\">Runs</a></nav>")
+            .raw("<form class=\"signout\" method=\"post\" action=\"/signout\">")
+            .raw("<input type=\"hidden\" name=\"csrf\" value=\"")
+            .text(&visitor.csrf(web))
+            .raw("\"><span class=\"who\">")
+            .text(visitor.caller.name())
+            .raw("</span> <button type=\"submit\">Sign out</button></form>");
+    }
+    h.raw("</header>");
+    if web.0.auth.is_none() {
+        h.raw(
+            "<p class=\"warning\" role=\"alert\">Auth is off: anyone who reaches this page may \
+             decide every call. It answers on loopback only; run the server with --auth-config \
+             to sign people in.</p>",
+        );
+    }
+    h.raw("<main>").html(body).raw("</main></body></html>");
+    axum::response::Html(h.into_string()).into_response()
+}
+
+/// A short page saying why a request was refused.
+pub fn refusal(status: StatusCode, message: &str) -> Response {
+    let mut h = Html::new();
+    h.raw("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">")
+        .raw("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">")
+        .raw(
+            "<title>Refused \u{2014} aaa</title><link rel=\"stylesheet\" href=\"/assets/app.css\">",
+        )
+        .raw("</head><body><main><h1>Refused</h1><p class=\"error\" id=\"error\">")
+        .text(message)
+        .raw("</p><p><a href=\"/\">Back to the inbox</a></p></main></body></html>");
+    (status, axum::response::Html(h.into_string())).into_response()
+}
+
+/// The page for a gRPC call the server refused: its status as HTTP, its
+/// message as text.
+pub fn status_page(status: &tonic::Status) -> Response {
+    refusal(http_status(status.code()), status.message())
+}
+
+/// The HTTP status closest to a gRPC code.
+pub fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The absolute link of a call's page under `base` (`--public-url`).
+pub fn call_url(base: &str, run_id: &str, call_id: &str) -> String {
+    format!(
+        "{}{}",
+        base.trim_end_matches('/'),
+        html::call_path(run_id, call_id)
+    )
+}
+
+/// The absolute link of a run's page under `base`.
+pub fn run_url(base: &str, run_id: &str) -> String {
+    format!("{}{}", base.trim_end_matches('/'), html::run_path(run_id))
+}

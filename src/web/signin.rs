@@ -1,0 +1,213 @@
+//! Signing in and out. With auth on, a person signs in with a principal's
+//! bearer token (posted in a form, checked once, never kept or logged) or,
+//! under mTLS, with the client certificate the browser presented; either
+//! way the session names the principal. With auth off there is nobody to
+//! be: signing in only starts a session, whose CSRF token guards the forms.
+
+use axum::extract::{Form, Query, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use http::request::Parts;
+use http::{header, StatusCode};
+use serde::Deserialize;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use super::html::Html;
+use super::session::{self, Session};
+use super::{refusal, Visitor, Web};
+
+#[derive(Deserialize)]
+pub struct Next {
+    #[serde(default)]
+    next: String,
+}
+
+#[derive(Deserialize)]
+pub struct SignIn {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+#[derive(Deserialize)]
+pub struct Csrf {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// Where to go after signing in: a path of this site, never another site
+/// (`//host` or `/\host` would leave it).
+fn local_path(next: &str) -> &str {
+    let local = next.starts_with('/')
+        && !next.starts_with("//")
+        && !next.starts_with("/\\")
+        && !next.chars().any(|c| c.is_control());
+    if local {
+        next
+    } else {
+        "/"
+    }
+}
+
+pub async fn page(State(web): State<Web>, Query(next): Query<Next>) -> Response {
+    form(&web, local_path(&next.next), None, StatusCode::OK)
+}
+
+fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode) -> Response {
+    let mut h = Html::new();
+    h.raw("<section class=\"signin\"><h1>Sign in</h1>");
+    if let Some(error) = error {
+        h.raw("<p class=\"error\" id=\"error\" role=\"alert\">")
+            .text(error)
+            .raw("</p>");
+    }
+    h.raw("<form method=\"post\" action=\"/signin\"><input type=\"hidden\" name=\"next\" value=\"")
+        .text(next)
+        .raw("\">");
+    match &web.0.auth {
+        Some(auth) => {
+            h.raw(
+                "<label for=\"token\">Your aaa token</label>\
+                 <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"current-password\" autofocus>",
+            );
+            if auth.tls.as_ref().is_some_and(|t| t.client_ca_pem.is_some()) {
+                h.raw(
+                    "<p class=\"hint\">Or leave it empty to sign in with the client certificate \
+                     your browser presents.</p>",
+                );
+            }
+            h.raw("<button type=\"submit\" class=\"primary\">Sign in</button>");
+        }
+        None => {
+            h.raw(
+                "<p>Auth is off: there are no accounts, and anyone who reaches this page may \
+                 decide every call. Decisions are recorded under your address.</p>\
+                 <button type=\"submit\" class=\"primary\" autofocus>Continue</button>",
+            );
+        }
+    }
+    h.raw("</form></section>");
+    let mut response = super::page(web, None, "Sign in", "", &h);
+    *response.status_mut() = status;
+    response
+}
+
+/// A sign-in form posted from another site would sign the browser in as
+/// someone else (login CSRF): the browser's Origin must be this site.
+fn same_origin(parts: &Parts) -> bool {
+    // Browsers say where a request comes from (Fetch Metadata); older ones
+    // send the Origin.
+    if let Some(site) = parts.headers.get("sec-fetch-site") {
+        return matches!(site.to_str(), Ok("same-origin" | "none"));
+    }
+    let Some(origin) = parts.headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let origin = origin.to_str().ok();
+    match (origin, host) {
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest == host),
+        _ => false,
+    }
+}
+
+pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<SignIn>) -> Response {
+    let next = local_path(&input.next).to_string();
+    if !same_origin(&parts) {
+        return refusal(
+            StatusCode::FORBIDDEN,
+            "A sign-in must come from this site's own form.",
+        );
+    }
+    let peer = crate::auth::remote_addr(&parts.extensions);
+    let principal = match &web.0.auth {
+        None => {
+            if !peer.is_some_and(|p| p.ip().is_loopback()) {
+                return refusal(
+                    StatusCode::FORBIDDEN,
+                    "With auth off the web inbox answers only on loopback.",
+                );
+            }
+            String::new()
+        }
+        Some(auth) => {
+            let cert = parts
+                .extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|info| info.peer_certs())
+                .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
+            let token = input.token.trim();
+            let found = match (token.is_empty(), cert) {
+                (false, _) => auth.authenticate(Some(token), None),
+                (true, Some(der)) => auth.authenticate(None, Some(&der)),
+                (true, None) => {
+                    return form(
+                        &web,
+                        &next,
+                        Some("Enter your token."),
+                        StatusCode::UNAUTHORIZED,
+                    )
+                }
+            };
+            match found {
+                Ok(principal) => principal.name,
+                Err(_) => {
+                    tracing::warn!(
+                        peer = peer.map(|p| p.to_string()),
+                        "web sign-in refused: unknown credentials"
+                    );
+                    return form(
+                        &web,
+                        &next,
+                        Some("That token (or certificate) matches no principal."),
+                        StatusCode::UNAUTHORIZED,
+                    );
+                }
+            }
+        }
+    };
+    if !principal.is_empty() {
+        tracing::info!(principal, "web sign-in");
+    }
+    let now = crate::engine::now_ms();
+    let session = Session::issue(&web.0.key, &principal, now);
+    (
+        [(header::SET_COOKIE, session.set_cookie(web.0.tls, now))],
+        Redirect::to(&next),
+    )
+        .into_response()
+}
+
+pub async fn sign_out(
+    State(web): State<Web>,
+    visitor: Visitor,
+    Form(form): Form<Csrf>,
+) -> Response {
+    if let Some(refused) = visitor.refuse_without_csrf(&web, &form.csrf) {
+        return refused;
+    }
+    (
+        [(header::SET_COOKIE, session::clear_cookie(web.0.tls))],
+        Redirect::to("/signin"),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_path;
+
+    #[test]
+    fn only_local_paths_are_followed_after_sign_in() {
+        assert_eq!(local_path("/calls/r/c"), "/calls/r/c");
+        assert_eq!(local_path("//evil.example/x"), "/");
+        assert_eq!(local_path("/\\evil.example"), "/");
+        assert_eq!(local_path("https://evil.example"), "/");
+        assert_eq!(local_path(""), "/");
+    }
+}
