@@ -43,6 +43,7 @@ pub mod connections;
 pub mod domain;
 pub mod engine;
 pub mod http;
+pub mod https;
 pub mod metrics;
 pub mod migrate;
 pub mod openai;

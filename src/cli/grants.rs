@@ -268,7 +268,7 @@ fn duration_ms(text: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("'{text}' is out of range"))
 }
 
-fn rfc3339_ms(text: &str) -> Result<i64, String> {
+pub(super) fn rfc3339_ms(text: &str) -> Result<i64, String> {
     chrono::DateTime::parse_from_rfc3339(text)
         .map(|t| t.timestamp_millis())
         .map_err(|e| format!("not an RFC 3339 time ({e})"))

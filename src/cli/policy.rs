@@ -98,9 +98,9 @@ fn dry_run(args: &TestArgs) -> Result<(), Error> {
         .ok_or_else(|| Error::Usage("--arguments: not a JSON object".into()))?;
     let now_ms = match &args.at {
         None => crate::engine::now_ms(),
-        Some(at) => chrono::DateTime::parse_from_rfc3339(at)
-            .map_err(|e| Error::Usage(format!("--at: not an RFC 3339 time ({e})")))?
-            .timestamp_millis(),
+        Some(at) => {
+            super::grants::rfc3339_ms(at).map_err(|e| Error::Usage(format!("--at: {e}")))?
+        }
     };
     let labels: BTreeMap<String, String> = args.labels.iter().cloned().collect();
     let verdict = policy.evaluate(&CallFacts {

@@ -15,10 +15,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 pub use config::{ModelsConfig, Provider, RetryPolicy, Secret};
@@ -38,7 +34,7 @@ const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 /// one event; they fail the call rather than wedge it.
 const MAX_REPLY_BYTES: usize = crate::engine::MAX_EVENT_BYTES - 8 * 1024;
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+use crate::https::HttpsClient;
 
 /// What every call shares.
 struct Ctx {
@@ -63,7 +59,7 @@ pub fn start(engine: Engine, models: Option<Arc<ModelsConfig>>) -> Result<(), St
         .map(|p| (p.name.clone(), Arc::new(Semaphore::new(p.max_concurrent))))
         .collect();
     let client = match models {
-        Some(_) => Some(https_client()?),
+        Some(_) => Some(crate::https::client(None)?),
         None => None,
     };
     let ctx = Arc::new(Ctx {
@@ -74,27 +70,6 @@ pub fn start(engine: Engine, models: Option<Arc<ModelsConfig>>) -> Result<(), St
     });
     engine.spawn_background(consume(ctx));
     Ok(())
-}
-
-/// http:// and https:// (rustls with ring, the system's roots).
-fn https_client() -> Result<HttpsClient, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        // A certificate the store refuses is one root fewer, not an error.
-        let _ = roots.add(cert);
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 
 /// Takes model calls and serves each in a task of its own; on shutdown,

@@ -11,14 +11,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use sha2::Sha256;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -130,7 +125,8 @@ impl WebhookConfig {
                     let path = base.join(file);
                     let pem = std::fs::read(&path)
                         .map_err(|e| format!("{at}: ca_cert: {}: {e}", path.display()))?;
-                    trusted_roots(Some(&pem)).map_err(|e| format!("{at}: ca_cert: {e}"))?;
+                    crate::https::trusted_roots(Some(&pem))
+                        .map_err(|e| format!("{at}: ca_cert: {e}"))?;
                     Some(pem)
                 }
                 None => None,
@@ -216,7 +212,7 @@ async fn deliver(
     outcomes: Outcomes,
     shutdown: CancellationToken,
 ) {
-    let client = match https_client(hook.ca_pem.as_deref()) {
+    let client = match crate::https::client(hook.ca_pem.as_deref()) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!("webhook {}: {e}", hook.name);
@@ -319,45 +315,7 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// A client for http:// and https:// URLs (rustls with ring, as tonic's TLS).
-fn https_client(ca_pem: Option<&[u8]>) -> Result<HttpsClient, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(trusted_roots(ca_pem)?)
-        .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new()).build(connector))
-}
-
-/// The CAs an https webhook trusts: the given CA alone, or the system's.
-fn trusted_roots(ca_pem: Option<&[u8]>) -> Result<rustls::RootCertStore, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let mut roots = rustls::RootCertStore::empty();
-    let certs: Vec<CertificateDer<'static>> = match ca_pem {
-        Some(pem) => CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("not PEM certificates: {e}"))?,
-        None => rustls_native_certs::load_native_certs().certs,
-    };
-    for cert in certs {
-        roots
-            .add(cert)
-            .map_err(|e| format!("a certificate that is not a CA: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err("no trusted CA certificate found".into());
-    }
-    Ok(roots)
-}
+use crate::https::HttpsClient;
 
 async fn post(
     client: &HttpsClient,
