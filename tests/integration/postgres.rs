@@ -1397,7 +1397,21 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
         paused_at.elapsed()
     );
     let (mut runs, mut workers) = (second.runs().await, second.workers().await);
-    grant_and_finish(&mut runs, &mut workers, &run_id, &call_id).await;
+    // The new owner may still be starting its engine: retry as the SDKs do.
+    retrying(|| {
+        let mut granting = runs.clone();
+        let request = grant_request(&run_id, &call_id);
+        async move { granting.signal(request).await }
+    })
+    .await;
+    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
+    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("CompleteTask");
+    assert_eq!(
+        completed_text(&wait_for_end(&mut runs, &run_id).await),
+        REFERENCE_TEXT
+    );
 
     first.signal(libc::SIGCONT);
     wait_for_health(&first, ServingStatus::NotServing).await;
