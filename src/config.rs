@@ -76,6 +76,11 @@ pub struct Config {
     /// On PostgreSQL: wait while another server holds the runs, and take
     /// them over when its claim lapses (instead of at once).
     pub standby: bool,
+    /// On PostgreSQL: share the shards out among the live servers (see
+    /// `cluster::balance`) instead of one server owning them all. Not yet
+    /// complete (worker polls and consumer groups stay with each shard's
+    /// owner), so not yet the default.
+    pub spread_shards: bool,
     /// On PostgreSQL: the `host:port` the other servers of the cluster
     /// reach this one at, to forward calls to it while it owns the runs.
     /// `None`: the listening address (loopback if it listens on all).
@@ -124,6 +129,7 @@ impl Config {
             clock: Clock::system(),
             lease: Duration::from_secs(3),
             standby: false,
+            spread_shards: false,
             advertise: None,
             policy: None,
             metrics: crate::metrics::Metrics::new(),

@@ -21,6 +21,91 @@ pub fn group_shard(name: &str) -> u8 {
     (hash % SHARDS as u32) as u8
 }
 
+/// A set of shards: those a server owns, or wants. A fixed-size bit set,
+/// cheap to copy and compare.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Shards([u64; SHARDS / 64]);
+
+impl Shards {
+    /// Every shard (the embedded store's one server owns them all).
+    pub fn all() -> Self {
+        Shards([u64::MAX; SHARDS / 64])
+    }
+
+    pub fn none() -> Self {
+        Shards::default()
+    }
+
+    pub fn contains(&self, shard: u8) -> bool {
+        self.0[usize::from(shard) / 64] & (1 << (shard % 64)) != 0
+    }
+
+    pub fn insert(&mut self, shard: u8) {
+        self.0[usize::from(shard) / 64] |= 1 << (shard % 64);
+    }
+
+    pub fn remove(&mut self, shard: u8) {
+        self.0[usize::from(shard) / 64] &= !(1 << (shard % 64));
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|word| word.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|word| *word == 0)
+    }
+
+    pub fn is_all(&self) -> bool {
+        *self == Shards::all()
+    }
+
+    /// The shards of `self` that are not in `other`.
+    pub fn minus(&self, other: &Shards) -> Shards {
+        Shards(std::array::from_fn(|i| self.0[i] & !other.0[i]))
+    }
+
+    pub fn union(&self, other: &Shards) -> Shards {
+        Shards(std::array::from_fn(|i| self.0[i] | other.0[i]))
+    }
+
+    /// The shards in order.
+    pub fn iter(&self) -> impl Iterator<Item = u8> + '_ {
+        (0..=u8::MAX).filter(|shard| self.contains(*shard))
+    }
+}
+
+impl FromIterator<u8> for Shards {
+    fn from_iter<I: IntoIterator<Item = u8>>(shards: I) -> Self {
+        let mut set = Shards::none();
+        for shard in shards {
+            set.insert(shard);
+        }
+        set
+    }
+}
+
+impl fmt::Debug for Shards {
+    /// Runs of consecutive shards: `0-41,200,255`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut ranges: Vec<(u8, u8)> = Vec::new();
+        for shard in self.iter() {
+            match ranges.last_mut() {
+                Some((_, end)) if u16::from(*end) + 1 == u16::from(shard) => *end = shard,
+                _ => ranges.push((shard, shard)),
+            }
+        }
+        let text: Vec<String> = ranges
+            .iter()
+            .map(|(a, b)| match a == b {
+                true => a.to_string(),
+                false => format!("{a}-{b}"),
+            })
+            .collect();
+        write!(f, "[{}]", text.join(","))
+    }
+}
+
 /// How a server claims the runs of a shared store (see
 /// `Store::claim_runs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +172,21 @@ impl RunId {
     /// A new id, later than every id minted before it by this process.
     pub fn new() -> Self {
         RunId(uuid::Uuid::now_v7())
+    }
+
+    /// A new id in one of `shards` (chosen at random among them), later
+    /// than every id minted before it by this process; `None` if the set
+    /// is empty. The last byte of a UUIDv7 is random, so it may be chosen.
+    pub fn new_in(shards: &Shards) -> Option<Self> {
+        let id = RunId::new();
+        if shards.is_all() {
+            return Some(id);
+        }
+        let choices: Vec<u8> = shards.iter().collect();
+        let pick = *choices.get(usize::from(id.shard()) % choices.len().max(1))?;
+        let mut bytes = *id.0.as_bytes();
+        bytes[15] = pick;
+        Some(RunId(uuid::Uuid::from_bytes(bytes)))
     }
 
     /// The run's shard: its id's last byte, which is random in a UUIDv7, so

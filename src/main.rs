@@ -108,6 +108,12 @@ struct ServeArgs {
     /// runs, and take them over once its claim lapses (see docs/postgres.md).
     #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
     standby: bool,
+    /// With --store postgres://...: share the runs' shards out among the
+    /// live servers instead of one owning them all. Incomplete: hidden
+    /// until worker polls and consumer groups reach every owner.
+    #[arg(long, env = "AAA_SPREAD_SHARDS", hide = true,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    spread_shards: bool,
     /// With --store postgres://...: how long this server's claim on the
     /// runs lasts unless renewed (every third of it), in seconds (> 0, at
     /// most 600); a standby takes over once it lapses.
@@ -299,6 +305,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         webhooks,
         models,
         standby,
+        spread_shards,
         lease_s,
         advertise,
         policy,
@@ -329,11 +336,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.shutdown_grace = aaa::seconds::duration(shutdown_grace_s);
     config.lease = aaa::seconds::duration(lease_s);
     config.standby = standby;
+    config.spread_shards = spread_shards;
     config.advertise = advertise;
     config.public_url = public_url.clone();
-    if standby && config.store_url.is_none() {
+    if (standby || spread_shards) && config.store_url.is_none() {
+        let flag = if standby {
+            "--standby"
+        } else {
+            "--spread-shards"
+        };
         eprintln!(
-            "aaa: --standby needs --store postgres://...: the embedded store belongs to one server"
+            "aaa: {flag} needs --store postgres://...: the embedded store belongs to one server"
         );
         return ExitCode::from(EXIT_CONFIG);
     }

@@ -208,7 +208,7 @@ async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), Migrat
         let Some(next) = next else { break };
         cursor = Some(next);
     }
-    for run in from.active_runs().await? {
+    for run in from.active_runs(&crate::domain::Shards::all()).await? {
         out.add(|b| b.set_active(run, true)).await?;
     }
     for timer in from.list_timers().await? {
@@ -324,7 +324,10 @@ async fn dead_letters_page(
 async fn count(store: &SharedStore) -> Result<Counts, MigrateError> {
     let mut counts = Counts {
         events: store.durable_position(),
-        active: store.active_runs().await?.len() as u64,
+        active: store
+            .active_runs(&crate::domain::Shards::all())
+            .await?
+            .len() as u64,
         timers: store.list_timers().await?.len() as u64,
         tools: store.list_tools().await?.len() as u64,
         grants: store.grants().await?.len() as u64,

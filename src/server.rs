@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -12,7 +12,7 @@ use crate::api::{
     malformed, ApprovalApi, ClusterApi, GrantApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
 };
 use crate::auth::AuthLayer;
-use crate::cluster::forward::Routed;
+use crate::cluster::forward::{Routed, Slot};
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::connections;
@@ -24,7 +24,7 @@ use crate::proto::policy_service_server::PolicyServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
-use crate::store::SharedStore;
+use crate::store::{Shards, SharedStore};
 use tonic::server::NamedService;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -267,7 +267,7 @@ pub async fn serve(
         }
     };
     stopping.cancel();
-    let engine = local.engine.lock().expect("poisoned").take();
+    let engine = local.engine.lock().await.take();
     if let Some(engine) = engine {
         // Its tasks stop at once on `stopping`; bounded all the same.
         let _ = tokio::time::timeout(grace, engine.stopped()).await;
@@ -306,17 +306,125 @@ pub fn public_url(config: &Config, cluster: &Cluster) -> String {
     }
 }
 
-/// The aaa services of this server, filled once it owns the runs; until
-/// then (and after it lost them) calls are forwarded to the owner.
+/// The aaa services of this server, filled while its engine serves some
+/// shards; empty before, while one engine makes way for another, and once
+/// it holds none (calls are forwarded to the owners meanwhile).
 #[derive(Clone, Default)]
 struct LocalServices {
-    runs: Arc<OnceLock<RunServiceServer<RunApi>>>,
-    approvals: Arc<OnceLock<ApprovalServiceServer<ApprovalApi>>>,
-    grants: Arc<OnceLock<GrantServiceServer<GrantApi>>>,
-    workers: Arc<OnceLock<WorkerServiceServer<WorkerApi>>>,
-    subscriptions: Arc<OnceLock<SubscriptionServiceServer<SubscriptionApi>>>,
-    /// The engine, whose background tasks are awaited at shutdown.
-    engine: Arc<std::sync::Mutex<Option<Engine>>>,
+    runs: Slot<RunServiceServer<RunApi>>,
+    approvals: Slot<ApprovalServiceServer<ApprovalApi>>,
+    grants: Slot<GrantServiceServer<GrantApi>>,
+    workers: Slot<WorkerServiceServer<WorkerApi>>,
+    subscriptions: Slot<SubscriptionServiceServer<SubscriptionApi>>,
+    /// The engine, closed when another replaces it, awaited at shutdown.
+    engine: Arc<tokio::sync::Mutex<Option<Engine>>>,
+}
+
+impl LocalServices {
+    /// Serves the runs of `shards` here: closes the engine serving the
+    /// previous set (its commits under way finish, none follows), and
+    /// starts one on this set, which recovers their runs as a restart does.
+    async fn serve(
+        &self,
+        cluster: &Cluster,
+        config: &Config,
+        shards: Shards,
+        stopping: &CancellationToken,
+    ) -> Result<(), ServeError> {
+        let mut engine = self.engine.lock().await;
+        cluster.serve(Shards::none());
+        self.fill(None);
+        if let Some(previous) = engine.take() {
+            previous.close().await;
+        }
+        if shards.is_empty() {
+            return Ok(());
+        }
+        let started = Engine::start(
+            cluster.store().clone(),
+            config.clone(),
+            shards,
+            stopping.child_token(),
+        )
+        .await?;
+        crate::openai::start(started.clone(), config.models.clone()).map_err(ServeError::Models)?;
+        let subscriptions = SubscriptionApi::new(&started);
+        // Webhooks deliver from consumer groups, which live with the owner
+        // of every shard (groups are not spread yet).
+        if shards.is_all() {
+            subscriptions
+                .start_webhooks(&webhooks(config, cluster))
+                .await?;
+        }
+        let separation_of_duties = separation_of_duties(config);
+        let max_message = config.max_message_bytes;
+        self.fill(Some(Services {
+            runs: RunServiceServer::new(RunApi::serving(started.clone(), separation_of_duties))
+                .max_decoding_message_size(max_message),
+            approvals: ApprovalServiceServer::new(ApprovalApi::serving(
+                started.clone(),
+                separation_of_duties,
+            ))
+            .max_decoding_message_size(max_message),
+            grants: GrantServiceServer::new(GrantApi::serving(started.clone()))
+                .max_decoding_message_size(max_message),
+            workers: WorkerServiceServer::new(WorkerApi {
+                engine: started.clone(),
+            })
+            .max_decoding_message_size(max_message),
+            subscriptions: SubscriptionServiceServer::new(subscriptions)
+                .max_decoding_message_size(max_message),
+        }));
+        *engine = Some(started);
+        cluster.serve(shards);
+        tracing::info!("{} serves shards {shards:?}", cluster.server);
+        Ok(())
+    }
+
+    fn fill(&self, services: Option<Services>) {
+        fn put<S>(slot: &Slot<S>, service: Option<S>) {
+            *slot.write().expect("poisoned") = service;
+        }
+        match services {
+            Some(s) => {
+                put(&self.runs, Some(s.runs));
+                put(&self.approvals, Some(s.approvals));
+                put(&self.grants, Some(s.grants));
+                put(&self.workers, Some(s.workers));
+                put(&self.subscriptions, Some(s.subscriptions));
+            }
+            None => {
+                put(&self.runs, None);
+                put(&self.approvals, None);
+                put(&self.grants, None);
+                put(&self.workers, None);
+                put(&self.subscriptions, None);
+            }
+        }
+    }
+}
+
+/// The services of one engine.
+struct Services {
+    runs: RunServiceServer<RunApi>,
+    approvals: ApprovalServiceServer<ApprovalApi>,
+    grants: GrantServiceServer<GrantApi>,
+    workers: WorkerServiceServer<WorkerApi>,
+    subscriptions: SubscriptionServiceServer<SubscriptionApi>,
+}
+
+/// The configured webhooks, their bodies linking to the web inbox.
+fn webhooks(config: &Config, cluster: &Cluster) -> Vec<crate::subscriptions::WebhookConfig> {
+    let base = public_url(config, cluster);
+    config
+        .webhooks
+        .iter()
+        .cloned()
+        .map(|hook| crate::subscriptions::WebhookConfig {
+            public_url: Some(base.clone()),
+            ..hook
+        })
+        .collect()
 }
 
 /// The services' reads, answered from the database without an engine.
@@ -378,11 +486,15 @@ async fn join(
     ))
 }
 
-/// Claims the runs (a standby waits until the owner's lease lapses), starts
-/// the engine and the webhooks on them, and serves calls here from then
-/// on, until the store finds itself fenced out by another server (from
-/// then on calls are forwarded to the new owner, and health, which follows
-/// the store, says NOT_SERVING: restart the server to make it a standby).
+/// Claims the runs (a standby waits until the owner's lease lapses; with
+/// `--spread-shards`, the server claims its share in the background, see
+/// [`crate::cluster::balance`]), starts an engine on the shards it holds,
+/// and from then on follows what it holds: when the shards change (some
+/// are lost to another server's claim, given up or gained) the engine is
+/// closed and another started on the new set, as a restart would. Calls
+/// for runs of other shards are forwarded to their owner. A server fenced
+/// out of every shard forwards every call, and health, which follows the
+/// store, says NOT_SERVING: restart it to make it a standby.
 async fn own_runs(
     cluster: Arc<Cluster>,
     config: Config,
@@ -395,72 +507,40 @@ async fn own_runs(
         lease: config.lease,
         standby: config.standby,
     };
-    let holding = store
-        .claim_runs(&cluster.server, claim)
-        .await
-        .map_err(|source| ServeError::Store { place, source })?;
-    let separation_of_duties = separation_of_duties(&config);
-    let max_message = config.max_message_bytes;
-    // Webhook bodies link to the pages of the web inbox.
-    let base = public_url(&config, &cluster);
-    let webhooks: Vec<_> = config
-        .webhooks
-        .iter()
-        .cloned()
-        .map(|hook| crate::subscriptions::WebhookConfig {
-            public_url: Some(base.clone()),
-            ..hook
-        })
-        .collect();
-    let models = config.models.clone();
-    let engine = Engine::start(store, config, stopping.clone()).await?;
-    crate::openai::start(engine.clone(), models).map_err(ServeError::Models)?;
-    *local.engine.lock().expect("poisoned") = Some(engine.clone());
-    let subscriptions = SubscriptionApi::new(&engine);
-    subscriptions.start_webhooks(&webhooks).await?;
-    let filled = [
-        local
-            .runs
-            .set(
-                RunServiceServer::new(RunApi::serving(engine.clone(), separation_of_duties))
-                    .max_decoding_message_size(max_message),
-            )
-            .is_ok(),
-        local
-            .approvals
-            .set(
-                ApprovalServiceServer::new(ApprovalApi::serving(
-                    engine.clone(),
-                    separation_of_duties,
-                ))
-                .max_decoding_message_size(max_message),
-            )
-            .is_ok(),
-        local
-            .grants
-            .set(
-                GrantServiceServer::new(GrantApi::serving(engine.clone()))
-                    .max_decoding_message_size(max_message),
-            )
-            .is_ok(),
-        local
-            .workers
-            .set(
-                WorkerServiceServer::new(WorkerApi { engine })
-                    .max_decoding_message_size(max_message),
-            )
-            .is_ok(),
-        local
-            .subscriptions
-            .set(
-                SubscriptionServiceServer::new(subscriptions)
-                    .max_decoding_message_size(max_message),
-            )
-            .is_ok(),
-    ];
-    debug_assert!(filled.iter().all(|f| *f), "the runs are owned once");
-    cluster.serve_here(holding);
-    tracing::info!("{} owns the runs and serves them", cluster.server);
+    let mut held = match config.spread_shards {
+        true => {
+            tokio::spawn(crate::cluster::balance::keep_share(
+                store.clone(),
+                cluster.server.clone(),
+                claim,
+                stopping.clone(),
+            ));
+            store.held_shards()
+        }
+        false => store
+            .claim_runs(&cluster.server, claim)
+            .await
+            .map_err(|source| ServeError::Store { place, source })?,
+    };
+    let shards = *held.borrow_and_update();
+    local.serve(&cluster, &config, shards, &stopping).await?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = held.changed() => if changed.is_err() { return },
+                () = stopping.cancelled() => return,
+            }
+            let shards = *held.borrow_and_update();
+            if shards == cluster.serving() {
+                continue;
+            }
+            if let Err(e) = local.serve(&cluster, &config, shards, &stopping).await {
+                // Its shards stay held but unserved: calls for them are
+                // answered UNAVAILABLE until the next change, or a restart.
+                tracing::error!("cannot serve shards {shards:?}: {e}");
+            }
+        }
+    });
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -29,7 +29,7 @@ use tonic::codegen::http::{self, header, HeaderMap, Request, Response};
 use tonic::server::NamedService;
 use tonic::Status;
 
-use super::{unavailable, Cluster, Owner};
+use super::{unavailable, Cluster, Owner, ANY_SHARD};
 use crate::auth::remote_addr;
 use crate::auth::{forwarded, ForwardedPeer, Principal};
 
@@ -52,11 +52,16 @@ const SUBSCRIBE: &str = "/aaa.v1.SubscriptionService/Subscribe";
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
-/// A service served here while this server owns the runs, forwarded to
-/// the owner otherwise. `local` is filled once this server's engine runs;
-/// `reads`, where the service has reads, answers them meanwhile.
+/// The slot of a service served here: filled while this server's engine
+/// runs, empty while it has none (or swaps one for another).
+pub type Slot<S> = Arc<RwLock<Option<S>>>;
+
+/// A service served here for the runs of the shards this server's engine
+/// serves, forwarded to the owner of the run's shard otherwise. `reads`,
+/// where the service has reads, answers them from the database when this
+/// server does not serve every shard.
 pub struct Routed<S> {
-    local: Arc<OnceLock<S>>,
+    local: Slot<S>,
     reads: Option<S>,
     cluster: Arc<Cluster>,
     /// Largest request body buffered for a resend (the message limit).
@@ -64,7 +69,7 @@ pub struct Routed<S> {
 }
 
 impl<S> Routed<S> {
-    pub fn new(local: Arc<OnceLock<S>>, cluster: Arc<Cluster>, max_request: usize) -> Self {
+    pub fn new(local: Slot<S>, cluster: Arc<Cluster>, max_request: usize) -> Self {
         Routed {
             local,
             reads: None,
@@ -74,7 +79,7 @@ impl<S> Routed<S> {
     }
 
     /// Answers the service's [`READS`] with `reads` while this server does
-    /// not own the runs.
+    /// not serve every shard.
     pub fn with_reads(self, reads: Option<S>) -> Self {
         Routed { reads, ..self }
     }
@@ -100,6 +105,7 @@ where
     S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
         + Clone
         + Send
+        + Sync
         + 'static,
     S::Future: Send + 'static,
 {
@@ -113,34 +119,132 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        if self.cluster.serves_here() {
-            if let Some(local) = self.local.get() {
-                let mut local = local.clone();
+        let serving = self.cluster.serving();
+        let local = self.local.read().expect("poisoned").clone();
+        let path = request.uri().path();
+        let keyed = KEYED
+            .iter()
+            .find(|(method, _)| *method == path)
+            .map(|k| k.1);
+        match local {
+            // Serving every shard, it serves every call.
+            Some(mut local) if serving.is_all() => {
                 return Box::pin(async move { local.call(request).await });
             }
+            // A call that names no run is served by any server with an
+            // engine (StartRun makes its run in one of its shards).
+            Some(mut local) if keyed.is_none() && !serving.is_empty() && !READS.contains(&path) => {
+                return Box::pin(async move { local.call(request).await });
+            }
+            _ => {}
         }
         if let Some(reads) = &self.reads {
-            if READS.contains(&request.uri().path()) {
+            if READS.contains(&path) {
                 let mut reads = reads.clone();
                 return Box::pin(async move { reads.call(request).await });
             }
         }
+        let local = self.local.clone();
         let cluster = self.cluster.clone();
         let max_request = self.max_request;
         Box::pin(async move {
-            Ok(forward(&cluster, request, max_request)
+            Ok(route(&cluster, &local, request, keyed, max_request)
                 .await
                 .unwrap_or_else(|status| status.into_http()))
         })
     }
 }
 
-async fn forward(
+/// Serves a call here if its run's shard is served here, or forwards it to
+/// the shard's owner (a call that names no run: to the owner of
+/// [`ANY_SHARD`]).
+async fn route<S>(
     cluster: &Cluster,
+    local: &Slot<S>,
     request: Request<Body>,
+    keyed: Option<Key>,
     max_request: usize,
-) -> Result<Response<Body>, Status> {
+) -> Result<Response<Body>, Status>
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     let (mut parts, body) = request.into_parts();
+    if parts.uri.path() == SUBSCRIBE {
+        // A two-way stream: sent on as it comes, never buffered or resent.
+        prepare_forward(cluster, &mut parts)?;
+        let owner = cluster.owner_of(ANY_SHARD).await?;
+        return send(cluster, &owner, Request::from_parts(parts, body))
+            .await
+            .map_err(|(status, _)| status);
+    }
+    let bytes = Limited::new(body, max_request)
+        .collect()
+        .await
+        .map_err(|e| Status::out_of_range(format!("the request could not be read whole: {e}")))?
+        .to_bytes();
+    let shard = keyed
+        .and_then(|key| shard_of(key, &bytes))
+        .unwrap_or(ANY_SHARD);
+    if cluster.serving().contains(shard) {
+        let service = local.read().expect("poisoned").clone();
+        if let Some(mut service) = service {
+            let request = Request::from_parts(parts, Body::new(Full::new(bytes)));
+            return Ok(service.call(request).await.unwrap_or_else(|e| match e {}));
+        }
+    }
+    prepare_forward(cluster, &mut parts)?;
+    forward(cluster, parts, bytes, shard).await
+}
+
+/// What names a call's run: its request's field 1 (a string).
+#[derive(Clone, Copy)]
+enum Key {
+    /// The run id.
+    Run,
+    /// A task token, which names the run (see `engine::Token`).
+    Token,
+}
+
+/// The calls that name a run, and how.
+const KEYED: [(&str, Key); 5] = [
+    ("/aaa.v1.RunService/Signal", Key::Run),
+    ("/aaa.v1.RunService/CancelRun", Key::Run),
+    ("/aaa.v1.WorkerService/HeartbeatTask", Key::Token),
+    ("/aaa.v1.WorkerService/CompleteTask", Key::Token),
+    ("/aaa.v1.WorkerService/FailTask", Key::Token),
+];
+
+/// The shard of the run a buffered gRPC request names; `None` if it names
+/// none that parses (the service then answers the error).
+fn shard_of(key: Key, framed: &[u8]) -> Option<u8> {
+    /// Field 1 of the request, read as the one field it is.
+    #[derive(prost::Message)]
+    struct FieldOne {
+        #[prost(string, tag = "1")]
+        value: String,
+    }
+    // A gRPC message: a compression flag, a 4-byte length, the message.
+    let message = framed.get(5..)?;
+    if framed.first() != Some(&0) {
+        return None;
+    }
+    let value = <FieldOne as prost::Message>::decode(message).ok()?.value;
+    let run = match key {
+        Key::Run => value.as_str(),
+        // `kind.mac.run.attempt.principal.call`
+        Key::Token => value.split('.').nth(2)?,
+    };
+    crate::store::RunId::parse(run).map(|run| run.shard())
+}
+
+/// Refuses a call that has been forwarded too often, and readies its
+/// headers for the next hop.
+fn prepare_forward(cluster: &Cluster, parts: &mut http::request::Parts) -> Result<(), Status> {
     let hops = parts
         .headers
         .get(HOPS)
@@ -150,35 +254,32 @@ async fn forward(
     if hops >= MAX_HOPS {
         return Err(unavailable(
             &format!(
-                "the call passed {hops} servers without reaching the owner of the runs (they \
-                 are moving between servers); retry shortly"
+                "the call passed {hops} servers without reaching the owner of its run (the \
+                 runs are moving between servers); retry shortly"
             ),
             "",
         ));
     }
     let caller = caller(&parts.extensions);
-    prepare_headers(cluster, &mut parts.headers, hops, caller, parts.uri.path());
+    let method = parts.uri.path().to_string();
+    prepare_headers(cluster, &mut parts.headers, hops, caller, &method);
+    Ok(())
+}
 
-    if parts.uri.path() == SUBSCRIBE {
-        let owner = cluster.owner().await?;
-        let request = Request::from_parts(parts, body);
-        return send(cluster, &owner, request)
-            .await
-            .map_err(|(status, _)| status);
-    }
-    let bytes = Limited::new(body, max_request)
-        .collect()
-        .await
-        .map_err(|e| Status::out_of_range(format!("the request could not be read whole: {e}")))?
-        .to_bytes();
+async fn forward(
+    cluster: &Cluster,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    shard: u8,
+) -> Result<Response<Body>, Status> {
     let mut refused_by: Option<String> = None;
     loop {
-        let owner = cluster.owner().await?;
+        let owner = cluster.owner_of(shard).await?;
         if refused_by.as_deref() == Some(owner.server.as_str()) {
             return Err(unavailable(
                 &format!(
-                    "the owner of the runs, {} at {}, refuses connections (it stopped; another \
-                     server takes the runs over once its lease lapses); retry shortly",
+                    "the owner of the run, {} at {}, refuses connections (it stopped; another \
+                     server takes its runs over once its lease lapses); retry shortly",
                     owner.server, owner.address
                 ),
                 &owner.server,

@@ -1,25 +1,26 @@
 //! This server's place among the servers of one database: its member name
-//! and advertised address, whether it serves calls itself (it owns the
-//! runs and its engine runs) or forwards them to the owner, and where the
-//! owner is (read from the database, kept until a forward to it fails).
-//! See [`forward`] for how a call travels, and docs/cluster.md.
+//! and advertised address, which shards its engine serves (calls for their
+//! runs are served here; others are forwarded to their shard's owner), and
+//! where each shard's owner is (read from the database, kept until a
+//! forward to it fails). See [`forward`] for how a call travels,
+//! [`balance`] for how shards are shared out, and docs/cluster.md.
 
+pub mod balance;
 pub mod forward;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Status;
 
 use crate::proto::ErrorReason;
-use crate::store::SharedStore;
+use crate::store::{ClusterView, Shards, SharedStore};
 
-/// The shard whose owner calls are forwarded to. One server owns every
-/// shard at a time, so any shard names it.
-const ANY_SHARD: u8 = 0;
+/// The shard whose owner serves the calls that name no run (grants,
+/// worker registration, consumer groups) while the shards are not spread.
+pub const ANY_SHARD: u8 = 0;
 /// How long a forward waits to connect to the owner.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -36,11 +37,15 @@ pub struct Cluster {
     /// This server's member name and the address the others reach it at.
     pub server: String,
     pub address: String,
-    /// Set once this server's engine serves the runs it claimed; with it,
-    /// the store's word that the claim still holds (see `serves_here`).
-    serving: AtomicBool,
-    holding: OnceLock<watch::Receiver<bool>>,
-    owner: Mutex<Option<Owner>>,
+    /// The shards this server's engine serves now (none while it has no
+    /// engine, or swaps one for another).
+    serving: Mutex<Shards>,
+    /// Who owns which shard, as last read from the database; dropped when
+    /// a forward to one of them fails.
+    owners: Mutex<Option<Arc<ClusterView>>>,
+    /// A channel to each owner forwarded to, by address; dropped when a
+    /// forward through it fails.
+    channels: Mutex<HashMap<String, Channel>>,
     /// How connections to the owner are made (TLS, keepalive).
     tls: Option<ClientTlsConfig>,
     keepalive: Duration,
@@ -66,9 +71,9 @@ impl Cluster {
             store,
             server,
             address,
-            serving: AtomicBool::new(false),
-            holding: OnceLock::new(),
-            owner: Mutex::new(None),
+            serving: Mutex::new(Shards::none()),
+            owners: Mutex::new(None),
+            channels: Mutex::default(),
             tls: ca_pem.map(|ca| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca))),
             own_names: ca_pem.map(dns_names).unwrap_or_default(),
             keepalive,
@@ -80,67 +85,89 @@ impl Cluster {
         &self.store
     }
 
-    /// Whether calls are served here rather than forwarded: this server's
-    /// engine runs, and its store has not been fenced out since (the call
-    /// that met the fence failed with OWNERSHIP_LOST; every later one goes
-    /// to the new owner).
-    pub fn serves_here(&self) -> bool {
-        self.serving.load(Ordering::Acquire)
-            && self.holding.get().is_some_and(|holding| *holding.borrow())
+    /// The shards whose runs are served here rather than forwarded.
+    pub fn serving(&self) -> Shards {
+        *self.serving.lock().expect("poisoned")
     }
 
-    /// From now on calls are served here, while `holding` (the store's
-    /// claim, see `Store::claim_runs`) says true.
-    pub fn serve_here(&self, holding: watch::Receiver<bool>) {
-        if self.holding.set(holding).is_ok() {
-            self.serving.store(true, Ordering::Release);
-        }
+    /// From now on the runs of `shards` are served here (an engine for
+    /// them runs); every other call is forwarded.
+    pub fn serve(&self, shards: Shards) {
+        *self.serving.lock().expect("poisoned") = shards;
+        // Who owns what changed: read it again at the next forward.
+        *self.owners.lock().expect("poisoned") = None;
     }
 
-    /// The owner of the runs: the one known, or the one the database names.
-    pub async fn owner(&self) -> Result<Owner, Status> {
-        if let Some(owner) = self.owner.lock().expect("poisoned").clone() {
-            return Ok(owner);
-        }
-        let view = self
-            .store
-            .cluster()
-            .await
-            .map_err(|e| unavailable(&format!("cannot read who owns the runs: {e}"), ""))?;
-        let Some(member) = view.owner_of(ANY_SHARD) else {
+    /// The owner of `shard`: the one known, or the one the database names.
+    pub async fn owner_of(&self, shard: u8) -> Result<Owner, Status> {
+        let known = self.owners.lock().expect("poisoned").clone();
+        let view = match known {
+            Some(view) => view,
+            None => {
+                let view =
+                    self.store.cluster().await.map_err(|e| {
+                        unavailable(&format!("cannot read who owns the runs: {e}"), "")
+                    })?;
+                let view = Arc::new(view);
+                *self.owners.lock().expect("poisoned") = Some(view.clone());
+                view
+            }
+        };
+        let Some(member) = view.owner_of(shard) else {
             let last = view
                 .shards
                 .iter()
-                .find(|lease| lease.shard == ANY_SHARD)
+                .find(|lease| lease.shard == shard)
                 .map_or("", |lease| lease.owner.as_str());
+            self.forget_owners();
             return Err(unavailable(
-                "no server of the cluster holds the runs now (the last owner stopped, and \
-                 another takes them over once its lease lapses); retry shortly",
+                &format!(
+                    "no server of the cluster holds shard {shard} of the runs now (its last \
+                     owner stopped, and another takes it over once its lease lapses); retry \
+                     shortly"
+                ),
                 last,
             ));
         };
         if member.server == self.server {
+            self.forget_owners();
             return Err(unavailable(
-                "this server is taking the runs over; retry shortly",
+                "this server is taking these runs over; retry shortly",
                 &member.server,
             ));
         }
-        let owner = Owner {
+        let channel = {
+            let mut channels = self.channels.lock().expect("poisoned");
+            match channels.get(&member.address) {
+                Some(channel) => channel.clone(),
+                None => {
+                    let channel = self.channel(&member.address)?;
+                    channels.insert(member.address.clone(), channel.clone());
+                    channel
+                }
+            }
+        };
+        Ok(Owner {
             server: member.server.clone(),
             address: member.address.clone(),
-            channel: self.channel(&member.address)?,
-        };
-        *self.owner.lock().expect("poisoned") = Some(owner.clone());
-        Ok(owner)
+            channel,
+        })
     }
 
-    /// Forgets `owner`, after a forward to it failed: the next call reads
-    /// the owner from the database again.
+    /// Forgets who owns what, and the channel to `owner`, after a forward
+    /// to it failed: the next call reads the owners from the database
+    /// again, and connects anew.
     pub fn forget(&self, owner: &Owner) {
-        let mut known = self.owner.lock().expect("poisoned");
-        if known.as_ref().is_some_and(|k| k.server == owner.server) {
-            *known = None;
-        }
+        self.channels
+            .lock()
+            .expect("poisoned")
+            .remove(&owner.address);
+        self.forget_owners();
+    }
+
+    /// Forgets who owns what: the next call reads it from the database.
+    pub fn forget_owners(&self) {
+        *self.owners.lock().expect("poisoned") = None;
     }
 
     /// A channel to this server itself, at its advertised address (the web

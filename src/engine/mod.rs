@@ -49,7 +49,7 @@ use state::{Action, Message, RunState, ToolOutcome};
 
 use crate::config::Config;
 use crate::policy::{CallFacts, Verdict};
-use crate::store::{ApprovalRecord, EventRecord, RunId, SharedStore, WriteBatch};
+use crate::store::{ApprovalRecord, EventRecord, RunId, Shards, SharedStore, WriteBatch};
 
 /// Largest event data (JSON text) the engine appends. sled keeps pages up to
 /// a quarter segment in its main file; see `Store::open`.
@@ -292,6 +292,13 @@ struct Inner {
     durable_timers_changed: std::sync::atomic::AtomicBool,
     /// The standing grants, and their uses (see [`grants`]).
     grants: grants::Grants,
+    /// The shards whose runs this engine serves: all of them, unless the
+    /// server is one of a cluster's that share them out. Fixed for the
+    /// engine's life; another set is another engine (see `Engine::close`).
+    shards: Shards,
+    /// Held (read) by each commit of a run's events; `close` takes it and
+    /// turns it false, so that no commit of this engine follows its close.
+    open: tokio::sync::RwLock<bool>,
 }
 
 /// Where a method's request ids are kept: per method (and run), and per
@@ -322,9 +329,11 @@ fn locks(n: usize) -> Box<[Arc<tokio::sync::Mutex<()>>]> {
 impl Engine {
     /// Starts the engine on an open store: recovers in-flight work and starts
     /// the timer task. Everything stops when `shutdown` fires.
+    /// It serves the runs of `shards` only (see `Inner::shards`).
     pub async fn start(
         store: SharedStore,
         config: Config,
+        shards: Shards,
         shutdown: CancellationToken,
     ) -> Result<Engine, Error> {
         let cache_size = NonZeroUsize::new(config.run_cache_size.max(1)).expect("non-zero");
@@ -347,6 +356,8 @@ impl Engine {
                 timers_changed: Notify::new(),
                 durable_timers_changed: std::sync::atomic::AtomicBool::new(true),
                 grants: grants::Grants::default(),
+                shards,
+                open: tokio::sync::RwLock::new(true),
             }),
         };
         // Before any call is reviewed; a standby loads them as it takes over.
@@ -357,7 +368,7 @@ impl Engine {
         metrics.refresh_from(Arc::downgrade(&engine.inner), |inner, metrics| async move {
             let families = metrics.families();
             inner.dispatcher.observe(families);
-            match inner.store.waiting().await {
+            match inner.store.waiting(&inner.shards).await {
                 Ok(waiting) => observed::waiting(families, waiting, inner.config.clock.now_ms()),
                 Err(e) => tracing::warn!("metrics: cannot count what waits: {e}"),
             }
@@ -381,6 +392,22 @@ impl Engine {
         for task in tasks {
             let _ = task.await;
         }
+    }
+
+    /// Stops this engine for good, before another takes its shards (or
+    /// some of them) over in this process: its background tasks and polls
+    /// end, commits already under way finish, and no commit follows.
+    /// `shutdown` must be this engine's own token (a child of the
+    /// server's); it is cancelled here.
+    pub async fn close(&self) {
+        self.shutdown_token().cancel();
+        *self.inner.open.write().await = false;
+        self.stopped().await;
+    }
+
+    /// The shards whose runs this engine serves.
+    pub fn shards(&self) -> Shards {
+        self.inner.shards
     }
 
     pub fn store(&self) -> &SharedStore {
@@ -418,7 +445,7 @@ impl Engine {
     async fn recover(&self) -> Result<(), Error> {
         let now = self.now_ms();
         let mut lost = Vec::new();
-        for run in self.inner.store.active_runs().await? {
+        for run in self.inner.store.active_runs(&self.inner.shards).await? {
             let state = self.load(run).await?;
             if let Some(pending) = state.builtin_model_pending() {
                 lost.push((run, pending.call_id.clone(), pending.attempt));
@@ -516,6 +543,7 @@ impl Engine {
 
     /// The run's state; the caller holds the run's lock and puts it back.
     async fn load(&self, run: RunId) -> Result<RunState, Error> {
+        self.serves(run)?;
         if let Some(state) = self.inner.cache.lock().expect("poisoned").pop(&run) {
             return Ok(state);
         }
@@ -524,6 +552,17 @@ impl Engine {
             return Err(Error::missing_run(&self.inner.store, run).await);
         }
         RunState::replay(run, &events)
+    }
+
+    /// Refuses a run of a shard this engine does not serve: another server
+    /// of the cluster owns it (the call is retried, and reaches it).
+    fn serves(&self, run: RunId) -> Result<(), Error> {
+        match self.inner.shards.contains(run.shard()) {
+            true => Ok(()),
+            false => Err(Error::OwnershipLost(format!(
+                "this server does not own the shard of run '{run}' now"
+            ))),
+        }
     }
 
     fn cache_put(&self, state: RunState) {
@@ -590,6 +629,12 @@ impl Engine {
         let engine = self.clone();
         tokio::spawn(async move {
             let _guard = guard;
+            let open = engine.inner.open.read().await;
+            if !*open {
+                return Err(Error::OwnershipLost(
+                    "this server stopped serving the run's shard".into(),
+                ));
+            }
             // On error the state may be ahead of the store: drop it, the
             // next load folds the log again.
             engine.append(&mut state, events, batch, actions).await?;
@@ -914,7 +959,9 @@ impl Engine {
             deadline_at_ms,
             traceparent: start.traceparent,
         };
-        let run = RunId::new();
+        let run = RunId::new_in(&self.inner.shards).ok_or_else(|| {
+            Error::OwnershipLost("this server owns no shard of the runs now".into())
+        })?;
         let guard = self.lock_run(run).await;
         let record = self.record(
             run,
@@ -1380,7 +1427,7 @@ impl Engine {
                 .durable_timers_changed
                 .swap(false, Ordering::AcqRel)
             {
-                next_durable = match self.inner.store.next_timer().await {
+                next_durable = match self.inner.store.next_timer(&self.inner.shards).await {
                     Ok(timer) => timer,
                     Err(e) => {
                         tracing::error!("reading timers failed: {e}");

@@ -133,7 +133,12 @@ impl Engine {
             let runs: Vec<RunId> = self
                 .inner
                 .store
-                .expired_runs(now, default_ms, SWEEP_BATCH + failed.len())
+                .expired_runs(
+                    now,
+                    default_ms,
+                    SWEEP_BATCH + failed.len(),
+                    &self.inner.shards,
+                )
                 .await?
                 .into_iter()
                 .filter(|run| !failed.contains(run))

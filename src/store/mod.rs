@@ -32,7 +32,7 @@ use tokio::sync::{broadcast, watch};
 
 pub use crate::domain::{
     ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
-    GroupRecord, Member, RunId, RunRecord, ShardLease, Timer,
+    GroupRecord, Member, RunId, RunRecord, ShardLease, Shards, Timer,
 };
 
 /// Store failures. Any of them but `Conflict` means the disk or the
@@ -414,14 +414,30 @@ pub trait Store: Send + Sync + 'static {
     /// Makes this store the only writer of every run, for `server` (a name
     /// for logs and status): from now on a batch that touches a run commits
     /// only while this store still owns the run's shard, and a later claim
-    /// by another server fences this one out ([`StoreError::Fenced`]). The
-    /// store renews the claim in the background; closing it hands the runs
-    /// over at once. With `claim.standby` it first waits until no other
-    /// server holds a live claim. Until it is called, writes are not fenced
-    /// (tools such as `aaa migrate`). The embedded store is one process's
-    /// by its lock: nothing to do. The answer is true until this store finds
-    /// itself fenced out.
-    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<watch::Receiver<bool>>;
+    /// by another server fences this one out of that shard
+    /// ([`StoreError::Fenced`]). The store renews its claims in the
+    /// background; closing it hands the shards over at once. With
+    /// `claim.standby` it first waits until no other server holds a live
+    /// claim. Until a claim, writes are not fenced (tools such as `aaa
+    /// migrate`). The embedded store is one process's by its lock: it holds
+    /// every shard. The answer follows the shards this store holds: every
+    /// shard after this claim, fewer as claims are lost or given up, more
+    /// as [`Store::claim_shards`] takes them.
+    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<watch::Receiver<Shards>>;
+
+    /// Claims those of `wanted` whose lease has lapsed (never a shard
+    /// another server holds live), for `server`, and renews them with the
+    /// others; answers the shards it claimed. How a member of a cluster
+    /// that spreads the shards takes its share (see `cluster::balance`).
+    async fn claim_shards(&self, server: &str, claim: Claim, wanted: Shards) -> Result<Shards>;
+
+    /// Gives up these held shards at once (their lease ends now), so that
+    /// the server they go to need not wait for it to lapse. The caller
+    /// must have stopped writing their runs first.
+    async fn release_shards(&self, shards: Shards) -> Result<()>;
+
+    /// The shards this store holds now (see [`Store::claim_runs`]).
+    fn held_shards(&self) -> watch::Receiver<Shards>;
 
     /// Makes this server a member of a shared store: writes its row (name,
     /// the address others reach it at) and renews it every third of
@@ -484,16 +500,16 @@ pub trait Store: Send + Sync + 'static {
     /// Pending approvals matching the query, in (run, call_id) order.
     async fn approvals(&self, query: &ApprovalQuery) -> Result<Vec<ApprovalRecord>>;
 
-    /// Runs marked active (see [`Op::SetActive`]).
-    async fn active_runs(&self) -> Result<Vec<RunId>>;
+    /// Runs of these shards marked active (see [`Op::SetActive`]).
+    async fn active_runs(&self, shards: &Shards) -> Result<Vec<RunId>>;
 
-    /// What waits, counted for the metrics at a scrape: pending approvals
-    /// by tool, and unfinished runs by status. A scan of the pending
-    /// approvals, done off the async threads.
-    async fn waiting(&self) -> Result<Waiting>;
+    /// What waits in these shards, counted for the metrics at a scrape:
+    /// pending approvals by tool, and unfinished runs by status. A scan of
+    /// the pending approvals, done off the async threads.
+    async fn waiting(&self, shards: &Shards) -> Result<Waiting>;
 
-    /// The earliest durable timer, if any.
-    async fn next_timer(&self) -> Result<Option<Timer>>;
+    /// The earliest durable timer of a run of these shards, if any.
+    async fn next_timer(&self, shards: &Shards) -> Result<Option<Timer>>;
 
     /// A registered tool's stored definition.
     async fn tool(&self, name: &str) -> Result<Option<Vec<u8>>>;
@@ -548,13 +564,14 @@ pub trait Store: Send + Sync + 'static {
     /// `limit`: those that follow the server's default and finished at or
     /// before `now_ms - default_ms` (none when `default_ms` is `None`:
     /// kept for good), and those with their own retention
-    /// ([`crate::domain::RETENTION_LABEL`]) that ran out. Running and
-    /// waiting runs are never among them.
+    /// ([`crate::domain::RETENTION_LABEL`]) that ran out; only runs of
+    /// `shards`. Running and waiting runs are never among them.
     async fn expired_runs(
         &self,
         now_ms: i64,
         default_ms: Option<i64>,
         limit: usize,
+        shards: &Shards,
     ) -> Result<Vec<RunId>>;
 
     /// When the run was deleted by retention, while its tombstone lasts.

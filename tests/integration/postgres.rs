@@ -16,7 +16,7 @@ use aaa::store::postgres::PostgresStore;
 use aaa::store::Store as _;
 use aaa::store::{
     ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
-    GroupRecord, RunId, RunQuery, RunRecord, SharedStore, StoreError, WriteBatch,
+    GroupRecord, RunId, RunQuery, RunRecord, Shards, SharedStore, StoreError, WriteBatch,
 };
 
 use aaa::proto::ListApprovalsRequest;
@@ -260,8 +260,12 @@ async fn round_trip_every_op_and_query(store: &SharedStore) {
     assert_eq!(read, expected);
     assert_eq!(store.run(RunId::new()).await.unwrap(), None);
 
-    assert_eq!(store.active_runs().await.unwrap(), [a]);
-    let timer = store.next_timer().await.unwrap().expect("a timer");
+    assert_eq!(store.active_runs(&Shards::all()).await.unwrap(), [a]);
+    let timer = store
+        .next_timer(&Shards::all())
+        .await
+        .unwrap()
+        .expect("a timer");
     assert_eq!(
         (timer.due_ms, timer.run, timer.name.as_str()),
         (200, a, "approval:c1")
@@ -415,9 +419,13 @@ async fn round_trip_every_op_and_query(store: &SharedStore) {
     );
     assert_eq!(store.durable_position(), before);
     assert_eq!(calls(&store.run_approvals(a).await.unwrap()), ["c2"]);
-    assert!(store.active_runs().await.unwrap().is_empty());
+    assert!(store.active_runs(&Shards::all()).await.unwrap().is_empty());
     assert_eq!(
-        store.next_timer().await.unwrap().map(|t| t.due_ms),
+        store
+            .next_timer(&Shards::all())
+            .await
+            .unwrap()
+            .map(|t| t.due_ms),
         Some(500)
     );
     assert_eq!(
@@ -811,7 +819,7 @@ async fn a_reopened_store_keeps_everything_and_its_token_key() {
     let store = db.open().await;
     assert_eq!(store.token_key(), key);
     assert_eq!(store.durable_position(), positions[0]);
-    assert_eq!(store.active_runs().await.unwrap(), [run]);
+    assert_eq!(store.active_runs(&Shards::all()).await.unwrap(), [run]);
     assert_eq!(seqs(&store.run_events(run, 0, 10).await.unwrap()), [1]);
     assert_eq!(
         store.run(run).await.unwrap().expect("run").task,
@@ -1362,7 +1370,7 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
         second.run_events(run, 1, 1).await.unwrap()[0].event_type,
         "app.note"
     );
-    assert!(second.active_runs().await.unwrap().is_empty());
+    assert!(second.active_runs(&Shards::all()).await.unwrap().is_empty());
     first.close().await;
     second.close().await;
     db.drop().await;

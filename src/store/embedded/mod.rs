@@ -30,8 +30,8 @@ use tokio::sync::watch;
 
 use super::{
     ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
-    GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, ToolWaiting, Waiting,
-    WriteBatch,
+    GroupRecord, Result, RunId, RunQuery, RunRecord, Shards, StoreError, Timer, ToolWaiting,
+    Waiting, WriteBatch,
 };
 
 impl From<sled::Error> for StoreError {
@@ -412,10 +412,27 @@ impl super::Store for EmbeddedStore {
         &self,
         _server: &str,
         _claim: super::Claim,
-    ) -> Result<tokio::sync::watch::Receiver<bool>> {
+    ) -> Result<tokio::sync::watch::Receiver<Shards>> {
+        Ok(self.held_shards())
+    }
+
+    async fn claim_shards(
+        &self,
+        _server: &str,
+        _claim: super::Claim,
+        wanted: Shards,
+    ) -> Result<Shards> {
+        Ok(wanted)
+    }
+
+    async fn release_shards(&self, _shards: Shards) -> Result<()> {
+        Ok(())
+    }
+
+    fn held_shards(&self) -> tokio::sync::watch::Receiver<Shards> {
         // The data directory's lock keeps every other process out, for as
-        // long as the store is open.
-        Ok(tokio::sync::watch::Sender::new(true).subscribe())
+        // long as the store is open: this one holds every shard, for good.
+        tokio::sync::watch::Sender::new(Shards::all()).subscribe()
     }
 
     async fn join(&self, _server: &str, _address: &str, _lease: std::time::Duration) -> Result<()> {
@@ -563,19 +580,20 @@ impl super::Store for EmbeddedStore {
         Ok(out)
     }
 
-    async fn active_runs(&self) -> Result<Vec<RunId>> {
-        self.inner
-            .tree
-            .scan_prefix([keys::ACTIVE])
-            .keys()
-            .map(|key| {
-                let key = key?;
-                RunId::from_slice(&key[1..]).ok_or_else(|| corrupt(&key, "bad run id"))
-            })
-            .collect()
+    async fn active_runs(&self, shards: &Shards) -> Result<Vec<RunId>> {
+        let mut runs = Vec::new();
+        for key in self.inner.tree.scan_prefix([keys::ACTIVE]).keys() {
+            let key = key?;
+            let run = RunId::from_slice(&key[1..]).ok_or_else(|| corrupt(&key, "bad run id"))?;
+            if shards.contains(run.shard()) {
+                runs.push(run);
+            }
+        }
+        Ok(runs)
     }
 
-    async fn waiting(&self) -> Result<Waiting> {
+    async fn waiting(&self, shards: &Shards) -> Result<Waiting> {
+        let shards = *shards;
         let tree = self.inner.tree.clone();
         let counted = tokio::task::spawn_blocking(move || -> Result<Waiting> {
             let mut by_tool = std::collections::BTreeMap::<String, (u64, i64)>::new();
@@ -583,11 +601,15 @@ impl super::Store for EmbeddedStore {
             let mut last_run = Vec::new();
             for entry in tree.scan_prefix([keys::APPROVAL]) {
                 let (key, value) = entry?;
+                // Keys are `A ‖ run ‖ call`; a run id's last byte is its shard.
+                if key.get(16).is_some_and(|shard| !shards.contains(*shard)) {
+                    continue;
+                }
                 let record: ApprovalRecord = decode(&key, &value)?;
                 let tool = by_tool.entry(record.tool).or_insert((0, i64::MAX));
                 tool.0 += 1;
                 tool.1 = tool.1.min(record.requested_ms);
-                // Keys are `A ‖ run ‖ call`: a run's approvals are together.
+                // A run's approvals are together.
                 let run = key.get(..17).unwrap_or(&key);
                 if run != last_run.as_slice() {
                     last_run = run.to_vec();
@@ -598,7 +620,12 @@ impl super::Store for EmbeddedStore {
                     }
                 }
             }
-            let running = tree.scan_prefix([keys::ACTIVE]).keys().count() as u64;
+            let mut running = 0;
+            for key in tree.scan_prefix([keys::ACTIVE]).keys() {
+                if key?.get(16).is_some_and(|shard| shards.contains(*shard)) {
+                    running += 1;
+                }
+            }
             Ok(Waiting {
                 approvals_by_tool: by_tool
                     .into_iter()
@@ -617,9 +644,14 @@ impl super::Store for EmbeddedStore {
             .map_err(|e| StoreError::Format(format!("counting what waits failed: {e}")))?
     }
 
-    async fn next_timer(&self) -> Result<Option<Timer>> {
-        let first = self.inner.tree.scan_prefix([keys::TIMER]).keys().next();
-        first.map(|key| timer(&key?)).transpose()
+    async fn next_timer(&self, shards: &Shards) -> Result<Option<Timer>> {
+        for key in self.inner.tree.scan_prefix([keys::TIMER]).keys() {
+            let timer = timer(&key?)?;
+            if shards.contains(timer.run.shard()) {
+                return Ok(Some(timer));
+            }
+        }
+        Ok(None)
     }
 
     async fn tool(&self, name: &str) -> Result<Option<Vec<u8>>> {
@@ -733,8 +765,12 @@ impl super::Store for EmbeddedStore {
         now_ms: i64,
         default_ms: Option<i64>,
         limit: usize,
+        shards: &Shards,
     ) -> Result<Vec<RunId>> {
-        EmbeddedStore::expired_runs(self, now_ms, default_ms, limit)
+        // This store's one server holds every shard; the filter is for form.
+        let mut runs = EmbeddedStore::expired_runs(self, now_ms, default_ms, limit)?;
+        runs.retain(|run| shards.contains(run.shard()));
+        Ok(runs)
     }
 
     async fn expired_at(&self, run: RunId) -> Result<Option<i64>> {

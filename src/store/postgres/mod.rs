@@ -38,7 +38,7 @@ mod writes;
 use crate::causes::with_causes;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,8 +51,8 @@ use uuid::Uuid;
 
 use super::{
     ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord,
-    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, StoreError, Timer, ToolWaiting,
-    Waiting, WriteBatch,
+    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, Shards, StoreError, Timer,
+    ToolWaiting, Waiting, WriteBatch,
 };
 
 /// The channel commits NOTIFY with their new head position.
@@ -75,6 +75,8 @@ struct Inner {
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
     ownership: Arc<ownership::Ownership>,
+    /// Set once the held shards' leases are being renewed.
+    renewing: AtomicBool,
     /// This server's name once it joined, to leave at close.
     member: std::sync::Mutex<Option<String>>,
     /// Stops the listener.
@@ -247,6 +249,7 @@ impl PostgresStore {
             writable,
             token_key,
             ownership,
+            renewing: AtomicBool::new(false),
             member: std::sync::Mutex::new(None),
             stop,
         });
@@ -501,9 +504,38 @@ fn timer(row: &Row) -> Result<Timer> {
     })
 }
 
+/// A condition that a row's `run_id` is in `shards` (its last byte, see
+/// `RunId::shard`), with `$n` bound to the shard list. True for every
+/// shard, without looking at the ids, when the set is all of them.
+fn in_shards(shards: &Shards, n: usize) -> (String, Vec<i16>) {
+    let list: Vec<i16> = shards.iter().map(i16::from).collect();
+    match shards.is_all() {
+        true => (format!("(${n}::int2[] IS NOT NULL)"), list),
+        false => (format!("get_byte(uuid_send(run_id), 15) = ANY(${n})"), list),
+    }
+}
+
 fn run_id(row: &Row, column: usize) -> Result<RunId> {
     let id: Uuid = get(row, column)?;
     RunId::from_slice(id.as_bytes()).ok_or_else(|| corrupt("a bad run id"))
+}
+
+impl PostgresStore {
+    /// Starts renewing the held shards' leases, once: every third of the
+    /// lease until the store closes.
+    fn keep_renewing(&self, claim: Claim) {
+        if self.inner.renewing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let lease_ms = i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX);
+        tokio::spawn(ownership::renew_every(
+            self.inner.pool.clone(),
+            self.inner.ownership.clone(),
+            lease_ms,
+            claim.lease / 3,
+            self.inner.stop.clone(),
+        ));
+    }
 }
 
 #[async_trait::async_trait]
@@ -516,7 +548,7 @@ impl super::Store for PostgresStore {
         self.inner.commits.close().await;
         // Nothing more will be written: hand the runs over at once.
         if let Ok(client) = self.client().await {
-            if let Err(e) = self.inner.ownership.release(&client).await {
+            if let Err(e) = self.inner.ownership.release(&client, None).await {
                 tracing::warn!(
                     "could not hand the runs over (they pass on when the lease lapses): {e}"
                 );
@@ -551,23 +583,26 @@ impl super::Store for PostgresStore {
         members::view(&self.inner.pool).await
     }
 
-    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<watch::Receiver<bool>> {
+    async fn claim_runs(&self, server: &str, claim: Claim) -> Result<watch::Receiver<Shards>> {
         let lease_ms = i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX);
-        let every = claim.lease / 3;
+        let wanted = || match claim.standby {
+            true => ownership::Wanted::AllIfLapsed,
+            false => ownership::Wanted::All,
+        };
         let ownership = &self.inner.ownership;
         let mut waiting = false;
         loop {
             let claimed = match self.client().await {
                 Ok(mut client) => {
                     ownership
-                        .claim_all(&mut client, server, lease_ms, claim.standby)
+                        .claim(&mut client, server, lease_ms, wanted())
                         .await
                 }
                 Err(e) => Err(e),
             };
             match claimed {
-                Ok(true) => break,
-                Ok(false) if !waiting => {
+                Ok(claimed) if !claimed.is_empty() => break,
+                Ok(_) if !waiting => {
                     waiting = true;
                     tracing::info!(
                         "standing by: another server holds the runs; taking them over once its \
@@ -575,7 +610,7 @@ impl super::Store for PostgresStore {
                         claim.lease
                     );
                 }
-                Ok(false) => {}
+                Ok(_) => {}
                 // A standby waits out the database's trouble too.
                 Err(StoreError::Unavailable(cause)) if claim.standby => {
                     tracing::warn!("standing by: {cause}")
@@ -585,18 +620,39 @@ impl super::Store for PostgresStore {
             // A standby looks often: a graceful stop hands the runs over
             // at once, whatever the lease.
             tokio::select! {
-                () = tokio::time::sleep(every.min(STANDBY_POLL)) => {}
+                () = tokio::time::sleep((claim.lease / 3).min(STANDBY_POLL)) => {}
                 () = self.inner.stop.cancelled() => return Err(StoreError::Closed),
             }
         }
-        tokio::spawn(ownership::renew_every(
-            self.inner.pool.clone(),
-            self.inner.ownership.clone(),
-            lease_ms,
-            every,
-            self.inner.stop.clone(),
-        ));
-        Ok(self.inner.ownership.holding.subscribe())
+        self.keep_renewing(claim);
+        Ok(self.held_shards())
+    }
+
+    async fn claim_shards(&self, server: &str, claim: Claim, wanted: Shards) -> Result<Shards> {
+        let lease_ms = i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX);
+        let shards: Vec<i16> = wanted.iter().map(i16::from).collect();
+        let mut client = self.client().await?;
+        let claimed = self
+            .inner
+            .ownership
+            .claim(
+                &mut client,
+                server,
+                lease_ms,
+                ownership::Wanted::Lapsed(shards),
+            )
+            .await?;
+        self.keep_renewing(claim);
+        Ok(claimed)
+    }
+
+    async fn release_shards(&self, shards: Shards) -> Result<()> {
+        let client = self.client().await?;
+        self.inner.ownership.release(&client, Some(shards)).await
+    }
+
+    fn held_shards(&self) -> watch::Receiver<Shards> {
+        self.inner.ownership.holding.subscribe()
     }
 
     fn token_key(&self) -> [u8; 32] {
@@ -750,25 +806,31 @@ impl super::Store for PostgresStore {
         rows.iter().map(approval).collect()
     }
 
-    async fn active_runs(&self) -> Result<Vec<RunId>> {
-        let rows = self
-            .query("SELECT run_id FROM aaa_active ORDER BY run_id", &[])
-            .await?;
+    async fn active_runs(&self, shards: &Shards) -> Result<Vec<RunId>> {
+        let (filter, shards) = in_shards(shards, 1);
+        let sql = format!("SELECT run_id FROM aaa_active WHERE {filter} ORDER BY run_id");
+        let rows = self.query(&sql, &[&shards]).await?;
         rows.iter().map(|row| run_id(row, 0)).collect()
     }
 
-    async fn waiting(&self) -> Result<Waiting> {
+    async fn waiting(&self, shards: &Shards) -> Result<Waiting> {
+        let (filter, shards) = in_shards(shards, 1);
         let tools = self
             .query(
-                "SELECT tool, count(*), min(requested_ms) FROM aaa_approvals \
-                 GROUP BY tool ORDER BY tool",
-                &[],
+                &format!(
+                    "SELECT tool, count(*), min(requested_ms) FROM aaa_approvals \
+                     WHERE {filter} GROUP BY tool ORDER BY tool"
+                ),
+                &[&shards],
             )
             .await?;
         let statuses = self
             .query(
-                "SELECT status, count(*) FROM aaa_runs WHERE status IN (1, 2) GROUP BY status",
-                &[],
+                &format!(
+                    "SELECT status, count(*) FROM aaa_runs WHERE status IN (1, 2) AND {filter} \
+                     GROUP BY status"
+                ),
+                &[&shards],
             )
             .await?;
         let mut waiting = Waiting {
@@ -792,13 +854,13 @@ impl super::Store for PostgresStore {
         Ok(waiting)
     }
 
-    async fn next_timer(&self) -> Result<Option<Timer>> {
-        let row = self
-            .query_opt(
-                "SELECT due_ms, run_id, name FROM aaa_timers ORDER BY due_ms, run_id, name LIMIT 1",
-                &[],
-            )
-            .await?;
+    async fn next_timer(&self, shards: &Shards) -> Result<Option<Timer>> {
+        let (filter, shards) = in_shards(shards, 1);
+        let sql = format!(
+            "SELECT due_ms, run_id, name FROM aaa_timers WHERE {filter} \
+             ORDER BY due_ms, run_id, name LIMIT 1"
+        );
+        let row = self.query_opt(&sql, &[&shards]).await?;
         row.as_ref().map(timer).transpose()
     }
 
@@ -933,14 +995,18 @@ impl super::Store for PostgresStore {
         now_ms: i64,
         default_ms: Option<i64>,
         limit_: usize,
+        shards: &Shards,
     ) -> Result<Vec<RunId>> {
+        let (filter, shards) = in_shards(shards, 3);
         let mut out = Vec::new();
         if let Some(default_ms) = default_ms {
             let rows = self
                 .query(
-                    "SELECT run_id FROM aaa_runs WHERE finished_ms <= $1 \
-                     ORDER BY finished_ms LIMIT $2",
-                    &[&now_ms.saturating_sub(default_ms), &limit(limit_)],
+                    &format!(
+                        "SELECT run_id FROM aaa_runs WHERE finished_ms <= $1 AND {filter} \
+                         ORDER BY finished_ms LIMIT $2"
+                    ),
+                    &[&now_ms.saturating_sub(default_ms), &limit(limit_), &shards],
                 )
                 .await?;
             for row in &rows {
@@ -951,9 +1017,11 @@ impl super::Store for PostgresStore {
         if left > 0 {
             let rows = self
                 .query(
-                    "SELECT run_id FROM aaa_runs WHERE expires_ms <= $1 \
-                     ORDER BY expires_ms LIMIT $2",
-                    &[&now_ms, &limit(left)],
+                    &format!(
+                        "SELECT run_id FROM aaa_runs WHERE expires_ms <= $1 AND {filter} \
+                         ORDER BY expires_ms LIMIT $2"
+                    ),
+                    &[&now_ms, &limit(left), &shards],
                 )
                 .await?;
             for row in &rows {

@@ -31,19 +31,23 @@ use deadpool_postgres::Object;
 use tokio::sync::Notify;
 
 use super::{database_error, describe};
-use crate::store::{Result, StoreError, WriteBatch};
+use crate::store::{Result, Shards, StoreError, WriteBatch};
 
 pub(super) struct Ownership {
     /// Shard -> the epoch this store holds; `None` until it claims.
     held: Mutex<Option<HashMap<i16, i64>>>,
-    /// Set when this store found its shards claimed by another server.
+    /// Set when this store found every shard it held claimed by another
+    /// server (fenced out); cleared by a claim.
     lost: AtomicBool,
     /// Woken when `lost` is set, so the store stops saying it is writable.
     pub lost_notify: Notify,
-    /// True from a claim until the store finds itself fenced out.
-    pub holding: tokio::sync::watch::Sender<bool>,
+    /// The shards held: every change of `held` is sent here.
+    pub holding: tokio::sync::watch::Sender<Shards>,
     /// The claim's lease in ms; 0 before a claim.
     lease_ms: AtomicI64,
+    /// Set by a claim of every shard (one server owns the runs): losing one
+    /// shard then means another server claimed them all, and all are lost.
+    all_or_nothing: AtomicBool,
 }
 
 impl Default for Ownership {
@@ -52,8 +56,9 @@ impl Default for Ownership {
             held: Mutex::default(),
             lost: AtomicBool::default(),
             lost_notify: Notify::new(),
-            holding: tokio::sync::watch::Sender::new(false),
+            holding: tokio::sync::watch::Sender::new(Shards::none()),
             lease_ms: AtomicI64::new(0),
+            all_or_nothing: AtomicBool::new(false),
         }
     }
 }
@@ -68,26 +73,29 @@ pub(super) const STALL_LIMIT: &str =
 /// The epochs of the shards a round touches, read after the head lock.
 pub(super) const EPOCHS: &str = "SELECT shard, epoch FROM aaa_shards WHERE shard = ANY($1)";
 
+/// Which shards a claim takes.
+pub(super) enum Wanted {
+    /// Every shard, fencing out whoever holds one.
+    All,
+    /// Every shard, but only if no lease is live (a standby's first claim).
+    AllIfLapsed,
+    /// These shards, those whose lease has lapsed.
+    Lapsed(Vec<i16>),
+}
+
 impl Ownership {
-    /// Claims every shard for `server` with a lease of `lease_ms`, fencing
-    /// out whoever held them; with `standby`, only if no lease is live.
-    /// Answers whether it claimed.
-    pub async fn claim_all(
+    /// Claims shards for `server` with a lease of `lease_ms` (see
+    /// [`Wanted`]), bumping their epochs. Answers the shards it claimed.
+    pub async fn claim(
         &self,
         client: &mut Object,
         server: &str,
         lease_ms: i64,
-        standby: bool,
-    ) -> Result<bool> {
-        let only_if_lapsed = match standby {
-            true => format!(
-                " WHERE NOT EXISTS (SELECT 1 FROM aaa_shards WHERE lease_until_ms > {NOW_MS})"
-            ),
-            false => String::new(),
-        };
-        let claim = format!(
+        wanted: Wanted,
+    ) -> Result<Shards> {
+        let set = format!(
             "UPDATE aaa_shards SET owner = $1, epoch = epoch + 1, claimed_ms = {NOW_MS}, \
-             lease_until_ms = {NOW_MS} + $2{only_if_lapsed} RETURNING shard, epoch"
+             lease_until_ms = {NOW_MS} + $2"
         );
         let transaction = client.transaction().await.map_err(database_error)?;
         // The head lock orders the claim between commit rounds: a round
@@ -96,29 +104,51 @@ impl Ownership {
             .query("SELECT position FROM aaa_head WHERE id = 1 FOR UPDATE", &[])
             .await
             .map_err(database_error)?;
-        let rows = transaction
-            .query(&claim, &[&server, &lease_ms])
-            .await
-            .map_err(database_error)?;
-        transaction.commit().await.map_err(database_error)?;
-        if rows.is_empty() {
-            return Ok(false);
+        self.all_or_nothing
+            .store(!matches!(wanted, Wanted::Lapsed(_)), Ordering::Release);
+        let rows = match wanted {
+            Wanted::All => {
+                let claim = format!("{set} RETURNING shard, epoch");
+                transaction.query(&claim, &[&server, &lease_ms]).await
+            }
+            Wanted::AllIfLapsed => {
+                let claim = format!(
+                    "{set} WHERE NOT EXISTS (SELECT 1 FROM aaa_shards \
+                     WHERE lease_until_ms > {NOW_MS}) RETURNING shard, epoch"
+                );
+                transaction.query(&claim, &[&server, &lease_ms]).await
+            }
+            Wanted::Lapsed(shards) => {
+                let claim = format!(
+                    "{set} WHERE shard = ANY($3) AND lease_until_ms <= {NOW_MS} \
+                     RETURNING shard, epoch"
+                );
+                transaction
+                    .query(&claim, &[&server, &lease_ms, &shards])
+                    .await
+            }
         }
-        let mut held = HashMap::with_capacity(rows.len());
+        .map_err(database_error)?;
+        transaction.commit().await.map_err(database_error)?;
+        let mut claimed = Shards::none();
+        let mut held = self.held.lock().expect("poisoned");
+        let held = held.get_or_insert_with(HashMap::new);
         for row in rows {
             let shard: i16 = row.try_get(0).map_err(|e| corrupt(&e))?;
             let epoch: i64 = row.try_get(1).map_err(|e| corrupt(&e))?;
             held.insert(shard, epoch);
+            claimed.insert(shard_of(shard)?);
         }
-        *self.held.lock().expect("poisoned") = Some(held);
         self.lease_ms.store(lease_ms, Ordering::Release);
-        self.lost.store(false, Ordering::Release);
-        self.holding.send_replace(true);
-        Ok(true)
+        if !held.is_empty() {
+            self.lost.store(false, Ordering::Release);
+        }
+        self.holding.send_replace(set_of(held));
+        Ok(claimed)
     }
 
-    /// Extends the lease of every shard this store still holds. A shard
-    /// claimed by another server meanwhile makes the store lost.
+    /// Extends the lease of every shard this store still holds. Shards
+    /// claimed by another server meanwhile are dropped from the held ones.
     pub async fn renew(&self, client: &Object, lease_ms: i64) -> Result<()> {
         let Some((shards, epochs)) = self.held_lists() else {
             return Ok(());
@@ -126,28 +156,52 @@ impl Ownership {
         let renew = format!(
             "UPDATE aaa_shards s SET lease_until_ms = {NOW_MS} + $3 \
              FROM UNNEST($1::int2[], $2::int8[]) AS h(shard, epoch) \
-             WHERE s.shard = h.shard AND s.epoch = h.epoch"
+             WHERE s.shard = h.shard AND s.epoch = h.epoch RETURNING s.shard"
         );
-        let renewed = client
-            .execute(&renew, &[&shards, &epochs, &lease_ms])
+        let rows = client
+            .query(&renew, &[&shards, &epochs, &lease_ms])
             .await
             .map_err(database_error)?;
-        if renewed < shards.len() as u64 {
-            self.mark_lost(&format!(
-                "{} of its {} shards",
-                shards.len() as u64 - renewed,
-                shards.len()
-            ));
+        let mut renewed = Vec::with_capacity(rows.len());
+        for row in rows {
+            renewed.push(row.try_get::<_, i16>(0).map_err(|e| corrupt(&e))?);
+        }
+        let gone: Vec<(i16, i64)> = shards
+            .into_iter()
+            .zip(epochs)
+            .filter(|(shard, _)| !renewed.contains(shard))
+            .collect();
+        for (shard, epoch) in gone {
+            self.lose(shard, epoch, "its lease was renewed by another server");
         }
         Ok(())
     }
 
-    /// Gives the held shards up at once (a server stopping), so that a
-    /// standby need not wait for the lease to lapse.
-    pub async fn release(&self, client: &Object) -> Result<()> {
-        let Some((shards, epochs)) = self.held_lists() else {
-            return Ok(());
+    /// Gives up held shards at once (`None`: all of them; a server
+    /// stopping), so that another server need not wait for their leases to
+    /// lapse. They are no longer held from the moment this is called.
+    pub async fn release(&self, client: &Object, shards: Option<Shards>) -> Result<()> {
+        let (shards, epochs): (Vec<i16>, Vec<i64>) = {
+            let mut held = self.held.lock().expect("poisoned");
+            let Some(held) = held.as_mut() else {
+                return Ok(());
+            };
+            let released: Vec<(i16, i64)> = held
+                .iter()
+                .filter(|(shard, _)| {
+                    shards.is_none_or(|wanted| wanted.contains(shard_of(**shard).unwrap_or(0)))
+                })
+                .map(|(s, e)| (*s, *e))
+                .collect();
+            for (shard, _) in &released {
+                held.remove(shard);
+            }
+            self.holding.send_replace(set_of(held));
+            released.into_iter().unzip()
         };
+        if shards.is_empty() {
+            return Ok(());
+        }
         client
             .execute(
                 "UPDATE aaa_shards s SET lease_until_ms = 0 \
@@ -182,7 +236,8 @@ impl Ownership {
     }
 
     /// Refuses the batch if a run or group it touches is in a shard whose
-    /// epoch (`current`, read in the round) is not the one this store holds.
+    /// epoch (`current`, read in the round) is not the one this store
+    /// holds; a shard held at an older epoch is dropped from the held ones.
     pub fn check(&self, batch: &WriteBatch, current: &HashMap<i16, i64>) -> Result<()> {
         let refusal = {
             let held = self.held.lock().expect("poisoned");
@@ -203,27 +258,64 @@ impl Ownership {
         match refusal {
             None => Ok(()),
             Some(fenced) => {
-                self.mark_lost(&fenced.to_string());
+                if let StoreError::Fenced { shard, held, .. } = fenced {
+                    self.lose(
+                        i16::from(shard),
+                        held,
+                        "a commit found it claimed by another",
+                    );
+                }
                 Err(fenced)
             }
         }
     }
 
-    fn mark_lost(&self, what: &str) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
+    /// Drops `shard` from the held ones if it is still held at `epoch`;
+    /// when no shard is left, this store was fenced out.
+    fn lose(&self, shard: i16, epoch: i64, why: &str) {
+        let fenced_out = {
+            let mut held = self.held.lock().expect("poisoned");
+            let Some(held) = held.as_mut() else {
+                return;
+            };
+            if held.get(&shard) != Some(&epoch) {
+                return;
+            }
+            match self.all_or_nothing.load(Ordering::Acquire) {
+                true => held.clear(),
+                false => {
+                    held.remove(&shard);
+                    tracing::warn!("this server lost shard {shard} ({why})");
+                }
+            }
+            self.holding.send_replace(set_of(held));
+            held.is_empty()
+        };
+        if fenced_out && !self.lost.swap(true, Ordering::AcqRel) {
             tracing::error!(
-                "another aaa server claimed the runs of this database ({what}); this server \
-                 writes no run any more: stop it, or restart it to take the runs back"
+                "other aaa servers claimed every shard this server held; it writes no run \
+                 now: stop it, or restart it to take its share back"
             );
             self.lost_notify.notify_one();
-            self.holding.send_replace(false);
         }
     }
 
-    /// Whether this store found itself fenced out.
+    /// Whether this store found itself fenced out of every shard it held.
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
+}
+
+fn set_of(held: &HashMap<i16, i64>) -> Shards {
+    held.keys()
+        .filter_map(|shard| shard_of(*shard).ok())
+        .collect()
+}
+
+fn shard_of(shard: i16) -> Result<u8> {
+    u8::try_from(shard).map_err(|_| {
+        StoreError::Corrupt(format!("postgres: aaa_shards: shard {shard} out of range"))
+    })
 }
 
 /// Renews the claim every `every` until `stop`. A renewal the database
@@ -241,9 +333,6 @@ pub(super) async fn renew_every(
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
-        }
-        if ownership.is_lost() {
-            return;
         }
         let renewed = match pool.get().await {
             Ok(client) => ownership.renew(&client, lease_ms).await,
