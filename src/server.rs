@@ -243,6 +243,7 @@ pub async fn serve(
         .add_service(ClusterServiceServer::new(ClusterApi {
             cluster: cluster.clone(),
             store: store_kind,
+            engine: local.current.clone(),
         }))
         .add_service(PolicyServiceServer::new(PolicyApi {
             policy: config.policy.clone(),
@@ -318,6 +319,8 @@ struct LocalServices {
     subscriptions: Slot<SubscriptionServiceServer<SubscriptionApi>>,
     /// The engine, closed when another replaces it, awaited at shutdown.
     engine: Arc<tokio::sync::Mutex<Option<Engine>>>,
+    /// The same engine, for the calls that use it directly (PeerPoll).
+    current: Slot<Engine>,
 }
 
 impl LocalServices {
@@ -326,7 +329,7 @@ impl LocalServices {
     /// starts one on this set, which recovers their runs as a restart does.
     async fn serve(
         &self,
-        cluster: &Cluster,
+        cluster: &Arc<Cluster>,
         config: &Config,
         shards: Shards,
         stopping: &CancellationToken,
@@ -334,6 +337,7 @@ impl LocalServices {
         let mut engine = self.engine.lock().await;
         cluster.serve(Shards::none());
         self.fill(None);
+        *self.current.write().expect("poisoned") = None;
         if let Some(previous) = engine.take() {
             previous.close().await;
         }
@@ -370,11 +374,13 @@ impl LocalServices {
                 .max_decoding_message_size(max_message),
             workers: WorkerServiceServer::new(WorkerApi {
                 engine: started.clone(),
+                cluster: config.store_url.is_some().then(|| cluster.clone()),
             })
             .max_decoding_message_size(max_message),
             subscriptions: SubscriptionServiceServer::new(subscriptions)
                 .max_decoding_message_size(max_message),
         }));
+        *self.current.write().expect("poisoned") = Some(started.clone());
         *engine = Some(started);
         cluster.serve(shards);
         tracing::info!("{} serves shards {shards:?}", cluster.server);

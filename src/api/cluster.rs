@@ -1,23 +1,105 @@
 //! ClusterService: the members of the deployment and who owns the runs,
-//! read from the store by whichever server is asked.
+//! read from the store by whichever server is asked; and the polls other
+//! servers send on for their workers (see `cluster::peers`).
 
 use std::sync::Arc;
 
-use tonic::{Request, Response, Status};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
 
+use super::workers::{named, poll_of, worker_id};
+use super::{convert, principal};
+use crate::auth::forwarded::FromServer;
+use crate::cluster::forward::Slot;
 use crate::cluster::Cluster;
 use crate::domain::{ClusterView, SHARDS};
+use crate::engine::Engine;
 use crate::proto::cluster_service_server::ClusterService;
-use crate::proto::{ClusterMember, GetClusterRequest, GetClusterResponse};
+use crate::proto::{
+    peer_poll_request, peer_poll_response, ClusterMember, GetClusterRequest, GetClusterResponse,
+    PeerPollRequest, PeerPollResponse,
+};
 
 pub struct ClusterApi {
     pub cluster: Arc<Cluster>,
     /// "embedded" or "postgres".
     pub store: &'static str,
+    /// This server's engine, while it serves shards.
+    pub engine: Slot<Engine>,
 }
 
 #[tonic::async_trait]
 impl ClusterService for ClusterApi {
+    type PeerPollStream = ReceiverStream<Result<PeerPollResponse, Status>>;
+
+    /// Holds a task of this server's shards for another server's poll,
+    /// offers it, and starts it only once accepted (see `cluster::peers`).
+    async fn peer_poll(
+        &self,
+        request: Request<Streaming<PeerPollRequest>>,
+    ) -> Result<Response<Self::PeerPollStream>, Status> {
+        if request.extensions().get::<FromServer>().is_none() {
+            return Err(Status::permission_denied(
+                "PeerPoll is for the servers of a cluster; workers call PollTask",
+            ));
+        }
+        let caller = principal(&request).cloned();
+        let anonymous = worker_id(&request, "");
+        let mut inbound = request.into_inner();
+        let poll = match inbound.message().await? {
+            Some(PeerPollRequest {
+                step: Some(peer_poll_request::Step::Poll(poll)),
+            }) => poll,
+            _ => return Err(Status::invalid_argument("PeerPoll starts with the poll")),
+        };
+        let (keys, wait) = poll_of(&poll, caller.as_ref())?;
+        let worker = named(anonymous, &poll.identity);
+        let engine = self.engine.read().expect("poisoned").clone();
+        let Some(engine) = engine else {
+            return Err(crate::cluster::unavailable(
+                "this server serves no shard now; ask again shortly",
+                "",
+            ));
+        };
+        engine.claim_identity(&worker).await?;
+        let (answers, stream) = mpsc::channel(2);
+        tokio::spawn(async move {
+            // The asking server closes the stream when it needs no task.
+            let held = tokio::select! {
+                held = engine.hold_task(&worker, &keys, wait) => held,
+                _ = inbound.message() => None,
+            };
+            let Some(held) = held else {
+                return;
+            };
+            let offered = PeerPollResponse {
+                step: Some(peer_poll_response::Step::Offered(true)),
+            };
+            if answers.send(Ok(offered)).await.is_err() {
+                return;
+            }
+            let accepted = matches!(
+                inbound.message().await,
+                Ok(Some(PeerPollRequest {
+                    step: Some(peer_poll_request::Step::Accept(true)),
+                }))
+            );
+            if !accepted {
+                return; // `held` drops: the task goes back to its queue.
+            }
+            let answer = match engine.start_held(held, &worker).await {
+                Ok(Some(task)) => Ok(PeerPollResponse {
+                    step: Some(peer_poll_response::Step::Task(convert::task(task))),
+                }),
+                Ok(None) => return,
+                Err(e) => Err(super::status::to_status(e)),
+            };
+            let _ = answers.send(answer).await;
+        });
+        Ok(Response::new(ReceiverStream::new(stream)))
+    }
+
     async fn get_cluster(
         &self,
         _request: Request<GetClusterRequest>,

@@ -13,6 +13,9 @@ use crate::seconds;
 
 pub struct WorkerApi {
     pub engine: Engine,
+    /// The cluster, when the store is shared: a poll is offered the tasks
+    /// of the shards other servers own too.
+    pub cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
 }
 
 #[tonic::async_trait]
@@ -49,32 +52,29 @@ impl WorkerService for WorkerApi {
     ) -> Result<Response<proto::PollTaskResponse>, Status> {
         let worker = worker_id(&request, &request.get_ref().identity);
         let caller = principal(&request).cloned();
-        let request = request.into_inner();
-        let mut keys = Vec::new();
-        for (i, tool) in request.tools.iter().enumerate() {
-            convert::name(&format!("tools[{i}]"), tool)?;
-        }
-        for (i, model) in request.models.iter().enumerate() {
-            convert::name(&format!("models[{i}]"), model)?;
-        }
-        let tool_names = request.tools.iter().map(String::as_str);
-        let model_names = request.models.iter().map(String::as_str);
-        check_serves(caller.as_ref(), tool_names, model_names)?;
-        keys.extend(request.tools.into_iter().map(QueueKey::Tool));
-        keys.extend(request.models.into_iter().map(QueueKey::Model));
-        if keys.is_empty() {
-            return Err(Error::invalid("tools", "name at least one tool or model to serve").into());
-        }
-        // Any wait is cut to the server's cap.
-        let wait = match convert::seconds("wait_s", request.wait_s, seconds::POLL_WAIT)? {
-            0.0 => Duration::MAX,
-            s => seconds::duration(s),
-        };
+        let signer = crate::cluster::forward::caller(request.extensions());
+        let poll = request.into_inner();
+        let (keys, wait) = poll_of(&poll, caller.as_ref())?;
         self.engine.claim_identity(&worker).await?;
-        let task = self.engine.poll_task(&worker, &keys, wait).await?;
-        Ok(Response::new(proto::PollTaskResponse {
-            task: task.map(convert::task),
-        }))
+        let task = match &self.cluster {
+            // Other servers own some shards: their tasks are offered too.
+            Some(cluster) if !self.engine.shards().is_all() => {
+                let asked = crate::cluster::peers::Poll {
+                    worker: &worker,
+                    keys: &keys,
+                    wait,
+                    request: poll,
+                    signer,
+                };
+                crate::cluster::peers::poll(&self.engine, cluster, asked).await?
+            }
+            _ => self
+                .engine
+                .poll_task(&worker, &keys, wait)
+                .await?
+                .map(convert::task),
+        };
+        Ok(Response::new(proto::PollTaskResponse { task }))
     }
 
     async fn heartbeat_task(
@@ -130,17 +130,53 @@ impl WorkerService for WorkerApi {
     }
 }
 
+/// A poll's queues and wait, checked: the names, what the caller may
+/// serve, the wait (0 means the server's cap).
+pub(crate) fn poll_of(
+    poll: &proto::PollTaskRequest,
+    caller: Option<&Principal>,
+) -> Result<(Vec<QueueKey>, Duration), Status> {
+    for (i, tool) in poll.tools.iter().enumerate() {
+        convert::name(&format!("tools[{i}]"), tool)?;
+    }
+    for (i, model) in poll.models.iter().enumerate() {
+        convert::name(&format!("models[{i}]"), model)?;
+    }
+    let tool_names = poll.tools.iter().map(String::as_str);
+    let model_names = poll.models.iter().map(String::as_str);
+    check_serves(caller, tool_names, model_names)?;
+    let mut keys = Vec::new();
+    keys.extend(poll.tools.iter().cloned().map(QueueKey::Tool));
+    keys.extend(poll.models.iter().cloned().map(QueueKey::Model));
+    if keys.is_empty() {
+        return Err(Error::invalid("tools", "name at least one tool or model to serve").into());
+    }
+    // Any wait is cut to the server's cap.
+    let wait = match convert::seconds("wait_s", poll.wait_s, seconds::POLL_WAIT)? {
+        0.0 => Duration::MAX,
+        s => seconds::duration(s),
+    };
+    Ok((keys, wait))
+}
+
 /// The worker: the identity it names (by default its principal or address,
 /// clipped to 256 characters) and the principal it authenticated as.
-fn worker_id<T>(request: &Request<T>, identity: &str) -> WorkerId {
-    let identity = if identity.is_empty() {
-        peer_name(request)
-    } else {
-        identity.chars().take(256).collect()
-    };
-    WorkerId {
-        identity,
+pub(crate) fn worker_id<T>(request: &Request<T>, identity: &str) -> WorkerId {
+    let worker = WorkerId {
+        identity: peer_name(request),
         principal: principal_name(request),
+    };
+    named(worker, identity)
+}
+
+/// The worker under the identity it names, if it names one.
+pub(crate) fn named(worker: WorkerId, identity: &str) -> WorkerId {
+    match identity.is_empty() {
+        true => worker,
+        false => WorkerId {
+            identity: identity.chars().take(256).collect(),
+            ..worker
+        },
     }
 }
 

@@ -19,6 +19,11 @@ use super::Refusal;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardedPeer(pub String);
 
+/// Marks a call another server of the cluster sent on, its signature
+/// verified (calls only servers may make check for it).
+#[derive(Debug, Clone, Copy)]
+pub struct FromServer;
+
 /// The caller's principal name, as the forwarding server authenticated it.
 pub const PRINCIPAL: &str = "aaa-forwarded-principal";
 /// `EXPIRES_MS.HEX_MAC` over the principal, the method and the expiry.

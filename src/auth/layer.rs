@@ -71,6 +71,11 @@ where
             Some(auth) => check(auth, &self.key[..], &request).map(|p| p.map(Caller::Principal)),
             None => forwarded_peer(&self.key[..], &request).map(|p| p.map(Caller::Peer)),
         };
+        // A signature that is there passed the checks above (a bad one is
+        // refused), so the call came from a server of the cluster.
+        if checked.is_ok() && request.headers().contains_key(forwarded::SIGNATURE) {
+            request.extensions_mut().insert(forwarded::FromServer);
+        }
         match checked {
             Ok(Some(Caller::Principal(principal))) => {
                 request.extensions_mut().insert(principal);

@@ -84,6 +84,8 @@ pub const RULES: &[(&str, &[Role])] = &[
         &[Worker, Reader],
     ),
     ("/aaa.v1.ClusterService/GetCluster", &[Reader]),
+    // A worker's poll another server sends on (refused unless forwarded).
+    ("/aaa.v1.ClusterService/PeerPoll", &[Worker]),
 ];
 
 /// Services anyone may call: load balancers probe health, and tools list

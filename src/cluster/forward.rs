@@ -301,7 +301,7 @@ async fn forward(
 /// Who the owner is told the caller is: its principal; with auth off, the
 /// address it called from (as a server before this one said, or as this
 /// server sees it).
-fn caller(extensions: &http::Extensions) -> Option<String> {
+pub(crate) fn caller(extensions: &http::Extensions) -> Option<String> {
     if let Some(principal) = extensions.get::<Principal>() {
         return Some(principal.name.clone());
     }
@@ -313,7 +313,7 @@ fn caller(extensions: &http::Extensions) -> Option<String> {
 
 /// The caller's credentials stay here: the owner gets the caller, signed,
 /// and the hop count instead.
-fn prepare_headers(
+pub(crate) fn prepare_headers(
     cluster: &Cluster,
     headers: &mut HeaderMap,
     hops: u32,

@@ -7,6 +7,7 @@
 
 pub mod balance;
 pub mod forward;
+pub mod peers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,9 @@ use crate::store::{ClusterView, Shards, SharedStore};
 /// The shard whose owner serves the calls that name no run (grants,
 /// worker registration, consumer groups) while the shards are not spread.
 pub const ANY_SHARD: u8 = 0;
+/// How long a read of who owns what is used before it is read again
+/// (shards move between other servers without this one hearing of it).
+const VIEW_KEPT: Duration = Duration::from_secs(1);
 /// How long a forward waits to connect to the owner.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -42,7 +46,7 @@ pub struct Cluster {
     serving: Mutex<Shards>,
     /// Who owns which shard, as last read from the database; dropped when
     /// a forward to one of them fails.
-    owners: Mutex<Option<Arc<ClusterView>>>,
+    owners: Mutex<Option<(Arc<ClusterView>, std::time::Instant)>>,
     /// A channel to each owner forwarded to, by address; dropped when a
     /// forward through it fails.
     channels: Mutex<HashMap<String, Channel>>,
@@ -98,21 +102,26 @@ impl Cluster {
         *self.owners.lock().expect("poisoned") = None;
     }
 
+    /// Who owns which shard: as last read, or read from the database now.
+    async fn view(&self) -> Result<Arc<ClusterView>, Status> {
+        if let Some((view, read_at)) = self.owners.lock().expect("poisoned").clone() {
+            if read_at.elapsed() < VIEW_KEPT {
+                return Ok(view);
+            }
+        }
+        let view = self
+            .store
+            .cluster()
+            .await
+            .map_err(|e| unavailable(&format!("cannot read who owns the runs: {e}"), ""))?;
+        let view = Arc::new(view);
+        *self.owners.lock().expect("poisoned") = Some((view.clone(), std::time::Instant::now()));
+        Ok(view)
+    }
+
     /// The owner of `shard`: the one known, or the one the database names.
     pub async fn owner_of(&self, shard: u8) -> Result<Owner, Status> {
-        let known = self.owners.lock().expect("poisoned").clone();
-        let view = match known {
-            Some(view) => view,
-            None => {
-                let view =
-                    self.store.cluster().await.map_err(|e| {
-                        unavailable(&format!("cannot read who owns the runs: {e}"), "")
-                    })?;
-                let view = Arc::new(view);
-                *self.owners.lock().expect("poisoned") = Some(view.clone());
-                view
-            }
-        };
+        let view = self.view().await?;
         let Some(member) = view.owner_of(shard) else {
             let last = view
                 .shards
@@ -136,6 +145,31 @@ impl Cluster {
                 &member.server,
             ));
         }
+        self.owner(member)
+    }
+
+    /// Every other live server that owns shards (as last read).
+    pub async fn other_owners(&self) -> Vec<Owner> {
+        let Ok(view) = self.view().await else {
+            return Vec::new();
+        };
+        let mut owners: Vec<Owner> = Vec::new();
+        for shard in 0..=u8::MAX {
+            let Some(member) = view.owner_of(shard) else {
+                continue;
+            };
+            if member.server == self.server || owners.iter().any(|o| o.server == member.server) {
+                continue;
+            }
+            if let Ok(owner) = self.owner(member) {
+                owners.push(owner);
+            }
+        }
+        owners
+    }
+
+    /// Where to reach `member`, over the channel made for its address.
+    fn owner(&self, member: &crate::store::Member) -> Result<Owner, Status> {
         let channel = {
             let mut channels = self.channels.lock().expect("poisoned");
             match channels.get(&member.address) {

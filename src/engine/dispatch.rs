@@ -50,7 +50,7 @@ pub struct Delivery {
 impl Delivery {
     /// The call to offer again when this delivery cannot be handed over. A
     /// started attempt goes out again as it is (see `TaskRef::undelivered`).
-    fn into_offer(self) -> TaskRef {
+    pub(super) fn into_offer(self) -> TaskRef {
         let mut task = self.task;
         task.undelivered |= self.started.is_some();
         task

@@ -259,6 +259,22 @@ struct Staged {
     spans: Vec<opentelemetry_sdk::trace::SpanData>,
 }
 
+/// A task taken from its queue for one poll and not yet started: started
+/// with [`Engine::start_held`], or put back in its queue when dropped (the
+/// poll went away, or kept a task of another server).
+pub struct Held {
+    engine: Engine,
+    delivery: Option<dispatch::Delivery>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(delivery) = self.delivery.take() {
+            self.engine.inner.dispatcher.offer(delivery.into_offer());
+        }
+    }
+}
+
 /// Handle to the engine. Cheap to clone.
 /// Worker identities whose owner is kept in memory.
 const IDENTITIES_CACHED: usize = 4096;
@@ -403,6 +419,11 @@ impl Engine {
         self.shutdown_token().cancel();
         *self.inner.open.write().await = false;
         self.stopped().await;
+    }
+
+    /// The longest a poll waits.
+    pub fn poll_wait_cap(&self) -> Duration {
+        self.inner.config.poll_wait_cap
     }
 
     /// The shards whose runs this engine serves.
@@ -1097,25 +1118,56 @@ impl Engine {
         let until = crate::seconds::instant_after(Instant::now(), wait);
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            let Some(delivery) = self
-                .inner
-                .dispatcher
-                .take(keys, worker, left, self.shutdown_token())
-                .await
-            else {
+            let Some(held) = self.hold_task(worker, keys, left).await else {
                 return Ok(None);
             };
-            if let Some(started) = delivery.started {
-                return Ok(Some(started));
-            }
-            let taken = dispatch::Taken::new(&self.inner.dispatcher, delivery.task);
-            // On error the task goes back to its queue (`Taken` drops).
-            let claimed = self.claim(taken.task().clone(), worker).await?;
-            taken.done();
-            if let Some(task) = claimed {
+            if let Some(task) = self.start_held(held, worker).await? {
                 return Ok(Some(task));
             }
         }
+    }
+
+    /// Takes a task from any of `keys` for `worker`, waiting up to `wait`
+    /// (cut to the server's cap), and holds it without starting it: the
+    /// first half of a poll, for a server that asks several owners and
+    /// starts only the task it keeps (see `cluster::peers`).
+    pub async fn hold_task(
+        &self,
+        worker: &WorkerId,
+        keys: &[QueueKey],
+        wait: Duration,
+    ) -> Option<Held> {
+        let wait = wait.min(self.inner.config.poll_wait_cap);
+        let delivery = self
+            .inner
+            .dispatcher
+            .take(keys, worker, wait, self.shutdown_token())
+            .await?;
+        Some(Held {
+            engine: self.clone(),
+            delivery: Some(delivery),
+        })
+    }
+
+    /// Starts the held task's attempt for `worker`; `None` if its call no
+    /// longer wants one (it was decided, cancelled or started meanwhile).
+    pub async fn start_held(
+        &self,
+        mut held: Held,
+        worker: &WorkerId,
+    ) -> Result<Option<Task>, Error> {
+        let Some(delivery) = held.delivery.take() else {
+            return Ok(None);
+        };
+        // An attempt a commit already started for this poll.
+        if let Some(started) = delivery.started {
+            return Ok(Some(started));
+        }
+        let taken = dispatch::Taken::new(&self.inner.dispatcher, delivery.task);
+        // On error the task goes back to its queue (`Taken` drops).
+        let claimed = self.claim(taken.task().clone(), worker).await?;
+        taken.done();
+        Ok(claimed)
     }
 
     /// Turns a queued call into an attempt, if the run still wants it.

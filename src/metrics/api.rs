@@ -21,6 +21,7 @@ const HELD_OPEN: &[&str] = &[
     "ApprovalService/WatchApprovals",
     "WorkerService/PollTask",
     "SubscriptionService/Subscribe",
+    "ClusterService/PeerPoll",
 ];
 
 #[derive(Clone)]

@@ -516,3 +516,140 @@ async fn a_standby_forwards_grants_and_loads_them_with_their_uses_when_it_takes_
     assert!(!call_id.is_empty(), "used up: a person decides");
     standby.shutdown().await;
 }
+
+/// Servers started with `--spread-shards` on one database.
+async fn spread_member(url: &str) -> TestServer {
+    let url = url.to_string();
+    TestServer::start_with(move |config| {
+        config.store_url = Some(url.clone());
+        config.spread_shards = true;
+        config.lease = Duration::from_secs(1);
+    })
+    .await
+}
+
+/// Asks `server` (bounded by `WAIT`) until the live members are exactly
+/// `members`, each holding shards, and every shard is held.
+async fn wait_until_spread(server: &TestServer, members: &[&str]) {
+    let give_up = Instant::now() + WAIT;
+    loop {
+        let cluster = cluster_of(server).await;
+        let live: Vec<_> = cluster.members.iter().filter(|m| m.alive).collect();
+        let spread = live.len() == members.len()
+            && live
+                .iter()
+                .all(|m| members.contains(&m.server.as_str()) && m.shards > 0)
+            && live.iter().map(|m| m.shards).sum::<u32>() == cluster.shards;
+        if spread {
+            return;
+        }
+        assert!(Instant::now() < give_up, "never spread: {cluster:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The shard of a run (its id's last byte).
+fn shard_of(run_id: &str) -> u8 {
+    aaa::store::RunId::parse(run_id).expect("a run id").shard()
+}
+
+/// With the shards spread, a run is made in a shard of the server that
+/// started it; a grant through the other server reaches the run's owner;
+/// one worker polling one server gets the tasks of both servers' shards,
+/// each attempt started once. When a server stops, the other takes its
+/// shards over and the runs waiting there go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn spread_shards_serve_every_run_through_any_server() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let a = spread_member(&url).await;
+    let mut b = spread_member(&url).await;
+    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
+    wait_until_spread(&a, &[&name_a, &name_b]).await;
+
+    // A server may still be starting the engine for the shards it claimed:
+    // calls are answered UNAVAILABLE meanwhile, and retried.
+    let workers = a.workers().await;
+    retrying(|| {
+        let mut workers = workers.clone();
+        let request = aaa::proto::RegisterWorkerRequest {
+            identity: "w".into(),
+            tools: vec![wire_money()],
+            models: Vec::new(),
+        };
+        async move { workers.register_worker(request).await }
+    })
+    .await;
+    let mut through_a = a.runs().await;
+    let mut through_b = b.runs().await;
+    let mut started = Vec::new();
+    for i in 0..12 {
+        let runs = if i % 2 == 0 {
+            &mut through_a
+        } else {
+            &mut through_b
+        };
+        let run_id = retrying(|| {
+            let mut runs = runs.clone();
+            async move { runs.start_run(scripted_reference_run()).await }
+        })
+        .await
+        .into_inner()
+        .run_id;
+        let call_id = wait_for_approval(runs, &run_id).await;
+        started.push((run_id, call_id));
+    }
+    let shards_a: Vec<u8> = started.iter().step_by(2).map(|r| shard_of(&r.0)).collect();
+    let shards_b: Vec<u8> = started
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|r| shard_of(&r.0))
+        .collect();
+    assert!(
+        shards_a.iter().all(|s| !shards_b.contains(s)),
+        "each server makes runs in its own shards: {shards_a:?} {shards_b:?}"
+    );
+
+    // Granted through the other server; served by one worker on `a`.
+    let mut workers = a.workers().await;
+    for (i, (run_id, call_id)) in started.iter().enumerate() {
+        let runs = if i % 2 == 0 {
+            &mut through_b
+        } else {
+            &mut through_a
+        };
+        grant_and_finish(runs, &mut workers, run_id, call_id).await;
+        let events = history(runs, run_id).await;
+        assert_dense(&events, 1);
+        assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
+    }
+
+    // Two runs wait in b's shards; b stops, a takes its shards over.
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let run_id = start_run(&mut through_b, scripted_reference_run()).await;
+        waiting.push((
+            run_id.clone(),
+            wait_for_approval(&mut through_b, &run_id).await,
+        ));
+    }
+    b.stop().await;
+    wait_until_spread(&a, &[&name_a]).await;
+    for (run_id, call_id) in &waiting {
+        retrying(|| {
+            let mut runs = through_a.clone();
+            let request = grant_request(run_id, call_id);
+            async move { runs.signal(request).await }
+        })
+        .await;
+        let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
+        complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+            .await
+            .expect("CompleteTask");
+        let events = wait_for_end(&mut through_a, run_id).await;
+        assert_eq!(completed_text(&events), REFERENCE_TEXT);
+        assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
+    }
+}

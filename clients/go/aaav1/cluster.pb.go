@@ -21,6 +21,178 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PeerPoll's requests: the poll first, then (after an offer) the accept.
+type PeerPollRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Step:
+	//
+	//	*PeerPollRequest_Poll
+	//	*PeerPollRequest_Accept
+	Step          isPeerPollRequest_Step `protobuf_oneof:"step"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerPollRequest) Reset() {
+	*x = PeerPollRequest{}
+	mi := &file_aaa_v1_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerPollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerPollRequest) ProtoMessage() {}
+
+func (x *PeerPollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerPollRequest.ProtoReflect.Descriptor instead.
+func (*PeerPollRequest) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PeerPollRequest) GetStep() isPeerPollRequest_Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *PeerPollRequest) GetPoll() *PollTaskRequest {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollRequest_Poll); ok {
+			return x.Poll
+		}
+	}
+	return nil
+}
+
+func (x *PeerPollRequest) GetAccept() bool {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollRequest_Accept); ok {
+			return x.Accept
+		}
+	}
+	return false
+}
+
+type isPeerPollRequest_Step interface {
+	isPeerPollRequest_Step()
+}
+
+type PeerPollRequest_Poll struct {
+	// The worker's poll, as it came.
+	Poll *PollTaskRequest `protobuf:"bytes,1,opt,name=poll,proto3,oneof"`
+}
+
+type PeerPollRequest_Accept struct {
+	// Start the offered task and send it.
+	Accept bool `protobuf:"varint,2,opt,name=accept,proto3,oneof"`
+}
+
+func (*PeerPollRequest_Poll) isPeerPollRequest_Step() {}
+
+func (*PeerPollRequest_Accept) isPeerPollRequest_Step() {}
+
+// PeerPoll's answers: an offer, then the task. The stream ends without an
+// offer when the wait ended with nothing, and without a task when the
+// offered call no longer wanted an attempt.
+type PeerPollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Step:
+	//
+	//	*PeerPollResponse_Offered
+	//	*PeerPollResponse_Task
+	Step          isPeerPollResponse_Step `protobuf_oneof:"step"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerPollResponse) Reset() {
+	*x = PeerPollResponse{}
+	mi := &file_aaa_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerPollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerPollResponse) ProtoMessage() {}
+
+func (x *PeerPollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aaa_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerPollResponse.ProtoReflect.Descriptor instead.
+func (*PeerPollResponse) Descriptor() ([]byte, []int) {
+	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PeerPollResponse) GetStep() isPeerPollResponse_Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *PeerPollResponse) GetOffered() bool {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollResponse_Offered); ok {
+			return x.Offered
+		}
+	}
+	return false
+}
+
+func (x *PeerPollResponse) GetTask() *Task {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollResponse_Task); ok {
+			return x.Task
+		}
+	}
+	return nil
+}
+
+type isPeerPollResponse_Step interface {
+	isPeerPollResponse_Step()
+}
+
+type PeerPollResponse_Offered struct {
+	// A task is held for this poll: accept it, or close the stream.
+	Offered bool `protobuf:"varint,1,opt,name=offered,proto3,oneof"`
+}
+
+type PeerPollResponse_Task struct {
+	// The started attempt.
+	Task *Task `protobuf:"bytes,2,opt,name=task,proto3,oneof"`
+}
+
+func (*PeerPollResponse_Offered) isPeerPollResponse_Step() {}
+
+func (*PeerPollResponse_Task) isPeerPollResponse_Step() {}
+
 type GetClusterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -29,7 +201,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_aaa_v1_cluster_proto_msgTypes[0]
+	mi := &file_aaa_v1_cluster_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -41,7 +213,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_cluster_proto_msgTypes[0]
+	mi := &file_aaa_v1_cluster_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -54,7 +226,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{2}
 }
 
 type GetClusterResponse struct {
@@ -75,7 +247,7 @@ type GetClusterResponse struct {
 
 func (x *GetClusterResponse) Reset() {
 	*x = GetClusterResponse{}
-	mi := &file_aaa_v1_cluster_proto_msgTypes[1]
+	mi := &file_aaa_v1_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -87,7 +259,7 @@ func (x *GetClusterResponse) String() string {
 func (*GetClusterResponse) ProtoMessage() {}
 
 func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_cluster_proto_msgTypes[1]
+	mi := &file_aaa_v1_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -100,7 +272,7 @@ func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterResponse) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetClusterResponse) GetThisServer() string {
@@ -163,7 +335,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_aaa_v1_cluster_proto_msgTypes[2]
+	mi := &file_aaa_v1_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -175,7 +347,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_aaa_v1_cluster_proto_msgTypes[2]
+	mi := &file_aaa_v1_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -188,7 +360,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_aaa_v1_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ClusterMember) GetServer() string {
@@ -251,7 +423,15 @@ var File_aaa_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\"\x13\n" +
+	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x13aaa/v1/worker.proto\"b\n" +
+	"\x0fPeerPollRequest\x12-\n" +
+	"\x04poll\x18\x01 \x01(\v2\x17.aaa.v1.PollTaskRequestH\x00R\x04poll\x12\x18\n" +
+	"\x06accept\x18\x02 \x01(\bH\x00R\x06acceptB\x06\n" +
+	"\x04step\"Z\n" +
+	"\x10PeerPollResponse\x12\x1a\n" +
+	"\aoffered\x18\x01 \x01(\bH\x00R\aoffered\x12\"\n" +
+	"\x04task\x18\x02 \x01(\v2\f.aaa.v1.TaskH\x00R\x04taskB\x06\n" +
+	"\x04step\"\x13\n" +
 	"\x11GetClusterRequest\"\xbb\x01\n" +
 	"\x12GetClusterResponse\x12\x1f\n" +
 	"\vthis_server\x18\x01 \x01(\tR\n" +
@@ -268,10 +448,11 @@ const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\"\n" +
 	"\rlease_left_ms\x18\x06 \x01(\x03R\vleaseLeftMs\x12\x1e\n" +
 	"\vgone_for_ms\x18\a \x01(\x03R\tgoneForMs\x12\x13\n" +
-	"\x05up_ms\x18\b \x01(\x03R\x04upMs2U\n" +
+	"\x05up_ms\x18\b \x01(\x03R\x04upMs2\x98\x01\n" +
 	"\x0eClusterService\x12C\n" +
 	"\n" +
-	"GetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponseBs\n" +
+	"GetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\x12A\n" +
+	"\bPeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse(\x010\x01Bs\n" +
 	"\n" +
 	"com.aaa.v1B\fClusterProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -287,21 +468,29 @@ func file_aaa_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_aaa_v1_cluster_proto_rawDescData
 }
 
-var file_aaa_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_aaa_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_aaa_v1_cluster_proto_goTypes = []any{
-	(*GetClusterRequest)(nil),  // 0: aaa.v1.GetClusterRequest
-	(*GetClusterResponse)(nil), // 1: aaa.v1.GetClusterResponse
-	(*ClusterMember)(nil),      // 2: aaa.v1.ClusterMember
+	(*PeerPollRequest)(nil),    // 0: aaa.v1.PeerPollRequest
+	(*PeerPollResponse)(nil),   // 1: aaa.v1.PeerPollResponse
+	(*GetClusterRequest)(nil),  // 2: aaa.v1.GetClusterRequest
+	(*GetClusterResponse)(nil), // 3: aaa.v1.GetClusterResponse
+	(*ClusterMember)(nil),      // 4: aaa.v1.ClusterMember
+	(*PollTaskRequest)(nil),    // 5: aaa.v1.PollTaskRequest
+	(*Task)(nil),               // 6: aaa.v1.Task
 }
 var file_aaa_v1_cluster_proto_depIdxs = []int32{
-	2, // 0: aaa.v1.GetClusterResponse.members:type_name -> aaa.v1.ClusterMember
-	0, // 1: aaa.v1.ClusterService.GetCluster:input_type -> aaa.v1.GetClusterRequest
-	1, // 2: aaa.v1.ClusterService.GetCluster:output_type -> aaa.v1.GetClusterResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	5, // 0: aaa.v1.PeerPollRequest.poll:type_name -> aaa.v1.PollTaskRequest
+	6, // 1: aaa.v1.PeerPollResponse.task:type_name -> aaa.v1.Task
+	4, // 2: aaa.v1.GetClusterResponse.members:type_name -> aaa.v1.ClusterMember
+	2, // 3: aaa.v1.ClusterService.GetCluster:input_type -> aaa.v1.GetClusterRequest
+	0, // 4: aaa.v1.ClusterService.PeerPoll:input_type -> aaa.v1.PeerPollRequest
+	3, // 5: aaa.v1.ClusterService.GetCluster:output_type -> aaa.v1.GetClusterResponse
+	1, // 6: aaa.v1.ClusterService.PeerPoll:output_type -> aaa.v1.PeerPollResponse
+	5, // [5:7] is the sub-list for method output_type
+	3, // [3:5] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_aaa_v1_cluster_proto_init() }
@@ -309,13 +498,22 @@ func file_aaa_v1_cluster_proto_init() {
 	if File_aaa_v1_cluster_proto != nil {
 		return
 	}
+	file_aaa_v1_worker_proto_init()
+	file_aaa_v1_cluster_proto_msgTypes[0].OneofWrappers = []any{
+		(*PeerPollRequest_Poll)(nil),
+		(*PeerPollRequest_Accept)(nil),
+	}
+	file_aaa_v1_cluster_proto_msgTypes[1].OneofWrappers = []any{
+		(*PeerPollResponse_Offered)(nil),
+		(*PeerPollResponse_Task)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aaa_v1_cluster_proto_rawDesc), len(file_aaa_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

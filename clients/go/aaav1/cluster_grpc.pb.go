@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	ClusterService_GetCluster_FullMethodName = "/aaa.v1.ClusterService/GetCluster"
+	ClusterService_PeerPoll_FullMethodName   = "/aaa.v1.ClusterService/PeerPoll"
 )
 
 // ClusterServiceClient is the client API for ClusterService service.
@@ -34,6 +35,13 @@ const (
 type ClusterServiceClient interface {
 	// The members, who owns the runs, and how fresh each lease is.
 	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*GetClusterResponse, error)
+	// Between the servers of a cluster whose shards are spread: a worker's
+	// PollTask that reached one server asks each other owner for a task of
+	// its shards. The owner holds a task for the poll (OFFERED), and starts
+	// the attempt only once the asking server accepts it; a poll that closes
+	// before accepting puts the task back. Refused to clients: only calls a
+	// server forwarded (with its signature) are taken.
+	PeerPoll(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerPollRequest, PeerPollResponse], error)
 }
 
 type clusterServiceClient struct {
@@ -54,6 +62,19 @@ func (c *clusterServiceClient) GetCluster(ctx context.Context, in *GetClusterReq
 	return out, nil
 }
 
+func (c *clusterServiceClient) PeerPoll(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerPollRequest, PeerPollResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ClusterService_ServiceDesc.Streams[0], ClusterService_PeerPoll_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PeerPollRequest, PeerPollResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClusterService_PeerPollClient = grpc.BidiStreamingClient[PeerPollRequest, PeerPollResponse]
+
 // ClusterServiceServer is the server API for ClusterService service.
 // All implementations must embed UnimplementedClusterServiceServer
 // for forward compatibility.
@@ -66,6 +87,13 @@ func (c *clusterServiceClient) GetCluster(ctx context.Context, in *GetClusterReq
 type ClusterServiceServer interface {
 	// The members, who owns the runs, and how fresh each lease is.
 	GetCluster(context.Context, *GetClusterRequest) (*GetClusterResponse, error)
+	// Between the servers of a cluster whose shards are spread: a worker's
+	// PollTask that reached one server asks each other owner for a task of
+	// its shards. The owner holds a task for the poll (OFFERED), and starts
+	// the attempt only once the asking server accepts it; a poll that closes
+	// before accepting puts the task back. Refused to clients: only calls a
+	// server forwarded (with its signature) are taken.
+	PeerPoll(grpc.BidiStreamingServer[PeerPollRequest, PeerPollResponse]) error
 	mustEmbedUnimplementedClusterServiceServer()
 }
 
@@ -78,6 +106,9 @@ type UnimplementedClusterServiceServer struct{}
 
 func (UnimplementedClusterServiceServer) GetCluster(context.Context, *GetClusterRequest) (*GetClusterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetCluster not implemented")
+}
+func (UnimplementedClusterServiceServer) PeerPoll(grpc.BidiStreamingServer[PeerPollRequest, PeerPollResponse]) error {
+	return status.Error(codes.Unimplemented, "method PeerPoll not implemented")
 }
 func (UnimplementedClusterServiceServer) mustEmbedUnimplementedClusterServiceServer() {}
 func (UnimplementedClusterServiceServer) testEmbeddedByValue()                        {}
@@ -118,6 +149,13 @@ func _ClusterService_GetCluster_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterService_PeerPoll_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ClusterServiceServer).PeerPoll(&grpc.GenericServerStream[PeerPollRequest, PeerPollResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ClusterService_PeerPollServer = grpc.BidiStreamingServer[PeerPollRequest, PeerPollResponse]
+
 // ClusterService_ServiceDesc is the grpc.ServiceDesc for ClusterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -130,6 +168,13 @@ var ClusterService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ClusterService_GetCluster_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PeerPoll",
+			Handler:       _ClusterService_PeerPoll_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "aaa/v1/cluster.proto",
 }

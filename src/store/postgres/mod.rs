@@ -511,7 +511,10 @@ fn in_shards(shards: &Shards, n: usize) -> (String, Vec<i16>) {
     let list: Vec<i16> = shards.iter().map(i16::from).collect();
     match shards.is_all() {
         true => (format!("(${n}::int2[] IS NOT NULL)"), list),
-        false => (format!("get_byte(uuid_send(run_id), 15) = ANY(${n})"), list),
+        false => (
+            format!("get_byte(uuid_send(run_id), 15) = ANY(${n}::int2[])"),
+            list,
+        ),
     }
 }
 

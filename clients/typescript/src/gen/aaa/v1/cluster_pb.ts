@@ -4,13 +4,87 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { PollTaskRequest, Task } from "./worker_pb.js";
+import { file_aaa_v1_worker } from "./worker_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file aaa/v1/cluster.proto.
  */
 export const file_aaa_v1_cluster: GenFile = /*@__PURE__*/
-  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxIhMKEUdldENsdXN0ZXJSZXF1ZXN0IogBChJHZXRDbHVzdGVyUmVzcG9uc2USEwoLdGhpc19zZXJ2ZXIYASABKAkSDQoFc3RvcmUYAiABKAkSJgoHbWVtYmVycxgDIAMoCzIVLmFhYS52MS5DbHVzdGVyTWVtYmVyEg4KBnNoYXJkcxgEIAEoDRIWCg51bm93bmVkX3NoYXJkcxgFIAEoDSKZAQoNQ2x1c3Rlck1lbWJlchIOCgZzZXJ2ZXIYASABKAkSDwoHYWRkcmVzcxgCIAEoCRINCgVhbGl2ZRgDIAEoCBIOCgZzaGFyZHMYBCABKA0SDQoFZXBvY2gYBSABKAMSFQoNbGVhc2VfbGVmdF9tcxgGIAEoAxITCgtnb25lX2Zvcl9tcxgHIAEoAxINCgV1cF9tcxgIIAEoAzJVCg5DbHVzdGVyU2VydmljZRJDCgpHZXRDbHVzdGVyEhkuYWFhLnYxLkdldENsdXN0ZXJSZXF1ZXN0GhouYWFhLnYxLkdldENsdXN0ZXJSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxIlQKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAQgYKBHN0ZXAiSwoQUGVlclBvbGxSZXNwb25zZRIRCgdvZmZlcmVkGAEgASgISAASHAoEdGFzaxgCIAEoCzIMLmFhYS52MS5UYXNrSABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKIAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0imQEKDUNsdXN0ZXJNZW1iZXISDgoGc2VydmVyGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSDQoFYWxpdmUYAyABKAgSDgoGc2hhcmRzGAQgASgNEg0KBWVwb2NoGAUgASgDEhUKDWxlYXNlX2xlZnRfbXMYBiABKAMSEwoLZ29uZV9mb3JfbXMYByABKAMSDQoFdXBfbXMYCCABKAMymAEKDkNsdXN0ZXJTZXJ2aWNlEkMKCkdldENsdXN0ZXISGS5hYWEudjEuR2V0Q2x1c3RlclJlcXVlc3QaGi5hYWEudjEuR2V0Q2x1c3RlclJlc3BvbnNlEkEKCFBlZXJQb2xsEhcuYWFhLnYxLlBlZXJQb2xsUmVxdWVzdBoYLmFhYS52MS5QZWVyUG9sbFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_aaa_v1_worker]);
+
+/**
+ * PeerPoll's requests: the poll first, then (after an offer) the accept.
+ *
+ * @generated from message aaa.v1.PeerPollRequest
+ */
+export type PeerPollRequest = Message<"aaa.v1.PeerPollRequest"> & {
+  /**
+   * @generated from oneof aaa.v1.PeerPollRequest.step
+   */
+  step: {
+    /**
+     * The worker's poll, as it came.
+     *
+     * @generated from field: aaa.v1.PollTaskRequest poll = 1;
+     */
+    value: PollTaskRequest;
+    case: "poll";
+  } | {
+    /**
+     * Start the offered task and send it.
+     *
+     * @generated from field: bool accept = 2;
+     */
+    value: boolean;
+    case: "accept";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message aaa.v1.PeerPollRequest.
+ * Use `create(PeerPollRequestSchema)` to create a new message.
+ */
+export const PeerPollRequestSchema: GenMessage<PeerPollRequest> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_cluster, 0);
+
+/**
+ * PeerPoll's answers: an offer, then the task. The stream ends without an
+ * offer when the wait ended with nothing, and without a task when the
+ * offered call no longer wanted an attempt.
+ *
+ * @generated from message aaa.v1.PeerPollResponse
+ */
+export type PeerPollResponse = Message<"aaa.v1.PeerPollResponse"> & {
+  /**
+   * @generated from oneof aaa.v1.PeerPollResponse.step
+   */
+  step: {
+    /**
+     * A task is held for this poll: accept it, or close the stream.
+     *
+     * @generated from field: bool offered = 1;
+     */
+    value: boolean;
+    case: "offered";
+  } | {
+    /**
+     * The started attempt.
+     *
+     * @generated from field: aaa.v1.Task task = 2;
+     */
+    value: Task;
+    case: "task";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message aaa.v1.PeerPollResponse.
+ * Use `create(PeerPollResponseSchema)` to create a new message.
+ */
+export const PeerPollResponseSchema: GenMessage<PeerPollResponse> = /*@__PURE__*/
+  messageDesc(file_aaa_v1_cluster, 1);
 
 /**
  * @generated from message aaa.v1.GetClusterRequest
@@ -23,7 +97,7 @@ export type GetClusterRequest = Message<"aaa.v1.GetClusterRequest"> & {
  * Use `create(GetClusterRequestSchema)` to create a new message.
  */
 export const GetClusterRequestSchema: GenMessage<GetClusterRequest> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_cluster, 0);
+  messageDesc(file_aaa_v1_cluster, 2);
 
 /**
  * @generated from message aaa.v1.GetClusterResponse
@@ -69,7 +143,7 @@ export type GetClusterResponse = Message<"aaa.v1.GetClusterResponse"> & {
  * Use `create(GetClusterResponseSchema)` to create a new message.
  */
 export const GetClusterResponseSchema: GenMessage<GetClusterResponse> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_cluster, 1);
+  messageDesc(file_aaa_v1_cluster, 3);
 
 /**
  * @generated from message aaa.v1.ClusterMember
@@ -137,7 +211,7 @@ export type ClusterMember = Message<"aaa.v1.ClusterMember"> & {
  * Use `create(ClusterMemberSchema)` to create a new message.
  */
 export const ClusterMemberSchema: GenMessage<ClusterMember> = /*@__PURE__*/
-  messageDesc(file_aaa_v1_cluster, 2);
+  messageDesc(file_aaa_v1_cluster, 4);
 
 /**
  * The servers of a deployment. On PostgreSQL several aaa servers share one
@@ -158,6 +232,21 @@ export const ClusterService: GenService<{
     methodKind: "unary";
     input: typeof GetClusterRequestSchema;
     output: typeof GetClusterResponseSchema;
+  },
+  /**
+   * Between the servers of a cluster whose shards are spread: a worker's
+   * PollTask that reached one server asks each other owner for a task of
+   * its shards. The owner holds a task for the poll (OFFERED), and starts
+   * the attempt only once the asking server accepts it; a poll that closes
+   * before accepting puts the task back. Refused to clients: only calls a
+   * server forwarded (with its signature) are taken.
+   *
+   * @generated from rpc aaa.v1.ClusterService.PeerPoll
+   */
+  peerPoll: {
+    methodKind: "bidi_streaming";
+    input: typeof PeerPollRequestSchema;
+    output: typeof PeerPollResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_aaa_v1_cluster, 0);

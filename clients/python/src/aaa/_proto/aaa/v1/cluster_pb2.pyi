@@ -1,3 +1,4 @@
+from aaa._proto.aaa.v1 import worker_pb2 as _worker_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -5,6 +6,22 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PeerPollRequest(_message.Message):
+    __slots__ = ("poll", "accept")
+    POLL_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_FIELD_NUMBER: _ClassVar[int]
+    poll: _worker_pb2.PollTaskRequest
+    accept: bool
+    def __init__(self, poll: _Optional[_Union[_worker_pb2.PollTaskRequest, _Mapping]] = ..., accept: _Optional[bool] = ...) -> None: ...
+
+class PeerPollResponse(_message.Message):
+    __slots__ = ("offered", "task")
+    OFFERED_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    offered: bool
+    task: _worker_pb2.Task
+    def __init__(self, offered: _Optional[bool] = ..., task: _Optional[_Union[_worker_pb2.Task, _Mapping]] = ...) -> None: ...
 
 class GetClusterRequest(_message.Message):
     __slots__ = ()

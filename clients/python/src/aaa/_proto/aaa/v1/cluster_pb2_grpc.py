@@ -44,6 +44,11 @@ class ClusterServiceStub:
                 request_serializer=aaa_dot_v1_dot_cluster__pb2.GetClusterRequest.SerializeToString,
                 response_deserializer=aaa_dot_v1_dot_cluster__pb2.GetClusterResponse.FromString,
                 _registered_method=True)
+        self.PeerPoll = channel.stream_stream(
+                '/aaa.v1.ClusterService/PeerPoll',
+                request_serializer=aaa_dot_v1_dot_cluster__pb2.PeerPollRequest.SerializeToString,
+                response_deserializer=aaa_dot_v1_dot_cluster__pb2.PeerPollResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -61,6 +66,18 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerPoll(self, request_iterator, context):
+        """Between the servers of a cluster whose shards are spread: a worker's
+        PollTask that reached one server asks each other owner for a task of
+        its shards. The owner holds a task for the poll (OFFERED), and starts
+        the attempt only once the asking server accepts it; a poll that closes
+        before accepting puts the task back. Refused to clients: only calls a
+        server forwarded (with its signature) are taken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -68,6 +85,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.GetCluster,
                     request_deserializer=aaa_dot_v1_dot_cluster__pb2.GetClusterRequest.FromString,
                     response_serializer=aaa_dot_v1_dot_cluster__pb2.GetClusterResponse.SerializeToString,
+            ),
+            'PeerPoll': grpc.stream_stream_rpc_method_handler(
+                    servicer.PeerPoll,
+                    request_deserializer=aaa_dot_v1_dot_cluster__pb2.PeerPollRequest.FromString,
+                    response_serializer=aaa_dot_v1_dot_cluster__pb2.PeerPollResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -102,6 +124,33 @@ class ClusterService:
             '/aaa.v1.ClusterService/GetCluster',
             aaa_dot_v1_dot_cluster__pb2.GetClusterRequest.SerializeToString,
             aaa_dot_v1_dot_cluster__pb2.GetClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerPoll(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aaa.v1.ClusterService/PeerPoll',
+            aaa_dot_v1_dot_cluster__pb2.PeerPollRequest.SerializeToString,
+            aaa_dot_v1_dot_cluster__pb2.PeerPollResponse.FromString,
             options,
             channel_credentials,
             insecure,

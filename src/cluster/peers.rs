@@ -1,0 +1,180 @@
+//! A worker's poll when the shards are spread: the server it reached
+//! waits for a task of its own shards and, at the same time, asks every
+//! other owner for one of theirs (`ClusterService.PeerPoll`). An owner
+//! holds a task for such a poll without starting it, and offers it; the
+//! asking server keeps the first task it gets, accepts that offer alone
+//! (only then is the attempt started, by its owner), and closes the other
+//! polls, whose owners put their held tasks back. So a task is never
+//! started for a poll that does not deliver it, whichever server it is on.
+
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::HeaderMap;
+use tonic::metadata::MetadataMap;
+use tonic::{Status, Streaming};
+
+use super::{Cluster, Owner};
+use crate::engine::event::WorkerId;
+use crate::engine::{Engine, QueueKey};
+use crate::proto::cluster_service_client::ClusterServiceClient;
+use crate::proto::{
+    peer_poll_request, peer_poll_response, PeerPollRequest, PeerPollResponse, PollTaskRequest, Task,
+};
+
+/// The method, as forwarded calls are signed for it.
+pub const PEER_POLL: &str = "/aaa.v1.ClusterService/PeerPoll";
+/// The longest one round of asking lasts: the owners are looked up again
+/// after it, so a poll reaches shards that moved while it waited.
+const ROUND: Duration = Duration::from_secs(5);
+/// How soon an owner that could not be asked is asked again.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// A worker's poll, checked.
+pub struct Poll<'a> {
+    pub worker: &'a WorkerId,
+    pub keys: &'a [QueueKey],
+    pub wait: Duration,
+    /// The poll as it came, sent on to the other owners.
+    pub request: PollTaskRequest,
+    /// Who the other owners are told the caller is (see `forward::caller`).
+    pub signer: Option<String>,
+}
+
+/// A task for the poll, from this server's shards or another owner's, or
+/// `None` when the wait ends with nothing.
+pub async fn poll(
+    engine: &Engine,
+    cluster: &Cluster,
+    poll: Poll<'_>,
+) -> Result<Option<Task>, Status> {
+    let until =
+        crate::seconds::instant_after(Instant::now(), poll.wait.min(engine.poll_wait_cap()));
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let round = left.min(ROUND);
+        let owners = cluster.other_owners().await;
+        let mut offers: FuturesUnordered<_> = owners
+            .into_iter()
+            .map(|owner| offer_from(cluster, owner, &poll, round))
+            .collect();
+        let local = engine.hold_task(poll.worker, poll.keys, round);
+        tokio::pin!(local);
+        let mut local_done = false;
+        let found = loop {
+            tokio::select! {
+                held = &mut local, if !local_done => match held {
+                    // Closing the other owners' polls puts their tasks back.
+                    Some(held) => {
+                        drop(offers);
+                        break engine
+                            .start_held(held, poll.worker)
+                            .await?
+                            .map(crate::api::convert::task);
+                    }
+                    None => local_done = true,
+                },
+                offer = offers.next(), if !offers.is_empty() => {
+                    if let Some(Some(offer)) = offer {
+                        // Dropping the local wait puts back a task it took.
+                        drop(offers);
+                        break offer.accept().await;
+                    }
+                }
+                else => break None,
+            }
+        };
+        if found.is_some() || Instant::now() >= until {
+            return Ok(found);
+        }
+    }
+}
+
+/// An owner's offer: its stream, held open until accepted or dropped.
+struct Offer {
+    accept: mpsc::Sender<PeerPollRequest>,
+    answers: Streaming<PeerPollResponse>,
+}
+
+impl Offer {
+    /// The started attempt; `None` if the call no longer wanted one, or the
+    /// owner could not be heard (its attempt, if started, is lost when its
+    /// lease lapses, as with a worker that died holding it).
+    async fn accept(mut self) -> Option<Task> {
+        let accept = PeerPollRequest {
+            step: Some(peer_poll_request::Step::Accept(true)),
+        };
+        self.accept.send(accept).await.ok()?;
+        match self.answers.message().await {
+            Ok(Some(PeerPollResponse {
+                step: Some(peer_poll_response::Step::Task(task)),
+            })) => Some(task),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("an owner's offered task was lost before it arrived: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// Asks `owner` for a task within `wait`; `None` if it has none then. An
+/// owner that cannot be asked is asked again until the wait ends.
+async fn offer_from(
+    cluster: &Cluster,
+    owner: Owner,
+    poll: &Poll<'_>,
+    wait: Duration,
+) -> Option<Offer> {
+    let until = crate::seconds::instant_after(Instant::now(), wait);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match ask(cluster, &owner, poll, left).await {
+            Ok(offer) => return offer,
+            Err(e) => {
+                tracing::debug!("could not ask {} for a task: {e}", owner.server);
+                if left < RETRY_AFTER {
+                    return None;
+                }
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    }
+}
+
+async fn ask(
+    cluster: &Cluster,
+    owner: &Owner,
+    poll: &Poll<'_>,
+    wait: Duration,
+) -> Result<Option<Offer>, Status> {
+    let (sender, receiver) = mpsc::channel(2);
+    let request = PollTaskRequest {
+        wait_s: wait.as_secs_f64().max(0.001),
+        ..poll.request.clone()
+    };
+    let first = PeerPollRequest {
+        step: Some(peer_poll_request::Step::Poll(request)),
+    };
+    sender
+        .send(first)
+        .await
+        .map_err(|_| Status::internal("the poll could not be sent"))?;
+    let mut call = tonic::Request::new(ReceiverStream::new(receiver));
+    let mut headers = HeaderMap::new();
+    super::forward::prepare_headers(cluster, &mut headers, 0, poll.signer.clone(), PEER_POLL);
+    *call.metadata_mut() = MetadataMap::from_headers(headers);
+    let mut client = ClusterServiceClient::new(owner.channel.clone());
+    let mut answers = client.peer_poll(call).await?.into_inner();
+    match answers.message().await? {
+        Some(PeerPollResponse {
+            step: Some(peer_poll_response::Step::Offered(true)),
+        }) => Ok(Some(Offer {
+            accept: sender,
+            answers,
+        })),
+        _ => Ok(None),
+    }
+}
