@@ -15,10 +15,7 @@ pub const SHARDS: usize = 256;
 /// one server at a time moves a group's cursor. A stable hash of the name
 /// (FNV-1a), the same on every server and version.
 pub fn group_shard(name: &str) -> u8 {
-    let hash = name.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    });
-    (hash % SHARDS as u32) as u8
+    fnv_shard(name.as_bytes())
 }
 
 /// A set of shards: those a server owns, or wants. A fixed-size bit set,
@@ -106,6 +103,22 @@ impl fmt::Debug for Shards {
     }
 }
 
+/// The shard of the run a StartRun with a request id makes: a stable hash
+/// of the principal and the id, so that a retry (on any server of a
+/// cluster) reaches the one owner that checks the id, and finds the run.
+pub fn request_shard(principal: &str, request_id: &str) -> u8 {
+    let key = [principal.as_bytes(), b"\0", request_id.as_bytes()].concat();
+    fnv_shard(&key)
+}
+
+/// FNV-1a of `bytes`, reduced to a shard.
+fn fnv_shard(bytes: &[u8]) -> u8 {
+    let hash = bytes.iter().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    });
+    (hash % SHARDS as u32) as u8
+}
+
 /// How a server claims the runs of a shared store (see
 /// `Store::claim_runs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +185,14 @@ impl RunId {
     /// A new id, later than every id minted before it by this process.
     pub fn new() -> Self {
         RunId(uuid::Uuid::now_v7())
+    }
+
+    /// A new id in `shard`, later than every id minted before it by this
+    /// process.
+    pub fn new_in_shard(shard: u8) -> Self {
+        let mut bytes = *RunId::new().0.as_bytes();
+        bytes[15] = shard;
+        RunId(uuid::Uuid::from_bytes(bytes))
     }
 
     /// A new id in one of `shards` (chosen at random among them), later

@@ -25,6 +25,7 @@ use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
 use crate::store::{Shards, SharedStore};
+use crate::subscriptions::Subscriptions;
 use tonic::server::NamedService;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -269,7 +270,7 @@ pub async fn serve(
     };
     stopping.cancel();
     let engine = local.engine.lock().await.take();
-    if let Some(engine) = engine {
+    if let Some((engine, _)) = engine {
         // Its tasks stop at once on `stopping`; bounded all the same.
         let _ = tokio::time::timeout(grace, engine.stopped()).await;
     }
@@ -317,8 +318,9 @@ struct LocalServices {
     grants: Slot<GrantServiceServer<GrantApi>>,
     workers: Slot<WorkerServiceServer<WorkerApi>>,
     subscriptions: Slot<SubscriptionServiceServer<SubscriptionApi>>,
-    /// The engine, closed when another replaces it, awaited at shutdown.
-    engine: Arc<tokio::sync::Mutex<Option<Engine>>>,
+    /// The engine and its consumer groups, closed when another replaces
+    /// them, awaited at shutdown.
+    engine: Arc<tokio::sync::Mutex<Option<(Engine, Subscriptions)>>>,
     /// The same engine, for the calls that use it directly (PeerPoll).
     current: Slot<Engine>,
 }
@@ -338,8 +340,9 @@ impl LocalServices {
         cluster.serve(Shards::none());
         self.fill(None);
         *self.current.write().expect("poisoned") = None;
-        if let Some(previous) = engine.take() {
+        if let Some((previous, groups)) = engine.take() {
             previous.close().await;
+            groups.closed().await;
         }
         if shards.is_empty() {
             return Ok(());
@@ -353,13 +356,14 @@ impl LocalServices {
         .await?;
         crate::openai::start(started.clone(), config.models.clone()).map_err(ServeError::Models)?;
         let subscriptions = SubscriptionApi::new(&started);
-        // Webhooks deliver from consumer groups, which live with the owner
-        // of every shard (groups are not spread yet).
-        if shards.is_all() {
-            subscriptions
-                .start_webhooks(&webhooks(config, cluster))
-                .await?;
-        }
+        // A webhook delivers from its consumer group, served by the owner
+        // of the group's shard.
+        let hooks: Vec<_> = webhooks(config, cluster)
+            .into_iter()
+            .filter(|hook| shards.contains(crate::domain::group_shard(&hook.group())))
+            .collect();
+        subscriptions.start_webhooks(&hooks).await?;
+        let groups = subscriptions.groups();
         let separation_of_duties = separation_of_duties(config);
         let max_message = config.max_message_bytes;
         self.fill(Some(Services {
@@ -381,7 +385,7 @@ impl LocalServices {
                 .max_decoding_message_size(max_message),
         }));
         *self.current.write().expect("poisoned") = Some(started.clone());
-        *engine = Some(started);
+        *engine = Some((started, groups));
         cluster.serve(shards);
         tracing::info!("{} serves shards {shards:?}", cluster.server);
         Ok(())

@@ -33,6 +33,11 @@ impl SubscriptionApi {
         SubscriptionApi { subscriptions }
     }
 
+    /// The registry of groups, to wait for when the engine closes.
+    pub fn groups(&self) -> Subscriptions {
+        self.subscriptions.clone()
+    }
+
     /// Starts server-configured webhooks on this service's registry, so that
     /// ListDeadLetters and ReplayDeadLetters reach their groups too.
     pub async fn start_webhooks(

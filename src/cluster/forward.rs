@@ -30,6 +30,7 @@ use tonic::server::NamedService;
 use tonic::Status;
 
 use super::{unavailable, Cluster, Owner, ANY_SHARD};
+use crate::domain::group_shard;
 use crate::auth::remote_addr;
 use crate::auth::{forwarded, ForwardedPeer, Principal};
 
@@ -131,8 +132,8 @@ where
             Some(mut local) if serving.is_all() => {
                 return Box::pin(async move { local.call(request).await });
             }
-            // A call that names no run is served by any server with an
-            // engine (StartRun makes its run in one of its shards).
+            // A call that names no run (a worker's registration or poll, a
+            // grant, a group) is served by any server with an engine.
             Some(mut local) if keyed.is_none() && !serving.is_empty() && !READS.contains(&path) => {
                 return Box::pin(async move { local.call(request).await });
             }
@@ -175,9 +176,24 @@ where
 {
     let (mut parts, body) = request.into_parts();
     if parts.uri.path() == SUBSCRIBE {
-        // A two-way stream: sent on as it comes, never buffered or resent.
+        // A two-way stream, served by the owner of its group's shard: its
+        // first message (the open) names the group; the rest is passed on
+        // as it comes, never buffered or resent.
+        let (first, rest) = first_message(body, max_request).await?;
+        let shard = subscribed_group(&first).map_or(ANY_SHARD, |group| group_shard(&group));
+        let body = Body::new(Prepended {
+            first: Some(first),
+            rest,
+        });
+        if cluster.serving().contains(shard) {
+            let service = local.read().expect("poisoned").clone();
+            if let Some(mut service) = service {
+                let request = Request::from_parts(parts, body);
+                return Ok(service.call(request).await.unwrap_or_else(|e| match e {}));
+            }
+        }
         prepare_forward(cluster, &mut parts)?;
-        let owner = cluster.owner_of(ANY_SHARD).await?;
+        let owner = cluster.owner_of(shard).await?;
         return send(cluster, &owner, Request::from_parts(parts, body))
             .await
             .map_err(|(status, _)| status);
@@ -187,10 +203,12 @@ where
         .await
         .map_err(|e| Status::out_of_range(format!("the request could not be read whole: {e}")))?
         .to_bytes();
+    let serving = cluster.serving();
     let shard = keyed
-        .and_then(|key| shard_of(key, &bytes))
+        .and_then(|key| shard_of(key, &bytes, &parts.extensions))
+        .or_else(|| serving.iter().next())
         .unwrap_or(ANY_SHARD);
-    if cluster.serving().contains(shard) {
+    if serving.contains(shard) {
         let service = local.read().expect("poisoned").clone();
         if let Some(mut service) = service {
             let request = Request::from_parts(parts, Body::new(Full::new(bytes)));
@@ -201,17 +219,26 @@ where
     forward(cluster, parts, bytes, shard).await
 }
 
-/// What names a call's run: its request's field 1 (a string).
+/// What names the run a call is for.
 #[derive(Clone, Copy)]
 enum Key {
-    /// The run id.
+    /// The run id, field 1.
     Run,
-    /// A task token, which names the run (see `engine::Token`).
+    /// A task token, field 1, which names the run (see `engine::Token`).
     Token,
+    /// StartRun's request id, field 6, with the caller: a run started with
+    /// one is made in its shard (see `domain::request_shard`).
+    RequestId,
+    /// A consumer group's name, field 1: its shard's owner serves it.
+    Group,
 }
 
 /// The calls that name a run, and how.
-const KEYED: [(&str, Key); 5] = [
+const KEYED: [(&str, Key); 9] = [
+    (SUBSCRIBE, Key::Group),
+    ("/aaa.v1.SubscriptionService/ListDeadLetters", Key::Group),
+    ("/aaa.v1.SubscriptionService/ReplayDeadLetters", Key::Group),
+    ("/aaa.v1.RunService/StartRun", Key::RequestId),
     ("/aaa.v1.RunService/Signal", Key::Run),
     ("/aaa.v1.RunService/CancelRun", Key::Run),
     ("/aaa.v1.WorkerService/HeartbeatTask", Key::Token),
@@ -220,26 +247,100 @@ const KEYED: [(&str, Key); 5] = [
 ];
 
 /// The shard of the run a buffered gRPC request names; `None` if it names
+/// none (StartRun without a request id: any server's shard will do) or
 /// none that parses (the service then answers the error).
-fn shard_of(key: Key, framed: &[u8]) -> Option<u8> {
-    /// Field 1 of the request, read as the one field it is.
+fn shard_of(key: Key, framed: &[u8], extensions: &http::Extensions) -> Option<u8> {
+    /// The one string field of a request that routing reads.
     #[derive(prost::Message)]
-    struct FieldOne {
+    struct Keyed {
         #[prost(string, tag = "1")]
-        value: String,
+        first: String,
+        #[prost(string, tag = "6")]
+        sixth: String,
     }
     // A gRPC message: a compression flag, a 4-byte length, the message.
     let message = framed.get(5..)?;
     if framed.first() != Some(&0) {
         return None;
     }
-    let value = <FieldOne as prost::Message>::decode(message).ok()?.value;
+    let keyed = <Keyed as prost::Message>::decode(message).ok()?;
     let run = match key {
-        Key::Run => value.as_str(),
+        Key::Run => keyed.first.as_str(),
         // `kind.mac.run.attempt.principal.call`
-        Key::Token => value.split('.').nth(2)?,
+        Key::Token => keyed.first.split('.').nth(2)?,
+        Key::Group => return Some(group_shard(&keyed.first)),
+        Key::RequestId if keyed.sixth.is_empty() => return None,
+        Key::RequestId => {
+            let principal = extensions
+                .get::<Principal>()
+                .map_or("", |p| p.name.as_str());
+            return Some(crate::domain::request_shard(principal, &keyed.sixth));
+        }
     };
     crate::store::RunId::parse(run).map(|run| run.shard())
+}
+
+/// Reads a request stream's first gRPC message whole (flag, length,
+/// message); answers it with the rest of the stream.
+async fn first_message(mut body: Body, max_request: usize) -> Result<(Bytes, Body), Status> {
+    let mut first = bytes::BytesMut::new();
+    loop {
+        if first.len() >= 5 {
+            let length = u32::from_be_bytes([first[1], first[2], first[3], first[4]]) as usize;
+            if length > max_request {
+                return Err(Status::out_of_range(format!(
+                    "the first message is {length} bytes, more than the limit of {max_request}"
+                )));
+            }
+            if first.len() >= 5 + length {
+                return Ok((first.freeze(), body));
+            }
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    first.extend_from_slice(&data);
+                }
+            }
+            Some(Err(status)) => return Err(status),
+            // It ended first: the service answers what it got.
+            None => return Ok((first.freeze(), body)),
+        }
+    }
+}
+
+/// The group a Subscribe stream's first message opens, if it is an open.
+fn subscribed_group(first: &[u8]) -> Option<String> {
+    use crate::proto::{subscribe_request, SubscribeRequest};
+    if first.first() != Some(&0) {
+        return None;
+    }
+    let request = <SubscribeRequest as prost::Message>::decode(first.get(5..)?).ok()?;
+    match request.kind? {
+        subscribe_request::Kind::Open(open) => Some(open.group),
+        _ => None,
+    }
+}
+
+/// A request stream whose first bytes were read already.
+struct Prepended {
+    first: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prepended {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(first) = self.first.take().filter(|first| !first.is_empty()) {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
 }
 
 /// Refuses a call that has been forwarded too often, and readies its

@@ -980,9 +980,19 @@ impl Engine {
             deadline_at_ms,
             traceparent: start.traceparent,
         };
-        let run = RunId::new_in(&self.inner.shards).ok_or_else(|| {
+        // A run with a request id lives in the id's shard, whose owner alone
+        // checks the id (see `domain::request_shard`).
+        let run = match start.request_id.is_empty() {
+            true => RunId::new_in(&self.inner.shards),
+            false => Some(RunId::new_in_shard(crate::domain::request_shard(
+                &start.principal,
+                &start.request_id,
+            ))),
+        };
+        let run = run.ok_or_else(|| {
             Error::OwnershipLost("this server owns no shard of the runs now".into())
         })?;
+        self.serves(run)?;
         let guard = self.lock_run(run).await;
         let record = self.record(
             run,

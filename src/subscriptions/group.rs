@@ -122,6 +122,9 @@ pub struct Meters {
 
 pub struct Group {
     store: SharedStore,
+    /// Where its cursor commits run, so that closing the registry waits
+    /// for them (see `Subscriptions::closed`).
+    tasks: tokio_util::task::TaskTracker,
     meters: Meters,
     /// The definition, and the cursor of the latest commit.
     record: GroupRecord,
@@ -155,9 +158,11 @@ impl Group {
         record: GroupRecord,
         shutdown: CancellationToken,
         meters: Meters,
+        tasks: tokio_util::task::TaskTracker,
     ) -> Result<(mpsc::Sender<Command>, impl Future<Output = ()>), Error> {
         let (commands, receiver) = mpsc::channel(1024);
         let mut group = Group {
+            tasks,
             meters,
             ack_timeout: Duration::from_millis(record.ack_timeout_ms),
             read_to: record.cursor,
@@ -595,7 +600,7 @@ impl Group {
         let replies = std::mem::take(&mut self.replies);
         let store = self.store.clone();
         let commands = self.commands.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let result = store.commit(batch).await;
             if let Err(e) = &result {
                 tracing::error!("group cursor commit failed: {e}");

@@ -187,6 +187,8 @@ struct Inner {
     metrics: Metrics,
     /// Each running group's durable cursor, for its lag at a scrape.
     cursors: std::sync::Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// The groups' tasks and their cursor commits.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 #[derive(Clone)]
@@ -197,6 +199,14 @@ struct GroupHandle {
 }
 
 impl Subscriptions {
+    /// Waits, once the shutdown token has fired, until every group task
+    /// and cursor commit has ended: another registry may then take the
+    /// groups over in this process without two tasks moving one cursor.
+    pub async fn closed(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
     pub fn new(store: SharedStore, shutdown: CancellationToken, metrics: Metrics) -> Self {
         let inner = Arc::new(Inner {
             store,
@@ -204,6 +214,7 @@ impl Subscriptions {
             groups: Mutex::new(HashMap::new()),
             metrics: metrics.clone(),
             cursors: std::sync::Mutex::new(HashMap::new()),
+            tasks: tokio_util::task::TaskTracker::new(),
         });
         metrics.refresh_from(Arc::downgrade(&inner), |inner, metrics| {
             let families = metrics.families();
@@ -396,9 +407,10 @@ impl Subscriptions {
             record.clone(),
             self.inner.shutdown.clone(),
             meters,
+            self.inner.tasks.clone(),
         )
         .await?;
-        tokio::spawn(task);
+        self.inner.tasks.spawn(task);
         let handle = GroupHandle { record, commands };
         groups.insert(handle.record.name.clone(), handle.clone());
         Ok(handle)

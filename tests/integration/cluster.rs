@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use aaa::auth::AuthConfig;
 use aaa::proto::{
     complete_task_request, stream_events_response, watch_approvals_response, CompleteTaskRequest,
-    ListApprovalsRequest, ListRunsRequest, PollTaskRequest, RegisterWorkerRequest,
+    ListApprovalsRequest, ListRunsRequest, PollTaskRequest, RegisterWorkerRequest, StartRunRequest,
     StreamEventsRequest, WatchApprovalsRequest,
 };
 use tonic::Code;
@@ -611,6 +611,38 @@ async fn spread_shards_serve_every_run_through_any_server() {
         shards_a.iter().all(|s| !shards_b.contains(s)),
         "each server makes runs in its own shards: {shards_a:?} {shards_b:?}"
     );
+
+    // A request id names one run whichever server is asked: its shard's
+    // owner alone checks it.
+    let request = StartRunRequest {
+        request_id: "spread-once".into(),
+        ..scripted_reference_run()
+    };
+    let mut answers = Vec::new();
+    for runs in [through_a.clone(), through_b.clone(), through_a.clone()] {
+        let answer = retrying(|| {
+            let mut runs = runs.clone();
+            let request = request.clone();
+            async move { runs.start_run(request).await }
+        })
+        .await
+        .into_inner();
+        answers.push((answer.run_id, answer.created));
+    }
+    assert_eq!(answers[0].0, answers[1].0);
+    assert_eq!(answers[0].0, answers[2].0);
+    assert_eq!(
+        answers.iter().map(|a| a.1).collect::<Vec<_>>(),
+        [true, false, false]
+    );
+    let once = answers[0].0.clone();
+    started.push((once.clone(), wait_for_approval(&mut through_a, &once).await));
+    // Keeps the alternation (even: started through a) for the grants.
+    let other = start_run(&mut through_b, scripted_reference_run()).await;
+    started.push((
+        other.clone(),
+        wait_for_approval(&mut through_b, &other).await,
+    ));
 
     // Granted through the other server; served by one worker on `a`.
     let mut workers = a.workers().await;
