@@ -30,9 +30,9 @@ use tonic::server::NamedService;
 use tonic::Status;
 
 use super::{unavailable, Cluster, Owner, ANY_SHARD};
-use crate::domain::group_shard;
 use crate::auth::remote_addr;
 use crate::auth::{forwarded, ForwardedPeer, Principal};
+use crate::domain::group_shard;
 
 /// How many servers a call has passed through.
 const HOPS: &str = "aaa-forward-hops";
@@ -185,7 +185,7 @@ where
             first: Some(first),
             rest,
         });
-        if cluster.serving().contains(shard) {
+        if cluster.serves_soon(shard).await {
             let service = local.read().expect("poisoned").clone();
             if let Some(mut service) = service {
                 let request = Request::from_parts(parts, body);
@@ -193,7 +193,9 @@ where
             }
         }
         prepare_forward(cluster, &mut parts)?;
-        let owner = cluster.owner_of(shard).await?;
+        let Some(owner) = cluster.owner_of(shard).await? else {
+            return Err(taking_over());
+        };
         return send(cluster, &owner, Request::from_parts(parts, body))
             .await
             .map_err(|(status, _)| status);
@@ -208,15 +210,33 @@ where
         .and_then(|key| shard_of(key, &bytes, &parts.extensions))
         .or_else(|| serving.iter().next())
         .unwrap_or(ANY_SHARD);
-    if serving.contains(shard) {
-        let service = local.read().expect("poisoned").clone();
-        if let Some(mut service) = service {
-            let request = Request::from_parts(parts, Body::new(Full::new(bytes)));
-            return Ok(service.call(request).await.unwrap_or_else(|e| match e {}));
+    let mut parts = Some(parts);
+    let mut prepared = false;
+    // Twice at most: a forward may learn that this server now owns the
+    // shard (it is taking it over), and the call is then served here.
+    for _ in 0..2 {
+        if cluster.serves_soon(shard).await {
+            let service = local.read().expect("poisoned").clone();
+            if let (Some(mut service), Some(parts)) = (service, parts.take()) {
+                let request = Request::from_parts(parts, Body::new(Full::new(bytes)));
+                return Ok(service.call(request).await.unwrap_or_else(|e| match e {}));
+            }
+            return Err(taking_over());
+        }
+        let forwarding = parts.as_mut().expect("kept until served");
+        if !std::mem::replace(&mut prepared, true) {
+            prepare_forward(cluster, forwarding)?;
+        }
+        if let Some(response) = forward(cluster, forwarding, &bytes, shard).await? {
+            return Ok(response);
         }
     }
-    prepare_forward(cluster, &mut parts)?;
-    forward(cluster, parts, bytes, shard).await
+    Err(taking_over())
+}
+
+/// UNAVAILABLE: this server owns the shard and is starting to serve it.
+fn taking_over() -> Status {
+    unavailable("this server is taking these runs over; retry shortly", "")
 }
 
 /// What names the run a call is for.
@@ -367,15 +387,19 @@ fn prepare_forward(cluster: &Cluster, parts: &mut http::request::Parts) -> Resul
     Ok(())
 }
 
+/// Sends a buffered call to the owner of `shard`; `None` when the
+/// database names this server the owner (the call is served here).
 async fn forward(
     cluster: &Cluster,
-    parts: http::request::Parts,
-    bytes: Bytes,
+    parts: &http::request::Parts,
+    bytes: &Bytes,
     shard: u8,
-) -> Result<Response<Body>, Status> {
+) -> Result<Option<Response<Body>>, Status> {
     let mut refused_by: Option<String> = None;
     loop {
-        let owner = cluster.owner_of(shard).await?;
+        let Some(owner) = cluster.owner_of(shard).await? else {
+            return Ok(None);
+        };
         if refused_by.as_deref() == Some(owner.server.as_str()) {
             return Err(unavailable(
                 &format!(
@@ -392,7 +416,7 @@ async fn forward(
         *request.version_mut() = parts.version;
         *request.headers_mut() = parts.headers.clone();
         match send(cluster, &owner, request).await {
-            Ok(response) => return Ok(response),
+            Ok(response) => return Ok(Some(response)),
             Err((_, true)) => refused_by = Some(owner.server.clone()),
             Err((status, false)) => return Err(status),
         }

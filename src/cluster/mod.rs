@@ -25,6 +25,9 @@ pub const ANY_SHARD: u8 = 0;
 /// How long a read of who owns what is used before it is read again
 /// (shards move between other servers without this one hearing of it).
 const VIEW_KEPT: Duration = Duration::from_secs(1);
+/// The longest a call waits for this server's engine to start on a shard
+/// the database says it owns.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 /// How long a forward waits to connect to the owner.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -43,7 +46,7 @@ pub struct Cluster {
     pub address: String,
     /// The shards this server's engine serves now (none while it has no
     /// engine, or swaps one for another).
-    serving: Mutex<Shards>,
+    serving: tokio::sync::watch::Sender<Shards>,
     /// Who owns which shard, as last read from the database; dropped when
     /// a forward to one of them fails.
     owners: Mutex<Option<(Arc<ClusterView>, std::time::Instant)>>,
@@ -75,7 +78,7 @@ impl Cluster {
             store,
             server,
             address,
-            serving: Mutex::new(Shards::none()),
+            serving: tokio::sync::watch::Sender::new(Shards::none()),
             owners: Mutex::new(None),
             channels: Mutex::default(),
             tls: ca_pem.map(|ca| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca))),
@@ -91,13 +94,13 @@ impl Cluster {
 
     /// The shards whose runs are served here rather than forwarded.
     pub fn serving(&self) -> Shards {
-        *self.serving.lock().expect("poisoned")
+        *self.serving.borrow()
     }
 
     /// From now on the runs of `shards` are served here (an engine for
     /// them runs); every other call is forwarded.
     pub fn serve(&self, shards: Shards) {
-        *self.serving.lock().expect("poisoned") = shards;
+        self.serving.send_replace(shards);
         // Who owns what changed: read it again at the next forward.
         *self.owners.lock().expect("poisoned") = None;
     }
@@ -119,8 +122,9 @@ impl Cluster {
         Ok(view)
     }
 
-    /// The owner of `shard`: the one known, or the one the database names.
-    pub async fn owner_of(&self, shard: u8) -> Result<Owner, Status> {
+    /// The owner of `shard`: the one known, or the one the database names;
+    /// `None` when that is this server (taking the shard over).
+    pub async fn owner_of(&self, shard: u8) -> Result<Option<Owner>, Status> {
         let view = self.view().await?;
         let Some(member) = view.owner_of(shard) else {
             let last = view
@@ -139,13 +143,35 @@ impl Cluster {
             ));
         };
         if member.server == self.server {
-            self.forget_owners();
-            return Err(unavailable(
-                "this server is taking these runs over; retry shortly",
-                &member.server,
-            ));
+            return Ok(None);
         }
-        self.owner(member)
+        self.owner(member).map(Some)
+    }
+
+    /// Whether `shard` is served here, or soon will be: the database names
+    /// this server its owner and its engine is starting (a takeover, or
+    /// one engine making way for another). Waits up to [`TAKEOVER_WAIT`]
+    /// for it, so that a call meets a short delay rather than an error.
+    pub async fn serves_soon(&self, shard: u8) -> bool {
+        let mut serving = self.serving.subscribe();
+        if serving.borrow().contains(shard) {
+            return true;
+        }
+        let Ok(view) = self.view().await else {
+            return false;
+        };
+        if view
+            .owner_of(shard)
+            .is_none_or(|owner| owner.server != self.server)
+        {
+            return false;
+        }
+        let started = tokio::time::timeout(
+            TAKEOVER_WAIT,
+            serving.wait_for(|shards| shards.contains(shard)),
+        )
+        .await;
+        matches!(started, Ok(Ok(_)))
     }
 
     /// Every other live server that owns shards (as last read).

@@ -528,26 +528,6 @@ async fn spread_member(url: &str) -> TestServer {
     .await
 }
 
-/// Asks `server` (bounded by `WAIT`) until the live members are exactly
-/// `members`, each holding shards, and every shard is held.
-async fn wait_until_spread(server: &TestServer, members: &[&str]) {
-    let give_up = Instant::now() + WAIT;
-    loop {
-        let cluster = cluster_of(server).await;
-        let live: Vec<_> = cluster.members.iter().filter(|m| m.alive).collect();
-        let spread = live.len() == members.len()
-            && live
-                .iter()
-                .all(|m| members.contains(&m.server.as_str()) && m.shards > 0)
-            && live.iter().map(|m| m.shards).sum::<u32>() == cluster.shards;
-        if spread {
-            return;
-        }
-        assert!(Instant::now() < give_up, "never spread: {cluster:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The shard of a run (its id's last byte).
 fn shard_of(run_id: &str) -> u8 {
     aaa::store::RunId::parse(run_id).expect("a run id").shard()
@@ -568,19 +548,7 @@ async fn spread_shards_serve_every_run_through_any_server() {
     let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
     wait_until_spread(&a, &[&name_a, &name_b]).await;
 
-    // A server may still be starting the engine for the shards it claimed:
-    // calls are answered UNAVAILABLE meanwhile, and retried.
-    let workers = a.workers().await;
-    retrying(|| {
-        let mut workers = workers.clone();
-        let request = aaa::proto::RegisterWorkerRequest {
-            identity: "w".into(),
-            tools: vec![wire_money()],
-            models: Vec::new(),
-        };
-        async move { workers.register_worker(request).await }
-    })
-    .await;
+    register(&mut a.workers().await, vec![wire_money()], &[]).await;
     let mut through_a = a.runs().await;
     let mut through_b = b.runs().await;
     let mut started = Vec::new();

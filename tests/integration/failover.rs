@@ -50,24 +50,69 @@ enum Outage {
     Pause,
 }
 
+/// How the servers hold the shards.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shards {
+    /// One owns them all; the others stand by.
+    OneOwner,
+    /// Shared out among the three (`--spread-shards`).
+    Spread,
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_owner_loses_nothing_under_load() {
-    failover(Outage::Kill).await;
+    failover(Outage::Kill, Shards::OneOwner).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_owner_is_fenced_when_it_wakes() {
-    failover(Outage::Pause).await;
+    failover(Outage::Pause, Shards::OneOwner).await;
 }
 
-async fn failover(outage: Outage) {
+#[tokio::test(flavor = "multi_thread")]
+async fn with_spread_shards_a_killed_owner_loses_nothing_under_load() {
+    failover(Outage::Kill, Shards::Spread).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_spread_shards_a_paused_owner_is_fenced_when_it_wakes() {
+    failover(Outage::Pause, Shards::Spread).await;
+}
+
+/// Three servers: the one to kill or pause (the owner, or the one holding
+/// the most shards) first.
+async fn three_servers(url: &str, shards: Shards) -> (Vec<tempfile::TempDir>, [ChildServer; 3]) {
+    let (dirs, mut servers) = match shards {
+        Shards::OneOwner => cluster_members(url, 3, "1").await,
+        Shards::Spread => spread_members(url, 3, "1").await,
+    };
+    let cluster = cluster_of(&servers[0]).await;
+    let mut most = 0;
+    for (i, server) in servers.iter().enumerate() {
+        let name = member_of(server).await;
+        let held = |n: &str| {
+            cluster
+                .members
+                .iter()
+                .find(|m| m.server == n)
+                .map_or(0, |m| m.shards)
+        };
+        if held(&name) > held(&member_of(&servers[most]).await) {
+            most = i;
+        }
+    }
+    servers.swap(0, most);
+    let Ok(servers) = <[ChildServer; 3]>::try_from(servers) else {
+        unreachable!("three servers")
+    };
+    (dirs, servers)
+}
+
+async fn failover(outage: Outage, shards: Shards) {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let (_dirs, servers) = cluster_members(&url, 3, "1").await;
-    let Ok([first, second, third]) = <[ChildServer; 3]>::try_from(servers) else {
-        unreachable!("three servers")
-    };
+    let (_dirs, [first, second, third]) = three_servers(&url, shards).await;
     register(&mut second.workers().await, failover_tools(), &[]).await;
 
     // Everyone attaches to a standby: the worker to the second, the group,
@@ -159,14 +204,26 @@ async fn failover(outage: Outage) {
         histories.insert(run_id.clone(), events);
     }
     eprintln!(
-        "{outage:?}: all {RUNS} runs ended {:?} after the outage",
+        "{outage:?} {shards:?}: all {RUNS} runs ended {:?} after the outage",
         outage_at.elapsed()
     );
 
     if let Some(paused) = paused {
         // It wakes up owning nothing; whatever it tries to write is refused.
+        // A server that shares shards out then takes its share back.
         paused.signal(libc::SIGCONT);
-        wait_for_health(&paused, ServingStatus::NotServing).await;
+        match shards {
+            Shards::OneOwner => wait_for_health(&paused, ServingStatus::NotServing).await,
+            Shards::Spread => {
+                let names = [
+                    member_of(&paused).await,
+                    member_of(&second).await,
+                    member_of(&third).await,
+                ];
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                wait_until_spread(&second, &names).await;
+            }
+        }
         let mut after = HashMap::new();
         for (run_id, _) in &started {
             after.insert(run_id.clone(), history(&mut runs.clone(), run_id).await);
@@ -175,7 +232,7 @@ async fn failover(outage: Outage) {
     }
 
     let lost = check_histories(&histories, &started, &granted, &executed);
-    eprintln!("{outage:?}: runs that lost an attempt to the outage: {lost:?}");
+    eprintln!("{outage:?} {shards:?}: runs that lost an attempt to the outage: {lost:?}");
 
     let matching: BTreeSet<(String, u64)> = histories
         .values()

@@ -491,15 +491,19 @@ pub fn wire_money() -> ToolDefinition {
 }
 
 /// Registers tools and models under the identity "registrar".
+/// Registers the tools and models, retrying UNAVAILABLE as the SDKs do (a
+/// server of a cluster may still be starting the engine for its shards).
 pub async fn register(workers: &mut WorkerClient, tools: Vec<ToolDefinition>, models: &[&str]) {
-    workers
-        .register_worker(RegisterWorkerRequest {
-            identity: "registrar".into(),
-            tools,
-            models: models.iter().map(|m| m.to_string()).collect(),
-        })
-        .await
-        .expect("RegisterWorker");
+    let request = RegisterWorkerRequest {
+        identity: "registrar".into(),
+        tools,
+        models: models.iter().map(|m| m.to_string()).collect(),
+    };
+    retrying(|| {
+        let (mut workers, request) = (workers.clone(), request.clone());
+        async move { workers.register_worker(request).await }
+    })
+    .await;
 }
 
 pub fn tool_calls_step(name: &str, arguments_json: &str) -> ScriptedStep {
@@ -808,6 +812,59 @@ pub async fn cluster_members(
     }
     let (first, last) = (&servers[0], &servers[count - 1]);
     assert_eq!(owner(last).await, Some(member_of(first).await));
+    (dirs, servers)
+}
+
+/// Asks `server` (bounded by `WAIT`) until the live members are exactly
+/// `members`, each holding shards, and every shard is held.
+pub async fn wait_until_spread(server: &impl Server, members: &[&str]) {
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        let cluster = cluster_of(server).await;
+        let live: Vec<_> = cluster.members.iter().filter(|m| m.alive).collect();
+        let spread = live.len() == members.len()
+            && live
+                .iter()
+                .all(|m| members.contains(&m.server.as_str()) && m.shards > 0)
+            && live.iter().map(|m| m.shards).sum::<u32>() == cluster.shards;
+        if spread {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "never spread: {cluster:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `count` servers on `url` that share the shards out (`--spread-shards`,
+/// lease `lease_s`), once every shard is held and each has its share.
+pub async fn spread_members(
+    url: &str,
+    count: usize,
+    lease_s: &str,
+) -> (Vec<tempfile::TempDir>, Vec<ChildServer>) {
+    let dirs: Vec<_> = (0..count).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = format!("--store={url}");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        &store,
+        "--lease-s",
+        lease_s,
+        "--spread-shards",
+    ];
+    let mut servers = Vec::with_capacity(count);
+    for dir in &dirs {
+        servers.push(ChildServer::start_args(dir.path(), &args).await);
+    }
+    let mut names = Vec::new();
+    for server in &servers {
+        names.push(member_of(server).await);
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_until_spread(&servers[0], &names).await;
     (dirs, servers)
 }
 
