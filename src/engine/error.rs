@@ -145,6 +145,11 @@ impl From<crate::store::StoreError> for Error {
             conflict @ crate::store::StoreError::Conflict { .. } => {
                 Error::StorageUnavailable(conflict.to_string())
             }
+            // Nothing was written; the engine reads the grants again, so a
+            // retry decides without the stale grant.
+            stale @ crate::store::StoreError::GrantUnusable(_) => {
+                Error::StorageUnavailable(stale.to_string())
+            }
             fenced @ crate::store::StoreError::Fenced { .. } => {
                 Error::OwnershipLost(fenced.to_string())
             }

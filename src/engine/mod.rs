@@ -60,6 +60,9 @@ const RUN_LOCK_STRIPES: usize = 1024;
 /// When recording a lost attempt failed (the store refused the write), how
 /// soon it is tried again.
 const LOST_LEASE_RETRY: Duration = Duration::from_secs(1);
+/// How often an engine that serves some of a cluster's shards reads the
+/// standing grants other servers may have made or revoked.
+const GRANTS_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// Wall time in Unix milliseconds, for what is not the engine's to time
 /// (subscriptions, the bench); the engine reads its configured clock.
@@ -392,6 +395,12 @@ impl Engine {
         engine.recover().await?;
         engine.spawn_background(engine.clone().run_timers());
         engine.spawn_background(engine.clone().run_retention());
+        if !shards.is_all() {
+            // Other servers create and revoke grants too; the store refuses
+            // a use of a grant revoked or used up there (see
+            // `store::postgres::grant_uses`), and this keeps the copy fresh.
+            engine.spawn_background(engine.clone().follow_grants());
+        }
         Ok(engine)
     }
 
@@ -407,6 +416,17 @@ impl Engine {
         let tasks = std::mem::take(&mut *self.inner.background.lock().expect("poisoned"));
         for task in tasks {
             let _ = task.await;
+        }
+    }
+
+    /// Reads the standing grants again every [`GRANTS_READ_EVERY`] until
+    /// the engine stops.
+    async fn follow_grants(self) {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(GRANTS_READ_EVERY) => self.reload_grants().await,
+                () = self.shutdown_token().cancelled() => return,
+            }
         }
     }
 

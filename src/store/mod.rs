@@ -67,6 +67,13 @@ pub enum StoreError {
     /// writes that run. Nothing of the batch was written.
     #[error("another aaa server took over the runs of shard {shard} (its epoch {current}, this server's {held}); this server no longer writes them")]
     Fenced { shard: u8, held: i64, current: i64 },
+    /// The batch uses a standing grant that another server revoked or used
+    /// up meanwhile (this server's copy of the grants was behind). Nothing
+    /// of the batch was written.
+    #[error(
+        "standing grant {0} was revoked or used up on another server; decided again without it"
+    )]
+    GrantUnusable(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -466,7 +466,7 @@ async fn grants_and_their_uses(store: &SharedStore) {
         tool: "wire_money".into(),
         labels: labels(&[("team", "payroll")]),
         condition: "args.amount < 100".into(),
-        max_uses: 3,
+        max_uses: 10,
         reason: "payroll".into(),
         created_by: "alice".into(),
         created_ms: 1_000,
@@ -545,6 +545,79 @@ async fn grants_and_their_uses(store: &SharedStore) {
         .collect();
     expected.sort();
     assert_eq!(uses, expected);
+}
+
+/// The database counts a grant's uses where every server's commits meet:
+/// a use the grant no longer allows (revoked, or one more than its
+/// maximum, by another server whose copy was behind) is refused whole, and
+/// recording a use again is no new use.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_refuses_a_use_the_grant_no_longer_allows() {
+    let Some(db) = TestDb::create("the_database_refuses_a_use_the_grant_no_longer_allows").await
+    else {
+        return;
+    };
+    let store = db.open().await;
+    let grant = GrantRecord {
+        id: "g".into(),
+        tool: "wire_money".into(),
+        max_uses: 2,
+        created_ms: 1_000,
+        ..Default::default()
+    };
+    let mut batch = WriteBatch::default();
+    batch.put_grant(&grant);
+    store.commit(batch).await.unwrap();
+    let use_on = |run: RunId| {
+        let mut batch = WriteBatch::default();
+        batch.push_event(event(run, 1, "aaa.approval.granted"));
+        batch.use_grant(GrantUse {
+            grant: "g".into(),
+            run,
+            call_id: "call-1".into(),
+        });
+        batch
+    };
+    let runs: Vec<RunId> = (0..3).map(|_| RunId::new()).collect();
+    store.commit(use_on(runs[0])).await.unwrap();
+    store.commit(use_on(runs[1])).await.unwrap();
+    let before = store.durable_position();
+    match store.commit(use_on(runs[2])).await {
+        Err(StoreError::GrantUnusable(id)) => assert_eq!(id, "g"),
+        other => panic!("a third use of a grant of two: {other:?}"),
+    }
+    assert_eq!(store.durable_position(), before, "nothing of it written");
+    assert!(store.run_events(runs[2], 0, 10).await.unwrap().is_empty());
+    // The same use again is no new use.
+    let mut again = WriteBatch::default();
+    again.use_grant(GrantUse {
+        grant: "g".into(),
+        run: runs[0],
+        call_id: "call-1".into(),
+    });
+    store.commit(again).await.unwrap();
+
+    let unlimited = GrantRecord {
+        id: "h".into(),
+        max_uses: 0,
+        revoked_ms: 2_000,
+        ..grant
+    };
+    let mut batch = WriteBatch::default();
+    batch.put_grant(&unlimited);
+    store.commit(batch).await.unwrap();
+    let mut revoked_use = WriteBatch::default();
+    revoked_use.use_grant(GrantUse {
+        grant: "h".into(),
+        run: runs[2],
+        call_id: "call-1".into(),
+    });
+    assert!(matches!(
+        store.commit(revoked_use).await,
+        Err(StoreError::GrantUnusable(_))
+    ));
+    store.close().await;
+    db.drop().await;
 }
 
 fn expected_with_head(record: &RunRecord, last_seq: u64, updated_ms: i64) -> RunRecord {

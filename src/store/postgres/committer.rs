@@ -42,6 +42,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::grant_uses::{self, GrantUses};
 use super::ownership::{self, Ownership};
 use super::writes::{self, Writes};
 use super::{describe, is_down, Durable, NOTIFY_CHANNEL};
@@ -73,6 +74,7 @@ struct Begun {
     head: u64,
     heads: HashMap<RunId, u64>,
     epochs: HashMap<i16, i64>,
+    grants: GrantUses,
 }
 
 /// Why a whole round failed: nothing of it may be taken as written.
@@ -252,6 +254,7 @@ async fn commit(
         head,
         mut heads,
         epochs,
+        mut grants,
     } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     let mut staged = Vec::new();
@@ -264,8 +267,13 @@ async fn commit(
             answers[i] = Some(Err(fenced));
             continue;
         }
+        if let Err(stale) = grants.check(&request.batch) {
+            answers[i] = Some(Err(stale));
+            continue;
+        }
         match stage(&mut request.batch, &heads, &mut next) {
             Ok(moved) => {
+                grants.record(&request.batch);
                 heads.extend(moved.iter().copied());
                 moved_heads.extend(moved);
                 staged.push(i);
@@ -307,6 +315,7 @@ async fn one_by_one(
         head,
         mut heads,
         epochs,
+        mut grants,
     } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     let mut moved_heads = Vec::new();
@@ -316,6 +325,10 @@ async fn one_by_one(
         }
         if let Err(fenced) = ownership.check(&request.batch, &epochs) {
             answers[i] = Some(Err(fenced));
+            continue;
+        }
+        if let Err(stale) = grants.check(&request.batch) {
+            answers[i] = Some(Err(stale));
             continue;
         }
         let start = next;
@@ -334,6 +347,7 @@ async fn one_by_one(
         steps.push(Step::Simple(RELEASE));
         match first_error(pipeline(client, steps).await) {
             None => {
+                grants.record(&request.batch);
                 heads.extend(moved.iter().copied());
                 moved_heads.extend(moved);
                 answers[i] = Some(Ok(positions(&request.batch)));
@@ -433,6 +447,15 @@ async fn begin(
     if let Some(shards) = &shards {
         steps.push(Step::Query(ownership::EPOCHS, vec![shards]));
     }
+    let (grant_ids, grant_runs) = GrantUses::keys(unanswered());
+    let uses_grants = !grant_ids.is_empty();
+    if uses_grants {
+        steps.push(Step::Query(grant_uses::GRANTS, vec![&grant_ids]));
+        steps.push(Step::Query(
+            grant_uses::RECORDED,
+            vec![&grant_ids, &grant_runs],
+        ));
+    }
     let expected = steps.len();
     let mut results = pipeline(client, steps).await.into_iter();
     if results.len() < expected {
@@ -470,10 +493,18 @@ async fn begin(
             epochs.insert(shard, epoch);
         }
     }
+    let mut grants = GrantUses::default();
+    if uses_grants {
+        let (Some(read), Some(recorded)) = (results.next(), results.next()) else {
+            return Err(Down("the database gave too few answers".into()));
+        };
+        grants = GrantUses::read(read.map_err(down)?, recorded.map_err(down)?).map_err(down)?;
+    }
     Ok(Begun {
         head: head as u64,
         heads: last,
         epochs,
+        grants,
     })
 }
 

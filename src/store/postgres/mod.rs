@@ -29,6 +29,7 @@
 
 mod committer;
 mod connect;
+mod grant_uses;
 mod listener;
 mod members;
 mod ownership;
