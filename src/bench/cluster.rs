@@ -13,6 +13,11 @@
 //! another server owns the runs (GetCluster) and until the parked runs,
 //! granted and served through the standbys from the moment of the kill (the
 //! calls retried while nobody owns the runs, as the SDKs do), complete.
+//!
+//! With `--spread-shards` every server owns a share of the shards: "the
+//! owner" is the first server (the runs parked for the failover are
+//! started through it, so they live in its shards), "the standbys" the
+//! others, and the runs are owned again once every shard has a live owner.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -75,6 +80,7 @@ pub async fn run(
     database: &Database,
     session: &str,
     most: usize,
+    spread: bool,
     cycles: usize,
     calls: usize,
     parked: usize,
@@ -88,10 +94,10 @@ pub async fn run(
     };
     for servers in 1..=most {
         let measured = async {
-            let mut members = start(database, servers).await?;
+            let mut members = start(database, servers, spread).await?;
             let size = measure_size(&members, session, cycles, calls, limit).await?;
             let failover = match servers == most && servers > 1 {
-                true => Some(failover(&mut members, session, parked).await?),
+                true => Some(failover(&mut members, session, parked, spread).await?),
                 false => None,
             };
             anyhow::Ok((size, failover))
@@ -108,13 +114,20 @@ pub async fn run(
 }
 
 /// Starts `servers` servers on a fresh schema: the owner first, then the
-/// standbys.
-async fn start(database: &Database, servers: usize) -> anyhow::Result<Vec<ChildServer>> {
+/// standbys (or, with `spread`, servers that share the shards out, once
+/// every shard has an owner).
+async fn start(
+    database: &Database,
+    servers: usize,
+    spread: bool,
+) -> anyhow::Result<Vec<ChildServer>> {
     let url = database.scratch(&format!("cluster{servers}"));
     let mut members = Vec::with_capacity(servers);
     for i in 0..servers {
         let mut args = vec!["--lease-s".to_string(), LEASE_S.to_string()];
-        if i > 0 {
+        if spread {
+            args.push("--spread-shards".into());
+        } else if i > 0 {
             args.push("--standby".into());
         }
         let tag = format!("cluster{servers}-{i}");
@@ -122,7 +135,37 @@ async fn start(database: &Database, servers: usize) -> anyhow::Result<Vec<ChildS
         wait_serving(member.addr()).await?;
         members.push(member);
     }
+    if spread {
+        let pool = Pool::connect(members[0].addr(), 1).await?;
+        let spread_out = async {
+            while held_by(&pool, "").await.ok() != Some(servers) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(OP_TIMEOUT, spread_out)
+            .await
+            .map_err(|_| anyhow::anyhow!("the shards were not shared out within {OP_TIMEOUT:?}"))?;
+    }
     Ok(members)
+}
+
+/// How many live members other than `except` hold shards, if together
+/// they hold every shard.
+async fn held_by(pool: &Pool, except: &str) -> anyhow::Result<usize> {
+    let view = pool
+        .cluster()
+        .get_cluster(GetClusterRequest {})
+        .await?
+        .into_inner();
+    let holders: Vec<_> = view
+        .members
+        .iter()
+        .filter(|m| m.alive && m.server != except && m.shards > 0)
+        .collect();
+    match holders.iter().map(|m| m.shards).sum::<u32>() == view.shards {
+        true => Ok(holders.len()),
+        false => Ok(0),
+    }
 }
 
 async fn measure_size(
@@ -207,6 +250,7 @@ async fn failover(
     members: &mut [ChildServer],
     session: &str,
     parked: usize,
+    spread: bool,
 ) -> anyhow::Result<Failover> {
     let standby_addrs: Vec<&str> = members[1..].iter().map(ChildServer::addr).collect();
     let standbys = Pool::connect_all(&standby_addrs, 1).await?;
@@ -214,10 +258,19 @@ async fn failover(
         "aaa bench: cluster of {}, failover with {parked} parked runs",
         members.len()
     );
-    let waiting = park_calls(&standbys, session, parked).await?;
-    let before = owner(&standbys)
+    // The runs to wait through the outage live in the shards of the server
+    // killed: the owner's, or (spread) those it starts runs in.
+    let waiting = match spread {
+        true => park_calls(&Pool::connect(members[0].addr(), 1).await?, session, parked).await?,
+        false => park_calls(&standbys, session, parked).await?,
+    };
+    let victim = Pool::connect(members[0].addr(), 1).await?;
+    let victim = victim
+        .cluster()
+        .get_cluster(GetClusterRequest {})
         .await?
-        .ok_or_else(|| anyhow::anyhow!("no server owns the runs before the kill"))?;
+        .into_inner()
+        .this_server;
 
     members[0].kill9();
     let killed = Instant::now();
@@ -225,10 +278,8 @@ async fn failover(
         loop {
             // Ownership moves by leases in the database, which no stream
             // announces: ask every 10 ms.
-            if let Some(now) = owner(&standbys).await.ok().flatten() {
-                if now != before {
-                    return killed.elapsed();
-                }
+            if held_by(&standbys, &victim).await.unwrap_or(0) > 0 {
+                return killed.elapsed();
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -253,20 +304,6 @@ async fn failover(
         first_completed_s: millis(first) / 1000.0,
         all_completed_s: millis(all) / 1000.0,
     })
-}
-
-/// The member that holds every shard with a live lease, if one does.
-async fn owner(pool: &Pool) -> anyhow::Result<Option<String>> {
-    let view = pool
-        .cluster()
-        .get_cluster(GetClusterRequest {})
-        .await?
-        .into_inner();
-    Ok(view
-        .members
-        .into_iter()
-        .find(|m| m.alive && m.shards == view.shards)
-        .map(|m| m.server))
 }
 
 /// Grants the run's call, serves it as a worker and waits for the run to

@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// cluster scenario; the only one run unless `--only` names others).
     #[arg(long, requires = "store", value_parser = clap::value_parser!(u16).range(1..=16))]
     pub cluster: Option<u16>,
+    /// With --cluster: start the servers with --spread-shards (the shards
+    /// shared out among them) instead of one owner and standbys.
+    #[arg(long, requires = "cluster", hide = true)]
+    pub spread_shards: bool,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench.json")]
     pub out: PathBuf,
@@ -389,6 +393,7 @@ async fn measure_on(
             database,
             session,
             most,
+            args.spread_shards,
             plan.cluster_cycles,
             plan.rtt_calls,
             plan.failover_parked,
