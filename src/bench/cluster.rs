@@ -75,17 +75,24 @@ pub struct Failover {
     pub all_completed_s: f64,
 }
 
-/// Measures clusters of 1..=`most` servers on `database`.
+/// Which clusters to measure: 1..=`most` servers, with the shards spread
+/// or with one owner.
+pub struct Shape {
+    pub most: usize,
+    pub spread: bool,
+}
+
+/// Measures clusters of 1..=`shape.most` servers on `database`.
 pub async fn run(
     database: &Database,
     session: &str,
-    most: usize,
-    spread: bool,
+    shape: Shape,
     cycles: usize,
     calls: usize,
     parked: usize,
     limit: Duration,
 ) -> Cluster {
+    let Shape { most, spread } = shape;
     let mut cluster = Cluster {
         lease_s: LEASE_S,
         sizes: Vec::new(),

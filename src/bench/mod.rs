@@ -392,8 +392,10 @@ async fn measure_on(
         let cluster = cluster::run(
             database,
             session,
-            most,
-            args.spread_shards,
+            cluster::Shape {
+                most,
+                spread: args.spread_shards,
+            },
             plan.cluster_cycles,
             plan.rtt_calls,
             plan.failover_parked,
