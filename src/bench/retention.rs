@@ -158,7 +158,7 @@ pub async fn run(
         tokio::select! {
             _ = tick.tick() => {
                 while let Some(joined) = cycles.try_join_next() {
-                    settle(joined, &mut out.problems);
+                    client::settle(joined, &mut out.problems);
                 }
                 if cycles.len() >= MOST_IN_FLIGHT {
                     out.behind += 1;
@@ -193,7 +193,7 @@ pub async fn run(
     }
     let elapsed = start.elapsed();
     while let Some(joined) = cycles.join_next().await {
-        settle(joined, &mut out.problems);
+        client::settle(joined, &mut out.problems);
     }
     out.samples.push(measure(
         &child.data_dir(),
@@ -206,14 +206,6 @@ pub async fn run(
     out.problems.merge(client::join_helper(worker).await);
     out.problems.merge(client::join_helper(approver).await);
     Ok(out)
-}
-
-fn settle(joined: Result<Result<(), String>, tokio::task::JoinError>, problems: &mut Problems) {
-    match joined {
-        Ok(Ok(())) => {}
-        Ok(Err(message)) => problems.add(message),
-        Err(e) => problems.add(format!("a cycle panicked: {e}")),
-    }
 }
 
 /// The data dir's disk use now: the log's segments and the rest.
