@@ -181,7 +181,7 @@ pub async fn wait_parked(runs: &mut RunClient, run_id: &str) -> Result<String, S
 type Joined = Result<Result<(), String>, tokio::task::JoinError>;
 
 /// Keeps the error of a finished helper call.
-fn settle(joined: Joined, problems: &mut Problems) {
+pub fn settle(joined: Joined, problems: &mut Problems) {
     match joined {
         Ok(Ok(())) => {}
         Ok(Err(message)) => problems.add(message),

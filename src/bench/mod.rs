@@ -10,9 +10,17 @@
 //! - `appends`: Signal appends from 64 clients, each on its own parked run;
 //! - `fanout`: followers of one run while events are appended to it;
 //! - `parked`: N runs waiting for approval, memory, listing, kill -9 and restart;
+//! - `million`: the same with a million runs and issue 24's targets;
+//! - `long`: one run with 100,000 events: reading it, appending to it,
+//!   GetRun, and rebuilding its state after kill -9;
+//! - `retention`: a steady load of cycles with a short retention, and the
+//!   data dir's size over time;
 //! - `cluster` (`--cluster N`, with `--store`): 1..=N servers on one
 //!   database, the cycle spread over all of them, forwarding's cost, and a
 //!   kill -9 of the owner.
+//!
+//! `million`, `long` and `retention` take minutes: a full run does them
+//! only when `--only` names them; `--smoke` does every scenario.
 //!
 //! The floors a selected scenario is judged against are measured with it.
 //! Every figure is reported; a correctness problem (an RPC error, a wrong
@@ -25,9 +33,11 @@ mod cluster;
 mod cycle;
 mod fanout;
 mod floors;
+mod long;
 mod parked;
 mod postgres;
 mod report;
+mod retention;
 mod server;
 mod stats;
 
@@ -71,6 +81,16 @@ pub struct BenchArgs {
     /// Runs to park in the parked scenario [default: 100000, 200 with --smoke].
     #[arg(long)]
     pub parked: Option<usize>,
+    /// Runs to park in the million scenario [default: 1000000, 300 with --smoke].
+    #[arg(long)]
+    pub million: Option<usize>,
+    /// Events of the long run [default: 100000, 300 with --smoke].
+    #[arg(long)]
+    pub long_events: Option<usize>,
+    /// How long the retention scenario's load lasts, in seconds [default:
+    /// 120, 4 with --smoke].
+    #[arg(long)]
+    pub retention_s: Option<u64>,
     /// Upper bound of each load loop, in seconds.
     #[arg(long, default_value_t = 20.0)]
     pub duration_s: f64,
@@ -92,6 +112,12 @@ pub enum Scenario {
     Fanout,
     /// Runs waiting for approval: memory, listing, kill -9 and restart.
     Parked,
+    /// A million runs waiting for approval (issue 24's targets).
+    Million,
+    /// One run with a long history: StreamEvents, Signal, GetRun, restart.
+    Long,
+    /// Steady cycles with a short retention: does the data dir stop growing?
+    Retention,
     /// 1..=N servers on one PostgreSQL (`--cluster N`, default 3): cycles
     /// spread over all, forwarded latency, kill -9 of the owner.
     Cluster,
@@ -125,6 +151,9 @@ struct Plan {
     followers: usize,
     fanout_events: usize,
     parked: usize,
+    million: usize,
+    long_events: usize,
+    retention: retention::Plan,
     /// Most cycles at 64 in flight per cluster size.
     cluster_cycles: usize,
     /// Runs parked for the cluster's failover.
@@ -152,6 +181,9 @@ impl Plan {
                 followers: 20,
                 fanout_events: 50,
                 parked: args.parked.unwrap_or(200),
+                million: args.million.unwrap_or(300),
+                long_events: args.long_events.unwrap_or(300),
+                retention: retention::Plan::smoke(args.retention_s),
                 cluster_cycles: 64,
                 failover_parked: 5,
                 limit,
@@ -166,6 +198,9 @@ impl Plan {
                 followers: 1_000,
                 fanout_events: 1_000,
                 parked: args.parked.unwrap_or(100_000),
+                million: args.million.unwrap_or(1_000_000),
+                long_events: args.long_events.unwrap_or(100_000),
+                retention: retention::Plan::full(args.retention_s),
                 cluster_cycles: 20_000,
                 failover_parked: 20,
                 limit,
@@ -188,6 +223,9 @@ pub struct Results {
     appends: Option<appends::Appends>,
     fanout: Option<fanout::Fanout>,
     parked: Option<parked::Parked>,
+    million: Option<parked::Parked>,
+    long: Option<long::Long>,
+    retention: Option<retention::Retention>,
     cluster: Option<cluster::Cluster>,
     /// Scenarios that could not run to the end, with why.
     failed: Vec<String>,
@@ -210,6 +248,9 @@ impl Results {
         self.appends.iter().for_each(|a| add(&a.problems));
         self.fanout.iter().for_each(|f| add(&f.problems));
         self.parked.iter().for_each(|p| add(&p.problems));
+        self.million.iter().for_each(|p| add(&p.problems));
+        self.long.iter().for_each(|l| add(&l.problems));
+        self.retention.iter().for_each(|r| add(&r.problems));
         if let Some(cluster) = &self.cluster {
             add(&cluster.problems);
             cluster.sizes.iter().for_each(|s| add(&s.cycle.problems));
@@ -306,10 +347,15 @@ async fn measure_on(
     results: &mut Results,
 ) -> anyhow::Result<()> {
     // The cluster scenario runs when asked for; `--cluster` alone asks for
-    // it only.
+    // it only. The scenarios that take minutes run when named, or in the
+    // smoke run (which does everything, with tiny counts).
+    let everything = args.only.is_empty() && args.cluster.is_none();
     let wanted = |s: Scenario| match s {
         Scenario::Cluster => args.cluster.is_some() || args.only.contains(&s),
-        _ => args.only.contains(&s) || (args.only.is_empty() && args.cluster.is_none()),
+        Scenario::Million | Scenario::Long | Scenario::Retention => {
+            args.only.contains(&s) || (everything && args.smoke)
+        }
+        _ => args.only.contains(&s) || everything,
     };
     let scratch = |tag: &str| database.map(|d| d.scratch(tag));
 
@@ -379,9 +425,28 @@ async fn measure_on(
     if wanted(Scenario::Parked) {
         let parked = async {
             let (mut child, addr) = server_for(args, "parked", scratch("parked")).await?;
-            parked::run(&addr, child.as_mut(), session, plan.parked).await
+            parked::run(&addr, child.as_mut(), session, plan.parked, 1).await
         };
         results.parked = results.record("parked", parked.await);
+    }
+    if wanted(Scenario::Million) {
+        let million = async {
+            let (mut child, addr) = server_for(args, "million", scratch("million")).await?;
+            let restarts = parked::MILLION_RESTARTS;
+            parked::run(&addr, child.as_mut(), session, plan.million, restarts).await
+        };
+        results.million = results.record("million", million.await);
+    }
+    if wanted(Scenario::Long) {
+        let long = async {
+            let (mut child, addr) = server_for(args, "long", scratch("long")).await?;
+            long::run(&addr, child.as_mut(), session, plan.long_events, plan.limit).await
+        };
+        results.long = results.record("long", long.await);
+    }
+    if wanted(Scenario::Retention) {
+        let retention = retention::run(args, &plan.retention, session, scratch("retention"));
+        results.retention = results.record("retention", retention.await);
     }
 
     if wanted(Scenario::Cluster) {

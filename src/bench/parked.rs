@@ -1,7 +1,9 @@
 //! Parked runs: N runs waiting for approval. Measures the server's memory,
 //! ListApprovals' first page and WatchApprovals' snapshot; then (on a
 //! server the bench started) kills it with SIGKILL, restarts it on the same
-//! data, and times readiness and the first approval cycle after restart.
+//! data, and times readiness, the first ListApprovals page and the first
+//! approval cycle after restart. The `parked` scenario does this with 100k
+//! runs and one restart, `million` with a million runs and a few restarts.
 
 use std::time::{Duration, Instant};
 
@@ -11,9 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::client::{self, HOLD, LABEL};
 use super::server::{self, ChildServer, Pool};
 use super::stats::{closed_loop, millis, Problems, Summary, OP_TIMEOUT};
-use crate::proto::{
-    watch_approvals_response, Approval, ListApprovalsRequest, WatchApprovalsRequest,
-};
+use crate::proto::{watch_approvals_response, ListApprovalsRequest, WatchApprovalsRequest};
 
 /// Concurrent StartRun calls while parking.
 const STARTERS: usize = 64;
@@ -21,6 +21,8 @@ const STARTERS: usize = 64;
 const PARK_LIMIT: Duration = Duration::from_secs(900);
 /// ListApprovals first-page calls timed.
 const LIST_CALLS: usize = 20;
+/// kill -9 and restarts of the million scenario: a range, not one sample.
+pub const MILLION_RESTARTS: usize = 3;
 
 #[derive(Debug, Default, Serialize)]
 pub struct Parked {
@@ -34,23 +36,40 @@ pub struct Parked {
     pub list_first_page: Summary,
     pub snapshot_ms: f64,
     pub snapshot_pending: u32,
-    /// From the restart (spawn after kill -9) to Health/Check SERVING.
-    pub ready_ms: Option<f64>,
-    pub rss_after_restart_kib: Option<u64>,
-    /// From the restart to the run of a granted approval completing.
-    pub first_approval_ms: Option<f64>,
-    /// From the grant to that run completing.
-    pub grant_to_completed_ms: Option<f64>,
+    /// One per kill -9 and restart.
+    pub restarts: Vec<Restart>,
     pub problems: Problems,
 }
 
+/// What one kill -9 and restart took.
+#[derive(Debug, Default, Serialize)]
+pub struct Restart {
+    /// From the restart (spawn after kill -9) to Health/Check SERVING.
+    pub ready_ms: f64,
+    pub rss_kib: Option<u64>,
+    /// ListApprovals' first page, asked right after SERVING.
+    pub first_page_ms: f64,
+    /// From the grant of one of that page's approvals to its run completing.
+    pub grant_to_completed_ms: f64,
+    /// From the restart to that run completing.
+    pub first_approval_ms: f64,
+}
+
+impl Parked {
+    /// Items of the WatchApprovals snapshot per second.
+    pub fn snapshot_per_second(&self) -> f64 {
+        self.snapshot_pending as f64 / (self.snapshot_ms / 1000.0).max(1e-9)
+    }
+}
+
 /// `child` is the server behind `addr` when the bench started it (then
-/// RSS and the restart are measured), None for `--server`.
+/// RSS and `restarts` restarts are measured), None for `--server`.
 pub async fn run(
     addr: &str,
     child: Option<&mut ChildServer>,
     session: &str,
     count: usize,
+    restarts: usize,
 ) -> anyhow::Result<Parked> {
     let pool = Pool::connect(addr, 8).await?;
     client::register_tools(&pool).await?;
@@ -69,7 +88,7 @@ pub async fn run(
         out.kib_per_parked = Some(per);
     }
 
-    let pending = list_first_page(&pool, session, &mut out).await;
+    list_first_page(&pool, &mut out).await;
 
     match snapshot(&pool).await {
         Ok((elapsed, pending)) => {
@@ -89,10 +108,11 @@ pub async fn run(
         Err(message) => out.problems.add(message),
     }
 
-    match (child, pending) {
-        (Some(child), Some(approval)) => restart_and_approve(child, approval, &mut out).await?,
-        (Some(_), None) => out.problems.add("no pending approval of this session"),
-        (None, _) => {}
+    if let Some(child) = child {
+        for _ in 0..restarts {
+            let restart = restart_and_approve(child, session, &mut out.problems).await?;
+            out.restarts.push(restart);
+        }
     }
     Ok(out)
 }
@@ -134,12 +154,10 @@ async fn park(pool: &Pool, session: &str, count: usize, problems: &mut Problems)
     done
 }
 
-/// Times ListApprovals' first page a few times; returns a pending approval
-/// of this session, to grant after the restart.
-async fn list_first_page(pool: &Pool, session: &str, out: &mut Parked) -> Option<Approval> {
+/// Times ListApprovals' first page a few times.
+async fn list_first_page(pool: &Pool, out: &mut Parked) {
     let mut approvals = pool.approvals();
     let mut samples = Vec::with_capacity(LIST_CALLS);
-    let mut pending = None;
     for _ in 0..LIST_CALLS {
         let t0 = Instant::now();
         let page = match approvals
@@ -157,33 +175,52 @@ async fn list_first_page(pool: &Pool, session: &str, out: &mut Parked) -> Option
             let message = format!("ListApprovals' first page has {}", page.approvals.len());
             out.problems.add(message);
         }
-        if pending.is_none() {
-            pending = page
-                .approvals
-                .into_iter()
-                .find(|a| a.labels.get(LABEL).map(String::as_str) == Some(session));
-        }
     }
     out.list_first_page = Summary::of(&mut samples);
-    pending
 }
 
-/// kill -9, restart on the same data; times readiness, then grants
-/// `approval` with a worker serving the hold tool and times the run's end.
+/// kill -9, restart on the same data; times readiness and the first
+/// ListApprovals page, then grants one of this session's approvals on that
+/// page, with a worker serving the hold tool, and times the run's end.
 async fn restart_and_approve(
     child: &mut ChildServer,
-    approval: Approval,
-    out: &mut Parked,
-) -> anyhow::Result<()> {
-    eprintln!("aaa bench: kill -9 and restart with {} parked", out.parked);
+    session: &str,
+    problems: &mut Problems,
+) -> anyhow::Result<Restart> {
+    eprintln!("aaa bench: kill -9 and restart");
     child.kill9();
     let restart = Instant::now();
     child.resume().await?;
     server::wait_serving(child.addr()).await?;
-    out.ready_ms = Some(millis(restart.elapsed()));
-    out.rss_after_restart_kib = child.rss_kib();
+    let mut out = Restart {
+        ready_ms: millis(restart.elapsed()),
+        rss_kib: child.rss_kib(),
+        ..Default::default()
+    };
 
     let pool = Pool::connect(child.addr(), 2).await?;
+    let listed = Instant::now();
+    let page = pool
+        .approvals()
+        .list_approvals(ListApprovalsRequest::default())
+        .await;
+    out.first_page_ms = millis(listed.elapsed());
+    let approval = match page {
+        Ok(page) => page
+            .into_inner()
+            .approvals
+            .into_iter()
+            .find(|a| a.labels.get(LABEL).map(String::as_str) == Some(session)),
+        Err(status) => {
+            problems.add(format!("ListApprovals after restart: {status}"));
+            None
+        }
+    };
+    let Some(approval) = approval else {
+        problems.add("no pending approval of this session after restart");
+        return Ok(out);
+    };
+
     let stop = CancellationToken::new();
     let worker = tokio::spawn(client::serve_tool(pool.clone(), HOLD, 1, stop.clone()));
     let granted = Instant::now();
@@ -194,14 +231,14 @@ async fn restart_and_approve(
     };
     match cycle.await {
         Ok(()) => {
-            out.first_approval_ms = Some(millis(restart.elapsed()));
-            out.grant_to_completed_ms = Some(millis(granted.elapsed()));
+            out.first_approval_ms = millis(restart.elapsed());
+            out.grant_to_completed_ms = millis(granted.elapsed());
         }
-        Err(message) => out.problems.add(message),
+        Err(message) => problems.add(message),
     }
     stop.cancel();
-    out.problems.merge(client::join_helper(worker).await);
-    Ok(())
+    problems.merge(client::join_helper(worker).await);
+    Ok(out)
 }
 
 /// Reads WatchApprovals(tool = hold) until `count` requests of this session

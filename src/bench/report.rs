@@ -312,65 +312,36 @@ pub fn table(results: &Results) -> Table {
     }
 
     if let Some(p) = &results.parked {
-        t.add(
-            "parked",
-            "runs parked at approval (runs/s)",
-            format!(
-                "{} ({}/s)",
-                thousands(p.parked as f64),
-                thousands(p.parked_per_second)
-            ),
-        );
-        if let (Some(before), Some(parked), Some(per)) =
-            (p.rss_before_kib, p.rss_parked_kib, p.kib_per_parked)
-        {
-            // Memory does not grow linearly with N: judge it at 100k only.
-            // The embedded store's page cache counts in the server's RSS.
-            let limit_mib = if on_postgres { 100 } else { 150 };
-            let pass = (p.parked >= 100_000).then_some(parked < limit_mib * 1024);
-            t.judge(
-                "parked",
-                &format!("server RSS with {} parked", thousands(p.parked as f64)),
-                format!("{} ({} before, {per:.1} KiB/run)", mib(parked), mib(before)),
-                &format!("< {limit_mib} MiB at 100k"),
-                pass,
-            );
-        }
-        t.judge(
-            "parked",
-            "ListApprovals first page p50 / p99",
-            p.list_first_page.text(),
-            "p50 < 20 ms",
-            Some(p.list_first_page.count > 0 && p.list_first_page.p50_ms < 20.0),
-        );
-        t.add(
-            "parked",
-            "WatchApprovals snapshot complete",
-            format!(
-                "{} ms ({} pending)",
-                ms(p.snapshot_ms),
-                thousands(p.snapshot_pending as f64)
-            ),
-        );
-        if let Some(ready) = p.ready_ms {
-            t.judge(
-                "parked",
-                "kill -9, restart -> Health SERVING",
-                format!("{} ms", ms(ready)),
-                "< 1,000 ms",
-                Some(ready < 1000.0),
-            );
-        }
-        if let Some(rss) = p.rss_after_restart_kib {
-            t.add("parked", "server RSS after restart", mib(rss));
-        }
-        if let (Some(first), Some(grant)) = (p.first_approval_ms, p.grant_to_completed_ms) {
-            t.add(
-                "parked",
-                "restart -> first approval completed (grant -> done)",
-                format!("{} ms ({} ms)", ms(first), ms(grant)),
-            );
-        }
+        // Memory does not grow linearly with N: judge it at 100k only.
+        // The embedded store's page cache counts in the server's RSS.
+        let targets = ParkedTargets {
+            scenario: "parked",
+            judged_from: 100_000,
+            rss_mib: if on_postgres { 100 } else { 150 },
+            list_p50_ms: Some(20.0),
+            first_page_ms: None,
+            grant_ms: None,
+            snapshot_per_second: None,
+        };
+        parked_rows(&mut t, p, &targets);
+    }
+    if let Some(p) = &results.million {
+        let targets = ParkedTargets {
+            scenario: "million",
+            judged_from: 1_000_000,
+            rss_mib: 600,
+            list_p50_ms: None,
+            first_page_ms: Some(50.0),
+            grant_ms: Some(100.0),
+            snapshot_per_second: Some(200_000.0),
+        };
+        parked_rows(&mut t, p, &targets);
+    }
+    if let Some(l) = &results.long {
+        long_rows(&mut t, l);
+    }
+    if let Some(r) = &results.retention {
+        retention_rows(&mut t, r);
     }
 
     if let Some(cluster) = &results.cluster {
@@ -386,6 +357,243 @@ pub fn table(results: &Results) -> Table {
         Some(problems.is_empty()),
     );
     t
+}
+
+/// What the parked and million scenarios are judged against.
+struct ParkedTargets {
+    scenario: &'static str,
+    /// Memory is judged with at least this many parked.
+    judged_from: usize,
+    rss_mib: u64,
+    list_p50_ms: Option<f64>,
+    /// The first ListApprovals page after a restart.
+    first_page_ms: Option<f64>,
+    /// The first grant after a restart: grant -> run completed.
+    grant_ms: Option<f64>,
+    snapshot_per_second: Option<f64>,
+}
+
+/// The worst and the range of a figure over restarts: "max ms (min-max)".
+fn worst_of(values: &[f64]) -> (f64, String) {
+    let max = values.iter().copied().fold(f64::MIN, f64::max);
+    let min = values.iter().copied().fold(f64::MAX, f64::min);
+    let text = match values.len() {
+        1 => format!("{} ms", ms(max)),
+        n => format!("{} ms (worst of {n}; best {} ms)", ms(max), ms(min)),
+    };
+    (max, text)
+}
+
+fn parked_rows(t: &mut Table, p: &super::parked::Parked, targets: &ParkedTargets) {
+    let scenario = targets.scenario;
+    t.add(
+        scenario,
+        "runs parked at approval (runs/s)",
+        format!(
+            "{} ({}/s)",
+            thousands(p.parked as f64),
+            thousands(p.parked_per_second)
+        ),
+    );
+    if let (Some(before), Some(parked), Some(per)) =
+        (p.rss_before_kib, p.rss_parked_kib, p.kib_per_parked)
+    {
+        let limit = targets.rss_mib;
+        let pass = (p.parked >= targets.judged_from).then_some(parked < limit * 1024);
+        t.judge(
+            scenario,
+            &format!("server RSS with {} parked", thousands(p.parked as f64)),
+            format!("{} ({} before, {per:.1} KiB/run)", mib(parked), mib(before)),
+            &format!("< {limit} MiB at {}", thousands(targets.judged_from as f64)),
+            pass,
+        );
+    }
+    let (target, pass) = match targets.list_p50_ms {
+        Some(limit) => (
+            format!("p50 < {limit} ms"),
+            Some(p.list_first_page.count > 0 && p.list_first_page.p50_ms < limit),
+        ),
+        None => (String::new(), None),
+    };
+    t.judge(
+        scenario,
+        "ListApprovals first page p50 / p99",
+        p.list_first_page.text(),
+        &target,
+        pass,
+    );
+    let per_second = p.snapshot_per_second();
+    let (target, pass) = match targets.snapshot_per_second {
+        Some(limit) => (
+            format!(">= {}/s", thousands(limit)),
+            Some(per_second >= limit),
+        ),
+        None => (String::new(), None),
+    };
+    t.judge(
+        scenario,
+        "WatchApprovals snapshot complete (items/s)",
+        format!(
+            "{} ms ({} pending, {}/s)",
+            ms(p.snapshot_ms),
+            thousands(p.snapshot_pending as f64),
+            thousands(per_second)
+        ),
+        &target,
+        pass,
+    );
+    if p.restarts.is_empty() {
+        return;
+    }
+    let figures =
+        |f: fn(&super::parked::Restart) -> f64| -> Vec<f64> { p.restarts.iter().map(f).collect() };
+    let (ready, text) = worst_of(&figures(|r| r.ready_ms));
+    t.judge(
+        scenario,
+        "kill -9, restart -> Health SERVING",
+        text,
+        "< 1,000 ms",
+        Some(ready < 1000.0),
+    );
+    let rss = p.restarts.iter().filter_map(|r| r.rss_kib).max();
+    if let Some(rss) = rss {
+        t.add(scenario, "server RSS after restart", mib(rss));
+    }
+    let (page, text) = worst_of(&figures(|r| r.first_page_ms));
+    let (target, pass) = match targets.first_page_ms {
+        Some(limit) => (format!("< {limit} ms"), Some(page < limit)),
+        None => (String::new(), None),
+    };
+    t.judge(
+        scenario,
+        "SERVING -> first ListApprovals page answered",
+        text,
+        &target,
+        pass,
+    );
+    let (grant, text) = worst_of(&figures(|r| r.grant_to_completed_ms));
+    let (target, pass) = match targets.grant_ms {
+        Some(limit) => (format!("< {limit} ms"), Some(grant < limit)),
+        None => (String::new(), None),
+    };
+    t.judge(
+        scenario,
+        "first grant after restart -> its run completed",
+        text,
+        &target,
+        pass,
+    );
+    let (_, text) = worst_of(&figures(|r| r.first_approval_ms));
+    t.add(scenario, "restart -> first approval completed", text);
+}
+
+fn long_rows(t: &mut Table, l: &super::long::Long) {
+    let scenario = "long";
+    t.add(
+        scenario,
+        "events of the long run (appended/s by Signal, 16 in flight)",
+        format!(
+            "{} ({}/s)",
+            thousands(l.events as f64),
+            thousands(l.appended_per_second)
+        ),
+    );
+    let worst = l.stream_per_second.iter().copied().fold(f64::MAX, f64::min);
+    let best = l.stream_per_second.iter().copied().fold(0.0, f64::max);
+    t.judge(
+        scenario,
+        &format!(
+            "StreamEvents from the start, events/s (worst of {})",
+            l.stream_per_second.len()
+        ),
+        format!("{} (best {})", thousands(worst), thousands(best)),
+        ">= 200,000/s",
+        Some(!l.stream_per_second.is_empty() && worst >= 200_000.0),
+    );
+    // "The same latency" on a noisy machine: within a quarter.
+    let (long, short) = (l.signal_long.p50_ms, l.signal_short.p50_ms);
+    t.judge(
+        scenario,
+        "Signal on the long run p50 / p99",
+        l.signal_long.text(),
+        &format!("p50 <= 1.25x short run = {} ms", ms(1.25 * short)),
+        Some(l.signal_long.count > 0 && long <= 1.25 * short),
+    );
+    t.add(
+        scenario,
+        "Signal on a short run p50 / p99",
+        l.signal_short.text(),
+    );
+    t.judge(
+        scenario,
+        "GetRun on the long run p50 / p99",
+        l.get_run.text(),
+        "p50 < 1 ms",
+        Some(l.get_run.count > 0 && l.get_run.p50_ms < 1.0),
+    );
+    if let Some(ready) = l.ready_ms {
+        t.add(
+            scenario,
+            "kill -9, restart -> Health SERVING",
+            format!("{} ms", ms(ready)),
+        );
+    }
+    if let Some(first) = l.first_signal_after_restart_ms {
+        t.add(
+            scenario,
+            "first Signal on it after restart (rebuilds its state)",
+            format!("{} ms", ms(first)),
+        );
+    }
+    if let Some(after) = &l.signal_after_restart {
+        t.add(scenario, "Signals after that p50 / p99", after.text());
+    }
+}
+
+fn retention_rows(t: &mut Table, r: &super::retention::Retention) {
+    let scenario = "retention";
+    let plan = &r.plan;
+    t.add(
+        scenario,
+        &format!(
+            "cycles at {}/s for {} s, retention {} s, {} KiB segments",
+            plan.cycles_per_second, plan.seconds, plan.retention_s, plan.segment_kib
+        ),
+        format!(
+            "{} ({}/s, {} ticks behind)",
+            thousands(r.cycles as f64),
+            thousands(r.per_second),
+            r.behind
+        ),
+    );
+    // The sizes over time, a few of them: a quarter in, half, the end.
+    for share in [0.25, 0.5, 0.75, 1.0] {
+        let at = share * plan.seconds as f64;
+        let Some(sample) = r.samples.iter().find(|s| s.at_s >= at * 0.999) else {
+            continue;
+        };
+        t.add(
+            scenario,
+            &format!("data dir at {:.0} s: log + rest", sample.at_s),
+            format!(
+                "{} ({} + {})",
+                mib(sample.total() / 1024),
+                mib(sample.log_bytes / 1024),
+                mib(sample.other_bytes / 1024)
+            ),
+        );
+    }
+    let (value, pass) = match r.late_growth() {
+        Some(growth) => (format!("{growth:.2}x"), Some(growth <= 1.1)),
+        None => ("not measured".into(), None),
+    };
+    t.judge(
+        scenario,
+        "data dir: largest in the 2nd half / largest in the 1st",
+        value,
+        "<= 1.10x",
+        pass,
+    );
 }
 
 /// The cluster's rows: cycles per size against one server's, forwarding's

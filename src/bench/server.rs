@@ -103,7 +103,7 @@ impl ChildServer {
             .open(self.log_path())?;
         let mut child = Command::new(std::env::current_exe()?)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(self.dir.path().join("data"))
+            .arg(self.data_dir())
             .args(self.store_url.iter().map(|url| format!("--store={url}")))
             .args(&self.extra_args)
             .stdin(Stdio::null())
@@ -140,6 +140,11 @@ impl ChildServer {
                 )
             }
         }
+    }
+
+    /// The child's data directory (the embedded store's).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
 
     /// Resident memory of the child (VmRSS), in KiB.

@@ -236,28 +236,39 @@ impl EmbeddedStore {
         limit: usize,
     ) -> Result<Vec<EventRecord>> {
         let durable = self.inner.durable_position.load(Ordering::Acquire);
+        // Every span holds at least one event, and only the first may hold
+        // events at or before `after_seq`: this many spans are enough.
+        let most = limit.saturating_add(1);
+        let spans = self
+            .spans_from(run, after_seq.saturating_add(1), most)
+            .take(most)
+            .collect::<Result<Vec<_>>>()?;
         let mut out = Vec::new();
-        for span in self.spans_from(run, after_seq.saturating_add(1)) {
-            for event in self.inner.segments.events(span?)? {
-                if event.seq <= after_seq {
-                    continue;
-                }
-                if event.position > durable || out.len() >= limit {
-                    return Ok(out);
-                }
-                out.push(event);
+        for event in self.inner.segments.events_of(&spans)? {
+            if event.seq <= after_seq {
+                continue;
             }
+            if event.position > durable || out.len() >= limit {
+                break;
+            }
+            out.push(event);
         }
         Ok(out)
     }
 
     /// The run's spans in seq order, from the one that holds `seq` on: the
-    /// lists in sled, then the recent spans. The recent ones are read first:
+    /// lists in sled, then the recent spans (`most` of them at most: the
+    /// caller takes no more). The recent ones are read first:
     /// a checkpoint that moves them to sled between the two reads leaves
     /// them in both, never in neither, and a span whose seqs were passed
     /// already is skipped.
-    fn spans_from(&self, run: RunId, seq: u64) -> impl Iterator<Item = Result<spans::Span>> + '_ {
-        let recent = self.inner.recent.of(run);
+    fn spans_from(
+        &self,
+        run: RunId,
+        seq: u64,
+        most: usize,
+    ) -> impl Iterator<Item = Result<spans::Span>> + '_ {
+        let recent = self.inner.recent.from(run, seq, most);
         let end = keys::prefix_end(&keys::run_scoped(keys::EVENT, run));
         let lists = self
             .inner
@@ -473,7 +484,7 @@ impl super::Store for EmbeddedStore {
     }
 
     async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
-        self.retrying(|| match self.spans_from(run, seq).next() {
+        self.retrying(|| match self.spans_from(run, seq, 1).next() {
             Some(span) => Ok(self
                 .inner
                 .segments
@@ -946,6 +957,45 @@ mod tests {
         let head = store.run(run).await.unwrap().unwrap();
         assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
         assert_eq!(seqs(store.run_events(run, 3, 10).await.unwrap()), [4, 5]);
+        store.close().await;
+    }
+
+    /// A run's events, one per commit and interleaved with another run's,
+    /// are read back whole and in order when reads take many spans at once,
+    /// also where the spans cross from one log segment to the next.
+    #[tokio::test]
+    async fn reads_of_many_spans_cross_segments_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = crate::metrics::Metrics::new();
+        let store = EmbeddedStore::open_with(dir.path(), 1 << 20, 64 * 1024, &metrics).unwrap();
+        let (long, other) = (RunId::new(), RunId::new());
+        let event = |run: RunId, seq: u64| EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq,
+            event_type: "app.test".into(),
+            data_json: format!(r#"{{"pad":"{}"}}"#, "x".repeat(200)),
+            ..Default::default()
+        };
+        for seq in 1..=600 {
+            for run in [long, other] {
+                let mut batch = WriteBatch::default();
+                batch.push_event(event(run, seq));
+                store.commit(batch).await.unwrap();
+            }
+        }
+        assert!(
+            store.inner.segments.segment_of(200 * 1024).is_some(),
+            "several segments"
+        );
+        let seqs = |events: Vec<EventRecord>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let all = store.run_events(long, 0, usize::MAX).await.unwrap();
+        assert!(all.iter().all(|e| e.run_id == long.as_bytes()));
+        assert_eq!(seqs(all), (1..=600).collect::<Vec<_>>());
+        let page = store.run_events(long, 250, 256).await.unwrap();
+        assert_eq!(seqs(page), (251..=506).collect::<Vec<_>>());
+        store.inner.recent.write_out(&store.inner.tree).unwrap();
+        let tail = store.run_events(long, 590, 256).await.unwrap();
+        assert_eq!(seqs(tail), (591..=600).collect::<Vec<_>>());
         store.close().await;
     }
 
