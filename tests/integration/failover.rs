@@ -330,6 +330,15 @@ fn check_histories(
 /// after an outage.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rolling_restart_under_load_loses_nothing() {
+    rolling_restart(Shards::OneOwner).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_spread_shards_a_rolling_restart_under_load_loses_nothing() {
+    rolling_restart(Shards::Spread).await;
+}
+
+async fn rolling_restart(shards: Shards) {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
@@ -343,7 +352,10 @@ async fn a_rolling_restart_under_load_loses_nothing() {
             "--lease-s".into(),
             "1".into(),
         ];
-        args.extend(standby.then(|| "--standby".to_string()));
+        match shards {
+            Shards::OneOwner => args.extend(standby.then(|| "--standby".to_string())),
+            Shards::Spread => args.push("--spread-shards".into()),
+        }
         args
     };
     let mut servers = Vec::new();
@@ -375,7 +387,7 @@ async fn a_rolling_restart_under_load_loses_nothing() {
         let stopping = Instant::now();
         server.stop();
         eprintln!(
-            "rolling restart: server {i} stopped in {:?}",
+            "rolling restart ({shards:?}): server {i} stopped in {:?}",
             stopping.elapsed()
         );
         let args = serve(ports[i], true);
