@@ -653,3 +653,72 @@ async fn spread_shards_serve_every_run_through_any_server() {
         assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
     }
 }
+
+/// With the shards spread, a standing grant of one use is used once in
+/// the whole cluster: each server decides with its own copy of the grants,
+/// and the database refuses a use the grant no longer allows (the call is
+/// then decided again, and waits for a person).
+#[tokio::test(flavor = "multi_thread")]
+async fn spread_shards_use_a_grant_of_one_use_once() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let a = spread_member(&url).await;
+    let b = spread_member(&url).await;
+    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
+    wait_until_spread(&a, &[&name_a, &name_b]).await;
+    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    let grants = aaa::proto::grant_service_client::GrantServiceClient::new(a.channel().await);
+    let grant = retrying(|| {
+        let mut grants = grants.clone();
+        let request = aaa::proto::CreateGrantRequest {
+            tool: "wire_money".into(),
+            max_uses: 1,
+            reason: "one payment".into(),
+            ..Default::default()
+        };
+        async move { grants.create_grant(request).await }
+    })
+    .await
+    .into_inner()
+    .grant
+    .expect("the grant")
+    .id;
+    let granted_by_it = |events: &[aaa::proto::Event]| {
+        events.iter().any(|e| {
+            e.r#type == "aaa.approval.granted" && e.actor.as_ref().is_some_and(|a| a.name == grant)
+        })
+    };
+    // Made through `a`, the grant reaches `b`'s copy within a second: runs
+    // through `b` until one uses it. `a`'s copy still says it was never
+    // used, and the database refuses what `a` decides with it.
+    let (runs_a, runs_b) = (a.runs().await, b.runs().await);
+    let review = |runs: &RunClient| {
+        let mut runs = runs.clone();
+        async move {
+            let run_id = retrying(|| {
+                let mut runs = runs.clone();
+                async move { runs.start_run(scripted_reference_run()).await }
+            })
+            .await
+            .into_inner()
+            .run_id;
+            // The review commits with the call's request: granted or asked.
+            wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
+            let events = history(&mut runs, &run_id).await;
+            let granted = granted_by_it(&events);
+            let asked = count(&events, "aaa.approval.requested");
+            assert_eq!(asked + usize::from(granted), 1, "{:?}", types(&events));
+            granted
+        }
+    };
+    let give_up = Instant::now() + WAIT;
+    while !review(&runs_b).await {
+        assert!(Instant::now() < give_up, "b never used the grant");
+    }
+    let mut used = 1;
+    for _ in 0..4 {
+        used += usize::from(review(&runs_a).await);
+    }
+    assert_eq!(used, 1, "a grant of one use, used {used} times");
+}
