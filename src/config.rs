@@ -77,9 +77,8 @@ pub struct Config {
     /// them over when its claim lapses (instead of at once).
     pub standby: bool,
     /// On PostgreSQL: share the shards out among the live servers (see
-    /// `cluster::balance`) instead of one server owning them all. Not yet
-    /// complete (worker polls and consumer groups stay with each shard's
-    /// owner), so not yet the default.
+    /// `cluster::balance`) instead of one server owning them all. A
+    /// preview, not yet the default (see docs/cluster.md).
     pub spread_shards: bool,
     /// On PostgreSQL: the `host:port` the other servers of the cluster
     /// reach this one at, to forward calls to it while it owns the runs.

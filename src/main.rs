@@ -108,10 +108,10 @@ struct ServeArgs {
     /// runs, and take them over once its claim lapses (see docs/postgres.md).
     #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
     standby: bool,
-    /// With --store postgres://...: share the runs' shards out among the
-    /// live servers instead of one owning them all. Incomplete: hidden
-    /// until worker polls and consumer groups reach every owner.
-    #[arg(long, env = "AAA_SPREAD_SHARDS", hide = true,
+    /// With --store postgres://... (preview): share the runs' shards out
+    /// among the live servers, each serving its share's writes, instead of
+    /// one owning them all (see docs/cluster.md).
+    #[arg(long, env = "AAA_SPREAD_SHARDS",
           value_parser = clap::builder::BoolishValueParser::new())]
     spread_shards: bool,
     /// With --store postgres://...: how long this server's claim on the

@@ -73,7 +73,7 @@ pub struct BenchArgs {
     pub cluster: Option<u16>,
     /// With --cluster: start the servers with --spread-shards (the shards
     /// shared out among them) instead of one owner and standbys.
-    #[arg(long, requires = "cluster", hide = true)]
+    #[arg(long, requires = "cluster")]
     pub spread_shards: bool,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench.json")]

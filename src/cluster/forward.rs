@@ -1,10 +1,12 @@
 //! How a call travels when this server does not serve it. [`Routed`] wraps
-//! each aaa service: while this server owns the runs it calls the service;
-//! otherwise (a standby, a server taking over, one that lost the runs) it
-//! answers [`READS`] itself from the database, and forwards every other
-//! call as it came, HTTP/2 frames and all, to the owner's address, and
-//! passes the answer back: unary calls, server streams and Subscribe's
-//! two-way stream alike.
+//! each aaa service: while this server's engine serves every shard it
+//! calls the service. Otherwise (a standby, a server taking over, one that
+//! lost the runs, or one holding a share of spread shards) it answers
+//! [`READS`] itself from the database, serves a call for a run of a shard
+//! it serves (the run named by the request, see [`KEYED`]) and a call that
+//! names no run, and forwards every other call as it came, HTTP/2 frames
+//! and all, to the owner of the run's shard, and passes the answer back:
+//! unary calls, server streams and Subscribe's two-way stream alike.
 //!
 //! The caller was authenticated here; the owner learns who it is from a
 //! signed header (see `auth::forwarded`) instead of its credentials, so the

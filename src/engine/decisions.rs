@@ -181,6 +181,11 @@ impl Engine {
         for item in items {
             let state = match &states[&item.run] {
                 Ok(state) => state,
+                // A run of a shard another server of the cluster owns.
+                Err(Error::OwnershipLost(why)) => {
+                    outcomes.push(ItemOutcome::Refused(Error::OwnershipLost(why.clone())));
+                    continue;
+                }
                 Err(_) => {
                     outcomes.push(ItemOutcome::Refused(Error::RunNotFound(
                         item.run.to_string(),
