@@ -188,11 +188,7 @@ where
             rest,
         });
         if cluster.serves_soon(shard).await {
-            let service = local.read().expect("poisoned").clone();
-            if let Some(mut service) = service {
-                let request = Request::from_parts(parts, body);
-                return Ok(service.call(request).await.unwrap_or_else(|e| match e {}));
-            }
+            return serve_here(local, Request::from_parts(parts, body)).await;
         }
         prepare_forward(cluster, &mut parts)?;
         let Some(owner) = cluster.owner_of(shard).await? else {
@@ -212,28 +208,34 @@ where
         .and_then(|key| shard_of(key, &bytes, &parts.extensions))
         .or_else(|| serving.iter().next())
         .unwrap_or(ANY_SHARD);
-    let mut parts = Some(parts);
-    let mut prepared = false;
-    // Twice at most: a forward may learn that this server now owns the
-    // shard (it is taking it over), and the call is then served here.
-    for _ in 0..2 {
-        if cluster.serves_soon(shard).await {
-            let service = local.read().expect("poisoned").clone();
-            if let (Some(mut service), Some(parts)) = (service, parts.take()) {
-                let request = Request::from_parts(parts, Body::new(Full::new(bytes)));
-                return Ok(service.call(request).await.unwrap_or_else(|e| match e {}));
-            }
-            return Err(taking_over());
-        }
-        let forwarding = parts.as_mut().expect("kept until served");
-        if !std::mem::replace(&mut prepared, true) {
-            prepare_forward(cluster, forwarding)?;
-        }
-        if let Some(response) = forward(cluster, forwarding, &bytes, shard).await? {
-            return Ok(response);
+    if !cluster.serves_soon(shard).await {
+        prepare_forward(cluster, &mut parts)?;
+        match forward(cluster, &parts, &bytes, shard).await? {
+            Some(response) => return Ok(response),
+            // The database names this server the owner now: it is taking
+            // the shard over, and the call is served here once it serves.
+            None if cluster.serves_soon(shard).await => {}
+            None => return Err(taking_over()),
         }
     }
-    Err(taking_over())
+    serve_here(
+        local,
+        Request::from_parts(parts, Body::new(Full::new(bytes))),
+    )
+    .await
+}
+
+/// Serves the call with this server's engine's service, if it has one.
+async fn serve_here<S>(local: &Slot<S>, request: Request<Body>) -> Result<Response<Body>, Status>
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Clone,
+{
+    let service = local.read().expect("poisoned").clone();
+    match service {
+        Some(mut service) => Ok(service.call(request).await.unwrap_or_else(|e| match e {})),
+        None => Err(taking_over()),
+    }
 }
 
 /// UNAVAILABLE: this server owns the shard and is starting to serve it.
