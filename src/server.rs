@@ -369,10 +369,11 @@ impl LocalServices {
         self.fill(Some(Services {
             runs: RunServiceServer::new(RunApi::serving(started.clone(), separation_of_duties))
                 .max_decoding_message_size(max_message),
-            approvals: ApprovalServiceServer::new(ApprovalApi::serving(
-                started.clone(),
-                separation_of_duties,
-            ))
+            approvals: ApprovalServiceServer::new(match config.store_url {
+                Some(_) => ApprovalApi::serving(started.clone(), separation_of_duties)
+                    .in_cluster(cluster.clone()),
+                None => ApprovalApi::serving(started.clone(), separation_of_duties),
+            })
             .max_decoding_message_size(max_message),
             grants: GrantServiceServer::new(GrantApi::serving(started.clone()))
                 .max_decoding_message_size(max_message),

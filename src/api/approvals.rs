@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::runs::page_size;
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
+use crate::cluster::{Cluster, Owner};
 use crate::domain::may_decide;
 use crate::engine::event::*;
 use crate::engine::{BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
@@ -29,6 +30,9 @@ pub struct ApprovalApi {
     reads: Reads,
     engine: Option<Engine>,
     separation_of_duties: bool,
+    /// The cluster, when its shards are spread: a batch's items of other
+    /// servers' shards are sent to their owners.
+    cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
 }
 
 impl ApprovalApi {
@@ -38,6 +42,15 @@ impl ApprovalApi {
             reads: engine.reads().clone(),
             engine: Some(engine),
             separation_of_duties,
+            cluster: None,
+        }
+    }
+
+    /// Sends the items of other servers' shards to their owners.
+    pub fn in_cluster(self, cluster: std::sync::Arc<crate::cluster::Cluster>) -> ApprovalApi {
+        ApprovalApi {
+            cluster: Some(cluster),
+            ..self
         }
     }
 
@@ -47,6 +60,7 @@ impl ApprovalApi {
             reads,
             engine: None,
             separation_of_duties: false,
+            cluster: None,
         }
     }
 }
@@ -206,6 +220,7 @@ impl ApprovalService for ApprovalApi {
             separation_of_duties: self.separation_of_duties,
             groups: principal(&request).map(|p| p.groups.clone()),
         };
+        let signer = crate::cluster::forward::caller(request.extensions());
         let request = request.into_inner();
         let grant = match proto::BatchDecision::try_from(request.decision) {
             Ok(proto::BatchDecision::Grant) => true,
@@ -227,21 +242,74 @@ impl ApprovalService for ApprovalApi {
         convert::check_size(if grant { "comment" } else { "reason" }, text, 4 * 1024)?;
         convert::check_size("approver", &request.approver, 256)?;
         let engine = self.engine.as_ref().ok_or_else(super::not_serving)?;
-        let outcomes = engine
-            .decide_approvals(
-                &items,
-                grant,
-                text,
-                &request.approver,
-                &reviewer,
-                request.all_or_nothing,
+        let decide = |part: Vec<BatchItem>| {
+            let reviewer = &reviewer;
+            let approver = &request.approver;
+            async move {
+                let outcomes = engine
+                    .decide_approvals(
+                        &part,
+                        grant,
+                        text,
+                        approver,
+                        reviewer,
+                        request.all_or_nothing,
+                    )
+                    .await?;
+                Ok::<_, Status>(
+                    part.iter()
+                        .zip(outcomes)
+                        .map(|(item, outcome)| decision_result(item, outcome))
+                        .collect::<Vec<_>>(),
+                )
+            }
+        };
+        let cluster = match &self.cluster {
+            Some(cluster) if !engine.shards().is_all() => cluster,
+            _ => {
+                let results = decide(items).await?;
+                return Ok(Response::new(proto::DecideApprovalsResponse { results }));
+            }
+        };
+        // With spread shards, each owner decides the items of its runs.
+        let mut by_owner: BTreeMap<String, (Option<Owner>, Vec<usize>)> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let shard = item.run.shard();
+            let owner = match engine.shards().contains(shard) {
+                true => None,
+                // `None` too while this server is taking the shard over:
+                // its engine then refuses the item, to be decided again.
+                false => cluster.owner_of(shard).await?,
+            };
+            let key = owner
+                .as_ref()
+                .map_or_else(String::new, |o| o.server.clone());
+            by_owner.entry(key).or_insert((owner, Vec::new())).1.push(i);
+        }
+        if request.all_or_nothing && by_owner.len() > 1 {
+            return Err(Error::invalid(
+                "all_or_nothing",
+                "the items' runs are served by different servers of the cluster; decide each \
+                 server's runs in a batch of their own, or without all_or_nothing",
             )
-            .await?;
-        let results = items
-            .iter()
-            .zip(outcomes)
-            .map(|(item, outcome)| decision_result(item, outcome))
-            .collect();
+            .into());
+        }
+        let mut results = vec![proto::DecisionResult::default(); items.len()];
+        for (owner, part) in by_owner.into_values() {
+            let answered = match owner {
+                None => decide(part.iter().map(|i| items[*i].clone()).collect()).await?,
+                Some(owner) => {
+                    let sent = proto::DecideApprovalsRequest {
+                        items: part.iter().map(|i| request.items[*i].clone()).collect(),
+                        ..request.clone()
+                    };
+                    decide_at(cluster, &owner, sent, signer.clone()).await
+                }
+            };
+            for (i, result) in part.into_iter().zip(answered) {
+                results[i] = result;
+            }
+        }
         Ok(Response::new(proto::DecideApprovalsResponse { results }))
     }
 
@@ -324,6 +392,44 @@ fn batch_items(items: &[proto::DecisionItem]) -> Result<Vec<BatchItem>, Error> {
 }
 
 /// The answer for one item.
+/// The owner's results for its items; each of them refused if the owner
+/// could not be asked (retry them).
+async fn decide_at(
+    cluster: &Cluster,
+    owner: &Owner,
+    request: proto::DecideApprovalsRequest,
+    signer: Option<String>,
+) -> Vec<proto::DecisionResult> {
+    const METHOD: &str = "/aaa.v1.ApprovalService/DecideApprovals";
+    let items = request.items.clone();
+    let mut call = Request::new(request);
+    let mut headers = tonic::codegen::http::HeaderMap::new();
+    crate::cluster::forward::prepare_headers(cluster, &mut headers, 0, signer, METHOD);
+    *call.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
+    let mut client =
+        proto::approval_service_client::ApprovalServiceClient::new(owner.channel.clone());
+    match client.decide_approvals(call).await {
+        Ok(answer) => answer.into_inner().results,
+        Err(status) => items
+            .into_iter()
+            .map(|item| proto::DecisionResult {
+                run_id: item.run_id,
+                call_id: item.call_id,
+                status: proto::DecisionStatus::Refused as i32,
+                error_reason: proto::ErrorReason::OwnerUnavailable
+                    .as_str_name()
+                    .to_string(),
+                error_message: format!(
+                    "the owner of the run, {}, did not decide it ({}); retry",
+                    owner.server,
+                    status.message()
+                ),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
 fn decision_result(item: &BatchItem, outcome: ItemOutcome) -> proto::DecisionResult {
     use proto::DecisionStatus;
     let mut result = proto::DecisionResult {

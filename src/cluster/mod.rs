@@ -36,7 +36,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Owner {
     pub server: String,
     pub address: String,
-    channel: Channel,
+    pub channel: Channel,
 }
 
 pub struct Cluster {

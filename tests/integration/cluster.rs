@@ -722,3 +722,66 @@ async fn spread_shards_use_a_grant_of_one_use_once() {
     }
     assert_eq!(used, 1, "a grant of one use, used {used} times");
 }
+
+/// With the shards spread, a batch decision through one server decides
+/// the items of every server's runs (each owner its own); all_or_nothing
+/// over runs of several servers is refused, as no one commit spans them.
+#[tokio::test(flavor = "multi_thread")]
+async fn spread_shards_decide_a_batch_of_every_servers_runs() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let a = spread_member(&url).await;
+    let b = spread_member(&url).await;
+    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
+    wait_until_spread(&a, &[&name_a, &name_b]).await;
+    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    let mut items = Vec::new();
+    for server in [&a, &b, &a, &b] {
+        let mut runs = server.runs().await;
+        let run_id = retrying(|| {
+            let mut runs = runs.clone();
+            async move { runs.start_run(scripted_reference_run()).await }
+        })
+        .await
+        .into_inner()
+        .run_id;
+        wait_for_approval(&mut runs, &run_id).await;
+        let pending = list_approvals(
+            &mut a.approvals().await,
+            ListApprovalsRequest {
+                run_id: run_id.clone(),
+                ..Default::default()
+            },
+        )
+        .await;
+        items.push(aaa::proto::DecisionItem {
+            run_id,
+            call_id: pending[0].call_id.clone(),
+            arguments_sha256: pending[0].arguments_sha256.clone(),
+        });
+    }
+    let batch = |all_or_nothing| aaa::proto::DecideApprovalsRequest {
+        items: items.clone(),
+        decision: aaa::proto::BatchDecision::Grant as i32,
+        comment: "all four".into(),
+        all_or_nothing,
+        ..Default::default()
+    };
+    let mut approvals = b.approvals().await;
+    let refused = expect_err(approvals.decide_approvals(batch(true)).await);
+    assert_error(&refused, Code::InvalidArgument, "INVALID_FIELD");
+    let results = retrying(|| {
+        let mut approvals = approvals.clone();
+        let request = batch(false);
+        async move { approvals.decide_approvals(request).await }
+    })
+    .await
+    .into_inner()
+    .results;
+    let decided = aaa::proto::DecisionStatus::Decided as i32;
+    assert!(results.iter().all(|r| r.status == decided), "{results:?}");
+    let ran: Vec<&str> = results.iter().map(|r| r.run_id.as_str()).collect();
+    let asked: Vec<&str> = items.iter().map(|i| i.run_id.as_str()).collect();
+    assert_eq!(ran, asked, "results in the request's order");
+}
