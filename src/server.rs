@@ -354,7 +354,6 @@ impl LocalServices {
             stopping.child_token(),
         )
         .await?;
-        crate::openai::start(started.clone(), config.models.clone()).map_err(ServeError::Models)?;
         let subscriptions = SubscriptionApi::new(&started);
         // A webhook delivers from its consumer group, served by the owner
         // of the group's shard.
@@ -362,24 +361,36 @@ impl LocalServices {
             .into_iter()
             .filter(|hook| shards.contains(crate::domain::group_shard(&hook.group())))
             .collect();
-        subscriptions.start_webhooks(&hooks).await?;
+        let helpers = async {
+            crate::openai::start(started.clone(), config.models.clone())
+                .map_err(ServeError::Models)?;
+            subscriptions.start_webhooks(&hooks).await?;
+            Ok::<(), ServeError>(())
+        };
+        if let Err(e) = helpers.await {
+            // No engine may run unseen: its timers would still fire.
+            started.close().await;
+            subscriptions.groups().closed().await;
+            return Err(e);
+        }
         let groups = subscriptions.groups();
+        // On a shared store, calls reach the other servers' shards too.
+        let shared = config.store_url.is_some().then(|| cluster.clone());
         let separation_of_duties = separation_of_duties(config);
         let max_message = config.max_message_bytes;
         self.fill(Some(Services {
             runs: RunServiceServer::new(RunApi::serving(started.clone(), separation_of_duties))
                 .max_decoding_message_size(max_message),
-            approvals: ApprovalServiceServer::new(match config.store_url {
-                Some(_) => ApprovalApi::serving(started.clone(), separation_of_duties)
-                    .in_cluster(cluster.clone()),
-                None => ApprovalApi::serving(started.clone(), separation_of_duties),
-            })
+            approvals: ApprovalServiceServer::new(
+                ApprovalApi::serving(started.clone(), separation_of_duties)
+                    .in_cluster(shared.clone()),
+            )
             .max_decoding_message_size(max_message),
             grants: GrantServiceServer::new(GrantApi::serving(started.clone()))
                 .max_decoding_message_size(max_message),
             workers: WorkerServiceServer::new(WorkerApi {
                 engine: started.clone(),
-                cluster: config.store_url.is_some().then(|| cluster.clone()),
+                cluster: shared,
             })
             .max_decoding_message_size(max_message),
             subscriptions: SubscriptionServiceServer::new(subscriptions)

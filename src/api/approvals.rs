@@ -32,7 +32,7 @@ pub struct ApprovalApi {
     separation_of_duties: bool,
     /// The cluster, when its shards are spread: a batch's items of other
     /// servers' shards are sent to their owners.
-    cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
+    cluster: Option<std::sync::Arc<Cluster>>,
 }
 
 impl ApprovalApi {
@@ -46,12 +46,10 @@ impl ApprovalApi {
         }
     }
 
-    /// Sends the items of other servers' shards to their owners.
-    pub fn in_cluster(self, cluster: std::sync::Arc<crate::cluster::Cluster>) -> ApprovalApi {
-        ApprovalApi {
-            cluster: Some(cluster),
-            ..self
-        }
+    /// On a shared store: sends the items of other servers' shards to
+    /// their owners.
+    pub fn in_cluster(self, cluster: Option<std::sync::Arc<Cluster>>) -> ApprovalApi {
+        ApprovalApi { cluster, ..self }
     }
 
     /// Any other server's: reads only (decisions are forwarded).
