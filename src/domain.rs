@@ -203,8 +203,9 @@ impl RunId {
         if shards.is_all() {
             return Some(id);
         }
-        let choices: Vec<u8> = shards.iter().collect();
-        let pick = *choices.get(usize::from(id.shard()) % choices.len().max(1))?;
+        let pick = shards
+            .iter()
+            .nth(usize::from(id.shard()) % shards.len().max(1))?;
         let mut bytes = *id.0.as_bytes();
         bytes[15] = pick;
         Some(RunId(uuid::Uuid::from_bytes(bytes)))

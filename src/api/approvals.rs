@@ -401,9 +401,7 @@ async fn decide_at(
     const METHOD: &str = "/aaa.v1.ApprovalService/DecideApprovals";
     let items = request.items.clone();
     let mut call = Request::new(request);
-    let mut headers = tonic::codegen::http::HeaderMap::new();
-    crate::cluster::forward::prepare_headers(cluster, &mut headers, 0, signer, METHOD);
-    *call.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
+    *call.metadata_mut() = crate::cluster::forward::signed_for(cluster, signer, METHOD);
     let mut client =
         proto::approval_service_client::ApprovalServiceClient::new(owner.channel.clone());
     match client.decide_approvals(call).await {

@@ -442,7 +442,7 @@ pub(crate) fn caller(extensions: &http::Extensions) -> Option<String> {
 
 /// The caller's credentials stay here: the owner gets the caller, signed,
 /// and the hop count instead.
-pub(crate) fn prepare_headers(
+fn prepare_headers(
     cluster: &Cluster,
     headers: &mut HeaderMap,
     hops: u32,
@@ -457,6 +457,18 @@ pub(crate) fn prepare_headers(
         let now_ms = crate::engine::now_ms();
         forwarded::sign(headers, &cluster.key, &name, method, now_ms);
     }
+}
+
+/// The metadata of a call this server makes to another for `caller` (see
+/// `caller`): signed as a forward of `method`, the first hop.
+pub(crate) fn signed_for(
+    cluster: &Cluster,
+    caller: Option<String>,
+    method: &str,
+) -> tonic::metadata::MetadataMap {
+    let mut headers = HeaderMap::new();
+    prepare_headers(cluster, &mut headers, 0, caller, method);
+    tonic::metadata::MetadataMap::from_headers(headers)
 }
 
 /// Sends one call to the owner. On failure: the status to answer, and

@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::codegen::http::HeaderMap;
-use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
 use super::{Cluster, Owner};
@@ -163,9 +161,7 @@ async fn ask(
         .await
         .map_err(|_| Status::internal("the poll could not be sent"))?;
     let mut call = tonic::Request::new(ReceiverStream::new(receiver));
-    let mut headers = HeaderMap::new();
-    super::forward::prepare_headers(cluster, &mut headers, 0, poll.signer.clone(), PEER_POLL);
-    *call.metadata_mut() = MetadataMap::from_headers(headers);
+    *call.metadata_mut() = super::forward::signed_for(cluster, poll.signer.clone(), PEER_POLL);
     let mut client = ClusterServiceClient::new(owner.channel.clone());
     let mut answers = client.peer_poll(call).await?.into_inner();
     match answers.message().await? {

@@ -528,6 +528,16 @@ async fn spread_member(url: &str) -> TestServer {
     .await
 }
 
+/// Two spread members once they share every shard, with wire_money
+/// registered (through the first).
+async fn spread_pair(url: &str) -> (TestServer, TestServer) {
+    let (a, b) = (spread_member(url).await, spread_member(url).await);
+    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
+    wait_until_spread(&a, &[&name_a, &name_b]).await;
+    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    (a, b)
+}
+
 /// The shard of a run (its id's last byte).
 fn shard_of(run_id: &str) -> u8 {
     aaa::store::RunId::parse(run_id).expect("a run id").shard()
@@ -543,12 +553,8 @@ async fn spread_shards_serve_every_run_through_any_server() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let a = spread_member(&url).await;
-    let mut b = spread_member(&url).await;
-    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
-    wait_until_spread(&a, &[&name_a, &name_b]).await;
-
-    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    let (a, mut b) = spread_pair(&url).await;
+    let name_a = member_of(&a).await;
     let mut through_a = a.runs().await;
     let mut through_b = b.runs().await;
     let mut started = Vec::new();
@@ -663,11 +669,7 @@ async fn spread_shards_use_a_grant_of_one_use_once() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let a = spread_member(&url).await;
-    let b = spread_member(&url).await;
-    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
-    wait_until_spread(&a, &[&name_a, &name_b]).await;
-    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    let (a, b) = spread_pair(&url).await;
     let grants = aaa::proto::grant_service_client::GrantServiceClient::new(a.channel().await);
     let grant = retrying(|| {
         let mut grants = grants.clone();
@@ -731,11 +733,7 @@ async fn spread_shards_decide_a_batch_of_every_servers_runs() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let a = spread_member(&url).await;
-    let b = spread_member(&url).await;
-    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
-    wait_until_spread(&a, &[&name_a, &name_b]).await;
-    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    let (a, b) = spread_pair(&url).await;
     let mut items = Vec::new();
     for server in [&a, &b, &a, &b] {
         let mut runs = server.runs().await;
