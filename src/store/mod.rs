@@ -69,7 +69,8 @@ pub enum StoreError {
     Fenced { shard: u8, held: i64, current: i64 },
     /// The batch uses a standing grant that another server revoked or used
     /// up meanwhile (this server's copy of the grants was behind). Nothing
-    /// of the batch was written.
+    /// of the batch was written. Only a shared store (PostgreSQL) checks
+    /// this; the embedded store's one engine keeps the count itself.
     #[error(
         "standing grant {0} was revoked or used up on another server; decided again without it"
     )]
