@@ -88,14 +88,27 @@ impl ClusterService for ClusterApi {
             if !accepted {
                 return; // `held` drops: the task goes back to its queue.
             }
-            let answer = match engine.start_held(held, &worker).await {
-                Ok(Some(task)) => Ok(PeerPollResponse {
-                    step: Some(peer_poll_response::Step::Task(convert::task(task))),
-                }),
+            let task = match engine.start_held(held, &worker).await {
+                Ok(Some(task)) => task,
                 Ok(None) => return,
-                Err(e) => Err(super::status::to_status(e)),
+                Err(e) => {
+                    let _ = answers.send(Err(super::status::to_status(e))).await;
+                    return;
+                }
             };
-            let _ = answers.send(answer).await;
+            let answer = PeerPollResponse {
+                step: Some(peer_poll_response::Step::Task(convert::task(task.clone()))),
+            };
+            let _ = answers.send(Ok(answer)).await;
+            // Only a return says the task was not delivered. A stream that
+            // breaks says nothing: the attempt may have reached a worker,
+            // so it is never handed out twice (its lease lapses instead).
+            if let Ok(Some(PeerPollRequest {
+                step: Some(peer_poll_request::Step::Returned(true)),
+            })) = inbound.message().await
+            {
+                engine.hand_back(task);
+            }
         });
         Ok(Response::new(ReceiverStream::new(stream)))
     }

@@ -72,6 +72,9 @@ pub async fn poll(
                             .await?
                             .map(crate::api::convert::task);
                     }
+                    // The engine closed (the server stops, or its shards
+                    // change): the worker polls again, maybe elsewhere.
+                    None if engine.shutdown_token().is_cancelled() => break None,
                     None => local_done = true,
                 },
                 offer = offers.next(), if !offers.is_empty() => {
@@ -84,7 +87,7 @@ pub async fn poll(
                 else => break None,
             }
         };
-        if found.is_some() || Instant::now() >= until {
+        if found.is_some() || Instant::now() >= until || engine.shutdown_token().is_cancelled() {
             return Ok(found);
         }
     }
@@ -92,8 +95,11 @@ pub async fn poll(
 
 /// An owner's offer: its stream, held open until accepted or dropped.
 struct Offer {
-    accept: mpsc::Sender<PeerPollRequest>,
+    requests: mpsc::Sender<PeerPollRequest>,
     answers: Streaming<PeerPollResponse>,
+    /// Accepted, and the task not yet here: dropped now (the worker's poll
+    /// went away), the offer hands the task back (see `Drop`).
+    awaiting_task: bool,
 }
 
 impl Offer {
@@ -104,8 +110,11 @@ impl Offer {
         let accept = PeerPollRequest {
             step: Some(peer_poll_request::Step::Accept(true)),
         };
-        self.accept.send(accept).await.ok()?;
-        match self.answers.message().await {
+        self.requests.send(accept).await.ok()?;
+        self.awaiting_task = true;
+        let answer = self.answers.message().await;
+        self.awaiting_task = false;
+        match answer {
             Ok(Some(PeerPollResponse {
                 step: Some(peer_poll_response::Step::Task(task)),
             })) => Some(task),
@@ -114,6 +123,19 @@ impl Offer {
                 tracing::warn!("an owner's offered task was lost before it arrived: {e}");
                 None
             }
+        }
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if self.awaiting_task {
+            // Sent before the stream closes, so the owner reads it after
+            // sending the task, and offers the attempt to the next poll.
+            let returned = PeerPollRequest {
+                step: Some(peer_poll_request::Step::Returned(true)),
+            };
+            let _ = self.requests.try_send(returned);
         }
     }
 }
@@ -148,7 +170,8 @@ async fn ask(
     poll: &Poll<'_>,
     wait: Duration,
 ) -> Result<Option<Offer>, Status> {
-    let (sender, receiver) = mpsc::channel(2);
+    // Room for every request a PeerPoll sends: poll, accept, returned.
+    let (sender, receiver) = mpsc::channel(3);
     let request = PollTaskRequest {
         wait_s: wait.as_secs_f64().max(0.001),
         ..poll.request.clone()
@@ -168,8 +191,9 @@ async fn ask(
         Some(PeerPollResponse {
             step: Some(peer_poll_response::Step::Offered(true)),
         }) => Ok(Some(Offer {
-            accept: sender,
+            requests: sender,
             answers,
+            awaiting_task: false,
         })),
         _ => Ok(None),
     }

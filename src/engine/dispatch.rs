@@ -218,10 +218,11 @@ impl Dispatcher {
         };
         let receiver = pending.receiver.as_mut().expect("set above");
         tokio::select! {
-            task = receiver => task.ok(),
-            _ = tokio::time::sleep(wait) => pending.withdraw(),
-            _ = cancel.cancelled() => pending.withdraw(),
+            task = receiver => return task.ok(),
+            _ = tokio::time::sleep(wait) => {}
+            _ = cancel.cancelled() => {}
         }
+        pending.end().await
     }
 }
 
@@ -234,6 +235,24 @@ struct PendingTake<'a> {
 }
 
 impl PendingTake<'_> {
+    /// Ends the wait. A poll a commit has set aside (see [`Reservation`])
+    /// waits for that commit instead, however short its wait or cancelled:
+    /// the attempt it starts is this poll's to deliver. Offered again, it
+    /// would go to a queue that nobody takes from once the engine closes
+    /// (closing cancels the polls, then lets the commits under way finish),
+    /// and the attempt would be lost when its lease lapsed.
+    async fn end(&mut self) -> Option<Delivery> {
+        let reserved = self.waiter.slot.lock().expect("poisoned").take().is_none();
+        if !reserved {
+            return self.withdraw();
+        }
+        // Awaited in place, so a caller that goes away meanwhile still
+        // gives the delivery back (`Drop`).
+        let delivery = self.receiver.as_mut()?.await.ok();
+        self.receiver = None;
+        delivery
+    }
+
     fn withdraw(&mut self) -> Option<Delivery> {
         self.waiter.slot.lock().expect("poisoned").take();
         self.receiver.take()?.try_recv().ok()
@@ -435,5 +454,45 @@ mod tests {
                 ..task(4)
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_reserved_poll_waits_for_its_attempt_when_cancelled_or_out_of_time() {
+        let d = Arc::new(Dispatcher::default());
+        let keys = [QueueKey::Tool("t".into())];
+        for wait in [Duration::from_secs(60), Duration::from_millis(1)] {
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let waiting = {
+                let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
+                tokio::spawn(async move { d.take(&keys, &"w".into(), wait, &cancel).await })
+            };
+            registered(&d, &keys[0]).await;
+            let reservation = d.reserve(&keys[0]).expect("a poll waits");
+            // The engine closes (or the wait ends) while the attempt commits.
+            cancel.cancel();
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert!(!waiting.is_finished(), "the poll waits for its commit");
+            reservation.deliver(&d, task(5), started(5));
+            let delivery = waiting.await.unwrap().expect("delivered");
+            assert_eq!(delivery.started.map(|t| t.token), Some("token-5".into()));
+            assert!(d.queues.lock().unwrap()[&keys[0]].ready.is_empty());
+        }
+
+        // A commit that fails drops its reservation: the poll ends empty.
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let waiting = {
+            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
+            tokio::spawn(async move {
+                d.take(&keys, &"w".into(), Duration::from_secs(60), &cancel)
+                    .await
+            })
+        };
+        registered(&d, &keys[0]).await;
+        let reservation = d.reserve(&keys[0]).expect("a poll waits");
+        cancel.cancel();
+        drop(reservation);
+        assert!(waiting.await.unwrap().is_none());
     }
 }

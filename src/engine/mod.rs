@@ -1200,6 +1200,22 @@ impl Engine {
         Ok(claimed)
     }
 
+    /// Offers again an attempt started for a poll that could not take it
+    /// (another server's worker poll went away before the task arrived):
+    /// the next poll of its queue gets the same attempt.
+    pub fn hand_back(&self, task: Task) {
+        let key = match task.work {
+            Work::Tool { name, .. } => QueueKey::Tool(name),
+            Work::Model { model, .. } => QueueKey::Model(model),
+        };
+        self.inner.dispatcher.offer(TaskRef {
+            run: task.run,
+            call_id: task.call_id,
+            key,
+            undelivered: true,
+        });
+    }
+
     /// Turns a queued call into an attempt, if the run still wants it.
     async fn claim(&self, task: TaskRef, worker: &WorkerId) -> Result<Option<Task>, Error> {
         let now = self.now_ms();

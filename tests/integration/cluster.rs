@@ -783,3 +783,123 @@ async fn spread_shards_decide_a_batch_of_every_servers_runs() {
     let asked: Vec<&str> = items.iter().map(|i| i.run_id.as_str()).collect();
     assert_eq!(ran, asked, "results in the request's order");
 }
+
+/// PeerPoll as an asking server uses it: a task it accepted and hands back
+/// (its worker's poll went away before the task arrived) goes to the next
+/// poll as the same attempt, instead of waiting for its lease to lapse.
+/// A client cannot call PeerPoll.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() {
+    use aaa::proto::cluster_service_client::ClusterServiceClient;
+    use aaa::proto::{peer_poll_request, peer_poll_response, PeerPollRequest, PeerPollResponse};
+
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let server = member_with(&url, false, None).await;
+    let lookup = aaa::proto::ToolDefinition {
+        name: "lookup".into(),
+        ..Default::default()
+    };
+    register(&mut server.workers().await, vec![lookup], &[]).await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, scripted_run("lookup", "{}")).await;
+    wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
+
+    // Signed as a server of this database signs (it shares the key).
+    let key = {
+        let store = aaa::store::postgres::PostgresStore::open(&url)
+            .await
+            .expect("open the store");
+        let key = aaa::store::Store::token_key(&store);
+        aaa::store::Store::close(&store).await;
+        key
+    };
+    let method = "/aaa.v1.ClusterService/PeerPoll";
+    let mut headers = tonic::codegen::http::HeaderMap::new();
+    aaa::auth::forwarded::sign(
+        &mut headers,
+        &key,
+        "127.0.0.1:9",
+        method,
+        aaa::engine::now_ms(),
+    );
+    let step = |step| PeerPollRequest { step: Some(step) };
+    let (requests, outgoing) = tokio::sync::mpsc::channel(3);
+    let poll = PollTaskRequest {
+        identity: "peer-asked".into(),
+        tools: vec!["lookup".into()],
+        wait_s: 5.0,
+        ..Default::default()
+    };
+    requests
+        .send(step(peer_poll_request::Step::Poll(poll.clone())))
+        .await
+        .unwrap();
+    let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outgoing));
+    *call.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
+    let mut peers = ClusterServiceClient::new(server.channel().await);
+    let mut answers = peers.peer_poll(call).await.expect("PeerPoll").into_inner();
+    let offered = answers.message().await.expect("an answer");
+    assert!(
+        matches!(
+            offered,
+            Some(PeerPollResponse {
+                step: Some(peer_poll_response::Step::Offered(true))
+            })
+        ),
+        "{offered:?}"
+    );
+    // Accepted, then handed back before reading the task, as an asking
+    // server does when its worker's poll goes away meanwhile.
+    requests
+        .send(step(peer_poll_request::Step::Accept(true)))
+        .await
+        .unwrap();
+    requests
+        .send(step(peer_poll_request::Step::Returned(true)))
+        .await
+        .unwrap();
+    let handed_back = match answers.message().await.expect("the task") {
+        Some(PeerPollResponse {
+            step: Some(peer_poll_response::Step::Task(task)),
+        }) => task,
+        other => panic!("expected the started task, got {other:?}"),
+    };
+    drop(requests);
+
+    let mut workers = server.workers().await;
+    let task = poll_until_task(&mut workers, "next-worker", &["lookup"], &[]).await;
+    assert_eq!(
+        (&task.run_id, &task.call_id, task.attempt),
+        (&run_id, &handed_back.call_id, handed_back.attempt),
+        "the same attempt, handed out again"
+    );
+    complete_tool(&mut workers, &task.token, r#"{"found":true}"#)
+        .await
+        .expect("complete");
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(
+        count(&events, "aaa.tool.started"),
+        1,
+        "{:?}",
+        types(&events)
+    );
+    assert_eq!(
+        count(&events, "aaa.run.completed"),
+        1,
+        "{:?}",
+        types(&events)
+    );
+
+    // Unsigned, a client is refused.
+    let (_requests, outgoing) = tokio::sync::mpsc::channel(1);
+    _requests
+        .send(step(peer_poll_request::Step::Poll(poll)))
+        .await
+        .unwrap();
+    let refused = peers
+        .peer_poll(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await;
+    assert_eq!(expect_err(refused).code(), Code::PermissionDenied);
+}

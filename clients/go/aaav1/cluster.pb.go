@@ -21,13 +21,15 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// PeerPoll's requests: the poll first, then (after an offer) the accept.
+// PeerPoll's requests: the poll first, then (after an offer) the accept,
+// and, if the worker's poll went away before the task arrived, the return.
 type PeerPollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Step:
 	//
 	//	*PeerPollRequest_Poll
 	//	*PeerPollRequest_Accept
+	//	*PeerPollRequest_Returned
 	Step          isPeerPollRequest_Step `protobuf_oneof:"step"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -88,6 +90,15 @@ func (x *PeerPollRequest) GetAccept() bool {
 	return false
 }
 
+func (x *PeerPollRequest) GetReturned() bool {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollRequest_Returned); ok {
+			return x.Returned
+		}
+	}
+	return false
+}
+
 type isPeerPollRequest_Step interface {
 	isPeerPollRequest_Step()
 }
@@ -102,9 +113,17 @@ type PeerPollRequest_Accept struct {
 	Accept bool `protobuf:"varint,2,opt,name=accept,proto3,oneof"`
 }
 
+type PeerPollRequest_Returned struct {
+	// The accepted task was not delivered: its poll has gone. The owner
+	// offers the started attempt again as it is, to the next poll.
+	Returned bool `protobuf:"varint,3,opt,name=returned,proto3,oneof"`
+}
+
 func (*PeerPollRequest_Poll) isPeerPollRequest_Step() {}
 
 func (*PeerPollRequest_Accept) isPeerPollRequest_Step() {}
+
+func (*PeerPollRequest_Returned) isPeerPollRequest_Step() {}
 
 // PeerPoll's answers: an offer, then the task. The stream ends without an
 // offer when the wait ended with nothing, and without a task when the
@@ -423,10 +442,11 @@ var File_aaa_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x13aaa/v1/worker.proto\"b\n" +
+	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x13aaa/v1/worker.proto\"\x80\x01\n" +
 	"\x0fPeerPollRequest\x12-\n" +
 	"\x04poll\x18\x01 \x01(\v2\x17.aaa.v1.PollTaskRequestH\x00R\x04poll\x12\x18\n" +
-	"\x06accept\x18\x02 \x01(\bH\x00R\x06acceptB\x06\n" +
+	"\x06accept\x18\x02 \x01(\bH\x00R\x06accept\x12\x1c\n" +
+	"\breturned\x18\x03 \x01(\bH\x00R\breturnedB\x06\n" +
 	"\x04step\"Z\n" +
 	"\x10PeerPollResponse\x12\x1a\n" +
 	"\aoffered\x18\x01 \x01(\bH\x00R\aoffered\x12\"\n" +
@@ -502,6 +522,7 @@ func file_aaa_v1_cluster_proto_init() {
 	file_aaa_v1_cluster_proto_msgTypes[0].OneofWrappers = []any{
 		(*PeerPollRequest_Poll)(nil),
 		(*PeerPollRequest_Accept)(nil),
+		(*PeerPollRequest_Returned)(nil),
 	}
 	file_aaa_v1_cluster_proto_msgTypes[1].OneofWrappers = []any{
 		(*PeerPollResponse_Offered)(nil),

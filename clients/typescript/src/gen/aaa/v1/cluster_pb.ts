@@ -12,10 +12,11 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/cluster.proto.
  */
 export const file_aaa_v1_cluster: GenFile = /*@__PURE__*/
-  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxIlQKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAQgYKBHN0ZXAiSwoQUGVlclBvbGxSZXNwb25zZRIRCgdvZmZlcmVkGAEgASgISAASHAoEdGFzaxgCIAEoCzIMLmFhYS52MS5UYXNrSABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKIAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0imQEKDUNsdXN0ZXJNZW1iZXISDgoGc2VydmVyGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSDQoFYWxpdmUYAyABKAgSDgoGc2hhcmRzGAQgASgNEg0KBWVwb2NoGAUgASgDEhUKDWxlYXNlX2xlZnRfbXMYBiABKAMSEwoLZ29uZV9mb3JfbXMYByABKAMSDQoFdXBfbXMYCCABKAMymAEKDkNsdXN0ZXJTZXJ2aWNlEkMKCkdldENsdXN0ZXISGS5hYWEudjEuR2V0Q2x1c3RlclJlcXVlc3QaGi5hYWEudjEuR2V0Q2x1c3RlclJlc3BvbnNlEkEKCFBlZXJQb2xsEhcuYWFhLnYxLlBlZXJQb2xsUmVxdWVzdBoYLmFhYS52MS5QZWVyUG9sbFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_aaa_v1_worker]);
+  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxImgKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISABCBgoEc3RlcCJLChBQZWVyUG9sbFJlc3BvbnNlEhEKB29mZmVyZWQYASABKAhIABIcCgR0YXNrGAIgASgLMgwuYWFhLnYxLlRhc2tIAEIGCgRzdGVwIhMKEUdldENsdXN0ZXJSZXF1ZXN0IogBChJHZXRDbHVzdGVyUmVzcG9uc2USEwoLdGhpc19zZXJ2ZXIYASABKAkSDQoFc3RvcmUYAiABKAkSJgoHbWVtYmVycxgDIAMoCzIVLmFhYS52MS5DbHVzdGVyTWVtYmVyEg4KBnNoYXJkcxgEIAEoDRIWCg51bm93bmVkX3NoYXJkcxgFIAEoDSKZAQoNQ2x1c3Rlck1lbWJlchIOCgZzZXJ2ZXIYASABKAkSDwoHYWRkcmVzcxgCIAEoCRINCgVhbGl2ZRgDIAEoCBIOCgZzaGFyZHMYBCABKA0SDQoFZXBvY2gYBSABKAMSFQoNbGVhc2VfbGVmdF9tcxgGIAEoAxITCgtnb25lX2Zvcl9tcxgHIAEoAxINCgV1cF9tcxgIIAEoAzKYAQoOQ2x1c3RlclNlcnZpY2USQwoKR2V0Q2x1c3RlchIZLmFhYS52MS5HZXRDbHVzdGVyUmVxdWVzdBoaLmFhYS52MS5HZXRDbHVzdGVyUmVzcG9uc2USQQoIUGVlclBvbGwSFy5hYWEudjEuUGVlclBvbGxSZXF1ZXN0GhguYWFhLnYxLlBlZXJQb2xsUmVzcG9uc2UoATABYgZwcm90bzM", [file_aaa_v1_worker]);
 
 /**
- * PeerPoll's requests: the poll first, then (after an offer) the accept.
+ * PeerPoll's requests: the poll first, then (after an offer) the accept,
+ * and, if the worker's poll went away before the task arrived, the return.
  *
  * @generated from message aaa.v1.PeerPollRequest
  */
@@ -39,6 +40,15 @@ export type PeerPollRequest = Message<"aaa.v1.PeerPollRequest"> & {
      */
     value: boolean;
     case: "accept";
+  } | {
+    /**
+     * The accepted task was not delivered: its poll has gone. The owner
+     * offers the started attempt again as it is, to the next poll.
+     *
+     * @generated from field: bool returned = 3;
+     */
+    value: boolean;
+    case: "returned";
   } | { case: undefined; value?: undefined };
 };
 

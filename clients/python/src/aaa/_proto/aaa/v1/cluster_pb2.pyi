@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PeerPollRequest(_message.Message):
-    __slots__ = ("poll", "accept")
+    __slots__ = ("poll", "accept", "returned")
     POLL_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
     poll: _worker_pb2.PollTaskRequest
     accept: bool
-    def __init__(self, poll: _Optional[_Union[_worker_pb2.PollTaskRequest, _Mapping]] = ..., accept: _Optional[bool] = ...) -> None: ...
+    returned: bool
+    def __init__(self, poll: _Optional[_Union[_worker_pb2.PollTaskRequest, _Mapping]] = ..., accept: _Optional[bool] = ..., returned: _Optional[bool] = ...) -> None: ...
 
 class PeerPollResponse(_message.Message):
     __slots__ = ("offered", "task")
