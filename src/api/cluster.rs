@@ -14,7 +14,7 @@ use crate::auth::forwarded::FromServer;
 use crate::cluster::forward::Slot;
 use crate::cluster::Cluster;
 use crate::domain::{ClusterView, SHARDS};
-use crate::engine::Engine;
+use crate::engine::{Engine, Poller};
 use crate::proto::cluster_service_server::ClusterService;
 use crate::proto::{
     peer_poll_request, peer_poll_response, ClusterMember, GetClusterRequest, GetClusterResponse,
@@ -66,9 +66,15 @@ impl ClusterService for ClusterApi {
         let (answers, stream) = mpsc::channel(2);
         tokio::spawn(async move {
             // The asking server closes the stream when it needs no task.
+            let cancel = engine.shutdown_token().child_token();
+            let hold = engine.hold_task(Poller::Peer, &worker, &keys, wait, &cancel);
+            tokio::pin!(hold);
             let held = tokio::select! {
-                held = engine.hold_task(&worker, &keys, wait) => held,
-                _ = inbound.message() => None,
+                held = &mut hold => held,
+                _ = inbound.message() => {
+                    cancel.cancel();
+                    hold.await
+                }
             };
             let Some(held) = held else {
                 return;
@@ -99,6 +105,7 @@ impl ClusterService for ClusterApi {
             let answer = PeerPollResponse {
                 step: Some(peer_poll_response::Step::Task(convert::task(task.clone()))),
             };
+            tracing::debug!(run = %task.run, call = %task.call_id, attempt = task.attempt, "attempt sent to the server that asked");
             let _ = answers.send(Ok(answer)).await;
             // Only a return says the task was not delivered. A stream that
             // breaks says nothing: the attempt may have reached a worker,
@@ -107,6 +114,7 @@ impl ClusterService for ClusterApi {
                 step: Some(peer_poll_request::Step::Returned(true)),
             })) = inbound.message().await
             {
+                tracing::debug!(run = %task.run, call = %task.call_id, "handed back by the server that asked");
                 engine.hand_back(task);
             }
         });

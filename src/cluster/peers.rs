@@ -16,7 +16,7 @@ use tonic::{Status, Streaming};
 
 use super::{Cluster, Owner};
 use crate::engine::event::WorkerId;
-use crate::engine::{Engine, QueueKey};
+use crate::engine::{Engine, Poller, QueueKey};
 use crate::proto::cluster_service_client::ClusterServiceClient;
 use crate::proto::{
     peer_poll_request, peer_poll_response, PeerPollRequest, PeerPollResponse, PollTaskRequest, Task,
@@ -58,39 +58,60 @@ pub async fn poll(
             .into_iter()
             .map(|owner| offer_from(cluster, owner, &poll, round))
             .collect();
-        let local = engine.hold_task(poll.worker, poll.keys, round);
+        let stop_local = engine.shutdown_token().child_token();
+        let local = engine.hold_task(Poller::Worker, poll.worker, poll.keys, round, &stop_local);
         tokio::pin!(local);
         let mut local_done = false;
         let found = loop {
-            tokio::select! {
-                held = &mut local, if !local_done => match held {
-                    // Closing the other owners' polls puts their tasks back.
-                    Some(held) => {
-                        drop(offers);
-                        break engine
-                            .start_held(held, poll.worker)
-                            .await?
-                            .map(crate::api::convert::task);
+            let next = tokio::select! {
+                held = &mut local, if !local_done => Next::Local(held),
+                offer = offers.next(), if !offers.is_empty() => match offer {
+                    Some(Some(offer)) if local_done => Next::Offer(offer),
+                    // The local wait ends first: an attempt a commit
+                    // started for it meanwhile is kept, and the offer
+                    // dropped (its owner puts the task back).
+                    Some(Some(offer)) => {
+                        stop_local.cancel();
+                        match local.as_mut().await {
+                            Some(held) => Next::Local(Some(held)),
+                            None => Next::Offer(offer),
+                        }
                     }
-                    // The engine closed (the server stops, or its shards
-                    // change): the worker polls again, maybe elsewhere.
-                    None if engine.shutdown_token().is_cancelled() => break None,
-                    None => local_done = true,
+                    _ => continue,
                 },
-                offer = offers.next(), if !offers.is_empty() => {
-                    if let Some(Some(offer)) = offer {
-                        // Dropping the local wait puts back a task it took.
-                        drop(offers);
-                        break offer.accept().await;
-                    }
-                }
                 else => break None,
+            };
+            match next {
+                // Closing the other owners' polls puts their tasks back.
+                Next::Local(Some(held)) => {
+                    drop(offers);
+                    break engine
+                        .start_held(held, poll.worker)
+                        .await?
+                        .map(crate::api::convert::task);
+                }
+                Next::Offer(offer) => {
+                    drop(offers);
+                    break offer.accept().await;
+                }
+                // The engine closed (the server stops, or its shards
+                // change): the worker polls again, maybe elsewhere.
+                Next::Local(None) if engine.shutdown_token().is_cancelled() => break None,
+                Next::Local(None) => local_done = true,
             }
         };
         if found.is_some() || Instant::now() >= until || engine.shutdown_token().is_cancelled() {
             return Ok(found);
         }
     }
+}
+
+/// What a round of a poll found first.
+enum Next {
+    /// This server's wait ended: with a task, or with none.
+    Local(Option<crate::engine::Held>),
+    /// Another owner holds a task for the poll.
+    Offer(Offer),
 }
 
 /// An owner's offer: its stream, held open until accepted or dropped.

@@ -73,6 +73,7 @@ impl Reservation {
             started: Some(started),
         };
         if let Err(returned) = self.sender.send(delivery) {
+            tracing::debug!(run = %returned.task.run, call = %returned.task.call_id, "its poll went away: the started attempt is offered again");
             dispatcher.offer(returned.into_offer());
         }
     }
@@ -107,11 +108,25 @@ struct Queue {
     waiters: VecDeque<Arc<Waiter>>,
 }
 
+/// Who waits in a poll, which decides what it may be handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poller {
+    /// A worker's own poll: a commit may start an attempt for it (see
+    /// [`Dispatcher::reserve`]), which it then must deliver.
+    Worker,
+    /// Another server's poll (`cluster::peers`): it only holds a call, not
+    /// yet started, until that server accepts it. A started attempt it
+    /// could not deliver would go back to a queue that may close unread
+    /// (the shards move), and be lost when its lease lapsed.
+    Peer,
+}
+
 /// One long poll, registered on every queue it serves; the first offer wins.
 struct Waiter {
     slot: Mutex<Option<oneshot::Sender<Delivery>>>,
     /// The polling worker, for attempts started on its behalf.
     worker: WorkerId,
+    poller: Poller,
 }
 
 impl Waiter {
@@ -165,11 +180,16 @@ impl Dispatcher {
         queue.ready.push_back(delivery.task);
     }
 
-    /// Sets aside a poll waiting on `key`, if there is one.
+    /// Sets aside a worker's poll waiting on `key`, if there is one.
     pub fn reserve(&self, key: &QueueKey) -> Option<Reservation> {
         let mut queues = self.queues.lock().expect("poisoned");
         let queue = queues.get_mut(key)?;
-        while let Some(waiter) = queue.waiters.pop_front() {
+        loop {
+            let at = queue
+                .waiters
+                .iter()
+                .position(|w| w.poller == Poller::Worker && !w.is_gone())?;
+            let waiter = queue.waiters.remove(at).expect("found above");
             let sender = waiter.slot.lock().expect("poisoned").take();
             if let Some(sender) = sender.filter(|s| !s.is_closed()) {
                 return Some(Reservation {
@@ -178,13 +198,14 @@ impl Dispatcher {
                 });
             }
         }
-        None
     }
 
-    /// Takes a task from any of `keys` for `worker`, waiting up to `wait`.
-    /// None when the wait ends (or `cancel` fires) with nothing to do.
+    /// Takes a task from any of `keys` for `worker`, in a poll of
+    /// `poller`, waiting up to `wait`. None when the wait ends (or `cancel`
+    /// fires) with nothing to do.
     pub async fn take(
         &self,
+        poller: Poller,
         keys: &[QueueKey],
         worker: &WorkerId,
         wait: Duration,
@@ -194,6 +215,7 @@ impl Dispatcher {
         let waiter = Arc::new(Waiter {
             slot: Mutex::new(Some(sender)),
             worker: worker.clone(),
+            poller,
         });
         {
             let mut queues = self.queues.lock().expect("poisoned");
@@ -262,6 +284,7 @@ impl PendingTake<'_> {
 impl Drop for PendingTake<'_> {
     fn drop(&mut self) {
         if let Some(delivery) = self.withdraw() {
+            tracing::debug!(run = %delivery.task.run, call = %delivery.task.call_id, started = delivery.started.is_some(), "its poll went away: offered again");
             self.dispatcher.offer(delivery.into_offer());
         }
     }
@@ -353,21 +376,27 @@ mod tests {
         d.offer(task(2));
         let keys = [QueueKey::Tool("t".into())];
         assert_eq!(
-            d.take(&keys, &"w".into(), Duration::ZERO, &cancel)
+            d.take(Poller::Worker, &keys, &"w".into(), Duration::ZERO, &cancel)
                 .await
                 .map(|d| d.task),
             Some(task(1))
         );
         assert_eq!(
-            d.take(&keys, &"w".into(), Duration::ZERO, &cancel)
+            d.take(Poller::Worker, &keys, &"w".into(), Duration::ZERO, &cancel)
                 .await
                 .map(|d| d.task),
             Some(task(2))
         );
         assert_eq!(
-            d.take(&keys, &"w".into(), Duration::from_millis(1), &cancel)
-                .await
-                .map(|d| d.task),
+            d.take(
+                Poller::Worker,
+                &keys,
+                &"w".into(),
+                Duration::from_millis(1),
+                &cancel
+            )
+            .await
+            .map(|d| d.task),
             None
         );
     }
@@ -381,7 +410,13 @@ mod tests {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
                 let taken = d
-                    .take(&keys, &"w".into(), Duration::from_secs(60), &cancel)
+                    .take(
+                        Poller::Worker,
+                        &keys,
+                        &"w".into(),
+                        Duration::from_secs(60),
+                        &cancel,
+                    )
                     .await;
                 taken.map(|d| d.task)
             })
@@ -395,7 +430,13 @@ mod tests {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
                 let taken = d
-                    .take(&keys, &"w".into(), Duration::from_secs(60), &cancel)
+                    .take(
+                        Poller::Worker,
+                        &keys,
+                        &"w".into(),
+                        Duration::from_secs(60),
+                        &cancel,
+                    )
                     .await;
                 taken.map(|d| d.task)
             })
@@ -404,7 +445,7 @@ mod tests {
         let _ = abandoned.await;
         d.offer(task(8));
         assert_eq!(
-            d.take(&keys, &"w".into(), Duration::ZERO, &cancel)
+            d.take(Poller::Worker, &keys, &"w".into(), Duration::ZERO, &cancel)
                 .await
                 .map(|d| d.task),
             Some(task(8))
@@ -419,8 +460,14 @@ mod tests {
         let poll = |worker: &'static str| {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
-                d.take(&keys, &worker.into(), Duration::from_secs(60), &cancel)
-                    .await
+                d.take(
+                    Poller::Worker,
+                    &keys,
+                    &worker.into(),
+                    Duration::from_secs(60),
+                    &cancel,
+                )
+                .await
             })
         };
 
@@ -443,7 +490,7 @@ mod tests {
         let _ = abandoned.await;
         reservation.deliver(&d, task(4), started(4));
         let again = d
-            .take(&keys, &"w3".into(), Duration::ZERO, &cancel)
+            .take(Poller::Worker, &keys, &"w3".into(), Duration::ZERO, &cancel)
             .await
             .expect("offered again");
         assert!(again.started.is_none());
@@ -464,7 +511,10 @@ mod tests {
             let cancel = tokio_util::sync::CancellationToken::new();
             let waiting = {
                 let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-                tokio::spawn(async move { d.take(&keys, &"w".into(), wait, &cancel).await })
+                tokio::spawn(async move {
+                    d.take(Poller::Worker, &keys, &"w".into(), wait, &cancel)
+                        .await
+                })
             };
             registered(&d, &keys[0]).await;
             let reservation = d.reserve(&keys[0]).expect("a poll waits");
@@ -485,8 +535,14 @@ mod tests {
         let waiting = {
             let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
             tokio::spawn(async move {
-                d.take(&keys, &"w".into(), Duration::from_secs(60), &cancel)
-                    .await
+                d.take(
+                    Poller::Worker,
+                    &keys,
+                    &"w".into(),
+                    Duration::from_secs(60),
+                    &cancel,
+                )
+                .await
             })
         };
         registered(&d, &keys[0]).await;
@@ -494,5 +550,40 @@ mod tests {
         cancel.cancel();
         drop(reservation);
         assert!(waiting.await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_peers_poll_is_never_set_aside_for_an_attempt() {
+        let d = Arc::new(Dispatcher::default());
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let keys = [QueueKey::Tool("t".into())];
+        let poll = |poller: Poller, worker: &'static str| {
+            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
+            tokio::spawn(async move {
+                d.take(
+                    poller,
+                    &keys,
+                    &worker.into(),
+                    Duration::from_secs(60),
+                    &cancel,
+                )
+                .await
+            })
+        };
+        let peer = poll(Poller::Peer, "peer");
+        registered(&d, &keys[0]).await;
+        assert!(d.reserve(&keys[0]).is_none(), "only a peer's poll waits");
+        let worker = poll(Poller::Worker, "worker");
+        while d.queues.lock().unwrap()[&keys[0]].waiters.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let reservation = d.reserve(&keys[0]).expect("the worker's poll");
+        assert_eq!(reservation.worker.identity, "worker");
+        reservation.deliver(&d, task(6), started(6));
+        assert!(worker.await.unwrap().unwrap().started.is_some());
+        // The peer's poll still gets a call to hold, not started.
+        d.offer(task(7));
+        let held = peer.await.unwrap().expect("offered");
+        assert_eq!((held.task, held.started.is_none()), (task(7), true));
     }
 }

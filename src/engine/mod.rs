@@ -37,8 +37,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use decisions::{BatchItem, ItemOutcome, SignalAnswer};
-pub use dispatch::QueueKey;
 use dispatch::{Dispatcher, Reservation, TaskRef};
+pub use dispatch::{Poller, QueueKey};
 pub use error::Error;
 use event::*;
 pub use facts::RunFacts;
@@ -1148,7 +1148,11 @@ impl Engine {
         let until = crate::seconds::instant_after(Instant::now(), wait);
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            let Some(held) = self.hold_task(worker, keys, left).await else {
+            let cancel = self.shutdown_token();
+            let Some(held) = self
+                .hold_task(Poller::Worker, worker, keys, left, cancel)
+                .await
+            else {
                 return Ok(None);
             };
             if let Some(task) = self.start_held(held, worker).await? {
@@ -1158,20 +1162,28 @@ impl Engine {
     }
 
     /// Takes a task from any of `keys` for `worker`, waiting up to `wait`
-    /// (cut to the server's cap), and holds it without starting it: the
+    /// (cut to the server's cap) or until `cancel` (a child of the engine's
+    /// [`Engine::shutdown_token`]), and holds it without starting it: the
     /// first half of a poll, for a server that asks several owners and
     /// starts only the task it keeps (see `cluster::peers`).
+    ///
+    /// End the wait with `cancel` and await it, rather than dropping it: a
+    /// commit may have started an attempt for this poll, which the
+    /// cancelled wait still returns (see `dispatch::PendingTake::end`);
+    /// dropped, the attempt goes back to a queue that may close unread.
     pub async fn hold_task(
         &self,
+        poller: Poller,
         worker: &WorkerId,
         keys: &[QueueKey],
         wait: Duration,
+        cancel: &CancellationToken,
     ) -> Option<Held> {
         let wait = wait.min(self.inner.config.poll_wait_cap);
         let delivery = self
             .inner
             .dispatcher
-            .take(keys, worker, wait, self.shutdown_token())
+            .take(poller, keys, worker, wait, cancel)
             .await?;
         Some(Held {
             engine: self.clone(),
@@ -1341,6 +1353,7 @@ impl Engine {
             principal: worker.principal.clone(),
             call_id: call.call_id.clone(),
         };
+        tracing::debug!(run = %state.id, call = %call.call_id, attempt, worker = %worker.identity, "attempt handed out");
         let span = crate::otel::context::attempt_span(state.id, &call.call_id, attempt);
         let traceparent = state.trace().traceparent(span);
         self.task(token, timeout, state.spec.deadline_at_ms, work, traceparent)
@@ -1610,6 +1623,7 @@ impl Engine {
     }
 
     async fn lease_lost(&self, lost: leases::Expired) {
+        tracing::info!(run = %lost.run, call = %lost.call_id, attempt = lost.attempt, holder = %lost.worker, "lease lapsed: attempt lost");
         let error = ErrorData::new(
             "AttemptLost",
             format!(

@@ -413,8 +413,37 @@ async fn rolling_restart(shards: Shards) {
     let lost = check_histories(&histories, &started, &granted, &executed);
     assert!(
         lost.is_empty(),
-        "attempts lost in a rolling restart: {lost:?}"
+        "attempts lost in a rolling restart: {lost:?}; the servers' log lines about them:\n{}\n\
+         the worker executed {:?}, and was refused completions {:?}",
+        log_lines_about(&dirs, &lost),
+        executed.read(|e| e
+            .attempts
+            .keys()
+            .filter(|(run, _, _)| lost.contains(run))
+            .cloned()
+            .collect::<Vec<_>>()),
+        executed.read(|e| e
+            .refused_completions
+            .iter()
+            .filter(|line| lost.iter().any(|run| line.starts_with(run.as_str())))
+            .cloned()
+            .collect::<Vec<_>>()),
     );
+}
+
+/// The lines of the servers' logs (their `AAA_LOG` decides how many) that
+/// name one of `runs`.
+fn log_lines_about(dirs: &[tempfile::TempDir], runs: &[String]) -> String {
+    let mut lines = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
+        lines.extend(
+            log.lines()
+                .filter(|line| runs.iter().any(|run| line.contains(run.as_str())))
+                .map(|line| format!("server {i}: {line}")),
+        );
+    }
+    lines.join("\n")
 }
 
 /// The database fails over under load: PostgreSQL with a synchronous
@@ -671,6 +700,8 @@ struct Executed {
     /// (run, call, attempt) -> how often this worker executed it.
     attempts: HashMap<(String, String, u32), usize>,
     errors: Vec<String>,
+    /// Each CompleteTask that failed: run, call, attempt and the answer.
+    refused_completions: Vec<String>,
 }
 
 /// A worker for both tools: records every attempt it executes; retries a
@@ -700,7 +731,13 @@ async fn serve_tools(servers: Arc<AddressList>, seen: Arc<Seen<Executed>>) {
         let mut tries = 0;
         loop {
             tries += 1;
-            match complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT).await {
+            let answer = complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT).await;
+            if let Err(status) = &answer {
+                let (run, call, attempt) = (&task.run_id, &task.call_id, task.attempt);
+                let line = format!("{run} {call} attempt {attempt}: {status:?}");
+                seen.update(|s| s.refused_completions.push(line));
+            }
+            match answer {
                 Ok(()) => break,
                 Err(status) if is_retryable(&status) => backoff().await,
                 // A retry after an UNAVAILABLE answer may find the first
