@@ -169,12 +169,20 @@ impl Pending {
         let range = state
             .entries
             .range::<[u8], _>((Bound::Included(low), Bound::Excluded(high)));
-        let present = |(k, v): (&Box<[u8]>, &Option<Box<[u8]>>)| Some((k.clone(), v.clone()?));
-        Some(if reverse {
-            range.rev().filter_map(present).take(most).collect()
+        // Deletion marks exist only while building, never when ready.
+        let entries: Vec<Entry> = if reverse {
+            range
+                .rev()
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .take(most)
+                .collect()
         } else {
-            range.filter_map(present).take(most).collect()
-        })
+            range
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .take(most)
+                .collect()
+        };
+        Some(entries)
     }
 }
 
