@@ -12,7 +12,8 @@
 //! the batches waiting, writes them to the log as one record and fdatasyncs
 //! it, applies the index writes, then answers all of them. sled itself is
 //! flushed and fsynced at checkpoints. Readers never see past the durable
-//! position.
+//! position. The pending approvals are also copied into memory (see
+//! [`pending`]), so reading all of them does not page sled's leaves.
 
 mod committer;
 mod compact;
