@@ -36,6 +36,7 @@ pub(super) struct Committer {
     pub data_file: File,
     pub log: Log,
     pub recent: Arc<Recent>,
+    pub pending: Arc<super::pending::Pending>,
     /// Log offset of the last checkpoint.
     pub checkpointed: u64,
     pub next_position: u64,
@@ -108,6 +109,14 @@ pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message
 }
 
 impl Committer {
+    /// What applying a record updates besides sled.
+    pub(super) fn applied(&self) -> log::Applied<'_> {
+        log::Applied {
+            recent: &self.recent,
+            pending: &self.pending,
+        }
+    }
+
     /// Writes fail for a cause the log may see go away (not sled's).
     fn probing(&self) -> bool {
         !*self.writable.borrow() && self.index_failed.is_none()
@@ -189,7 +198,7 @@ impl Committer {
             .observe((self.next_position - first_position) as f64);
         families.store_fsyncs.inc();
         let indexed = (|| -> Result<()> {
-            log::apply(&writes, at, &self.tree, &self.recent)?;
+            log::apply(&writes, at, &self.tree, &self.applied())?;
             if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
                 self.checkpoint()?;
             }

@@ -156,7 +156,7 @@ impl Committer {
         let offsets = self.log.append_all(&rounds)?;
         crash_point("written");
         for (round, at) in rounds.iter().zip(offsets) {
-            log::apply(round, at, &self.tree, &self.recent)?;
+            log::apply(round, at, &self.tree, &self.applied())?;
         }
         self.reclaim.dead.remove(&start);
         self.reclaim.rejected.remove(&start);

@@ -43,6 +43,7 @@ use std::thread::JoinHandle;
 
 use prost::Message;
 
+use super::pending::Pending;
 use super::spans::{Recent, Span};
 use super::{keys, EventRecord, Result, RunId, StoreError};
 
@@ -401,8 +402,14 @@ impl Mark {
 
 impl Log {
     /// Opens the log in `dir` and applies the records after the last
-    /// checkpoint's mark again, to `tree` and to the returned recent spans.
-    pub fn open(dir: &Path, tree: &sled::Db, max_segment: u64) -> Result<Opened> {
+    /// checkpoint's mark again, to `tree`, to the returned recent spans and
+    /// to `pending`.
+    pub fn open(
+        dir: &Path,
+        tree: &sled::Db,
+        max_segment: u64,
+        pending: &Pending,
+    ) -> Result<Opened> {
         let max_segment = max_segment.max(HEADER * 8);
         let min_segment = MIN_SEGMENT.min(max_segment);
         let mark = Mark::load(tree)?;
@@ -448,9 +455,13 @@ impl Log {
             }
         }
 
+        let applied = Applied {
+            recent: &recent,
+            pending,
+        };
         let mut replay = Replay {
             tree,
-            recent: &recent,
+            applied: &applied,
             at: mark.offset,
             next_position: mark.next_position.max(1),
             replayed: 0,
@@ -845,7 +856,7 @@ enum SegmentEnd {
 
 struct Replay<'a> {
     tree: &'a sled::Db,
-    recent: &'a Recent,
+    applied: &'a Applied<'a>,
     at: u64,
     next_position: u64,
     replayed: usize,
@@ -876,7 +887,7 @@ impl Replay<'_> {
             }
             match entries(payload) {
                 Some(parsed) if parsed.first_position == self.next_position => {
-                    self.next_position = apply_entries(&parsed, self.at, self.tree, self.recent)?;
+                    self.next_position = apply_entries(&parsed, self.at, self.tree, self.applied)?;
                 }
                 _ => return Ok(SegmentEnd::Torn),
             }
@@ -979,12 +990,21 @@ fn entries(payload: &[u8]) -> Option<Entries<'_>> {
 /// Applies the round written at log offset `at` to sled and `recent`, one
 /// key at a time (the log made the round durable and atomic already).
 /// Returns the position after its events.
-pub fn apply(round: &Round, at: u64, tree: &sled::Db, recent: &Recent) -> Result<u64> {
+pub fn apply(round: &Round, at: u64, tree: &sled::Db, applied: &Applied) -> Result<u64> {
     let parsed = entries(&round.payload).expect("a round encodes its own entries");
-    apply_entries(&parsed, at, tree, recent)
+    apply_entries(&parsed, at, tree, applied)
 }
 
-fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent) -> Result<u64> {
+/// What applying a record updates besides sled: the recent spans, and the
+/// copy of the pending approvals (written after sled: see
+/// [`super::pending`]).
+pub struct Applied<'a> {
+    pub recent: &'a Recent,
+    pub pending: &'a Pending,
+}
+
+fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, applied: &Applied) -> Result<u64> {
+    let recent = applied.recent;
     // The spans first: a reader that sees a run's summary or approval from
     // this record must find the events it came with (a finished run's
     // stream ends at its last seq).
@@ -1018,9 +1038,11 @@ fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, recent: &Recent
         match *entry {
             Entry::Put(key, value) => {
                 tree.insert(key, value)?;
+                applied.pending.applied(key, Some(value));
             }
             Entry::Delete(key) => {
                 tree.remove(key)?;
+                applied.pending.applied(key, None);
             }
             Entry::Forget(run) => {
                 recent.forget(RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?);
@@ -1074,7 +1096,11 @@ mod tests {
         round.events(RunId::from_slice(&events[0].run_id).unwrap(), events);
         round.put(key.as_bytes(), b"v");
         let at = log.append(&round).unwrap();
-        apply(&round, at, tree, &Recent::default()).unwrap();
+        let applied = Applied {
+            recent: &Recent::default(),
+            pending: &Pending::default(),
+        };
+        apply(&round, at, tree, &applied).unwrap();
         at
     }
 
@@ -1100,7 +1126,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let first_tree = scratch();
-        let mut opened = Log::open(dir.path(), &first_tree, 32 << 20).unwrap();
+        let mut opened = Log::open(dir.path(), &first_tree, 32 << 20, &Pending::default()).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (1, 0));
         let log = &mut opened.log;
         append(
@@ -1128,7 +1154,7 @@ mod tests {
 
         // Everything again into an empty sled.
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
         assert_eq!(span_events(&opened, run, 1), [1, 2]);
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -1142,7 +1168,7 @@ mod tests {
         // From the mark: only the record after it.
         let tree = scratch();
         mark.save(&tree).unwrap();
-        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -1153,7 +1179,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let tree = scratch();
-        let mut opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
+        let mut opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
         let filler = "x".repeat(300 * 1024);
         let mut offsets = Vec::new();
         for seq in 1..=12 {
@@ -1173,7 +1199,7 @@ mod tests {
         drop(opened);
 
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, 32 << 20).unwrap();
+        let opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
         assert_eq!((opened.next_position, opened.replayed), (13, 12));
         for (seq, at) in (1..=12).zip(offsets) {
             let stored = u64::from_le_bytes(

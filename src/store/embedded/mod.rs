@@ -12,12 +12,14 @@
 //! the batches waiting, writes them to the log as one record and fdatasyncs
 //! it, applies the index writes, then answers all of them. sled itself is
 //! flushed and fsynced at checkpoints. Readers never see past the durable
-//! position.
+//! position. The pending approvals are also copied into memory (see
+//! [`pending`]), so reading all of them does not page sled's leaves.
 
 mod committer;
 mod compact;
 mod keys;
 mod log;
+mod pending;
 mod retention;
 mod spans;
 
@@ -59,6 +61,8 @@ struct Inner {
     tree: sled::Db,
     segments: Arc<log::Segments>,
     recent: Arc<spans::Recent>,
+    /// The pending approvals in memory, once built (see [`pending`]).
+    pending: Arc<pending::Pending>,
     commits: crate::store::queue::Queue,
     durable: watch::Receiver<u64>,
     /// Mirrors `durable` for readers that do not need to wait.
@@ -162,11 +166,13 @@ impl EmbeddedStore {
         let tree = sled_config(dir, cache_bytes).open()?;
         check_format(&tree, dir)?;
         // Before anything reads the tree: it may hold less than the log.
-        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes)?;
+        let pending = Arc::new(pending::Pending::default());
+        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes, &pending)?;
         if opened.replayed > 0 {
             tracing::info!("applied {} records of the log again", opened.replayed);
         }
         retention::backfill(&tree)?;
+        pending.ready_if_none(&tree)?;
         let dead = retention::load_dead(&tree)?;
         let last_position = opened.next_position - 1;
         let data_file = std::fs::File::open(dir.join("db"))?;
@@ -180,6 +186,7 @@ impl EmbeddedStore {
             data_file,
             log: opened.log,
             recent: opened.recent.clone(),
+            pending: pending.clone(),
             checkpointed: opened.mark.offset,
             next_position: opened.next_position,
             durable: durable_tx,
@@ -196,6 +203,7 @@ impl EmbeddedStore {
             tree,
             segments: opened.segments,
             recent: opened.recent,
+            pending,
             commits,
             durable,
             durable_position,
@@ -209,6 +217,36 @@ impl EmbeddedStore {
             std::future::ready(())
         });
         Ok(EmbeddedStore { inner })
+    }
+
+    /// [`Store::approvals`] from sled, for keys in `[low, high)`.
+    fn approvals_in_sled(
+        &self,
+        query: &ApprovalQuery,
+        low: Vec<u8>,
+        high: Vec<u8>,
+    ) -> Result<Vec<ApprovalRecord>> {
+        let mut out = Vec::new();
+        if low >= high {
+            return Ok(out);
+        }
+        let range = self.inner.tree.range(low..high);
+        let range: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> =
+            match query.newest_first {
+                true => Box::new(range.rev()),
+                false => Box::new(range),
+            };
+        for entry in range {
+            if out.len() >= query.limit {
+                break;
+            }
+            let (key, value) = entry?;
+            let record: ApprovalRecord = decode(&key, &value)?;
+            if query.matches(&record) {
+                out.push(record);
+            }
+        }
+        Ok(out)
     }
 
     /// Runs a read again when compaction deleted a segment under it: the
@@ -390,6 +428,28 @@ impl EmbeddedStore {
     }
 }
 
+/// The keys an approval query reads, `[low, high)`: a run's or all
+/// approvals, after (or, newest first, below) the previous page's last.
+fn approval_bounds(query: &ApprovalQuery) -> (Vec<u8>, Vec<u8>) {
+    let (mut low, mut high) = match query.run {
+        Some(run) => {
+            let prefix = keys::run_scoped(keys::APPROVAL, run);
+            let end = keys::prefix_end(&prefix);
+            (prefix, end)
+        }
+        None => (vec![keys::APPROVAL], vec![keys::APPROVAL + 1]),
+    };
+    if let Some((run, call)) = &query.after {
+        let key = keys::approval(*run, call);
+        if query.newest_first {
+            high = high.min(key);
+        } else {
+            low = low.max([key.as_slice(), &[0]].concat());
+        }
+    }
+    (low, high)
+}
+
 /// The run's newest span, recent or in sled. The committer asks it too, to
 /// check a batch's expected seq.
 fn newest_span(tree: &sled::Db, recent: &spans::Recent, run: RunId) -> Result<Option<spans::Span>> {
@@ -544,48 +604,43 @@ impl super::Store for EmbeddedStore {
     }
 
     async fn approvals(&self, query: &ApprovalQuery) -> Result<Vec<ApprovalRecord>> {
-        let start = match (&query.after, query.run) {
-            (Some((run, call)), _) => {
-                let mut k = keys::approval(*run, call);
-                k.push(0);
-                k
-            }
-            (None, Some(run)) => keys::run_scoped(keys::APPROVAL, run),
-            (None, None) => vec![keys::APPROVAL],
-        };
-        let end = match query.run {
-            Some(run) => keys::prefix_end(&keys::run_scoped(keys::APPROVAL, run)),
-            None => vec![keys::APPROVAL + 1],
-        };
+        let (mut low, mut high) = approval_bounds(query);
+        let reverse = query.newest_first;
+        if query.run.is_none() && self.inner.pending.start_build() {
+            // A query across runs: worth a copy of them all in memory.
+            let (tree, pending) = (self.inner.tree.clone(), self.inner.pending.clone());
+            std::thread::Builder::new()
+                .name("aaa-approvals".into())
+                .spawn(move || {
+                    if let Err(e) = pending::build(&tree, &pending) {
+                        tracing::warn!("pending approvals: cannot copy them into memory: {e}");
+                    }
+                })?;
+        }
         let mut out = Vec::new();
-        let range = match (query.newest_first, &query.after, query.run) {
-            // Newest first: from the end down, below the previous page's last.
-            (true, Some((run, call)), _) => {
-                let below = keys::approval(*run, call);
-                let from = match query.run {
-                    Some(run) => keys::run_scoped(keys::APPROVAL, run),
-                    None => vec![keys::APPROVAL],
-                };
-                Box::new(self.inner.tree.range(from..below).rev())
-                    as Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>>
+        // From memory when the copy is ready, in pages (the filters may
+        // pass few of them), cloned under its lock and decoded outside it.
+        let page = query.limit.clamp(1, 1024);
+        while out.len() < query.limit {
+            let Some(entries) = self.inner.pending.range(&low, &high, reverse, page) else {
+                return self.approvals_in_sled(query, low, high);
+            };
+            let full = entries.len() == page;
+            if let Some((last, _)) = entries.last() {
+                if reverse {
+                    high = last.to_vec();
+                } else {
+                    low = [last.as_ref(), &[0]].concat();
+                }
             }
-            (true, None, Some(run)) => Box::new(
-                self.inner
-                    .tree
-                    .range(keys::run_scoped(keys::APPROVAL, run)..end)
-                    .rev(),
-            ),
-            (true, None, None) => Box::new(self.inner.tree.range(vec![keys::APPROVAL]..end).rev()),
-            (false, ..) => Box::new(self.inner.tree.range(start..end)),
-        };
-        for entry in range {
-            if out.len() >= query.limit {
+            for (key, value) in entries {
+                let record: ApprovalRecord = decode(&key, &value)?;
+                if query.matches(&record) && out.len() < query.limit {
+                    out.push(record);
+                }
+            }
+            if !full {
                 break;
-            }
-            let (key, value) = entry?;
-            let record: ApprovalRecord = decode(&key, &value)?;
-            if query.matches(&record) {
-                out.push(record);
             }
         }
         Ok(out)
@@ -1050,6 +1105,135 @@ mod tests {
         let mut expected = vec!["first", won];
         expected.sort();
         assert_eq!(tools, expected);
+        store.close().await;
+    }
+
+    /// A copy of `from` into `to`, taken while a store runs on `from`: what
+    /// its disk holds after a kill -9 at that point (the page cache survives
+    /// a process, and only the committer writes, between commits).
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    /// Every page of `query` (3 at a time), read as the store reads, or
+    /// from sled.
+    async fn all_pages(store: &EmbeddedStore, query: &ApprovalQuery, sled: bool) -> Vec<String> {
+        let mut query = ApprovalQuery {
+            limit: 3,
+            ..query.clone()
+        };
+        let mut out = Vec::new();
+        loop {
+            let page = if sled {
+                let (low, high) = approval_bounds(&query);
+                store.approvals_in_sled(&query, low, high).unwrap()
+            } else {
+                store.approvals(&query).await.unwrap()
+            };
+            let Some(last) = page.last() else {
+                return out;
+            };
+            query.after = Some((
+                RunId::from_slice(&last.run_id).unwrap(),
+                last.call_id.clone(),
+            ));
+            out.extend(page.iter().map(|a| format!("{:?}", a)));
+        }
+    }
+
+    /// Answers from the copy in memory and from sled, for queries across
+    /// runs, of one run and of one tool, both ways; they must agree.
+    async fn approvals_read_both_ways(store: &EmbeddedStore, one_run: RunId) -> Vec<Vec<String>> {
+        let mut answers = Vec::new();
+        for newest_first in [false, true] {
+            for (run, tool) in [(None, ""), (Some(one_run), ""), (None, "b")] {
+                let query = ApprovalQuery {
+                    newest_first,
+                    run,
+                    tool: tool.into(),
+                    limit: 3,
+                    ..Default::default()
+                };
+                let memory = all_pages(store, &query, false).await;
+                let sled = all_pages(store, &query, true).await;
+                assert_eq!(memory, sled, "{query:?}");
+                answers.push(memory);
+            }
+        }
+        answers
+    }
+
+    /// The pending approvals in memory answer as sled does after commits
+    /// that add, rewrite and delete approvals and after retention deletes
+    /// a run's; after a kill -9, the copy built from sled again holds the
+    /// same.
+    #[tokio::test]
+    async fn pending_approvals_in_memory_answer_as_sled_does_and_after_kill_9() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(
+            store.inner.pending.phase(),
+            pending::Phase::Ready,
+            "empty at open"
+        );
+        let runs: Vec<RunId> = (0..20).map(|_| RunId::new()).collect();
+        let approval = |run: RunId, call: &str, tool: &str| ApprovalRecord {
+            run_id: run.as_bytes().to_vec(),
+            call_id: call.into(),
+            tool: tool.into(),
+            arguments_json: "{}".into(),
+            ..Default::default()
+        };
+        let mut batch = WriteBatch::default();
+        for (i, run) in runs.iter().enumerate() {
+            batch.put_approval(&approval(*run, "c1", ["a", "b"][i % 2]));
+            if i % 3 == 0 {
+                batch.put_approval(&approval(*run, "c2", "b"));
+            }
+        }
+        store.commit(batch).await.unwrap();
+        let mut batch = WriteBatch::default();
+        batch.put_approval(&ApprovalRecord {
+            arguments_json: r#"{"edited":1}"#.into(),
+            ..approval(runs[0], "c1", "a")
+        });
+        batch.delete_approval(runs[1], "c1");
+        let finished = runs[3];
+        batch.put_run(&RunRecord {
+            run_id: finished.as_bytes().to_vec(),
+            status: 3,
+            updated_ms: 1_000,
+            ..Default::default()
+        });
+        store.commit(batch).await.unwrap();
+        let mut batch = WriteBatch::default();
+        batch.expire_run(finished, 2_000, 3_000);
+        store.commit(batch).await.unwrap();
+
+        let before = approvals_read_both_ways(&store, runs[0]).await;
+        let all = &before[0];
+        assert_eq!(all.len(), 20 - 2 + 7 - 1, "{all:?}");
+        assert!(all.iter().any(|a| a.contains("edited")));
+        assert!(store.run_approvals(finished).await.unwrap().is_empty());
+
+        let crashed = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), crashed.path());
+        store.close().await;
+        let store = EmbeddedStore::open(crashed.path(), 1 << 20).unwrap();
+        assert_eq!(store.inner.pending.phase(), pending::Phase::Off);
+        assert!(store.inner.pending.start_build());
+        pending::build(&store.inner.tree, &store.inner.pending).unwrap();
+        assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
+        assert_eq!(approvals_read_both_ways(&store, runs[0]).await, before);
         store.close().await;
     }
 }

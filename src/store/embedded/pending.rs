@@ -1,0 +1,350 @@
+//! The pending approvals in memory: a copy of sled's `A ‖ run ‖ call`
+//! entries, so that reading all of them (a WatchApprovals snapshot,
+//! ListApprovals across runs) walks memory instead of paging every sled
+//! leaf in and out of sled's cache. A million approvals do not fit that
+//! cache, and a scan larger than an LRU cache reads each leaf from the
+//! file (docs/performance.md, Scale).
+//!
+//! sled stays the durable home; this copy only follows it. Every put and
+//! delete of an approval goes through `log::apply_entries` (commits, the
+//! replay at open, compaction's rounds, retention's deletions), which
+//! writes sled first and then this copy. At open the copy is empty and
+//! off; the first query across runs builds it from sled on a thread of its
+//! own (queries read sled until it is ready), so a restart does not wait
+//! for a million records. The committer goes on meanwhile: what it writes
+//! wins over what the build read, and a delete leaves a mark until the
+//! build ends, so a value the build read before the delete is not
+//! revived.
+//!
+//! Its memory is bounded: past `max_bytes` the copy is dropped and
+//! queries read sled until the next start.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Mutex;
+
+use super::keys;
+
+/// The default bound: about 1.7 million approvals of the size the bench
+/// parks (about 300 bytes each with the map's own).
+pub const MAX_BYTES: usize = 512 << 20;
+/// What an entry costs beyond its key and value bytes (two boxes in a
+/// B-tree node, and the allocator's rounding), as counted against the bound.
+const ENTRY_OVERHEAD: usize = 48;
+
+/// A key and its value, as sled holds them.
+pub type Entry = (Box<[u8]>, Box<[u8]>);
+
+pub struct Pending {
+    state: Mutex<State>,
+    max_bytes: usize,
+}
+
+impl Default for Pending {
+    fn default() -> Pending {
+        Pending::new(MAX_BYTES)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    phase: Phase,
+    /// `None`: deleted while the build runs (see the module docs).
+    entries: BTreeMap<Box<[u8]>, Option<Box<[u8]>>>,
+    bytes: usize,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Debug)]
+pub enum Phase {
+    /// Not built: writes are not followed, queries read sled.
+    #[default]
+    Off,
+    /// Being built from sled: writes are followed, queries read sled.
+    Building,
+    /// Equal to sled's entries: queries read it.
+    Ready,
+    /// Dropped for its size: off until the next start.
+    TooBig,
+}
+
+impl State {
+    fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let added = value.map_or(0, |v| key.len() + v.len() + ENTRY_OVERHEAD);
+        let old = self.entries.insert(key.into(), value.map(Into::into));
+        if let Some(Some(old)) = old {
+            self.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
+        }
+        self.bytes += added;
+    }
+
+    fn drop_all(&mut self, phase: Phase) {
+        self.entries = BTreeMap::new();
+        self.bytes = 0;
+        self.phase = phase;
+    }
+}
+
+impl Pending {
+    pub fn new(max_bytes: usize) -> Pending {
+        Pending {
+            state: Mutex::new(State::default()),
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("pending approvals lock")
+    }
+
+    #[cfg(test)]
+    pub fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+
+    /// sled's write of `key`, just applied: `None` for a delete. Keys other
+    /// than approvals' are not ours.
+    pub fn applied(&self, key: &[u8], value: Option<&[u8]>) {
+        if key.first() != Some(&keys::APPROVAL) {
+            return;
+        }
+        let mut state = self.lock();
+        match (state.phase, value) {
+            (Phase::Off | Phase::TooBig, _) => {}
+            (Phase::Ready, None) => {
+                if let Some(Some(old)) = state.entries.remove(key) {
+                    state.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
+                }
+            }
+            (Phase::Building | Phase::Ready, value) => {
+                state.set(key, value);
+                if state.bytes > self.max_bytes {
+                    tracing::info!(
+                        "pending approvals: over {} bytes in memory, read from sled from now on",
+                        self.max_bytes
+                    );
+                    state.drop_all(Phase::TooBig);
+                }
+            }
+        }
+    }
+
+    /// Marks an empty copy of an empty set ready (a store with no
+    /// approvals, at open, before the committer starts).
+    pub fn ready_if_none(&self, tree: &sled::Db) -> sled::Result<()> {
+        if tree
+            .scan_prefix([keys::APPROVAL])
+            .next()
+            .transpose()?
+            .is_none()
+        {
+            let mut state = self.lock();
+            if state.phase == Phase::Off {
+                state.phase = Phase::Ready;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a build if none has; true when the caller is to run it
+    /// ([`build`]).
+    pub fn start_build(&self) -> bool {
+        let mut state = self.lock();
+        if state.phase != Phase::Off {
+            return false;
+        }
+        state.phase = Phase::Building;
+        true
+    }
+
+    /// Up to `most` entries with keys in `[low, high)`, in key order or
+    /// reversed; `None` while the copy is not ready.
+    pub fn range(&self, low: &[u8], high: &[u8], reverse: bool, most: usize) -> Option<Vec<Entry>> {
+        let state = self.lock();
+        if state.phase != Phase::Ready {
+            return None;
+        }
+        if low >= high {
+            return Some(Vec::new());
+        }
+        let range = state
+            .entries
+            .range::<[u8], _>((Bound::Included(low), Bound::Excluded(high)));
+        // Deletion marks exist only while building, never when ready.
+        let entries: Vec<Entry> = if reverse {
+            range
+                .rev()
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .take(most)
+                .collect()
+        } else {
+            range
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .take(most)
+                .collect()
+        };
+        Some(entries)
+    }
+}
+
+/// Entries read from sled per turn of the lock while building.
+const BUILD_CHUNK: usize = 1024;
+
+/// Fills `pending` (in [`Phase::Building`]) from sled's approvals and
+/// makes it ready. On an error it is dropped and off again, so that a
+/// later query starts another build.
+pub fn build(tree: &sled::Db, pending: &Pending) -> sled::Result<()> {
+    let filled = fill(tree, pending);
+    let mut state = pending.lock();
+    if state.phase != Phase::Building {
+        // Dropped for its size meanwhile.
+        return filled;
+    }
+    match filled {
+        Ok(()) => {
+            state.entries.retain(|_, value| value.is_some());
+            state.phase = Phase::Ready;
+        }
+        Err(_) => state.drop_all(Phase::Off),
+    }
+    filled
+}
+
+fn fill(tree: &sled::Db, pending: &Pending) -> sled::Result<()> {
+    let mut chunk = Vec::with_capacity(BUILD_CHUNK);
+    let mut scan = tree.scan_prefix([keys::APPROVAL]);
+    loop {
+        chunk.clear();
+        for entry in scan.by_ref().take(BUILD_CHUNK) {
+            chunk.push(entry?);
+        }
+        let mut state = pending.lock();
+        if state.phase != Phase::Building {
+            return Ok(());
+        }
+        for (key, value) in &chunk {
+            // The committer's write, if any since the build began, is newer.
+            if !state.entries.contains_key(key.as_ref()) {
+                state.set(key, Some(value));
+            }
+        }
+        if state.bytes > pending.max_bytes {
+            tracing::info!(
+                "pending approvals: over {} bytes in memory, read from sled from now on",
+                pending.max_bytes
+            );
+            state.drop_all(Phase::TooBig);
+            return Ok(());
+        }
+        if chunk.len() < BUILD_CHUNK {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> Vec<u8> {
+        vec![keys::APPROVAL, n]
+    }
+
+    fn scratch() -> sled::Db {
+        sled::Config::new().temporary(true).open().unwrap()
+    }
+
+    fn all(pending: &Pending) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let low = [keys::APPROVAL];
+        let high = [keys::APPROVAL + 1];
+        let entries = pending.range(&low, &high, false, usize::MAX).unwrap();
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.into_vec(), v.into_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn writes_during_a_build_win_over_what_it_read() {
+        let tree = scratch();
+        for n in 1..=3 {
+            tree.insert(key(n), vec![n]).unwrap();
+        }
+        tree.insert([b'Z', 1], &b"not an approval"[..]).unwrap();
+        let pending = Pending::default();
+        assert!(pending.start_build());
+        assert!(!pending.start_build(), "one build at a time");
+        // The committer, between the build's read of sled and its fill:
+        // 1 deleted, 2 rewritten, 4 added (sled first, then the copy).
+        tree.remove(key(1)).unwrap();
+        pending.applied(&key(1), None);
+        tree.insert(key(2), vec![20]).unwrap();
+        pending.applied(&key(2), Some(&[20]));
+        tree.insert(key(4), vec![4]).unwrap();
+        pending.applied(&key(4), Some(&[4]));
+        // A build that read sled before those writes fills in the old values.
+        {
+            let mut state = pending.lock();
+            for (k, v) in [(key(1), vec![1]), (key(2), vec![2]), (key(3), vec![3])] {
+                if !state.entries.contains_key(k.as_slice()) {
+                    state.set(&k, Some(&v));
+                }
+            }
+        }
+        assert!(
+            pending.range(&[0], &[255], false, 10).is_none(),
+            "not ready yet"
+        );
+        build(&tree, &pending).unwrap();
+        assert_eq!(pending.phase(), Phase::Ready);
+        let expected = vec![(key(2), vec![20]), (key(3), vec![3]), (key(4), vec![4])];
+        assert_eq!(all(&pending), expected);
+        // Then it follows sled.
+        pending.applied(&key(3), None);
+        pending.applied(&[b'Z', 2], Some(b"ignored"));
+        assert_eq!(all(&pending), vec![(key(2), vec![20]), (key(4), vec![4])]);
+        let reversed = pending.range(&key(0), &key(9), true, 1).unwrap();
+        assert_eq!(reversed, vec![(key(4).into(), vec![4].into())]);
+    }
+
+    #[test]
+    fn writes_before_a_build_are_not_followed() {
+        let pending = Pending::default();
+        pending.applied(&key(1), Some(&[1]));
+        assert_eq!(pending.phase(), Phase::Off);
+        assert!(pending.range(&[0], &[255], false, 10).is_none());
+    }
+
+    #[test]
+    fn an_empty_store_is_ready_at_once_and_a_full_one_is_not() {
+        let tree = scratch();
+        let pending = Pending::default();
+        pending.ready_if_none(&tree).unwrap();
+        assert_eq!(pending.phase(), Phase::Ready);
+        tree.insert(key(1), vec![1]).unwrap();
+        let pending = Pending::default();
+        pending.ready_if_none(&tree).unwrap();
+        assert_eq!(pending.phase(), Phase::Off);
+    }
+
+    #[test]
+    fn past_its_bound_the_copy_is_dropped_for_good() {
+        let tree = scratch();
+        for n in 1..=3 {
+            tree.insert(key(n), vec![0; 100]).unwrap();
+        }
+        let pending = Pending::new(2 * (2 + 100 + ENTRY_OVERHEAD));
+        assert!(pending.start_build());
+        build(&tree, &pending).unwrap();
+        assert_eq!(pending.phase(), Phase::TooBig);
+        assert!(pending.range(&[0], &[255], false, 10).is_none());
+        assert!(!pending.start_build());
+
+        let pending = Pending::new(2 * (2 + 100 + ENTRY_OVERHEAD));
+        pending.ready_if_none(&scratch()).unwrap();
+        pending.applied(&key(1), Some(&[0; 100]));
+        pending.applied(&key(2), Some(&[0; 100]));
+        assert_eq!(all(&pending).len(), 2);
+        pending.applied(&key(3), Some(&[0; 100]));
+        assert_eq!(pending.phase(), Phase::TooBig);
+    }
+}
