@@ -609,13 +609,18 @@ impl super::Store for EmbeddedStore {
         if query.run.is_none() && self.inner.pending.start_build() {
             // A query across runs: worth a copy of them all in memory.
             let (tree, pending) = (self.inner.tree.clone(), self.inner.pending.clone());
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("aaa-approvals".into())
                 .spawn(move || {
                     if let Err(e) = pending::build(&tree, &pending) {
                         tracing::warn!("pending approvals: cannot copy them into memory: {e}");
                     }
-                })?;
+                });
+            if let Err(e) = spawned {
+                // Off again, so that a later query tries once more.
+                self.inner.pending.abandon_build();
+                return Err(e.into());
+            }
         }
         let mut out = Vec::new();
         // From memory when the copy is ready, in pages (the filters may

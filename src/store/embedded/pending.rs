@@ -156,6 +156,14 @@ impl Pending {
         true
     }
 
+    /// Ends a build that could not start: the copy is off again.
+    pub fn abandon_build(&self) {
+        let mut state = self.lock();
+        if state.phase == Phase::Building {
+            state.drop_all(Phase::Off);
+        }
+    }
+
     /// Up to `most` entries with keys in `[low, high)`, in key order or
     /// reversed; `None` while the copy is not ready.
     pub fn range(&self, low: &[u8], high: &[u8], reverse: bool, most: usize) -> Option<Vec<Entry>> {
