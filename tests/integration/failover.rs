@@ -134,7 +134,16 @@ async fn failover(outage: Outage, shards: Shards) {
     let mut runs = third.runs().await;
     let mut started = Vec::new();
     for i in 0..BEFORE {
-        let run_id = start_run(&mut runs, run_request(i)).await;
+        // Retried as the SDKs do: with spread shards, a shard may be
+        // between owners for a moment (OWNER_UNAVAILABLE).
+        let request = run_request(i);
+        let run_id = retrying(|| {
+            let (mut runs, request) = (runs.clone(), request.clone());
+            async move { runs.start_run(request).await }
+        })
+        .await
+        .into_inner()
+        .run_id;
         started.push((run_id, is_gated(i)));
     }
     let mut waiting = Vec::new();
