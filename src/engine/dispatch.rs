@@ -354,6 +354,22 @@ mod tests {
         }
     }
 
+    /// A wait longer than any test.
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// A poll of `poller` for `worker`, in a task of its own.
+    fn spawn_take(
+        d: &Arc<Dispatcher>,
+        poller: Poller,
+        keys: &[QueueKey],
+        worker: &'static str,
+        wait: Duration,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<Option<Delivery>> {
+        let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.to_vec());
+        tokio::spawn(async move { d.take(poller, &keys, &worker.into(), wait, &cancel).await })
+    }
+
     /// Waits until a poll is registered on `key`.
     async fn registered(d: &Dispatcher, key: &QueueKey) {
         while d
@@ -406,41 +422,13 @@ mod tests {
         let d = Arc::new(Dispatcher::default());
         let cancel = tokio_util::sync::CancellationToken::new();
         let keys = [QueueKey::Tool("t".into()), QueueKey::Model("m".into())];
-        let waiting = {
-            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move {
-                let taken = d
-                    .take(
-                        Poller::Worker,
-                        &keys,
-                        &"w".into(),
-                        Duration::from_secs(60),
-                        &cancel,
-                    )
-                    .await;
-                taken.map(|d| d.task)
-            })
-        };
+        let waiting = spawn_take(&d, Poller::Worker, &keys, "w", MINUTE, &cancel);
         registered(&d, &keys[0]).await;
         d.offer(task(7));
-        assert_eq!(waiting.await.unwrap(), Some(task(7)));
+        assert_eq!(waiting.await.unwrap().map(|d| d.task), Some(task(7)));
 
         // A poll that goes away loses nothing.
-        let abandoned = {
-            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move {
-                let taken = d
-                    .take(
-                        Poller::Worker,
-                        &keys,
-                        &"w".into(),
-                        Duration::from_secs(60),
-                        &cancel,
-                    )
-                    .await;
-                taken.map(|d| d.task)
-            })
-        };
+        let abandoned = spawn_take(&d, Poller::Worker, &keys, "w", MINUTE, &cancel);
         abandoned.abort();
         let _ = abandoned.await;
         d.offer(task(8));
@@ -457,19 +445,7 @@ mod tests {
         let d = Arc::new(Dispatcher::default());
         let cancel = tokio_util::sync::CancellationToken::new();
         let keys = [QueueKey::Tool("t".into())];
-        let poll = |worker: &'static str| {
-            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move {
-                d.take(
-                    Poller::Worker,
-                    &keys,
-                    &worker.into(),
-                    Duration::from_secs(60),
-                    &cancel,
-                )
-                .await
-            })
-        };
+        let poll = |worker| spawn_take(&d, Poller::Worker, &keys, worker, MINUTE, &cancel);
 
         let waiting = poll("w1");
         registered(&d, &keys[0]).await;
@@ -509,13 +485,7 @@ mod tests {
         let keys = [QueueKey::Tool("t".into())];
         for wait in [Duration::from_secs(60), Duration::from_millis(1)] {
             let cancel = tokio_util::sync::CancellationToken::new();
-            let waiting = {
-                let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-                tokio::spawn(async move {
-                    d.take(Poller::Worker, &keys, &"w".into(), wait, &cancel)
-                        .await
-                })
-            };
+            let waiting = spawn_take(&d, Poller::Worker, &keys, "w", wait, &cancel);
             registered(&d, &keys[0]).await;
             let reservation = d.reserve(&keys[0]).expect("a poll waits");
             // The engine closes (or the wait ends) while the attempt commits.
@@ -532,19 +502,7 @@ mod tests {
 
         // A commit that fails drops its reservation: the poll ends empty.
         let cancel = tokio_util::sync::CancellationToken::new();
-        let waiting = {
-            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move {
-                d.take(
-                    Poller::Worker,
-                    &keys,
-                    &"w".into(),
-                    Duration::from_secs(60),
-                    &cancel,
-                )
-                .await
-            })
-        };
+        let waiting = spawn_take(&d, Poller::Worker, &keys, "w", MINUTE, &cancel);
         registered(&d, &keys[0]).await;
         let reservation = d.reserve(&keys[0]).expect("a poll waits");
         cancel.cancel();
@@ -557,19 +515,7 @@ mod tests {
         let d = Arc::new(Dispatcher::default());
         let cancel = tokio_util::sync::CancellationToken::new();
         let keys = [QueueKey::Tool("t".into())];
-        let poll = |poller: Poller, worker: &'static str| {
-            let (d, cancel, keys) = (d.clone(), cancel.clone(), keys.clone());
-            tokio::spawn(async move {
-                d.take(
-                    poller,
-                    &keys,
-                    &worker.into(),
-                    Duration::from_secs(60),
-                    &cancel,
-                )
-                .await
-            })
-        };
+        let poll = |poller, worker| spawn_take(&d, poller, &keys, worker, MINUTE, &cancel);
         let peer = poll(Poller::Peer, "peer");
         registered(&d, &keys[0]).await;
         assert!(d.reserve(&keys[0]).is_none(), "only a peer's poll waits");
