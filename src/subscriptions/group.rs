@@ -8,7 +8,7 @@
 //! (or the last position read, when there is none); it and the dead-letter
 //! changes are committed together, one commit at a time.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -93,6 +93,10 @@ struct Member {
     outbound: mpsc::Sender<Outbound>,
     max_in_flight: usize,
     in_flight: usize,
+    /// The serial of its latest delivery: among equally loaded members
+    /// the one served longest ago goes first, so a trickle of events that
+    /// are acked at once still spreads over every member.
+    last_served: u64,
 }
 
 /// An event the group has not finished with, as read from the log.
@@ -130,7 +134,7 @@ pub struct Group {
     record: GroupRecord,
     ack_timeout: Duration,
     commands: mpsc::Sender<Command>,
-    members: HashMap<u64, Member>,
+    members: BTreeMap<u64, Member>,
     next_member: u64,
     next_serial: u64,
     entries: BTreeMap<u64, Entry>,
@@ -170,7 +174,7 @@ impl Group {
             store,
             record,
             commands: commands.clone(),
-            members: HashMap::new(),
+            members: BTreeMap::new(),
             next_member: 1,
             next_serial: 1,
             entries: BTreeMap::new(),
@@ -255,6 +259,7 @@ impl Group {
                     outbound,
                     max_in_flight,
                     in_flight: 0,
+                    last_served: 0,
                 };
                 self.members.insert(id, member);
                 let _ = reply.send((id, self.committed));
@@ -361,14 +366,15 @@ impl Group {
             .min()
     }
 
-    /// Hands ready entries to the members with the most room.
+    /// Hands ready entries to the members with the most room, taking
+    /// turns among those with equal room.
     fn dispatch(&mut self) {
         while let Some(&position) = self.ready.first() {
             let Some((&member_id, _)) = self
                 .members
                 .iter()
                 .filter(|(_, m)| m.in_flight < m.max_in_flight)
-                .min_by_key(|(_, m)| m.in_flight)
+                .min_by_key(|(_, m)| (m.in_flight, m.last_served))
             else {
                 return;
             };
@@ -394,6 +400,7 @@ impl Group {
                 continue;
             }
             member.in_flight += 1;
+            member.last_served = serial;
             self.next_serial += 1;
             entry.lease = Some(Lease {
                 member: member_id,

@@ -276,6 +276,42 @@ async fn each_group_gets_each_event_once() {
     server.shutdown().await;
 }
 
+/// Events that come one at a time, each acked before the next, take turns
+/// over the members instead of all going to the first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trickle_of_events_takes_turns_over_the_members() {
+    let server = TestServer::start().await;
+    let run_id = waiting_run(&server, &[]).await;
+    let (served_tx, mut served) = mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for name in ["m1", "m2", "m3"] {
+        let mut consumer = subscribe(&server, open("turns")).await;
+        let served_tx = served_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let delivery = consumer.delivery().await;
+                // Reported once the group has its ack: the member is idle again.
+                consumer.ack_ok(&delivery).await;
+                let _ = served_tx.send(name);
+            }
+        }));
+    }
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        append(&server, &run_id, "app.tick", 1).await;
+        let name = tokio::time::timeout(WAIT, served.recv())
+            .await
+            .expect("no member got the event")
+            .expect("members ended");
+        order.push(name);
+    }
+    for task in tasks {
+        task.abort();
+    }
+    assert_eq!(order, ["m1", "m2", "m3", "m1", "m2", "m3"]);
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unacked_deliveries_of_a_dropped_member_reach_another() {
     let server = TestServer::start().await;
