@@ -8,17 +8,17 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::workers::{named, poll_of, worker_id};
-use super::{convert, principal};
+use super::principal;
+use super::workers::worker_id;
 use crate::auth::forwarded::FromServer;
 use crate::cluster::forward::Slot;
+use crate::cluster::offers::Rounds;
 use crate::cluster::Cluster;
 use crate::domain::{ClusterView, SHARDS};
-use crate::engine::{Engine, Poller};
+use crate::engine::Engine;
 use crate::proto::cluster_service_server::ClusterService;
 use crate::proto::{
-    peer_poll_request, peer_poll_response, ClusterMember, GetClusterRequest, GetClusterResponse,
-    PeerPollRequest, PeerPollResponse,
+    ClusterMember, GetClusterRequest, GetClusterResponse, PeerPollRequest, PeerPollResponse,
 };
 
 pub struct ClusterApi {
@@ -33,8 +33,9 @@ pub struct ClusterApi {
 impl ClusterService for ClusterApi {
     type PeerPollStream = ReceiverStream<Result<PeerPollResponse, Status>>;
 
-    /// Holds a task of this server's shards for another server's poll,
-    /// offers it, and starts it only once accepted (see `cluster::peers`).
+    /// Rounds of holding a task of this server's shards for another
+    /// server's worker, offering it, and starting it only once accepted
+    /// (see `cluster::offers`).
     async fn peer_poll(
         &self,
         request: Request<Streaming<PeerPollRequest>>,
@@ -44,80 +45,15 @@ impl ClusterService for ClusterApi {
                 "PeerPoll is for the servers of a cluster; workers call PollTask",
             ));
         }
-        let caller = principal(&request).cloned();
-        let anonymous = worker_id(&request, "");
-        let mut inbound = request.into_inner();
-        let poll = match inbound.message().await? {
-            Some(PeerPollRequest {
-                step: Some(peer_poll_request::Step::Poll(poll)),
-            }) => poll,
-            _ => return Err(Status::invalid_argument("PeerPoll starts with the poll")),
-        };
-        let (keys, wait) = poll_of(&poll, caller.as_ref())?;
-        let worker = named(anonymous, &poll.identity);
-        let engine = self.engine.read().expect("poisoned").clone();
-        let Some(engine) = engine else {
-            return Err(crate::cluster::unavailable(
-                "this server serves no shard now; ask again shortly",
-                "",
-            ));
-        };
-        engine.claim_identity(&worker).await?;
         let (answers, stream) = mpsc::channel(2);
-        tokio::spawn(async move {
-            // The asking server closes the stream when it needs no task.
-            let cancel = engine.shutdown_token().child_token();
-            let hold = engine.hold_task(Poller::Peer, &worker, &keys, wait, &cancel);
-            tokio::pin!(hold);
-            let held = tokio::select! {
-                held = &mut hold => held,
-                _ = inbound.message() => {
-                    cancel.cancel();
-                    hold.await
-                }
-            };
-            let Some(held) = held else {
-                return;
-            };
-            let offered = PeerPollResponse {
-                step: Some(peer_poll_response::Step::Offered(true)),
-            };
-            if answers.send(Ok(offered)).await.is_err() {
-                return;
-            }
-            let accepted = matches!(
-                inbound.message().await,
-                Ok(Some(PeerPollRequest {
-                    step: Some(peer_poll_request::Step::Accept(true)),
-                }))
-            );
-            if !accepted {
-                return; // `held` drops: the task goes back to its queue.
-            }
-            let task = match engine.start_held(held, &worker).await {
-                Ok(Some(task)) => task,
-                Ok(None) => return,
-                Err(e) => {
-                    let _ = answers.send(Err(super::status::to_status(e))).await;
-                    return;
-                }
-            };
-            let answer = PeerPollResponse {
-                step: Some(peer_poll_response::Step::Task(convert::task(task.clone()))),
-            };
-            tracing::debug!(run = %task.run, call = %task.call_id, attempt = task.attempt, "attempt sent to the server that asked");
-            let _ = answers.send(Ok(answer)).await;
-            // Only a return says the task was not delivered. A stream that
-            // breaks says nothing: the attempt may have reached a worker,
-            // so it is never handed out twice (its lease lapses instead).
-            if let Ok(Some(PeerPollRequest {
-                step: Some(peer_poll_request::Step::Returned(true)),
-            })) = inbound.message().await
-            {
-                tracing::debug!(run = %task.run, call = %task.call_id, "handed back by the server that asked");
-                engine.hand_back(task);
-            }
-        });
+        let rounds = Rounds {
+            caller: principal(&request).cloned(),
+            anonymous: worker_id(&request, ""),
+            inbound: request.into_inner(),
+            answers,
+            engine: self.engine.clone(),
+        };
+        tokio::spawn(rounds.serve());
         Ok(Response::new(ReceiverStream::new(stream)))
     }
 

@@ -10,7 +10,7 @@ mod policy;
 mod runs;
 pub mod status;
 mod subscriptions;
-mod workers;
+pub(crate) mod workers;
 
 use tonic::{Request, Status};
 

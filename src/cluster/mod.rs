@@ -7,6 +7,7 @@
 
 pub mod balance;
 pub mod forward;
+pub mod offers;
 pub mod peers;
 
 use std::collections::HashMap;
@@ -60,6 +61,9 @@ pub struct Cluster {
     pub(crate) key: [u8; 32],
     /// The DNS names of this server's own certificate (under TLS).
     own_names: Vec<String>,
+    /// The streams that ask the other owners for tasks for this server's
+    /// workers (with spread shards).
+    pub(crate) links: peers::Links,
 }
 
 impl Cluster {
@@ -85,6 +89,7 @@ impl Cluster {
             own_names: ca_pem.map(dns_names).unwrap_or_default(),
             keepalive,
             key,
+            links: peers::Links::default(),
         })
     }
 

@@ -631,6 +631,22 @@ async fn spread_shards_serve_every_run_through_any_server() {
         assert_dense(&events, 1);
         assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
     }
+    // The worker's polls reach b's tasks over streams kept open across
+    // polls, not one stream per poll.
+    let from_b = started.len() / 2;
+    let scraped = crate::metrics::scrape(&b).await;
+    let peer_polls: f64 = scraped
+        .lines()
+        .filter(|line| {
+            line.starts_with(r#"aaa_api_requests_total{method="ClusterService/PeerPoll""#)
+                || line.starts_with(r#"aaa_api_open_streams{method="ClusterService/PeerPoll""#)
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        peer_polls >= 1.0 && (peer_polls as usize) < from_b,
+        "{peer_polls} PeerPoll streams for {from_b} tasks of b's shards"
+    );
 
     // Two runs wait in b's shards; b stops, a takes its shards over.
     let mut waiting = Vec::new();

@@ -21,8 +21,10 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// PeerPoll's requests: the poll first, then (after an offer) the accept,
-// and, if the worker's poll went away before the task arrived, the return.
+// PeerPoll's requests, in rounds: a poll; then, after an offer, the accept
+// or the withdraw; and, if the worker's poll went away before the accepted
+// task arrived, the return. The next round's poll follows on the same
+// stream.
 type PeerPollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Step:
@@ -30,6 +32,7 @@ type PeerPollRequest struct {
 	//	*PeerPollRequest_Poll
 	//	*PeerPollRequest_Accept
 	//	*PeerPollRequest_Returned
+	//	*PeerPollRequest_Withdraw
 	Step          isPeerPollRequest_Step `protobuf_oneof:"step"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -99,12 +102,22 @@ func (x *PeerPollRequest) GetReturned() bool {
 	return false
 }
 
+func (x *PeerPollRequest) GetWithdraw() bool {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollRequest_Withdraw); ok {
+			return x.Withdraw
+		}
+	}
+	return false
+}
+
 type isPeerPollRequest_Step interface {
 	isPeerPollRequest_Step()
 }
 
 type PeerPollRequest_Poll struct {
-	// The worker's poll, as it came.
+	// A poll of the worker waits: hold a task for it. Every round's poll
+	// is the worker's PollTaskRequest as it came (wait_s: the round's).
 	Poll *PollTaskRequest `protobuf:"bytes,1,opt,name=poll,proto3,oneof"`
 }
 
@@ -119,21 +132,33 @@ type PeerPollRequest_Returned struct {
 	Returned bool `protobuf:"varint,3,opt,name=returned,proto3,oneof"`
 }
 
+type PeerPollRequest_Withdraw struct {
+	// No poll waits for this round's task any more: before an offer, stop
+	// holding; after one, decline it (the task goes back to its queue).
+	// Either way the owner ends the round (ENDED). One that comes between
+	// rounds is ignored.
+	Withdraw bool `protobuf:"varint,4,opt,name=withdraw,proto3,oneof"`
+}
+
 func (*PeerPollRequest_Poll) isPeerPollRequest_Step() {}
 
 func (*PeerPollRequest_Accept) isPeerPollRequest_Step() {}
 
 func (*PeerPollRequest_Returned) isPeerPollRequest_Step() {}
 
-// PeerPoll's answers: an offer, then the task. The stream ends without an
-// offer when the wait ended with nothing, and without a task when the
-// offered call no longer wanted an attempt.
+func (*PeerPollRequest_Withdraw) isPeerPollRequest_Step() {}
+
+// PeerPoll's answers, per round: an offer then the task, or the end of the
+// round without one (the wait ended with nothing, the round was withdrawn,
+// or the accepted call no longer wanted an attempt). The owner ends the
+// stream when its engine closes (its shards move, or it stops).
 type PeerPollResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Step:
 	//
 	//	*PeerPollResponse_Offered
 	//	*PeerPollResponse_Task
+	//	*PeerPollResponse_Ended
 	Step          isPeerPollResponse_Step `protobuf_oneof:"step"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -194,23 +219,39 @@ func (x *PeerPollResponse) GetTask() *Task {
 	return nil
 }
 
+func (x *PeerPollResponse) GetEnded() bool {
+	if x != nil {
+		if x, ok := x.Step.(*PeerPollResponse_Ended); ok {
+			return x.Ended
+		}
+	}
+	return false
+}
+
 type isPeerPollResponse_Step interface {
 	isPeerPollResponse_Step()
 }
 
 type PeerPollResponse_Offered struct {
-	// A task is held for this poll: accept it, or close the stream.
+	// A task is held for this round: accept it, or withdraw.
 	Offered bool `protobuf:"varint,1,opt,name=offered,proto3,oneof"`
 }
 
 type PeerPollResponse_Task struct {
-	// The started attempt.
+	// The started attempt; the round is over.
 	Task *Task `protobuf:"bytes,2,opt,name=task,proto3,oneof"`
+}
+
+type PeerPollResponse_Ended struct {
+	// The round is over without a task.
+	Ended bool `protobuf:"varint,3,opt,name=ended,proto3,oneof"`
 }
 
 func (*PeerPollResponse_Offered) isPeerPollResponse_Step() {}
 
 func (*PeerPollResponse_Task) isPeerPollResponse_Step() {}
+
+func (*PeerPollResponse_Ended) isPeerPollResponse_Step() {}
 
 type GetClusterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -442,15 +483,17 @@ var File_aaa_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x13aaa/v1/worker.proto\"\x80\x01\n" +
+	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x13aaa/v1/worker.proto\"\x9e\x01\n" +
 	"\x0fPeerPollRequest\x12-\n" +
 	"\x04poll\x18\x01 \x01(\v2\x17.aaa.v1.PollTaskRequestH\x00R\x04poll\x12\x18\n" +
 	"\x06accept\x18\x02 \x01(\bH\x00R\x06accept\x12\x1c\n" +
-	"\breturned\x18\x03 \x01(\bH\x00R\breturnedB\x06\n" +
-	"\x04step\"Z\n" +
+	"\breturned\x18\x03 \x01(\bH\x00R\breturned\x12\x1c\n" +
+	"\bwithdraw\x18\x04 \x01(\bH\x00R\bwithdrawB\x06\n" +
+	"\x04step\"r\n" +
 	"\x10PeerPollResponse\x12\x1a\n" +
 	"\aoffered\x18\x01 \x01(\bH\x00R\aoffered\x12\"\n" +
-	"\x04task\x18\x02 \x01(\v2\f.aaa.v1.TaskH\x00R\x04taskB\x06\n" +
+	"\x04task\x18\x02 \x01(\v2\f.aaa.v1.TaskH\x00R\x04task\x12\x16\n" +
+	"\x05ended\x18\x03 \x01(\bH\x00R\x05endedB\x06\n" +
 	"\x04step\"\x13\n" +
 	"\x11GetClusterRequest\"\xbb\x01\n" +
 	"\x12GetClusterResponse\x12\x1f\n" +
@@ -523,10 +566,12 @@ func file_aaa_v1_cluster_proto_init() {
 		(*PeerPollRequest_Poll)(nil),
 		(*PeerPollRequest_Accept)(nil),
 		(*PeerPollRequest_Returned)(nil),
+		(*PeerPollRequest_Withdraw)(nil),
 	}
 	file_aaa_v1_cluster_proto_msgTypes[1].OneofWrappers = []any{
 		(*PeerPollResponse_Offered)(nil),
 		(*PeerPollResponse_Task)(nil),
+		(*PeerPollResponse_Ended)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -35,12 +35,15 @@ const (
 type ClusterServiceClient interface {
 	// The members, who owns the runs, and how fresh each lease is.
 	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*GetClusterResponse, error)
-	// Between the servers of a cluster whose shards are spread: a worker's
-	// PollTask that reached one server asks each other owner for a task of
-	// its shards. The owner holds a task for the poll (OFFERED), and starts
-	// the attempt only once the asking server accepts it; a poll that closes
-	// before accepting puts the task back. Refused to clients: only calls a
-	// server forwarded (with its signature) are taken.
+	// Between the servers of a cluster whose shards are spread: the server a
+	// worker polls keeps one PeerPoll open to each other owner per worker
+	// (its identity, principal and what it serves), across the worker's
+	// polls, and asks over it for one task at a time while a poll of that
+	// worker waits. The owner holds a task for the round (OFFERED), and
+	// starts the attempt only once the asking server accepts it; a round
+	// that is withdrawn, or a stream that closes, before the accept puts the
+	// task back. Refused to clients: only calls a server forwarded (with its
+	// signature) are taken.
 	PeerPoll(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PeerPollRequest, PeerPollResponse], error)
 }
 
@@ -87,12 +90,15 @@ type ClusterService_PeerPollClient = grpc.BidiStreamingClient[PeerPollRequest, P
 type ClusterServiceServer interface {
 	// The members, who owns the runs, and how fresh each lease is.
 	GetCluster(context.Context, *GetClusterRequest) (*GetClusterResponse, error)
-	// Between the servers of a cluster whose shards are spread: a worker's
-	// PollTask that reached one server asks each other owner for a task of
-	// its shards. The owner holds a task for the poll (OFFERED), and starts
-	// the attempt only once the asking server accepts it; a poll that closes
-	// before accepting puts the task back. Refused to clients: only calls a
-	// server forwarded (with its signature) are taken.
+	// Between the servers of a cluster whose shards are spread: the server a
+	// worker polls keeps one PeerPoll open to each other owner per worker
+	// (its identity, principal and what it serves), across the worker's
+	// polls, and asks over it for one task at a time while a poll of that
+	// worker waits. The owner holds a task for the round (OFFERED), and
+	// starts the attempt only once the asking server accepts it; a round
+	// that is withdrawn, or a stream that closes, before the accept puts the
+	// task back. Refused to clients: only calls a server forwarded (with its
+	// signature) are taken.
 	PeerPoll(grpc.BidiStreamingServer[PeerPollRequest, PeerPollResponse]) error
 	mustEmbedUnimplementedClusterServiceServer()
 }

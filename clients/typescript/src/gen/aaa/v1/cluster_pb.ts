@@ -12,11 +12,13 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/cluster.proto.
  */
 export const file_aaa_v1_cluster: GenFile = /*@__PURE__*/
-  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxImgKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISABCBgoEc3RlcCJLChBQZWVyUG9sbFJlc3BvbnNlEhEKB29mZmVyZWQYASABKAhIABIcCgR0YXNrGAIgASgLMgwuYWFhLnYxLlRhc2tIAEIGCgRzdGVwIhMKEUdldENsdXN0ZXJSZXF1ZXN0IogBChJHZXRDbHVzdGVyUmVzcG9uc2USEwoLdGhpc19zZXJ2ZXIYASABKAkSDQoFc3RvcmUYAiABKAkSJgoHbWVtYmVycxgDIAMoCzIVLmFhYS52MS5DbHVzdGVyTWVtYmVyEg4KBnNoYXJkcxgEIAEoDRIWCg51bm93bmVkX3NoYXJkcxgFIAEoDSKZAQoNQ2x1c3Rlck1lbWJlchIOCgZzZXJ2ZXIYASABKAkSDwoHYWRkcmVzcxgCIAEoCRINCgVhbGl2ZRgDIAEoCBIOCgZzaGFyZHMYBCABKA0SDQoFZXBvY2gYBSABKAMSFQoNbGVhc2VfbGVmdF9tcxgGIAEoAxITCgtnb25lX2Zvcl9tcxgHIAEoAxINCgV1cF9tcxgIIAEoAzKYAQoOQ2x1c3RlclNlcnZpY2USQwoKR2V0Q2x1c3RlchIZLmFhYS52MS5HZXRDbHVzdGVyUmVxdWVzdBoaLmFhYS52MS5HZXRDbHVzdGVyUmVzcG9uc2USQQoIUGVlclBvbGwSFy5hYWEudjEuUGVlclBvbGxSZXF1ZXN0GhguYWFhLnYxLlBlZXJQb2xsUmVzcG9uc2UoATABYgZwcm90bzM", [file_aaa_v1_worker]);
+  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxInwKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISAASEgoId2l0aGRyYXcYBCABKAhIAEIGCgRzdGVwIlwKEFBlZXJQb2xsUmVzcG9uc2USEQoHb2ZmZXJlZBgBIAEoCEgAEhwKBHRhc2sYAiABKAsyDC5hYWEudjEuVGFza0gAEg8KBWVuZGVkGAMgASgISABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKIAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0imQEKDUNsdXN0ZXJNZW1iZXISDgoGc2VydmVyGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSDQoFYWxpdmUYAyABKAgSDgoGc2hhcmRzGAQgASgNEg0KBWVwb2NoGAUgASgDEhUKDWxlYXNlX2xlZnRfbXMYBiABKAMSEwoLZ29uZV9mb3JfbXMYByABKAMSDQoFdXBfbXMYCCABKAMymAEKDkNsdXN0ZXJTZXJ2aWNlEkMKCkdldENsdXN0ZXISGS5hYWEudjEuR2V0Q2x1c3RlclJlcXVlc3QaGi5hYWEudjEuR2V0Q2x1c3RlclJlc3BvbnNlEkEKCFBlZXJQb2xsEhcuYWFhLnYxLlBlZXJQb2xsUmVxdWVzdBoYLmFhYS52MS5QZWVyUG9sbFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_aaa_v1_worker]);
 
 /**
- * PeerPoll's requests: the poll first, then (after an offer) the accept,
- * and, if the worker's poll went away before the task arrived, the return.
+ * PeerPoll's requests, in rounds: a poll; then, after an offer, the accept
+ * or the withdraw; and, if the worker's poll went away before the accepted
+ * task arrived, the return. The next round's poll follows on the same
+ * stream.
  *
  * @generated from message aaa.v1.PeerPollRequest
  */
@@ -26,7 +28,8 @@ export type PeerPollRequest = Message<"aaa.v1.PeerPollRequest"> & {
    */
   step: {
     /**
-     * The worker's poll, as it came.
+     * A poll of the worker waits: hold a task for it. Every round's poll
+     * is the worker's PollTaskRequest as it came (wait_s: the round's).
      *
      * @generated from field: aaa.v1.PollTaskRequest poll = 1;
      */
@@ -49,6 +52,17 @@ export type PeerPollRequest = Message<"aaa.v1.PeerPollRequest"> & {
      */
     value: boolean;
     case: "returned";
+  } | {
+    /**
+     * No poll waits for this round's task any more: before an offer, stop
+     * holding; after one, decline it (the task goes back to its queue).
+     * Either way the owner ends the round (ENDED). One that comes between
+     * rounds is ignored.
+     *
+     * @generated from field: bool withdraw = 4;
+     */
+    value: boolean;
+    case: "withdraw";
   } | { case: undefined; value?: undefined };
 };
 
@@ -60,9 +74,10 @@ export const PeerPollRequestSchema: GenMessage<PeerPollRequest> = /*@__PURE__*/
   messageDesc(file_aaa_v1_cluster, 0);
 
 /**
- * PeerPoll's answers: an offer, then the task. The stream ends without an
- * offer when the wait ended with nothing, and without a task when the
- * offered call no longer wanted an attempt.
+ * PeerPoll's answers, per round: an offer then the task, or the end of the
+ * round without one (the wait ended with nothing, the round was withdrawn,
+ * or the accepted call no longer wanted an attempt). The owner ends the
+ * stream when its engine closes (its shards move, or it stops).
  *
  * @generated from message aaa.v1.PeerPollResponse
  */
@@ -72,7 +87,7 @@ export type PeerPollResponse = Message<"aaa.v1.PeerPollResponse"> & {
    */
   step: {
     /**
-     * A task is held for this poll: accept it, or close the stream.
+     * A task is held for this round: accept it, or withdraw.
      *
      * @generated from field: bool offered = 1;
      */
@@ -80,12 +95,20 @@ export type PeerPollResponse = Message<"aaa.v1.PeerPollResponse"> & {
     case: "offered";
   } | {
     /**
-     * The started attempt.
+     * The started attempt; the round is over.
      *
      * @generated from field: aaa.v1.Task task = 2;
      */
     value: Task;
     case: "task";
+  } | {
+    /**
+     * The round is over without a task.
+     *
+     * @generated from field: bool ended = 3;
+     */
+    value: boolean;
+    case: "ended";
   } | { case: undefined; value?: undefined };
 };
 
@@ -244,12 +267,15 @@ export const ClusterService: GenService<{
     output: typeof GetClusterResponseSchema;
   },
   /**
-   * Between the servers of a cluster whose shards are spread: a worker's
-   * PollTask that reached one server asks each other owner for a task of
-   * its shards. The owner holds a task for the poll (OFFERED), and starts
-   * the attempt only once the asking server accepts it; a poll that closes
-   * before accepting puts the task back. Refused to clients: only calls a
-   * server forwarded (with its signature) are taken.
+   * Between the servers of a cluster whose shards are spread: the server a
+   * worker polls keeps one PeerPoll open to each other owner per worker
+   * (its identity, principal and what it serves), across the worker's
+   * polls, and asks over it for one task at a time while a poll of that
+   * worker waits. The owner holds a task for the round (OFFERED), and
+   * starts the attempt only once the asking server accepts it; a round
+   * that is withdrawn, or a stream that closes, before the accept puts the
+   * task back. Refused to clients: only calls a server forwarded (with its
+   * signature) are taken.
    *
    * @generated from rpc aaa.v1.ClusterService.PeerPoll
    */

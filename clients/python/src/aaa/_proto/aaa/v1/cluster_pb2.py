@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from aaa._proto.aaa.v1 import worker_pb2 as aaa_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61\x61\x61/v1/cluster.proto\x12\x06\x61\x61\x61.v1\x1a\x13\x61\x61\x61/v1/worker.proto\"h\n\x0fPeerPollRequest\x12\'\n\x04poll\x18\x01 \x01(\x0b\x32\x17.aaa.v1.PollTaskRequestH\x00\x12\x10\n\x06\x61\x63\x63\x65pt\x18\x02 \x01(\x08H\x00\x12\x12\n\x08returned\x18\x03 \x01(\x08H\x00\x42\x06\n\x04step\"K\n\x10PeerPollResponse\x12\x11\n\x07offered\x18\x01 \x01(\x08H\x00\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0c.aaa.v1.TaskH\x00\x42\x06\n\x04step\"\x13\n\x11GetClusterRequest\"\x88\x01\n\x12GetClusterResponse\x12\x13\n\x0bthis_server\x18\x01 \x01(\t\x12\r\n\x05store\x18\x02 \x01(\t\x12&\n\x07members\x18\x03 \x03(\x0b\x32\x15.aaa.v1.ClusterMember\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\x16\n\x0eunowned_shards\x18\x05 \x01(\r\"\x99\x01\n\rClusterMember\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rlease_left_ms\x18\x06 \x01(\x03\x12\x13\n\x0bgone_for_ms\x18\x07 \x01(\x03\x12\r\n\x05up_ms\x18\x08 \x01(\x03\x32\x98\x01\n\x0e\x43lusterService\x12\x43\n\nGetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\x12\x41\n\x08PeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61\x61\x61/v1/cluster.proto\x12\x06\x61\x61\x61.v1\x1a\x13\x61\x61\x61/v1/worker.proto\"|\n\x0fPeerPollRequest\x12\'\n\x04poll\x18\x01 \x01(\x0b\x32\x17.aaa.v1.PollTaskRequestH\x00\x12\x10\n\x06\x61\x63\x63\x65pt\x18\x02 \x01(\x08H\x00\x12\x12\n\x08returned\x18\x03 \x01(\x08H\x00\x12\x12\n\x08withdraw\x18\x04 \x01(\x08H\x00\x42\x06\n\x04step\"\\\n\x10PeerPollResponse\x12\x11\n\x07offered\x18\x01 \x01(\x08H\x00\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0c.aaa.v1.TaskH\x00\x12\x0f\n\x05\x65nded\x18\x03 \x01(\x08H\x00\x42\x06\n\x04step\"\x13\n\x11GetClusterRequest\"\x88\x01\n\x12GetClusterResponse\x12\x13\n\x0bthis_server\x18\x01 \x01(\t\x12\r\n\x05store\x18\x02 \x01(\t\x12&\n\x07members\x18\x03 \x03(\x0b\x32\x15.aaa.v1.ClusterMember\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\x16\n\x0eunowned_shards\x18\x05 \x01(\r\"\x99\x01\n\rClusterMember\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rlease_left_ms\x18\x06 \x01(\x03\x12\x13\n\x0bgone_for_ms\x18\x07 \x01(\x03\x12\r\n\x05up_ms\x18\x08 \x01(\x03\x32\x98\x01\n\x0e\x43lusterService\x12\x43\n\nGetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\x12\x41\n\x08PeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'aaa.v1.cluster_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PEERPOLLREQUEST']._serialized_start=53
-  _globals['_PEERPOLLREQUEST']._serialized_end=157
-  _globals['_PEERPOLLRESPONSE']._serialized_start=159
-  _globals['_PEERPOLLRESPONSE']._serialized_end=234
-  _globals['_GETCLUSTERREQUEST']._serialized_start=236
-  _globals['_GETCLUSTERREQUEST']._serialized_end=255
-  _globals['_GETCLUSTERRESPONSE']._serialized_start=258
-  _globals['_GETCLUSTERRESPONSE']._serialized_end=394
-  _globals['_CLUSTERMEMBER']._serialized_start=397
-  _globals['_CLUSTERMEMBER']._serialized_end=550
-  _globals['_CLUSTERSERVICE']._serialized_start=553
-  _globals['_CLUSTERSERVICE']._serialized_end=705
+  _globals['_PEERPOLLREQUEST']._serialized_end=177
+  _globals['_PEERPOLLRESPONSE']._serialized_start=179
+  _globals['_PEERPOLLRESPONSE']._serialized_end=271
+  _globals['_GETCLUSTERREQUEST']._serialized_start=273
+  _globals['_GETCLUSTERREQUEST']._serialized_end=292
+  _globals['_GETCLUSTERRESPONSE']._serialized_start=295
+  _globals['_GETCLUSTERRESPONSE']._serialized_end=431
+  _globals['_CLUSTERMEMBER']._serialized_start=434
+  _globals['_CLUSTERMEMBER']._serialized_end=587
+  _globals['_CLUSTERSERVICE']._serialized_start=590
+  _globals['_CLUSTERSERVICE']._serialized_end=742
 # @@protoc_insertion_point(module_scope)

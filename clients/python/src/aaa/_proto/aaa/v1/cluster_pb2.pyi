@@ -8,22 +8,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PeerPollRequest(_message.Message):
-    __slots__ = ("poll", "accept", "returned")
+    __slots__ = ("poll", "accept", "returned", "withdraw")
     POLL_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_FIELD_NUMBER: _ClassVar[int]
     RETURNED_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
     poll: _worker_pb2.PollTaskRequest
     accept: bool
     returned: bool
-    def __init__(self, poll: _Optional[_Union[_worker_pb2.PollTaskRequest, _Mapping]] = ..., accept: _Optional[bool] = ..., returned: _Optional[bool] = ...) -> None: ...
+    withdraw: bool
+    def __init__(self, poll: _Optional[_Union[_worker_pb2.PollTaskRequest, _Mapping]] = ..., accept: _Optional[bool] = ..., returned: _Optional[bool] = ..., withdraw: _Optional[bool] = ...) -> None: ...
 
 class PeerPollResponse(_message.Message):
-    __slots__ = ("offered", "task")
+    __slots__ = ("offered", "task", "ended")
     OFFERED_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     offered: bool
     task: _worker_pb2.Task
-    def __init__(self, offered: _Optional[bool] = ..., task: _Optional[_Union[_worker_pb2.Task, _Mapping]] = ...) -> None: ...
+    ended: bool
+    def __init__(self, offered: _Optional[bool] = ..., task: _Optional[_Union[_worker_pb2.Task, _Mapping]] = ..., ended: _Optional[bool] = ...) -> None: ...
 
 class GetClusterRequest(_message.Message):
     __slots__ = ()
