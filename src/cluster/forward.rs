@@ -22,6 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::Frame;
@@ -50,6 +51,11 @@ const READS: [&str; 6] = [
     "/aaa.v1.ApprovalService/WatchApprovals",
     "/aaa.v1.GrantService/ListGrants",
 ];
+/// How long a forwarded call waits for a shard between owners: a dead
+/// owner's lease (3 s by default) and the next server's look.
+const MOVE_WAIT: Duration = Duration::from_secs(5);
+/// How often it reads who owns the shard meanwhile.
+const LOOK_AGAIN: Duration = Duration::from_millis(200);
 /// The one call whose request is a stream (it is not buffered or resent).
 const SUBSCRIBE: &str = "/aaa.v1.SubscriptionService/Subscribe";
 
@@ -392,27 +398,39 @@ fn prepare_forward(cluster: &Cluster, parts: &mut http::request::Parts) -> Resul
 }
 
 /// Sends a buffered call to the owner of `shard`; `None` when the
-/// database names this server the owner (the call is served here).
+/// database names this server the owner (the call is served here). A
+/// shard between owners (its owner died and its lease has not lapsed, or
+/// no server has claimed it yet) is waited for, up to [`MOVE_WAIT`], so
+/// the call reaches the next owner instead of failing.
 async fn forward(
     cluster: &Cluster,
     parts: &http::request::Parts,
     bytes: &Bytes,
     shard: u8,
 ) -> Result<Option<Response<Body>>, Status> {
+    let until = tokio::time::Instant::now() + MOVE_WAIT;
     let mut refused_by: Option<String> = None;
     loop {
-        let Some(owner) = cluster.owner_of(shard).await? else {
-            return Ok(None);
+        let owner = match cluster.owner_of(shard).await {
+            Ok(Some(owner)) => owner,
+            Ok(None) => return Ok(None),
+            Err(status) => {
+                look_again_before(until, status).await?;
+                continue;
+            }
         };
         if refused_by.as_deref() == Some(owner.server.as_str()) {
-            return Err(unavailable(
+            let status = unavailable(
                 &format!(
                     "the owner of the run, {} at {}, refuses connections (it stopped; another \
                      server takes its runs over once its lease lapses); retry shortly",
                     owner.server, owner.address
                 ),
                 &owner.server,
-            ));
+            );
+            look_again_before(until, status).await?;
+            cluster.forget_owners();
+            continue;
         }
         let mut request = Request::new(Body::new(Full::new(bytes.clone())));
         *request.method_mut() = parts.method.clone();
@@ -425,6 +443,16 @@ async fn forward(
             Err((status, false)) => return Err(status),
         }
     }
+}
+
+/// Waits a moment before who owns the shard is read again; `status` if
+/// that would pass `until`.
+async fn look_again_before(until: tokio::time::Instant, status: Status) -> Result<(), Status> {
+    if tokio::time::Instant::now() + LOOK_AGAIN > until {
+        return Err(status);
+    }
+    tokio::time::sleep(LOOK_AGAIN).await;
+    Ok(())
 }
 
 /// Who the owner is told the caller is: its principal; with auth off, the
