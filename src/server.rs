@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -508,6 +509,11 @@ async fn join(
     ))
 }
 
+/// The first wait before an engine that failed to start is started again,
+/// and the longest (it doubles in between).
+const SERVE_RETRY_FIRST: Duration = Duration::from_millis(500);
+const SERVE_RETRY_MOST: Duration = Duration::from_secs(30);
+
 /// Claims the runs (a standby waits until the owner's lease lapses; with
 /// `--spread-shards`, the server claims its share in the background, see
 /// [`crate::cluster::balance`]), starts an engine on the shards it holds,
@@ -547,19 +553,30 @@ async fn own_runs(
     let shards = *held.borrow_and_update();
     local.serve(&cluster, &config, shards, &stopping).await?;
     tokio::spawn(async move {
+        // After a failed start (the database unreachable meanwhile, say),
+        // how long until the next try: the shards stay held, and calls for
+        // them are answered UNAVAILABLE until an engine serves them.
+        let mut retry_in: Option<Duration> = None;
         loop {
             tokio::select! {
                 changed = held.changed() => if changed.is_err() { return },
                 () = stopping.cancelled() => return,
+                () = tokio::time::sleep(retry_in.unwrap_or_default()), if retry_in.is_some() => {}
             }
             let shards = *held.borrow_and_update();
-            if shards == cluster.serving() {
+            if shards == cluster.serving() && retry_in.is_none() {
                 continue;
             }
-            if let Err(e) = local.serve(&cluster, &config, shards, &stopping).await {
-                // Its shards stay held but unserved: calls for them are
-                // answered UNAVAILABLE until the next change, or a restart.
-                tracing::error!("cannot serve shards {shards:?}: {e}");
+            match local.serve(&cluster, &config, shards, &stopping).await {
+                Ok(()) => retry_in = None,
+                Err(e) => {
+                    let next =
+                        retry_in.map_or(SERVE_RETRY_FIRST, |d| (d * 2).min(SERVE_RETRY_MOST));
+                    tracing::error!(
+                        "cannot serve shards {shards:?}: {e}; trying again in {next:?}"
+                    );
+                    retry_in = Some(next);
+                }
             }
         }
     });

@@ -233,6 +233,14 @@ struct Queue {
     lanes: usize,
 }
 
+impl Queue {
+    /// Polls that wait and have not been offered a task by this link: as
+    /// many rounds are kept open.
+    fn unoffered(&self) -> usize {
+        self.waiting.iter().filter(|w| !w.offered).count()
+    }
+}
+
 struct Waiter {
     id: u64,
     offer_to: mpsc::Sender<Offer>,
@@ -250,7 +258,7 @@ impl Link {
             offered: false,
         });
         self.changed.notify_waiters();
-        let more = queue.waiting.len() > queue.lanes && queue.lanes < LANES;
+        let more = queue.unoffered() > queue.lanes && queue.lanes < LANES;
         more.then(|| {
             queue.lanes += 1;
             queue.lanes - 1
@@ -264,7 +272,7 @@ impl Link {
     }
 
     fn waiting(&self) -> usize {
-        self.queue.lock().expect("poisoned").waiting.len()
+        self.queue.lock().expect("poisoned").unoffered()
     }
 
     /// Waits until more than `lane` polls wait; false after `within` without.
@@ -305,6 +313,8 @@ impl Link {
                 let mut queue = self.queue.lock().expect("poisoned");
                 let waiter = queue.waiting.iter_mut().find(|w| !w.offered)?;
                 waiter.offered = true;
+                // One poll fewer to keep rounds open for.
+                self.changed.notify_waiters();
                 // Refused (the poll took another task), the offer declines
                 // as it drops.
                 let offer = Offer {
@@ -327,7 +337,7 @@ impl Link {
             .as_ref()
             .map(|c| c.links.links.lock().expect("poisoned"));
         let mut queue = self.queue.lock().expect("poisoned");
-        if queue.waiting.len() > lane || queue.lanes != lane + 1 {
+        if queue.unoffered() > lane || queue.lanes != lane + 1 {
             return false;
         }
         queue.lanes -= 1;
