@@ -277,27 +277,23 @@ impl Link {
 
     /// Waits until more than `lane` polls wait; false after `within` without.
     async fn wait_for_polls(&self, lane: usize, within: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.waiting() > lane {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return false;
-            }
-        }
+        tokio::time::timeout(within, self.until(|waiting| waiting > lane))
+            .await
+            .is_ok()
     }
 
     /// Returns once no more than `lane` polls wait.
     async fn until_too_few(&self, lane: usize) {
+        self.until(|waiting| waiting <= lane).await;
+    }
+
+    /// Returns once the number of polls waiting passes `check`.
+    async fn until(&self, check: impl Fn(usize) -> bool) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if self.waiting() <= lane {
+            if check(self.waiting()) {
                 return;
             }
             changed.await;

@@ -372,13 +372,18 @@ mod tests {
 
     /// Waits until a poll is registered on `key`.
     async fn registered(d: &Dispatcher, key: &QueueKey) {
+        registered_polls(d, key, 1).await;
+    }
+
+    /// Waits until `polls` polls are registered on `key`.
+    async fn registered_polls(d: &Dispatcher, key: &QueueKey, polls: usize) {
         while d
             .queues
             .lock()
             .unwrap()
             .get(key)
             .map_or(0, |q| q.waiters.len())
-            == 0
+            < polls
         {
             tokio::task::yield_now().await;
         }
@@ -520,9 +525,7 @@ mod tests {
         registered(&d, &keys[0]).await;
         assert!(d.reserve(&keys[0]).is_none(), "only a peer's poll waits");
         let worker = poll(Poller::Worker, "worker");
-        while d.queues.lock().unwrap()[&keys[0]].waiters.len() < 2 {
-            tokio::task::yield_now().await;
-        }
+        registered_polls(&d, &keys[0], 2).await;
         let reservation = d.reserve(&keys[0]).expect("the worker's poll");
         assert_eq!(reservation.worker.identity, "worker");
         reservation.deliver(&d, task(6), started(6));

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use aaa::domain::Retention;
 use aaa::proto::{
-    model_spec, stream_events_response, Event, GetRunRequest, ListRunsRequest, ModelSpec,
-    RunStatus, ScriptedModel, SignalRequest, StartRunRequest, StreamEventsRequest,
+    model_spec, Event, GetRunRequest, ListRunsRequest, ModelSpec, RunStatus, ScriptedModel,
+    SignalRequest, StartRunRequest, StreamEventsRequest,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -517,26 +517,7 @@ async fn a_kill_9_at_any_step_of_compaction_loses_nothing_live() {
 /// The run's stored events, or `None` if it is reported expired (before
 /// or while they are read).
 async fn events_unless_expired(runs: &mut RunClient, run: &str) -> Option<Vec<Event>> {
-    let request = StreamEventsRequest {
-        run_id: run.into(),
-        ..Default::default()
-    };
-    let read = async {
-        let mut stream = runs.stream_events(request).await?.into_inner();
-        let mut events = Vec::new();
-        while let Some(item) = stream.message().await? {
-            match item.item {
-                Some(stream_events_response::Item::Event(event)) => events.push(event),
-                Some(stream_events_response::Item::CaughtUp(_)) => break,
-                None => {}
-            }
-        }
-        Ok::<_, tonic::Status>(events)
-    };
-    match tokio::time::timeout(WAIT, read)
-        .await
-        .expect("StreamEvents timed out")
-    {
+    match try_history(runs, run).await {
         Ok(events) => Some(events),
         Err(status) => {
             assert_eq!(status.code(), Code::NotFound, "{run}: {status:?}");

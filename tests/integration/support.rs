@@ -670,6 +670,25 @@ async fn read_stream(
     >,
     until: impl Fn(&Event) -> bool,
 ) -> Vec<Event> {
+    match try_read_stream(run_id, follow, open, until).await {
+        Ok(seen) => seen,
+        Err((status, seen)) => panic!(
+            "StreamEvents({run_id}) failed: {status:?}; saw {:?}",
+            types(&seen)
+        ),
+    }
+}
+
+/// [`read_stream`], answering a failed stream with its status and the
+/// events seen before it; panics only if it times out.
+async fn try_read_stream(
+    run_id: &str,
+    follow: bool,
+    open: impl std::future::Future<
+        Output = Result<tonic::Response<tonic::Streaming<StreamEventsResponse>>, Status>,
+    >,
+    until: impl Fn(&Event) -> bool,
+) -> Result<Vec<Event>, (Status, Vec<Event>)> {
     let mut seen = Vec::new();
     let read = async {
         let mut stream = open.await?.into_inner();
@@ -689,13 +708,21 @@ async fn read_stream(
         Ok::<(), Status>(())
     };
     match tokio::time::timeout(WAIT, read).await {
-        Ok(Ok(())) => seen,
-        Ok(Err(status)) => panic!(
-            "StreamEvents({run_id}) failed: {status:?}; saw {:?}",
-            types(&seen)
-        ),
+        Ok(Ok(())) => Ok(seen),
+        Ok(Err(status)) => Err((status, seen)),
         Err(_) => panic!("StreamEvents({run_id}) timed out; saw {:?}", types(&seen)),
     }
+}
+
+/// The run's stored events (no follow), or the status StreamEvents failed with.
+pub async fn try_history(runs: &mut RunClient, run_id: &str) -> Result<Vec<Event>, Status> {
+    let request = StreamEventsRequest {
+        run_id: run_id.into(),
+        ..Default::default()
+    };
+    try_read_stream(run_id, false, runs.stream_events(request), |_| false)
+        .await
+        .map_err(|(status, _)| status)
 }
 
 /// The run's stored events (no follow).

@@ -606,21 +606,9 @@ impl super::Store for EmbeddedStore {
     async fn approvals(&self, query: &ApprovalQuery) -> Result<Vec<ApprovalRecord>> {
         let (mut low, mut high) = approval_bounds(query);
         let reverse = query.newest_first;
-        if query.run.is_none() && self.inner.pending.start_build() {
+        if query.run.is_none() {
             // A query across runs: worth a copy of them all in memory.
-            let (tree, pending) = (self.inner.tree.clone(), self.inner.pending.clone());
-            let spawned = std::thread::Builder::new()
-                .name("aaa-approvals".into())
-                .spawn(move || {
-                    if let Err(e) = pending::build(&tree, &pending) {
-                        tracing::warn!("pending approvals: cannot copy them into memory: {e}");
-                    }
-                });
-            if let Err(e) = spawned {
-                // Off again, so that a later query tries once more.
-                self.inner.pending.abandon_build();
-                return Err(e.into());
-            }
+            self.inner.pending.build_in_background(&self.inner.tree)?;
         }
         let mut out = Vec::new();
         // From memory when the copy is ready, in pages (the filters may

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::keys;
 
@@ -77,6 +77,26 @@ impl State {
         self.bytes += added;
     }
 
+    /// What the build read from sled: kept unless the committer wrote the
+    /// key since the build began (its write is newer).
+    fn fill_in(&mut self, key: &[u8], value: &[u8]) {
+        if !self.entries.contains_key(key) {
+            self.set(key, Some(value));
+        }
+    }
+
+    /// Past `max_bytes`, drops the copy for good: true then.
+    fn dropped_over(&mut self, max_bytes: usize) -> bool {
+        if self.bytes <= max_bytes {
+            return false;
+        }
+        tracing::info!(
+            "pending approvals: over {max_bytes} bytes in memory, read from sled from now on"
+        );
+        self.drop_all(Phase::TooBig);
+        true
+    }
+
     fn drop_all(&mut self, phase: Phase) {
         self.entries = BTreeMap::new();
         self.bytes = 0;
@@ -117,13 +137,7 @@ impl Pending {
             }
             (Phase::Building | Phase::Ready, value) => {
                 state.set(key, value);
-                if state.bytes > self.max_bytes {
-                    tracing::info!(
-                        "pending approvals: over {} bytes in memory, read from sled from now on",
-                        self.max_bytes
-                    );
-                    state.drop_all(Phase::TooBig);
-                }
+                state.dropped_over(self.max_bytes);
             }
         }
     }
@@ -145,6 +159,27 @@ impl Pending {
         Ok(())
     }
 
+    /// Builds the copy on a thread of its own, unless one has been built or
+    /// is being built. If the thread cannot start, the copy stays off and
+    /// a later call tries again.
+    pub fn build_in_background(self: &Arc<Self>, tree: &sled::Db) -> std::io::Result<()> {
+        if !self.start_build() {
+            return Ok(());
+        }
+        let (tree, pending) = (tree.clone(), self.clone());
+        let spawned = std::thread::Builder::new()
+            .name("aaa-approvals".into())
+            .spawn(move || {
+                if let Err(e) = build(&tree, &pending) {
+                    tracing::warn!("pending approvals: cannot copy them into memory: {e}");
+                }
+            });
+        if spawned.is_err() {
+            self.abandon_build();
+        }
+        spawned.map(drop)
+    }
+
     /// Starts a build if none has; true when the caller is to run it
     /// ([`build`]).
     pub fn start_build(&self) -> bool {
@@ -157,7 +192,7 @@ impl Pending {
     }
 
     /// Ends a build that could not start: the copy is off again.
-    pub fn abandon_build(&self) {
+    fn abandon_build(&self) {
         let mut state = self.lock();
         if state.phase == Phase::Building {
             state.drop_all(Phase::Off);
@@ -230,17 +265,9 @@ fn fill(tree: &sled::Db, pending: &Pending) -> sled::Result<()> {
             return Ok(());
         }
         for (key, value) in &chunk {
-            // The committer's write, if any since the build began, is newer.
-            if !state.entries.contains_key(key.as_ref()) {
-                state.set(key, Some(value));
-            }
+            state.fill_in(key, value);
         }
-        if state.bytes > pending.max_bytes {
-            tracing::info!(
-                "pending approvals: over {} bytes in memory, read from sled from now on",
-                pending.max_bytes
-            );
-            state.drop_all(Phase::TooBig);
+        if state.dropped_over(pending.max_bytes) {
             return Ok(());
         }
         if chunk.len() < BUILD_CHUNK {
@@ -293,9 +320,7 @@ mod tests {
         {
             let mut state = pending.lock();
             for (k, v) in [(key(1), vec![1]), (key(2), vec![2]), (key(3), vec![3])] {
-                if !state.entries.contains_key(k.as_slice()) {
-                    state.set(&k, Some(&v));
-                }
+                state.fill_in(&k, &v);
             }
         }
         assert!(
