@@ -161,16 +161,22 @@ pub struct ClusterView {
     /// The database's time when it was read.
     pub now_ms: i64,
     pub members: Vec<Member>,
+    /// In shard order (a lookup per call routed depends on it).
     pub shards: Vec<ShardLease>,
 }
 
 impl ClusterView {
     /// The live member whose live lease covers `shard`, if any.
     pub fn owner_of(&self, shard: u8) -> Option<&Member> {
-        let lease = self
-            .shards
-            .iter()
-            .find(|lease| lease.shard == shard && lease.lease_until_ms > self.now_ms)?;
+        let at = self.shards.binary_search_by_key(&shard, |l| l.shard).ok()?;
+        self.holder(&self.shards[at])
+    }
+
+    /// The live member that holds `lease`, if the lease is live.
+    pub fn holder(&self, lease: &ShardLease) -> Option<&Member> {
+        if lease.lease_until_ms <= self.now_ms {
+            return None;
+        }
         self.members
             .iter()
             .find(|member| member.server == lease.owner && member.seen_until_ms > self.now_ms)
@@ -625,6 +631,36 @@ pub fn random_key() -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shard's owner is the live member of a live lease; the lookup is by
+    /// shard over leases in shard order.
+    #[test]
+    fn a_shard_is_owned_by_the_live_member_of_a_live_lease() {
+        let member = |server: &str, seen_until_ms| Member {
+            server: server.into(),
+            address: format!("{server}:1"),
+            started_ms: 0,
+            seen_until_ms,
+        };
+        let view = ClusterView {
+            now_ms: 1_000,
+            members: vec![member("a", 2_000), member("b", 2_000), member("gone", 500)],
+            shards: (0..=u8::MAX)
+                .map(|shard| ShardLease {
+                    shard,
+                    owner: ["a", "b", "gone"][usize::from(shard % 3)].into(),
+                    epoch: 1,
+                    lease_until_ms: if shard == 9 { 999 } else { 1_500 },
+                })
+                .collect(),
+        };
+        let owner = |shard| view.owner_of(shard).map(|m| m.server.as_str());
+        assert_eq!(owner(0), Some("a"));
+        assert_eq!(owner(255), Some("a"));
+        assert_eq!(owner(4), Some("b"));
+        assert_eq!(owner(2), None, "its member is no longer seen");
+        assert_eq!(owner(9), None, "its lease lapsed");
+    }
 
     /// Servers of one cluster must agree on a group's shard, across
     /// versions too: these values may never change.

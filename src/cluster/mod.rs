@@ -185,14 +185,13 @@ impl Cluster {
             return Vec::new();
         };
         let mut owners: Vec<Owner> = Vec::new();
-        for shard in 0..=u8::MAX {
-            let Some(member) = view.owner_of(shard) else {
-                continue;
-            };
-            if member.server == self.server || owners.iter().any(|o| o.server == member.server) {
+        for lease in &view.shards {
+            // Most leases name an owner already seen: skip them before
+            // looking for the member (this runs for every worker poll).
+            if lease.owner == self.server || owners.iter().any(|o| o.server == lease.owner) {
                 continue;
             }
-            if let Ok(owner) = self.owner(member) {
+            if let Some(owner) = view.holder(lease).and_then(|m| self.owner(m).ok()) {
                 owners.push(owner);
             }
         }
