@@ -530,6 +530,7 @@ async fn watch(
             let position = event.position;
             cursor = position;
             if !event.event_type.starts_with("aaa.approval.") {
+                reads.learn_from(&event);
                 continue;
             }
             let run_id = event.run_id.clone();

@@ -13,10 +13,11 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::event::RUN_STARTED;
 use super::facts::{FactsCache, RunFacts};
 use super::heads::Heads;
 use super::Error;
-use crate::store::{HeadsMoved, RunId, SharedStore};
+use crate::store::{EventRecord, HeadsMoved, RunId, SharedStore};
 
 #[derive(Clone)]
 pub struct Reads {
@@ -89,6 +90,31 @@ impl Reads {
         self.inner.facts.put(run, facts);
     }
 
+    /// Takes a run's facts from its `aaa.run.started` event, read anyway by
+    /// a reader of the whole log (the approval watch), so that a run started
+    /// on another server costs no summary read when it asks for approval.
+    pub fn learn_from(&self, event: &EventRecord) {
+        if event.event_type != RUN_STARTED {
+            return;
+        }
+        let Some(run) = RunId::from_slice(&event.run_id) else {
+            return;
+        };
+        if self.inner.facts.get(run).is_some() {
+            return;
+        }
+        #[derive(serde::Deserialize)]
+        struct Facts {
+            task: String,
+            labels: std::collections::BTreeMap<String, String>,
+        }
+        // A start it cannot read is left to `run_facts`, which reads the
+        // summary.
+        if let Ok(Facts { task, labels }) = serde_json::from_str(&event.data_json) {
+            self.remember(run, Arc::new(RunFacts { labels, task }));
+        }
+    }
+
     /// Publishes the heads of followed runs as the database says commits
     /// moved them; when it cannot say which (too many, a notification
     /// missed, this reader lagged), every follower looks again.
@@ -111,5 +137,40 @@ impl Reads {
                 Err(RecvError::Closed) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    fn started(run: RunId, data: &str) -> EventRecord {
+        EventRecord {
+            run_id: run.as_bytes().to_vec(),
+            seq: 1,
+            event_type: RUN_STARTED.into(),
+            data_json: data.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The approval watch learns a run's facts from its start in the log:
+    /// the store has no summary of these runs, so only the event can have
+    /// told them.
+    #[tokio::test]
+    async fn a_run_start_in_the_log_gives_its_facts_without_a_summary_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: SharedStore = Arc::new(EmbeddedStore::open(dir.path(), 1 << 20).unwrap());
+        let reads = Reads::from_database(store, CancellationToken::new());
+        let (run, unreadable) = (RunId::new(), RunId::new());
+        let data = r#"{"task":"pay","model":{},"tools":[],"budget":{},"labels":{"team":"a"}}"#;
+        reads.learn_from(&started(run, data));
+        reads.learn_from(&started(unreadable, "{"));
+        let facts = reads.run_facts(run).await.unwrap().expect("learned");
+        assert_eq!(facts.task, "pay");
+        assert_eq!(facts.labels.get("team").map(String::as_str), Some("a"));
+        assert!(reads.run_facts(unreadable).await.unwrap().is_none());
+        reads.store().close().await;
     }
 }
