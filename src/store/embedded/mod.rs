@@ -653,51 +653,11 @@ impl super::Store for EmbeddedStore {
 
     async fn waiting(&self, shards: &Shards) -> Result<Waiting> {
         let shards = *shards;
-        let tree = self.inner.tree.clone();
-        let counted = tokio::task::spawn_blocking(move || -> Result<Waiting> {
-            let mut by_tool = std::collections::BTreeMap::<String, (u64, i64)>::new();
-            let mut waiting = 0;
-            let mut last_run = Vec::new();
-            for entry in tree.scan_prefix([keys::APPROVAL]) {
-                let (key, value) = entry?;
-                // Keys are `A ‖ run ‖ call`; a run id's last byte is its shard.
-                if key.get(16).is_some_and(|shard| !shards.contains(*shard)) {
-                    continue;
-                }
-                let record: ApprovalRecord = decode(&key, &value)?;
-                let tool = by_tool.entry(record.tool).or_insert((0, i64::MAX));
-                tool.0 += 1;
-                tool.1 = tool.1.min(record.requested_ms);
-                // A run's approvals are together.
-                let run = key.get(..17).unwrap_or(&key);
-                if run != last_run.as_slice() {
-                    last_run = run.to_vec();
-                    let mut active = run.to_vec();
-                    active[0] = keys::ACTIVE;
-                    if !tree.contains_key(active)? {
-                        waiting += 1;
-                    }
-                }
-            }
-            let mut running = 0;
-            for key in tree.scan_prefix([keys::ACTIVE]).keys() {
-                if key?.get(16).is_some_and(|shard| shards.contains(*shard)) {
-                    running += 1;
-                }
-            }
-            Ok(Waiting {
-                approvals_by_tool: by_tool
-                    .into_iter()
-                    .map(|(tool, (pending, oldest))| ToolWaiting {
-                        tool,
-                        pending,
-                        oldest_requested_ms: oldest,
-                    })
-                    .collect(),
-                running,
-                waiting,
-            })
-        });
+        let inner = self.inner.clone();
+        // Counting reads every pending approval: worth the copy in memory.
+        inner.pending.build_in_background(&inner.tree)?;
+        let counted =
+            tokio::task::spawn_blocking(move || count_waiting(&inner.tree, &inner.pending, shards));
         counted
             .await
             .map_err(|e| StoreError::Format(format!("counting what waits failed: {e}")))?
@@ -864,6 +824,86 @@ fn timer(key: &[u8]) -> Result<Timer> {
     let (due_ms, run, name) =
         keys::parse_timer(key).ok_or_else(|| corrupt(key, "bad timer key"))?;
     Ok(Timer { due_ms, run, name })
+}
+
+/// What the counts of [`Store::waiting`] need of a pending approval; the
+/// record's other fields are skipped, not decoded.
+#[derive(Clone, PartialEq, Message)]
+struct Waits {
+    #[prost(string, tag = "3")]
+    tool: String,
+    #[prost(int64, tag = "6")]
+    requested_ms: i64,
+}
+
+/// Approvals counted per turn of the in-memory copy's lock, which the
+/// committer takes for every approval it writes.
+const COUNT_CHUNK: usize = 4096;
+
+/// See [`Store::waiting`]: the approvals from the in-memory copy when it is
+/// ready (from sled while it is built), the runs at work from sled (few:
+/// runs that only wait are not there).
+fn count_waiting(tree: &sled::Db, pending: &pending::Pending, shards: Shards) -> Result<Waiting> {
+    let mut active = std::collections::HashSet::new();
+    for key in tree.scan_prefix([keys::ACTIVE]).keys() {
+        let key = key?;
+        if key.get(16).is_some_and(|shard| shards.contains(*shard)) {
+            active.insert(key[1..].to_vec());
+        }
+    }
+    let mut by_tool = std::collections::BTreeMap::<String, (u64, i64)>::new();
+    let mut waiting = 0;
+    let mut last_run = Vec::new();
+    let mut tally = |key: &[u8], value: &[u8]| -> Result<()> {
+        // Keys are `A ‖ run ‖ call`; a run id's last byte is its shard.
+        if key.get(16).is_some_and(|shard| !shards.contains(*shard)) {
+            return Ok(());
+        }
+        let Waits { tool, requested_ms } = decode(key, value)?;
+        let tool = by_tool.entry(tool).or_insert((0, i64::MAX));
+        tool.0 += 1;
+        tool.1 = tool.1.min(requested_ms);
+        // A run's approvals are together.
+        let run = key.get(1..17).unwrap_or(key);
+        if run != last_run.as_slice() {
+            last_run = run.to_vec();
+            if !active.contains(run) {
+                waiting += 1;
+            }
+        }
+        Ok(())
+    };
+    let mut low = vec![keys::APPROVAL];
+    let high = vec![keys::APPROVAL + 1];
+    loop {
+        let Some(entries) = pending.range(&low, &high, false, COUNT_CHUNK) else {
+            // Not ready: sled, from where the copy left off.
+            for entry in tree.range(low..high) {
+                let (key, value) = entry?;
+                tally(&key, &value)?;
+            }
+            break;
+        };
+        for (key, value) in &entries {
+            tally(key, value)?;
+        }
+        match entries.last() {
+            Some((last, _)) if entries.len() == COUNT_CHUNK => low = [last.as_ref(), &[0]].concat(),
+            _ => break,
+        }
+    }
+    Ok(Waiting {
+        approvals_by_tool: by_tool
+            .into_iter()
+            .map(|(tool, (pending, oldest))| ToolWaiting {
+                tool,
+                pending,
+                oldest_requested_ms: oldest,
+            })
+            .collect(),
+        running: active.len() as u64,
+        waiting,
+    })
 }
 
 fn decode<T: Message + Default>(key: &[u8], value: &[u8]) -> Result<T> {
@@ -1227,6 +1267,72 @@ mod tests {
         pending::build(&store.inner.tree, &store.inner.pending).unwrap();
         assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
         assert_eq!(approvals_read_both_ways(&store, runs[0]).await, before);
+        store.close().await;
+    }
+
+    /// What waits is counted the same from sled and from the copy in
+    /// memory (read in chunks), per tool, with the oldest request, runs
+    /// at work apart, and only in the shards asked for.
+    #[tokio::test]
+    async fn what_waits_is_counted_alike_from_sled_and_from_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        let mut batch = WriteBatch::default();
+        // More approvals than a chunk, over runs of two shards; the runs of
+        // shard 1 are at work.
+        let mut runs = Vec::new();
+        for n in 0..(COUNT_CHUNK as i64 + 100) {
+            let run = RunId::new_in_shard((n % 2) as u8);
+            runs.push(run);
+            for call in ["c1", "c2"] {
+                batch.put_approval(&ApprovalRecord {
+                    run_id: run.as_bytes().to_vec(),
+                    call_id: call.into(),
+                    tool: if n % 3 == 0 { "wire" } else { "email" }.into(),
+                    requested_ms: 1_000 + n,
+                    ..Default::default()
+                });
+            }
+            batch.set_active(run, n % 2 == 1);
+        }
+        store.commit(batch).await.unwrap();
+        store.close().await;
+        drop(store);
+        // Reopened, the copy is off until a query builds it.
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(store.inner.pending.phase(), pending::Phase::Off);
+        let count =
+            |shards| count_waiting(&store.inner.tree, &store.inner.pending, shards).unwrap();
+        let from_sled = count(Shards::all());
+        let mut shard_0 = Shards::none();
+        shard_0.insert(0);
+        let shard_0_from_sled = count(shard_0);
+        assert!(store.inner.pending.start_build());
+        pending::build(&store.inner.tree, &store.inner.pending).unwrap();
+        assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
+        assert_eq!(count(Shards::all()), from_sled);
+        assert_eq!(count(shard_0), shard_0_from_sled);
+
+        let runs = runs.len() as u64;
+        let tool = |name: &str, pending: u64, oldest| ToolWaiting {
+            tool: name.into(),
+            pending,
+            oldest_requested_ms: oldest,
+        };
+        let thirds = runs.div_ceil(3);
+        assert_eq!(
+            from_sled,
+            Waiting {
+                approvals_by_tool: vec![
+                    tool("email", 2 * (runs - thirds), 1_001),
+                    tool("wire", 2 * thirds, 1_000)
+                ],
+                running: runs / 2,
+                waiting: runs.div_ceil(2),
+            }
+        );
+        assert_eq!(shard_0_from_sled.running, 0);
+        assert_eq!(shard_0_from_sled.waiting, runs.div_ceil(2));
         store.close().await;
     }
 }
