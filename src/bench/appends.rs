@@ -19,6 +19,9 @@ pub struct Appends {
     pub per_second: f64,
     pub latency: Summary,
     pub problems: Problems,
+    /// The server's CPU time per Signal, in µs, parking the runs included
+    /// (a server the bench started).
+    pub server_cpu_us: Option<f64>,
 }
 
 pub async fn run(
@@ -51,6 +54,7 @@ pub async fn run(
         per_second,
         latency: Summary::of(&mut latencies),
         problems,
+        server_cpu_us: None,
     })
 }
 

@@ -46,6 +46,8 @@ pub struct NoopCalls {
     pub per_second: f64,
     pub latency: Summary,
     pub problems: Problems,
+    /// The server's CPU time per call, in µs (a server the bench started).
+    pub server_cpu_us: Option<f64>,
 }
 
 /// `clients` tasks, each making Health/Check calls one after the other over
@@ -61,6 +63,7 @@ pub async fn noop_calls(pool: &Pool, clients: usize, total: usize, limit: Durati
         per_second,
         latency: Summary::of(&mut latencies),
         problems: outcome.problems,
+        server_cpu_us: None,
     }
 }
 

@@ -370,6 +370,11 @@ async fn measure_on(
     .any(wanted);
     if main_server {
         let (child, addr) = server_for(args, "main", scratch("main")).await?;
+        let cpu = || child.as_ref().and_then(ChildServer::cpu_seconds);
+        // µs of the server's CPU per call since `before`.
+        let per_call = |before: Option<f64>, calls: usize| {
+            Some(1e6 * (cpu()? - before?) / calls.max(1) as f64)
+        };
         let pool = Pool::connect(&addr, CONNECTIONS).await?;
         client::register_tools(&pool).await?;
         if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
@@ -378,7 +383,9 @@ async fn measure_on(
         }
         if wanted(Scenario::Floors) || wanted(Scenario::Appends) {
             eprintln!("aaa bench: no-op calls, {WRITERS} in flight");
-            let noop = floors::noop_calls(&pool, WRITERS, plan.noop_calls, plan.limit).await;
+            let before = cpu();
+            let mut noop = floors::noop_calls(&pool, WRITERS, plan.noop_calls, plan.limit).await;
+            noop.server_cpu_us = per_call(before, noop.calls);
             results.noop = Some(noop);
             eprintln!("aaa bench: store ceiling, {WRITERS} writers");
             let store =
@@ -410,7 +417,11 @@ async fn measure_on(
         }
         if wanted(Scenario::Appends) {
             eprintln!("aaa bench: Signal appends, {WRITERS} clients");
-            let appends = appends::run(&pool, session, WRITERS, plan.appends, plan.limit).await;
+            let before = cpu();
+            let mut appends = appends::run(&pool, session, WRITERS, plan.appends, plan.limit).await;
+            if let Ok(appends) = &mut appends {
+                appends.server_cpu_us = per_call(before, appends.events);
+            }
             results.appends = results.record("appends", appends);
         }
         if wanted(Scenario::Fanout) {
