@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::event::RUN_STARTED;
+use super::event::{RunStarted, RUN_STARTED};
 use super::facts::{FactsCache, RunFacts};
 use super::heads::Heads;
 use super::Error;
@@ -103,14 +103,9 @@ impl Reads {
         if self.inner.facts.get(run).is_some() {
             return;
         }
-        #[derive(serde::Deserialize)]
-        struct Facts {
-            task: String,
-            labels: std::collections::BTreeMap<String, String>,
-        }
         // A start it cannot read is left to `run_facts`, which reads the
         // summary.
-        if let Ok(Facts { task, labels }) = serde_json::from_str(&event.data_json) {
+        if let Ok(RunStarted { task, labels, .. }) = serde_json::from_str(&event.data_json) {
             self.remember(run, Arc::new(RunFacts { labels, task }));
         }
     }
@@ -143,6 +138,7 @@ impl Reads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::event::{Budget, ModelChoice};
     use crate::store::embedded::EmbeddedStore;
 
     fn started(run: RunId, data: &str) -> EventRecord {
@@ -164,8 +160,22 @@ mod tests {
         let store: SharedStore = Arc::new(EmbeddedStore::open(dir.path(), 1 << 20).unwrap());
         let reads = Reads::from_database(store, CancellationToken::new());
         let (run, unreadable) = (RunId::new(), RunId::new());
-        let data = r#"{"task":"pay","model":{},"tools":[],"budget":{},"labels":{"team":"a"}}"#;
-        reads.learn_from(&started(run, data));
+        let data = serde_json::to_string(&RunStarted {
+            task: "pay".into(),
+            system: String::new(),
+            model: ModelChoice::Worker("m".into()),
+            tools: Vec::new(),
+            budget: Budget {
+                deadline_s: 0.0,
+                max_model_calls: 1,
+                max_tokens: 0,
+            },
+            labels: [("team".to_string(), "a".to_string())].into(),
+            deadline_at_ms: None,
+            traceparent: None,
+        })
+        .unwrap();
+        reads.learn_from(&started(run, &data));
         reads.learn_from(&started(unreadable, "{"));
         let facts = reads.run_facts(run).await.unwrap().expect("learned");
         assert_eq!(facts.task, "pay");

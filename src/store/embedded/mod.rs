@@ -219,33 +219,31 @@ impl EmbeddedStore {
         Ok(EmbeddedStore { inner })
     }
 
-    /// [`Store::approvals`] from sled, for keys in `[low, high)`.
-    fn approvals_in_sled(
+    /// The approvals `query` selects, from the copy in memory when
+    /// `pending` is given and ready, else from sled.
+    fn select_approvals(
         &self,
         query: &ApprovalQuery,
-        low: Vec<u8>,
-        high: Vec<u8>,
+        pending: Option<&pending::Pending>,
     ) -> Result<Vec<ApprovalRecord>> {
         let mut out = Vec::new();
-        if low >= high {
-            return Ok(out);
-        }
-        let range = self.inner.tree.range(low..high);
-        let range: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> =
-            match query.newest_first {
-                true => Box::new(range.rev()),
-                false => Box::new(range),
-            };
-        for entry in range {
-            if out.len() >= query.limit {
-                break;
-            }
-            let (key, value) = entry?;
-            let record: ApprovalRecord = decode(&key, &value)?;
-            if query.matches(&record) {
-                out.push(record);
-            }
-        }
+        // Pages of at most the limit: the filters may pass few of them.
+        let page = query.limit.clamp(1, 1024);
+        let bounds = approval_bounds(query);
+        each_approval(
+            &self.inner.tree,
+            pending,
+            bounds,
+            query.newest_first,
+            page,
+            |key, value| {
+                let record: ApprovalRecord = decode(key, value)?;
+                if query.matches(&record) && out.len() < query.limit {
+                    out.push(record);
+                }
+                Ok(out.len() < query.limit)
+            },
+        )?;
         Ok(out)
     }
 
@@ -604,39 +602,11 @@ impl super::Store for EmbeddedStore {
     }
 
     async fn approvals(&self, query: &ApprovalQuery) -> Result<Vec<ApprovalRecord>> {
-        let (mut low, mut high) = approval_bounds(query);
-        let reverse = query.newest_first;
         if query.run.is_none() {
             // A query across runs: worth a copy of them all in memory.
             self.inner.pending.build_in_background(&self.inner.tree)?;
         }
-        let mut out = Vec::new();
-        // From memory when the copy is ready, in pages (the filters may
-        // pass few of them), cloned under its lock and decoded outside it.
-        let page = query.limit.clamp(1, 1024);
-        while out.len() < query.limit {
-            let Some(entries) = self.inner.pending.range(&low, &high, reverse, page) else {
-                return self.approvals_in_sled(query, low, high);
-            };
-            let full = entries.len() == page;
-            if let Some((last, _)) = entries.last() {
-                if reverse {
-                    high = last.to_vec();
-                } else {
-                    low = [last.as_ref(), &[0]].concat();
-                }
-            }
-            for (key, value) in entries {
-                let record: ApprovalRecord = decode(&key, &value)?;
-                if query.matches(&record) && out.len() < query.limit {
-                    out.push(record);
-                }
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(out)
+        self.select_approvals(query, Some(&self.inner.pending))
     }
 
     async fn active_runs(&self, shards: &Shards) -> Result<Vec<RunId>> {
@@ -840,6 +810,52 @@ struct Waits {
 /// committer takes for every approval it writes.
 const COUNT_CHUNK: usize = 4096;
 
+/// Visits the pending approvals with keys in `bounds` (`[low, high)`), in
+/// key order or reversed, until `visit` answers false: from the copy in
+/// memory while `pending` is given and ready (`page` entries cloned per
+/// turn of its lock, visited outside it), else from sled, from where the
+/// copy left off.
+fn each_approval(
+    tree: &sled::Db,
+    pending: Option<&pending::Pending>,
+    (mut low, mut high): (Vec<u8>, Vec<u8>),
+    reverse: bool,
+    page: usize,
+    mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+) -> Result<()> {
+    while let Some(entries) = pending.and_then(|p| p.range(&low, &high, reverse, page)) {
+        if let Some((last, _)) = entries.last() {
+            match reverse {
+                true => high = last.to_vec(),
+                false => low = [last.as_ref(), &[0]].concat(),
+            }
+        }
+        for (key, value) in &entries {
+            if !visit(key, value)? {
+                return Ok(());
+            }
+        }
+        if entries.len() < page {
+            return Ok(());
+        }
+    }
+    if low >= high {
+        return Ok(());
+    }
+    let range = tree.range(low..high);
+    let range: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> = match reverse {
+        true => Box::new(range.rev()),
+        false => Box::new(range),
+    };
+    for entry in range {
+        let (key, value) = entry?;
+        if !visit(&key, &value)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// See [`Store::waiting`]: the approvals from the in-memory copy when it is
 /// ready (from sled while it is built), the runs at work from sled (few:
 /// runs that only wait are not there).
@@ -854,44 +870,33 @@ fn count_waiting(tree: &sled::Db, pending: &pending::Pending, shards: Shards) ->
     let mut by_tool = std::collections::BTreeMap::<String, (u64, i64)>::new();
     let mut waiting = 0;
     let mut last_run = Vec::new();
-    let mut tally = |key: &[u8], value: &[u8]| -> Result<()> {
-        // Keys are `A ‖ run ‖ call`; a run id's last byte is its shard.
-        if key.get(16).is_some_and(|shard| !shards.contains(*shard)) {
-            return Ok(());
-        }
-        let Waits { tool, requested_ms } = decode(key, value)?;
-        let tool = by_tool.entry(tool).or_insert((0, i64::MAX));
-        tool.0 += 1;
-        tool.1 = tool.1.min(requested_ms);
-        // A run's approvals are together.
-        let run = key.get(1..17).unwrap_or(key);
-        if run != last_run.as_slice() {
-            last_run = run.to_vec();
-            if !active.contains(run) {
-                waiting += 1;
+    let every = (vec![keys::APPROVAL], vec![keys::APPROVAL + 1]);
+    each_approval(
+        tree,
+        Some(pending),
+        every,
+        false,
+        COUNT_CHUNK,
+        |key, value| {
+            // Keys are `A ‖ run ‖ call`; a run id's last byte is its shard.
+            if key.get(16).is_some_and(|shard| !shards.contains(*shard)) {
+                return Ok(true);
             }
-        }
-        Ok(())
-    };
-    let mut low = vec![keys::APPROVAL];
-    let high = vec![keys::APPROVAL + 1];
-    loop {
-        let Some(entries) = pending.range(&low, &high, false, COUNT_CHUNK) else {
-            // Not ready: sled, from where the copy left off.
-            for entry in tree.range(low..high) {
-                let (key, value) = entry?;
-                tally(&key, &value)?;
+            let Waits { tool, requested_ms } = decode(key, value)?;
+            let tool = by_tool.entry(tool).or_insert((0, i64::MAX));
+            tool.0 += 1;
+            tool.1 = tool.1.min(requested_ms);
+            // A run's approvals are together.
+            let run = key.get(1..17).unwrap_or(key);
+            if run != last_run.as_slice() {
+                last_run = run.to_vec();
+                if !active.contains(run) {
+                    waiting += 1;
+                }
             }
-            break;
-        };
-        for (key, value) in &entries {
-            tally(key, value)?;
-        }
-        match entries.last() {
-            Some((last, _)) if entries.len() == COUNT_CHUNK => low = [last.as_ref(), &[0]].concat(),
-            _ => break,
-        }
-    }
+            Ok(true)
+        },
+    )?;
     Ok(Waiting {
         approvals_by_tool: by_tool
             .into_iter()
@@ -1167,8 +1172,7 @@ mod tests {
         let mut out = Vec::new();
         loop {
             let page = if sled {
-                let (low, high) = approval_bounds(&query);
-                store.approvals_in_sled(&query, low, high).unwrap()
+                store.select_approvals(&query, None).unwrap()
             } else {
                 store.approvals(&query).await.unwrap()
             };
