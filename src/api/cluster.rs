@@ -87,6 +87,7 @@ fn answer(cluster: &Cluster, store: &str, view: &ClusterView) -> GetClusterRespo
             }],
             shards: SHARDS as u32,
             unowned_shards: 0,
+            shard_owners: vec![cluster.address.clone(); SHARDS],
         };
     }
     let live = |lease: &&crate::domain::ShardLease| lease.lease_until_ms > now;
@@ -116,12 +117,19 @@ fn answer(cluster: &Cluster, store: &str, view: &ClusterView) -> GetClusterRespo
             }
         })
         .collect();
-    let owned = view.shards.iter().filter(live).count();
+    let shard_owners: Vec<String> = (0..SHARDS)
+        .map(|shard| {
+            view.owner_of(shard as u8)
+                .map_or_else(String::new, |owner| owner.address.clone())
+        })
+        .collect();
+    let owned = shard_owners.iter().filter(|a| !a.is_empty()).count();
     GetClusterResponse {
         this_server: cluster.server.clone(),
         store: store.to_string(),
         members,
         shards: SHARDS as u32,
         unowned_shards: (SHARDS - owned) as u32,
+        shard_owners,
     }
 }

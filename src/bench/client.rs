@@ -247,13 +247,14 @@ pub async fn serve_tool(
                     }
                 };
                 let Some(task) = task else { continue };
+                let mut owner = pool.workers_of(&task.run_id);
                 let complete = CompleteTaskRequest {
                     token: task.token,
                     result: Some(complete_task_request::Result::OutputJson(
                         WIRE_OUTPUT.into(),
                     )),
                 };
-                if let Err(status) = workers.complete_task(complete).await {
+                if let Err(status) = owner.complete_task(complete).await {
                     problems.add(format!("CompleteTask: {status}"));
                 }
             }
@@ -313,7 +314,7 @@ pub async fn grant_all(
         if approval.labels.get(LABEL) != Some(&session) {
             continue;
         }
-        let mut runs = pool.runs();
+        let mut runs = pool.runs_of(&approval.run_id);
         grants.spawn(async move { grant(&mut runs, &approval.run_id, &approval.call_id).await });
     }
     drain(grants, &mut problems).await;

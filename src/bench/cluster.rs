@@ -187,6 +187,10 @@ async fn measure_size(
     eprintln!("aaa bench: cluster of {servers}, cycle at 64 in flight");
     let everywhere = Pool::connect_all(&addrs, CONNECTIONS).await?;
     client::register_tools(&everywhere).await?;
+    if std::env::var_os("AAA_BENCH_ROUTE").is_some() {
+        let routed = everywhere.route().await?;
+        eprintln!("aaa bench: {routed} shards routed to their owners");
+    }
     let cpu_before = cpu_seconds(members);
     let mut cycle = cycle::run(&everywhere, session, &[(64, cycles)], limit).await;
     let cpu: Vec<f64> = cpu_seconds(members)

@@ -228,10 +228,18 @@ fn endpoint(addr: &str) -> anyhow::Result<Endpoint> {
 /// Several HTTP/2 connections, handed out round-robin, so one connection is
 /// not the bottleneck (and so many streams stay under the server's 200
 /// concurrent streams per connection).
+///
+/// Once [`Pool::route`] has read who owns which shard, the calls of one run
+/// ([`Pool::runs_of`], [`Pool::workers_of`]) go to its owner, as a client
+/// that routes by shard does, instead of to the next server in turn.
 #[derive(Clone)]
 pub struct Pool {
     channels: Arc<[Channel]>,
+    /// The server address of each channel.
+    addrs: Arc<[String]>,
     next: Arc<AtomicUsize>,
+    /// For each shard, the channel to its owner (empty: not routing).
+    owners: Arc<std::sync::RwLock<Vec<Option<Channel>>>>,
 }
 
 pub type RunClient = RunServiceClient<Channel>;
@@ -247,6 +255,7 @@ impl Pool {
     /// over the servers of a cluster.
     pub async fn connect_all(addrs: &[&str], connections: usize) -> anyhow::Result<Pool> {
         let mut channels = Vec::with_capacity(addrs.len() * connections);
+        let mut of = Vec::with_capacity(channels.capacity());
         for _ in 0..connections.max(1) {
             for addr in addrs {
                 let channel = endpoint(addr)?
@@ -254,17 +263,62 @@ impl Pool {
                     .await
                     .with_context(|| format!("connecting to {addr}"))?;
                 channels.push(channel);
+                of.push(addr.to_string());
             }
         }
         Ok(Pool {
             channels: channels.into(),
+            addrs: of.into(),
             next: Arc::new(AtomicUsize::new(0)),
+            owners: Arc::default(),
         })
+    }
+
+    /// Reads who owns each shard (GetCluster) and sends each run's calls to
+    /// its owner from now on; a shard whose owner is not among the pool's
+    /// servers (or has none) keeps the turn. Returns how many shards it
+    /// routes.
+    pub async fn route(&self) -> anyhow::Result<usize> {
+        let view = self
+            .cluster()
+            .get_cluster(crate::proto::GetClusterRequest {})
+            .await?
+            .into_inner();
+        let owners: Vec<Option<Channel>> = view
+            .shard_owners
+            .iter()
+            .map(|owner| {
+                let at = self.addrs.iter().position(|addr| addr == owner)?;
+                Some(self.channels[at].clone())
+            })
+            .collect();
+        let routed = owners.iter().flatten().count();
+        *self.owners.write().expect("poisoned") = owners;
+        Ok(routed)
     }
 
     fn channel(&self) -> Channel {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         self.channels[i % self.channels.len()].clone()
+    }
+
+    /// The channel to `run_id`'s owner when routing, else the next one.
+    fn channel_of(&self, run_id: &str) -> Channel {
+        let shard = crate::store::RunId::parse(run_id).map(|run| run.shard());
+        let owners = self.owners.read().expect("poisoned");
+        let owner = shard.and_then(|shard| owners.get(usize::from(shard))?.clone());
+        drop(owners);
+        owner.unwrap_or_else(|| self.channel())
+    }
+
+    /// A run's calls: to its owner when routing.
+    pub fn runs_of(&self, run_id: &str) -> RunClient {
+        RunServiceClient::new(self.channel_of(run_id))
+    }
+
+    /// A run's task calls: to its owner when routing.
+    pub fn workers_of(&self, run_id: &str) -> WorkerClient {
+        WorkerServiceClient::new(self.channel_of(run_id))
     }
 
     pub fn runs(&self) -> RunClient {

@@ -189,6 +189,17 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
             .map(|m| m.server.clone())
     };
     assert_eq!(owner_row(at_standby), Some(at_owner.this_server.clone()));
+    let owner_address = at_standby
+        .members
+        .iter()
+        .find(|m| m.shards == 256)
+        .map(|m| m.address.clone())
+        .expect("the owner's row");
+    assert!(
+        at_standby.shard_owners.len() == 256
+            && at_standby.shard_owners.iter().all(|a| *a == owner_address),
+        "every shard's writes go to the owner: {at_standby:?}"
+    );
     assert_ne!(at_standby.this_server, at_owner.this_server);
     standby.shutdown().await;
     owner_server.shutdown().await;
@@ -598,6 +609,22 @@ async fn spread_shards_serve_every_run_through_any_server() {
         shards_a.iter().all(|s| !shards_b.contains(s)),
         "each server makes runs in its own shards: {shards_a:?} {shards_b:?}"
     );
+    // GetCluster names each shard's owner by address, for clients that
+    // send a run's calls there.
+    let view = cluster_of(&b).await;
+    let address = |name: &str| {
+        let member = view.members.iter().find(|m| m.server == name);
+        member.expect("a member").address.clone()
+    };
+    let (address_a, address_b) = (address(&name_a), address(&member_of(&b).await));
+    assert_eq!(view.shard_owners.len(), 256);
+    for (shards, owner) in [(&shards_a, &address_a), (&shards_b, &address_b)] {
+        for &shard in shards {
+            assert_eq!(&view.shard_owners[usize::from(shard)], owner, "{view:?}");
+        }
+    }
+    let held = |owner: &str| view.shard_owners.iter().filter(|o| *o == owner).count();
+    assert_eq!(held(&address_a) + held(&address_b), 256, "{view:?}");
 
     // A request id names one run whichever server is asked: its shard's
     // owner alone checks it.

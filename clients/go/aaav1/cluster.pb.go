@@ -301,6 +301,15 @@ type GetClusterResponse struct {
 	// member holds now (all of them for a moment after an owner died).
 	Shards        uint32 `protobuf:"varint,4,opt,name=shards,proto3" json:"shards,omitempty"`
 	UnownedShards uint32 `protobuf:"varint,5,opt,name=unowned_shards,json=unownedShards,proto3" json:"unowned_shards,omitempty"`
+	// Who to send a run's writes to: for each shard (index 0 to shards - 1),
+	// the address (--advertise) of the live member holding it, "" while no
+	// one does. A run's shard is the last byte of its id (the UUID's last
+	// two hex digits). A client that sends a run's Signals (grants and
+	// denials among them), its CancelRun and its task's HeartbeatTask,
+	// CompleteTask and FailTask (Task.run_id) to this address saves the hop
+	// a server that does not own the run makes to forward them; any server
+	// still takes any call.
+	ShardOwners   []string `protobuf:"bytes,6,rep,name=shard_owners,json=shardOwners,proto3" json:"shard_owners,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +377,13 @@ func (x *GetClusterResponse) GetUnownedShards() uint32 {
 		return x.UnownedShards
 	}
 	return 0
+}
+
+func (x *GetClusterResponse) GetShardOwners() []string {
+	if x != nil {
+		return x.ShardOwners
+	}
+	return nil
 }
 
 type ClusterMember struct {
@@ -495,14 +511,15 @@ const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\x04task\x18\x02 \x01(\v2\f.aaa.v1.TaskH\x00R\x04task\x12\x16\n" +
 	"\x05ended\x18\x03 \x01(\bH\x00R\x05endedB\x06\n" +
 	"\x04step\"\x13\n" +
-	"\x11GetClusterRequest\"\xbb\x01\n" +
+	"\x11GetClusterRequest\"\xde\x01\n" +
 	"\x12GetClusterResponse\x12\x1f\n" +
 	"\vthis_server\x18\x01 \x01(\tR\n" +
 	"thisServer\x12\x14\n" +
 	"\x05store\x18\x02 \x01(\tR\x05store\x12/\n" +
 	"\amembers\x18\x03 \x03(\v2\x15.aaa.v1.ClusterMemberR\amembers\x12\x16\n" +
 	"\x06shards\x18\x04 \x01(\rR\x06shards\x12%\n" +
-	"\x0eunowned_shards\x18\x05 \x01(\rR\runownedShards\"\xde\x01\n" +
+	"\x0eunowned_shards\x18\x05 \x01(\rR\runownedShards\x12!\n" +
+	"\fshard_owners\x18\x06 \x03(\tR\vshardOwners\"\xde\x01\n" +
 	"\rClusterMember\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/cluster.proto.
  */
 export const file_aaa_v1_cluster: GenFile = /*@__PURE__*/
-  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxInwKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISAASEgoId2l0aGRyYXcYBCABKAhIAEIGCgRzdGVwIlwKEFBlZXJQb2xsUmVzcG9uc2USEQoHb2ZmZXJlZBgBIAEoCEgAEhwKBHRhc2sYAiABKAsyDC5hYWEudjEuVGFza0gAEg8KBWVuZGVkGAMgASgISABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKIAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0imQEKDUNsdXN0ZXJNZW1iZXISDgoGc2VydmVyGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSDQoFYWxpdmUYAyABKAgSDgoGc2hhcmRzGAQgASgNEg0KBWVwb2NoGAUgASgDEhUKDWxlYXNlX2xlZnRfbXMYBiABKAMSEwoLZ29uZV9mb3JfbXMYByABKAMSDQoFdXBfbXMYCCABKAMymAEKDkNsdXN0ZXJTZXJ2aWNlEkMKCkdldENsdXN0ZXISGS5hYWEudjEuR2V0Q2x1c3RlclJlcXVlc3QaGi5hYWEudjEuR2V0Q2x1c3RlclJlc3BvbnNlEkEKCFBlZXJQb2xsEhcuYWFhLnYxLlBlZXJQb2xsUmVxdWVzdBoYLmFhYS52MS5QZWVyUG9sbFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_aaa_v1_worker]);
+  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxInwKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISAASEgoId2l0aGRyYXcYBCABKAhIAEIGCgRzdGVwIlwKEFBlZXJQb2xsUmVzcG9uc2USEQoHb2ZmZXJlZBgBIAEoCEgAEhwKBHRhc2sYAiABKAsyDC5hYWEudjEuVGFza0gAEg8KBWVuZGVkGAMgASgISABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKeAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0SFAoMc2hhcmRfb3duZXJzGAYgAygJIpkBCg1DbHVzdGVyTWVtYmVyEg4KBnNlcnZlchgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEg0KBWFsaXZlGAMgASgIEg4KBnNoYXJkcxgEIAEoDRINCgVlcG9jaBgFIAEoAxIVCg1sZWFzZV9sZWZ0X21zGAYgASgDEhMKC2dvbmVfZm9yX21zGAcgASgDEg0KBXVwX21zGAggASgDMpgBCg5DbHVzdGVyU2VydmljZRJDCgpHZXRDbHVzdGVyEhkuYWFhLnYxLkdldENsdXN0ZXJSZXF1ZXN0GhouYWFhLnYxLkdldENsdXN0ZXJSZXNwb25zZRJBCghQZWVyUG9sbBIXLmFhYS52MS5QZWVyUG9sbFJlcXVlc3QaGC5hYWEudjEuUGVlclBvbGxSZXNwb25zZSgBMAFiBnByb3RvMw", [file_aaa_v1_worker]);
 
 /**
  * PeerPoll's requests, in rounds: a poll; then, after an offer, the accept
@@ -169,6 +169,20 @@ export type GetClusterResponse = Message<"aaa.v1.GetClusterResponse"> & {
    * @generated from field: uint32 unowned_shards = 5;
    */
   unownedShards: number;
+
+  /**
+   * Who to send a run's writes to: for each shard (index 0 to shards - 1),
+   * the address (--advertise) of the live member holding it, "" while no
+   * one does. A run's shard is the last byte of its id (the UUID's last
+   * two hex digits). A client that sends a run's Signals (grants and
+   * denials among them), its CancelRun and its task's HeartbeatTask,
+   * CompleteTask and FailTask (Task.run_id) to this address saves the hop
+   * a server that does not own the run makes to forward them; any server
+   * still takes any call.
+   *
+   * @generated from field: repeated string shard_owners = 6;
+   */
+  shardOwners: string[];
 };
 
 /**

@@ -34,18 +34,20 @@ class GetClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetClusterResponse(_message.Message):
-    __slots__ = ("this_server", "store", "members", "shards", "unowned_shards")
+    __slots__ = ("this_server", "store", "members", "shards", "unowned_shards", "shard_owners")
     THIS_SERVER_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     UNOWNED_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_OWNERS_FIELD_NUMBER: _ClassVar[int]
     this_server: str
     store: str
     members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
     shards: int
     unowned_shards: int
-    def __init__(self, this_server: _Optional[str] = ..., store: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., shards: _Optional[int] = ..., unowned_shards: _Optional[int] = ...) -> None: ...
+    shard_owners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, this_server: _Optional[str] = ..., store: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., shards: _Optional[int] = ..., unowned_shards: _Optional[int] = ..., shard_owners: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterMember(_message.Message):
     __slots__ = ("server", "address", "alive", "shards", "epoch", "lease_left_ms", "gone_for_ms", "up_ms")
