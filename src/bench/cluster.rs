@@ -3,7 +3,10 @@
 //! owns the runs, the others are standbys that forward every call to it):
 //! - the approval cycle at 64 in flight, with the bench's connections spread
 //!   evenly over the servers, so (n-1)/n of the calls reach a standby, which
-//!   answers the reads and forwards the writes;
+//!   answers the reads itself; a run's writes (the grant, the task's
+//!   completion) go to its owner, as the SDKs send them (GetCluster's shard
+//!   owners), or with `--unrouted` to the next server in turn, which
+//!   forwards them (as for grpcurl or the CLI);
 //! - the extra latency of one forwarded write: Signal (an application
 //!   event appended to a parked run) one at a time, to the owner and
 //!   through a standby.
@@ -50,7 +53,10 @@ pub struct Cluster {
 #[derive(Debug, Serialize)]
 pub struct Size {
     pub servers: usize,
-    /// The share of the bench's calls that reached a standby.
+    /// Whether a run's writes went to its owner (else round robin).
+    pub routed: bool,
+    /// The share of the bench's writes that reached a server other than
+    /// the run's owner, which forwarded them.
     pub forwarded_share: f64,
     /// The approval cycle at 64 in flight over all servers.
     pub cycle: Level,
@@ -80,6 +86,8 @@ pub struct Failover {
 pub struct Shape {
     pub most: usize,
     pub spread: bool,
+    /// A run's writes go to its owner.
+    pub routed: bool,
 }
 
 /// Measures clusters of 1..=`shape.most` servers on `database`.
@@ -92,7 +100,11 @@ pub async fn run(
     parked: usize,
     limit: Duration,
 ) -> Cluster {
-    let Shape { most, spread } = shape;
+    let Shape {
+        most,
+        spread,
+        routed,
+    } = shape;
     let mut cluster = Cluster {
         lease_s: LEASE_S,
         sizes: Vec::new(),
@@ -102,7 +114,7 @@ pub async fn run(
     for servers in 1..=most {
         let measured = async {
             let mut members = start(database, servers, spread).await?;
-            let size = measure_size(&members, session, cycles, calls, limit).await?;
+            let size = measure_size(&members, session, routed, cycles, calls, limit).await?;
             let failover = match servers == most && servers > 1 {
                 true => Some(failover(&mut members, session, parked, spread).await?),
                 false => None,
@@ -178,6 +190,7 @@ async fn held_by(pool: &Pool, except: &str) -> anyhow::Result<usize> {
 async fn measure_size(
     members: &[ChildServer],
     session: &str,
+    routed: bool,
     cycles: usize,
     calls: usize,
     limit: Duration,
@@ -187,9 +200,11 @@ async fn measure_size(
     eprintln!("aaa bench: cluster of {servers}, cycle at 64 in flight");
     let everywhere = Pool::connect_all(&addrs, CONNECTIONS).await?;
     client::register_tools(&everywhere).await?;
-    if std::env::var_os("AAA_BENCH_ROUTE").is_some() {
-        let routed = everywhere.route().await?;
-        eprintln!("aaa bench: {routed} shards routed to their owners");
+    let mut forwarded_share = (servers - 1) as f64 / servers as f64;
+    if routed {
+        let known = everywhere.route().await?;
+        // Writes of a shard whose owner the bench does not know go round.
+        forwarded_share *= 1.0 - known as f64 / crate::domain::SHARDS as f64;
     }
     let cpu_before = cpu_seconds(members);
     let mut cycle = cycle::run(&everywhere, session, &[(64, cycles)], limit).await;
@@ -215,7 +230,8 @@ async fn measure_size(
     };
     Ok(Size {
         servers,
-        forwarded_share: (servers - 1) as f64 / servers as f64,
+        routed,
+        forwarded_share,
         owner_cpu_ms_per_cycle: per_cycle(cpu[0]),
         standbys_cpu_ms_per_cycle: per_cycle(cpu[1..].iter().sum()),
         cycle: level,

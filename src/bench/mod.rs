@@ -75,6 +75,11 @@ pub struct BenchArgs {
     /// shared out among them) instead of one owner and standbys.
     #[arg(long, requires = "cluster")]
     pub spread_shards: bool,
+    /// With --cluster: send every call to the servers in turn, as a client
+    /// that does not route (grpcurl, the CLI) does, instead of a run's
+    /// writes to its owner as the SDKs do (GetCluster's shard owners).
+    #[arg(long, requires = "cluster")]
+    pub unrouted: bool,
     /// Where to write the figures as JSON.
     #[arg(long, default_value = "bench.json")]
     pub out: PathBuf,
@@ -471,6 +476,7 @@ async fn measure_on(
             cluster::Shape {
                 most,
                 spread: args.spread_shards,
+                routed: !args.unrouted,
             },
             plan.cluster_cycles,
             plan.rtt_calls,

@@ -632,7 +632,11 @@ fn cluster_rows(t: &mut Table, cluster: &super::cluster::Cluster) {
         t.judge(
             &scenario,
             &format!(
-                "cycles/s, 64 in flight, {:.0}% of calls forwarded ({} cycles)",
+                "cycles/s, 64 in flight, {}, {:.0}% of writes forwarded ({} cycles)",
+                match size.routed {
+                    true => "routed",
+                    false => "unrouted",
+                },
                 100.0 * size.forwarded_share,
                 size.cycle.cycles
             ),
