@@ -55,6 +55,7 @@ const DefaultRetryTimeout = 30 * time.Second
 // from their cursor after a dropped connection, with no gap and no duplicate.
 type Client struct {
 	conn          *grpc.ClientConn // nil when the caller owns the connection
+	owners        *ownerRoutes     // for DialCluster of several servers: where a run's writes go
 	runs          aaav1.RunServiceClient
 	approvals     aaav1.ApprovalServiceClient
 	workers       aaav1.WorkerServiceClient
@@ -120,7 +121,7 @@ func Dial(address string, opts ...Option) (*Client, error) {
 	if address == "" {
 		address = DefaultAddress
 	}
-	return dial(address, nil, opts)
+	return dial(address, opts)
 }
 
 // clusterScheme is the resolver scheme of the targets of DialCluster.
@@ -154,16 +155,45 @@ func DialCluster(addresses []string, opts ...Option) (*Client, error) {
 	static.InitialState(resolver.State{Endpoints: endpoints})
 	cluster := []grpc.DialOption{grpc.WithResolvers(static), grpc.WithDefaultServiceConfig(roundRobin)}
 	// The target names the first server: it is the :authority of the calls.
-	return dial(clusterScheme+":///"+addresses[0], cluster, opts)
+	o := newOptions(opts)
+	conn, err := o.connect(clusterScheme+":///"+addresses[0], cluster)
+	if err != nil {
+		return nil, err
+	}
+	c := newClient(conn, o)
+	c.conn = conn
+	// A run's writes go to its owner, on a connection of that server alone
+	// (resolved at each connection attempt, as in the round robin).
+	c.owners = newOwnerRoutes(addresses, conn, func(address string) (*grpc.ClientConn, error) {
+		return o.connect("passthrough:///"+address, nil)
+	})
+	return c, nil
 }
 
-// dial makes the client of Dial and DialCluster: a connection to target with
-// the options the SDK sets, then extra, then the caller's.
-func dial(target string, extra []grpc.DialOption, opts []Option) (*Client, error) {
+// newOptions returns the options opts set, over the defaults.
+func newOptions(opts []Option) clientOptions {
 	o := clientOptions{retryTimeout: DefaultRetryTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
+	return o
+}
+
+// dial makes the client of Dial: a connection to target.
+func dial(target string, opts []Option) (*Client, error) {
+	o := newOptions(opts)
+	conn, err := o.connect(target, nil)
+	if err != nil {
+		return nil, err
+	}
+	c := newClient(conn, o)
+	c.conn = conn
+	return c, nil
+}
+
+// connect makes a connection to target with the options the SDK sets, then
+// extra, then the caller's.
+func (o clientOptions) connect(target string, extra []grpc.DialOption) (*grpc.ClientConn, error) {
 	transport := insecure.NewCredentials()
 	if o.tls != nil {
 		transport = credentials.NewTLS(o.tls)
@@ -182,23 +212,13 @@ func dial(target string, extra []grpc.DialOption, opts []Option) (*Client, error
 		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearer(o.token)))
 	}
 	dialOpts = append(dialOpts, extra...)
-	conn, err := grpc.NewClient(target, append(dialOpts, o.dialOptions...)...)
-	if err != nil {
-		return nil, err
-	}
-	c := newClient(conn, o)
-	c.conn = conn
-	return c, nil
+	return grpc.NewClient(target, append(dialOpts, o.dialOptions...)...)
 }
 
 // NewClient returns a client that makes its calls on conn, which the caller
 // keeps owning (Close does not close it). Only WithRetryTimeout applies.
 func NewClient(conn grpc.ClientConnInterface, opts ...Option) *Client {
-	o := clientOptions{retryTimeout: DefaultRetryTimeout}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return newClient(conn, o)
+	return newClient(conn, newOptions(opts))
 }
 
 func newClient(conn grpc.ClientConnInterface, o clientOptions) *Client {
@@ -215,6 +235,9 @@ func newClient(conn grpc.ClientConnInterface, o clientOptions) *Client {
 
 // Close closes the connection made by Dial; calls in flight fail.
 func (c *Client) Close() error {
+	if c.owners != nil {
+		c.owners.close()
+	}
 	if c.conn == nil {
 		return nil
 	}
@@ -223,6 +246,24 @@ func (c *Client) Close() error {
 
 // RunService returns the generated RunService stub, for what the SDK does not wrap.
 func (c *Client) RunService() aaav1.RunServiceClient { return c.runs }
+
+// runWrites returns the RunService stub for the writes of one run: on its
+// owner's connection when known (see ownerRoutes), else round robin.
+func (c *Client) runWrites(runID string) aaav1.RunServiceClient {
+	if c.owners == nil {
+		return c.runs
+	}
+	return aaav1.NewRunServiceClient(c.owners.of(runID))
+}
+
+// taskWrites returns the WorkerService stub for the writes of a task of
+// one run (heartbeats and results), as runWrites does.
+func (c *Client) taskWrites(runID string) aaav1.WorkerServiceClient {
+	if c.owners == nil {
+		return c.workers
+	}
+	return aaav1.NewWorkerServiceClient(c.owners.of(runID))
+}
 
 // ApprovalService returns the generated ApprovalService stub.
 func (c *Client) ApprovalService() aaav1.ApprovalServiceClient { return c.approvals }
@@ -817,7 +858,7 @@ func (c *Client) Signal(ctx context.Context, runID, eventType string, data any, 
 	}
 	var resp *aaav1.SignalResponse
 	err = c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.runs.Signal(ctx, req)
+		resp, err = c.runWrites(runID).Signal(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -988,7 +1029,7 @@ func (c *Client) DecideApprovals(ctx context.Context, items []DecisionItem, deci
 func (c *Client) Cancel(ctx context.Context, runID, reason string) (uint64, error) {
 	var resp *aaav1.CancelRunResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.runs.CancelRun(ctx, &aaav1.CancelRunRequest{RunId: runID, Reason: reason})
+		resp, err = c.runWrites(runID).CancelRun(ctx, &aaav1.CancelRunRequest{RunId: runID, Reason: reason})
 		return err
 	})
 	if err != nil {

@@ -4,7 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	aaa "aaa.dev/clients/go"
@@ -122,5 +128,77 @@ func TestDialClusterOverTLSWithAToken(t *testing.T) {
 		if actor := startedBy(t, ctx, client); actor.Name != "runner" {
 			t.Errorf("actor over TLS with a token = %+v, want runner", actor)
 		}
+	}
+}
+
+// apiCalls returns how many calls of method (e.g. "RunService/Signal") the
+// server answered OK, by its Prometheus metrics.
+func apiCalls(t *testing.T, server *testserver.Server, method string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + server.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := `aaa_api_requests_total{method="` + method + `",code="OK"} `
+	for line := range strings.Lines(string(body)) {
+		if count, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			n, err := strconv.Atoi(count)
+			if err != nil {
+				t.Fatalf("metric %s%s: %v", prefix, count, err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+func TestDialClusterSendsARunsWritesToItsOwner(t *testing.T) {
+	if os.Getenv("AAA_TEST_STORE") != "postgres" {
+		t.Skip("two servers of one cluster need PostgreSQL (AAA_TEST_STORE=postgres)")
+	}
+	owner := testserver.StartWith(t, "--lease-s", "1")
+	standby := testserver.StartSharing(t, owner, "--standby", "--lease-s", "1")
+	// The standby first: round robin would send it about half of the calls.
+	client := dialCluster(t, []string{standby.Addr, owner.Addr})
+	if read, routing := aaa.Routing(client); !read || !routing {
+		t.Fatalf("the client of a PostgreSQL cluster: owners read %v, routing %v", read, routing)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	e := &env{server: owner, client: client, ctx: ctx}
+	var ran atomic.Int32
+	e.serve(t, aaa.WorkerOptions{Tools: []aaa.Tool{wireMoney(&ran)}})
+	for range 4 {
+		runID := e.start(t, payACME(nil))
+		shown := e.requested(t, runID, "")
+		if _, err := client.Approve(ctx, runID, shown.CallID, aaa.WithArgumentsSHA256(shown.ArgumentsSHA256)); err != nil {
+			t.Fatalf("Approve: %v", err)
+		}
+		if outcome := e.result(t, runID); outcome.Status != aaa.StatusCompleted {
+			t.Fatalf("outcome: %+v", outcome)
+		}
+	}
+	for _, method := range []string{"RunService/Signal", "WorkerService/CompleteTask"} {
+		if n := apiCalls(t, standby, method); n != 0 {
+			t.Errorf("the standby answered %d %s calls, want 0", n, method)
+		}
+		if n := apiCalls(t, owner, method); n != 4 {
+			t.Errorf("the owner answered %d %s calls, want 4", n, method)
+		}
+	}
+}
+
+func TestDialClusterOfEmbeddedServersDoesNotRoute(t *testing.T) {
+	// Separate embedded servers each claim every shard: routing would send a
+	// run's writes to a server that does not have the run.
+	first := testserver.StartWith(t, "--store", "embedded")
+	second := testserver.StartWith(t, "--store", "embedded")
+	if read, routing := aaa.Routing(dialCluster(t, []string{first.Addr, second.Addr})); !read || routing {
+		t.Fatalf("the client of embedded servers: owners read %v, routing %v", read, routing)
 	}
 }

@@ -365,7 +365,7 @@ func (w *Worker) handle(parent context.Context, task *aaav1.Task) {
 	beating := make(chan struct{})
 	go func() {
 		defer close(beating)
-		w.heartbeat(ctx, task.GetToken(), info.HeartbeatTimeout, cancel)
+		w.heartbeat(ctx, info.RunID, task.GetToken(), info.HeartbeatTimeout, cancel)
 	}()
 	complete, fail := w.execute(ctx, info, task)
 	cause := context.Cause(ctx)
@@ -379,7 +379,7 @@ func (w *Worker) handle(parent context.Context, task *aaav1.Task) {
 		fail.Error = &aaav1.ErrorDetail{Type: "WorkerStopped", Message: "worker " + w.opts.Identity + " stopped"}
 	}
 	// Report even when the worker is stopping: the result is done work.
-	recorded, err := w.report(context.WithoutCancel(parent), complete, fail)
+	recorded, err := w.report(context.WithoutCancel(parent), info.RunID, complete, fail)
 	switch {
 	case err != nil:
 		// A superseded attempt or a finished run: nothing more to do.
@@ -396,11 +396,12 @@ const (
 	reportTryTimeout = 10 * time.Second
 )
 
-// report sends CompleteTask (complete) or FailTask (fail). While the reply is
-// lost (UNAVAILABLE, DEADLINE_EXCEEDED) it sends the same token and result
-// again, with backoff, for up to reportTimeout: the server records a result
-// once and answers a repeat with already_recorded, which report returns.
-func (w *Worker) report(ctx context.Context, complete *aaav1.CompleteTaskRequest, fail *aaav1.FailTaskRequest) (alreadyRecorded bool, err error) {
+// report sends CompleteTask (complete) or FailTask (fail) of a task of run
+// runID. While the reply is lost (UNAVAILABLE, DEADLINE_EXCEEDED) it sends
+// the same token and result again, with backoff, for up to reportTimeout: the
+// server records a result once and answers a repeat with already_recorded,
+// which report returns.
+func (w *Worker) report(ctx context.Context, runID string, complete *aaav1.CompleteTaskRequest, fail *aaav1.FailTaskRequest) (alreadyRecorded bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, reportTimeout)
 	defer cancel()
 	wait := newBackoff(forever, time.Second) // ctx bounds it
@@ -408,11 +409,11 @@ func (w *Worker) report(ctx context.Context, complete *aaav1.CompleteTaskRequest
 		try, cancelTry := context.WithTimeout(ctx, reportTryTimeout)
 		if complete != nil {
 			var resp *aaav1.CompleteTaskResponse
-			resp, err = w.client.workers.CompleteTask(try, complete)
+			resp, err = w.client.taskWrites(runID).CompleteTask(try, complete)
 			alreadyRecorded = resp.GetAlreadyRecorded()
 		} else {
 			var resp *aaav1.FailTaskResponse
-			resp, err = w.client.workers.FailTask(try, fail)
+			resp, err = w.client.taskWrites(runID).FailTask(try, fail)
 			alreadyRecorded = resp.GetAlreadyRecorded()
 		}
 		cancelTry()
@@ -429,7 +430,7 @@ func (w *Worker) report(ctx context.Context, complete *aaav1.CompleteTaskRequest
 
 // heartbeat keeps the attempt's lease alive until ctx ends; when the server
 // no longer wants the attempt, it cancels ctx with ErrAttemptCancelled.
-func (w *Worker) heartbeat(ctx context.Context, token string, timeout time.Duration, cancel context.CancelCauseFunc) {
+func (w *Worker) heartbeat(ctx context.Context, runID, token string, timeout time.Duration, cancel context.CancelCauseFunc) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
@@ -443,7 +444,7 @@ func (w *Worker) heartbeat(ctx context.Context, token string, timeout time.Durat
 		case <-ticker.C:
 		}
 		hctx, hcancel := context.WithTimeout(ctx, interval)
-		resp, err := w.client.workers.HeartbeatTask(hctx, &aaav1.HeartbeatTaskRequest{Token: token})
+		resp, err := w.client.taskWrites(runID).HeartbeatTask(hctx, &aaav1.HeartbeatTaskRequest{Token: token})
 		hcancel()
 		switch status.Code(err) {
 		case codes.OK:

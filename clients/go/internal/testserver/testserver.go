@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,10 +77,27 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-// StartWith is Start with extra flags for `aaa serve` (e.g. --auth-config).
+// StartWith is Start with extra flags for `aaa serve` (e.g. --auth-config;
+// --store replaces the store of AAA_TEST_STORE).
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: Binary(t), DataDir: t.TempDir(), Addr: "127.0.0.1:0", args: args}
+	s.start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartSharing is StartWith for a server on the store of other: with
+// AAA_TEST_STORE=postgres, the same schema (a cluster: e.g. args --standby).
+// Its data directory is its own.
+func StartSharing(t testing.TB, other *Server, args ...string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: Binary(t), DataDir: t.TempDir(), Addr: "127.0.0.1:0", args: args}
+	if url, err := os.ReadFile(other.DataDir + ".store-url"); err == nil {
+		if err := os.WriteFile(s.DataDir+".store-url", url, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s.start()
 	t.Cleanup(s.Stop)
 	return s
@@ -120,7 +138,10 @@ func (s *Server) start() {
 		s.t.Fatal(err)
 	}
 	s.log = &lockedBuffer{}
-	args := append([]string{"serve", "--listen", s.Addr, "--data-dir", s.DataDir}, storeArgs(s.t, s.DataDir)...)
+	args := []string{"serve", "--listen", s.Addr, "--data-dir", s.DataDir}
+	if !slices.ContainsFunc(s.args, func(arg string) bool { return arg == "--store" || strings.HasPrefix(arg, "--store=") }) {
+		args = append(args, storeArgs(s.t, s.DataDir)...) // a --store of the test's replaces the suite's
+	}
 	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = stdoutW
