@@ -143,11 +143,15 @@ func (r *ownerRoutes) pick(runID string) (conn *grpc.ClientConn, routed bool) {
 	return r.conns[address], true
 }
 
-// markStale makes the next routed call read the owners again.
+// markStale forgets the owners until they are read again, which the next
+// write starts: meanwhile writes go round robin, so the SDK's retry of a call
+// whose owner died reaches a live server (which waits for the next owner)
+// instead of the dead one again.
 func (r *ownerRoutes) markStale() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.readAt = time.Time{}
+	r.owners = nil
 }
 
 // startReading reads the owners from GetCluster (any server, round robin) in
