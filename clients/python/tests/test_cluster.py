@@ -1,15 +1,28 @@
-"""Connecting to the servers of a cluster: a list of addresses, calls spread over those that answer."""
+"""Connecting to the servers of a cluster: a list of addresses, calls spread over those that answer,
+a run's writes sent to its owner."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import grpc
 import pytest
 
 import aaa
-from aaa import text
-from aaa.client import _cluster_target
+from aaa import text, tool, tool_call
+from aaa.client import _cluster_target, _RunOwners, _shard
 
 from conftest import start_server, stop_process
 from helpers import WAIT_S, closed_port
+
+postgres_only = pytest.mark.skipif(
+    os.environ.get("AAA_TEST_STORE") != "postgres", reason="servers sharing a store need AAA_TEST_STORE=postgres"
+)
 
 
 async def test_a_list_of_addresses_skips_the_server_that_is_down(server):
@@ -62,3 +75,101 @@ def test_cluster_targets():
         _cluster_target(["127.0.0.1", "127.0.0.1:2"])  # no port
     with pytest.raises(aaa.Unavailable):
         _cluster_target(["no-such-host.invalid:1"])
+
+
+def requests_answered(address: str, method: str) -> int:
+    """How many calls of ``method`` ("RunService/Signal") the server answered, any code, from its /metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=WAIT_S) as response:
+        metrics = response.read().decode()
+    line = re.compile(rf'^aaa_api_requests_total{{method="{re.escape(method)}",code="\w+"}} (\d+)$', re.M)
+    return sum(int(count) for count in line.findall(metrics))
+
+
+@postgres_only
+async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid):
+    owner = start_server(tmp_path / "owner", tmp_path / "owner.log")
+    # The standby on the owner's schema: store_args keeps a data dir's store URL beside it.
+    (tmp_path / "standby.store-url").write_text((tmp_path / "owner.store-url").read_text())
+    standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby",))
+    writes = ("RunService/Signal", "RunService/CancelRun", "WorkerService/CompleteTask")
+
+    @tool(name=f"wire_{uid}", requires_approval=True)
+    def wire(amount: int) -> str:
+        """Send money."""
+        return f"sent ${amount}"
+
+    try:
+        # The standby first: without routing, the round robin sends it about half of the writes.
+        async with await aaa.connect([standby.address, owner.address], timeout=WAIT_S) as client:
+            async with client.worker(tools=[wire]):
+                for amount in (1, 2, 3):
+                    steps = [tool_call(wire, amount=amount), text("done")]
+                    run = await client.start_run("pay", model=steps, tools=[wire])
+                    requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
+                    # Read at connect: the owner holds every shard once it serves.
+                    assert client._owners.owner_address(run.id) == owner.address
+                    assert (await run.approve(requested.data["call_id"])).decision == "aaa.approval.granted"
+                    assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+                cancelled = await client.start_run("pay", model=[tool_call(wire, amount=4)], tools=[wire])
+                await asyncio.wait_for(cancelled.wait_for("aaa.approval.requested"), WAIT_S)
+                assert await cancelled.cancel("no") > 0
+        assert [requests_answered(standby.address, method) for method in writes] == [0, 0, 0]
+        assert [requests_answered(owner.address, method) for method in writes] == [3, 1, 3]
+    finally:
+        stop_process(standby.process)
+        stop_process(owner.process)
+
+
+async def test_servers_that_share_no_store_are_not_routed(tmp_path, monkeypatch):
+    # Embedded whatever the suite's store: each server says it owns every shard.
+    monkeypatch.delenv("AAA_TEST_STORE", raising=False)
+    servers = [start_server(tmp_path / name, tmp_path / f"{name}.log") for name in ("a", "b")]
+    try:
+        async with await aaa.connect([s.address for s in servers], timeout=WAIT_S) as client:
+            assert client._owners.enabled is False and client._owners.owners == []
+            run = await client.start_run("hello", model=[text("done")])
+            assert client._owners.stubs_for(run.id) is None
+        async with await aaa.connect(servers[0].address, timeout=WAIT_S) as client:
+            assert client._owners.enabled is False  # one address: nothing to choose
+    finally:
+        for s in servers:
+            stop_process(s.process)
+
+
+def test_a_runs_shard_and_owner():
+    assert _shard("01a23f25-862c-7235-856c-a330d1891ac1") == 0xC1
+    assert _shard("01a23f25-862c-7235-856c-a330d18914FF") == 255
+    assert _shard("01a23f25-862c-7235-856c-a330d1891400") == 0
+    for not_an_id in ("", "7", "-1", "+f", " f", "zz"):
+        assert _shard(not_an_id) is None, not_an_id
+    owners = _RunOwners(SimpleNamespace(addresses=["10.0.0.1:50051", "[::1]:50052", "db.internal:50053"]))
+    owners.owners = ["10.0.0.1:50051"] * 256
+    owners.owners[1:5] = ["[::1]:50052", "db.internal:50053", "", "10.0.0.9:50051"]
+    assert owners.owner_address("run-00") == "10.0.0.1:50051"
+    assert owners.owner_address("run-01") == "[::1]:50052"
+    assert owners.owner_address("run-02") == "db.internal:50053"  # as given: not resolved
+    assert owners.owner_address("run-03") is None  # no server holds the shard
+    assert owners.owner_address("run-04") is None  # not one of the client's servers
+    assert owners.owner_address("run-zz") is None
+    owners.owners = []
+    assert owners.owner_address("run-00") is None  # no map
+
+
+async def test_a_write_the_owner_does_not_answer_marks_the_owners_stale():
+    client = aaa.Client([f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"])
+    owner = client.addresses[1]
+    client._owners.owners, client._owners.read_at = [owner] * 256, time.monotonic()
+    sent = []
+
+    async def unavailable(request, timeout=None):
+        sent.append(request)
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone")
+
+    client._owners._stubs[owner] = SimpleNamespace(run=SimpleNamespace(Signal=unavailable))  # its channel's place
+    try:
+        with pytest.raises(aaa.Unavailable):
+            await client._call(client._for_run("run-07", lambda stubs: stubs.run.Signal), "signal", retry=False)
+        assert sent == ["signal"] and client._owners.read_at is None
+    finally:
+        client._owners._stubs.clear()
+        await client.close()

@@ -16,7 +16,8 @@ their cursor after a dropped connection, with no gap and no duplicate.
 
 Given a list of addresses (the servers of a cluster), the client spreads its
 calls over them (gRPC's ``round_robin``) and leaves out those that do not
-answer, until they do again.
+answer, until they do again; a run's writes go to the server that owns the
+run when the client knows which (see ``_RunOwners``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
 import os
 import socket
+import string
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -38,6 +42,8 @@ from . import _otel
 from ._proto.aaa.v1 import (
     approval_pb2,
     approval_pb2_grpc,
+    cluster_pb2,
+    cluster_pb2_grpc,
     policy_pb2,
     policy_pb2_grpc,
     grant_pb2,
@@ -74,6 +80,8 @@ from .types import (
 if TYPE_CHECKING:
     from .worker import Worker
 
+log = logging.getLogger("aaa.client")
+
 #: The address used when none is given and AAA_SERVER is not set.
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -96,6 +104,12 @@ _CHANNEL_OPTIONS = [
 
 #: The service config of a channel to several servers: each call goes to the next one that answers.
 _ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+
+
+#: How old the map of run owners may get before a write of a run refreshes it (in the background).
+_OWNERS_MAX_AGE_S = 5.0
+#: How long one GetCluster that reads the owners waits.
+_GET_CLUSTER_TIMEOUT_S = 5.0
 
 
 def _host_port(address: str) -> tuple[str, str]:
@@ -208,6 +222,101 @@ def _bearer(token: str) -> list[Any]:
     return [kind(token) for kind in kinds]
 
 
+def _shard(run_id: str) -> int | None:
+    """The shard of a run: the last byte of its id (the UUID's last two hex digits); None for an id
+    that does not end in two hex digits (the server will refuse it)."""
+    last_byte = run_id[-2:]
+    if len(last_byte) != 2 or not all(c in string.hexdigits for c in last_byte):
+        return None
+    return int(last_byte, 16)
+
+
+class _RunOwners:
+    """Which server of the client's list owns each run, so that a run's writes go straight to it.
+
+    Any server of a cluster takes any call, but one that does not own the run forwards its writes
+    (Signal, CancelRun, a task's reports) to the owner: a hop that costs both servers CPU and the
+    call time. GetCluster names the owner of each shard of runs; a write whose owner is one of the
+    client's addresses goes on a channel to that server, anything else on the round robin. The map
+    is a hint only: a stale one sends a write to a server that forwards it, as without the map.
+
+    Only with several addresses on a shared store: separate embedded servers in one list each
+    claim every shard, and would be sent runs they do not have.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        #: False with one address, and once GetCluster says the store is embedded.
+        self.enabled = len(client.addresses) > 1
+        self.owners: list[str] = []  # shard -> owner's address, "" while no server holds it
+        self.read_at: float | None = None  # time.monotonic() of the read; None: unread or stale
+        self._refresh: asyncio.Task[None] | None = None
+        self._stubs: dict[str, SimpleNamespace] = {}  # address -> its channel and stubs
+
+    def owner_address(self, run_id: str) -> str | None:
+        """The address of the run's owner when it is one of the client's, else None."""
+        shard = _shard(run_id)
+        if shard is None or shard >= len(self.owners):
+            return None
+        owner = self.owners[shard]
+        # Only the servers the client was given: an advertised address may not be reachable from
+        # here, and the client's TLS settings and authority are for those.
+        return owner if owner in self.client.addresses else None
+
+    def stubs_for(self, run_id: str) -> SimpleNamespace | None:
+        """The stubs on a channel to the run's owner, or None to use the round robin.
+
+        Starts a refresh of the map when it is older than _OWNERS_MAX_AGE_S, without waiting for it.
+        """
+        if not self.enabled:
+            return None
+        if self.read_at is None or time.monotonic() - self.read_at > _OWNERS_MAX_AGE_S:
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.create_task(self.read(), name="aaa-read-run-owners")
+        address = self.owner_address(run_id)
+        if address is None:
+            return None
+        if address not in self._stubs:
+            channel = self.client._open_channel(address)
+            self._stubs[address] = SimpleNamespace(
+                channel=channel,
+                run=run_pb2_grpc.RunServiceStub(channel),
+                worker=worker_pb2_grpc.WorkerServiceStub(channel),
+            )
+        return self._stubs[address]
+
+    def mark_stale(self) -> None:
+        """A write sent to an owner failed UNAVAILABLE: the run may have moved; read the map again."""
+        self.read_at = None
+
+    async def read(self) -> None:
+        """Read the map from GetCluster (any server of the list); on failure keep the one there is."""
+        try:
+            cluster = await self.client._call(
+                self.client._cluster.GetCluster,
+                cluster_pb2.GetClusterRequest(),
+                timeout=_GET_CLUSTER_TIMEOUT_S,
+                retry=False,
+            )
+        except AaaError as err:
+            log.debug("could not read the owners of the runs: %s", err)
+            return
+        if cluster.store == "embedded":
+            self.enabled = False  # servers that share no store: each names itself the owner of all
+            return
+        self.owners = list(cluster.shard_owners)
+        self.read_at = time.monotonic()
+
+    async def close(self) -> None:
+        """Stop a refresh in flight and close the channels to the owners."""
+        if self._refresh is not None:
+            self._refresh.cancel()
+            await asyncio.gather(self._refresh, return_exceptions=True)
+        for stubs in self._stubs.values():
+            await stubs.channel.close(grace=None)
+        self._stubs.clear()
+
+
 async def connect(
     address: str | Sequence[str] | None = None,
     *,
@@ -238,6 +347,8 @@ async def connect(
             f"no aaa server answered at {client.address} within {timeout:g}s",
             code=grpc.StatusCode.UNAVAILABLE,
         ) from None
+    if client._owners.enabled:
+        await client._owners.read()  # best effort: without the map, writes take the round robin
     return client
 
 
@@ -270,16 +381,17 @@ class Client:
         self.address = ",".join(self.addresses)
         self.retry_s = retry_s
         token = token or os.environ.get("AAA_TOKEN")
-        interceptors = _bearer(token) if token else None
-        target, options = self.addresses[0], list(_CHANNEL_OPTIONS)
-        if len(self.addresses) > 1:
-            # One authority for all: the first address (the name TLS checks the certificates for).
-            target = _cluster_target(self.addresses)
-            options += [("grpc.service_config", _ROUND_ROBIN), ("grpc.default_authority", self.addresses[0])]
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+        self._interceptors = _bearer(token) if token else None
+        self._credentials = credentials
+        self._options = list(_CHANNEL_OPTIONS)
+        if len(self.addresses) == 1:
+            self._channel = self._open_channel(self.addresses[0])
         else:
-            self._channel = grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+            # One authority for all, the channels to the runs' owners too: the first address
+            # (the name TLS checks the certificates for).
+            self._options.append(("grpc.default_authority", self.addresses[0]))
+            target = _cluster_target(self.addresses)
+            self._channel = self._open_channel(target, [("grpc.service_config", _ROUND_ROBIN)])
         self.stubs = SimpleNamespace(
             run=run_pb2_grpc.RunServiceStub(self._channel),
             approval=approval_pb2_grpc.ApprovalServiceStub(self._channel),
@@ -288,7 +400,16 @@ class Client:
             policy=policy_pb2_grpc.PolicyServiceStub(self._channel),
             grant=grant_pb2_grpc.GrantServiceStub(self._channel),
         )
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        self._owners = _RunOwners(self)
         self.approvals = Approvals(self)
+
+    def _open_channel(self, target: str, extra_options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        """A channel with the client's token, TLS settings and options."""
+        options = self._options + list(extra_options)
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(target, options=options, interceptors=self._interceptors)
+        return grpc.aio.secure_channel(target, self._credentials, options=options, interceptors=self._interceptors)
 
     async def __aenter__(self) -> Client:
         return self
@@ -298,7 +419,32 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection; calls still in flight are cancelled."""
+        await self._owners.close()
         await self._channel.close(grace=None)
+
+    def _for_run(
+        self, run_id: str, method: Callable[[SimpleNamespace], Callable[..., Awaitable[T]]]
+    ) -> Callable[..., Awaitable[T]]:
+        """The stub method for a write of one run, to use where the stub method would be (e.g. in
+        ``_call``). ``method`` picks it from a set of stubs, e.g. ``lambda stubs: stubs.run.Signal``.
+
+        Each call of it goes to the run's owner when the client knows it (see ``_RunOwners``), else
+        on the round robin. The channels share the token, TLS settings and options, and the caller's
+        retries and deadlines apply as to any call; a retry picks the owner again.
+        """
+
+        async def call(request: Any, **kwargs: Any) -> T:
+            owner_stubs = self._owners.stubs_for(run_id)
+            if owner_stubs is None:
+                return await method(self.stubs)(request, **kwargs)
+            try:
+                return await method(owner_stubs)(request, **kwargs)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._owners.mark_stale()  # the owner is down or lost the run: it may have moved
+                raise
+
+        return call
 
     async def _call(
         self,
@@ -749,7 +895,7 @@ class Run:
         request = run_pb2.SignalRequest(
             run_id=self.id, type=type, data_json=dumps(dict(data or {})), request_id=request_id or str(uuid.uuid4())
         )
-        response = await self.client._call(self.client.stubs.run.Signal, request)
+        response = await self.client._call(self.client._for_run(self.id, lambda stubs: stubs.run.Signal), request)
         return SignalResult.from_proto(response)
 
     async def approve(
@@ -833,7 +979,7 @@ class Run:
     async def cancel(self, reason: str = "") -> int:
         """Cancel the run; returns the seq of aaa.run.cancelled (0 if it was already cancelled)."""
         request = run_pb2.CancelRunRequest(run_id=self.id, reason=reason)
-        response = await self.client._call(self.client.stubs.run.CancelRun, request)
+        response = await self.client._call(self.client._for_run(self.id, lambda stubs: stubs.run.CancelRun), request)
         return response.seq
 
 

@@ -18,7 +18,9 @@ class name as error type and its text as message: the server retries per the
 tool's policy, then gives the failure to the model. Raise ``NonRetryable``
 (or a subclass) to skip the retries. When a heartbeat answers that the run no
 longer wants the attempt (cancelled, deadline passed, attempt superseded), the
-work is cancelled and nothing is reported.
+work is cancelled and nothing is reported. Heartbeats and reports go to the
+server that owns the task's run when the client, given several addresses,
+knows it.
 
 Inside a tool, ``aaa.current_task()`` tells which run, call and attempt is
 running; pass ``call_id`` to the outside world as an idempotency key.
@@ -239,12 +241,11 @@ class Worker:
     async def _heartbeat(self, task: worker_pb2.Task, work: asyncio.Task[Any]) -> bool:
         """Heartbeat until cancelled; cancel ``work`` and return True if the server gives up on it."""
         interval = (task.heartbeat_timeout_s or 30.0) / 3
+        heartbeat = self.client._for_run(task.run_id, lambda stubs: stubs.worker.HeartbeatTask)
         while True:
             await asyncio.sleep(interval)
             try:
-                response = await self.client.stubs.worker.HeartbeatTask(
-                    worker_pb2.HeartbeatTaskRequest(token=task.token), timeout=interval
-                )
+                response = await heartbeat(worker_pb2.HeartbeatTaskRequest(token=task.token), timeout=interval)
             except grpc.aio.AioRpcError as err:
                 error = from_rpc_error(err)
                 if isinstance(error, (FailedPrecondition, NotFound, InvalidArgument)):
@@ -322,8 +323,10 @@ class Worker:
     ) -> None:
         from .client import _Backoff
 
-        stub = self.client.stubs.worker
-        method = stub.CompleteTask if isinstance(request, worker_pb2.CompleteTaskRequest) else stub.FailTask
+        if isinstance(request, worker_pb2.CompleteTaskRequest):
+            method = self.client._for_run(task.run_id, lambda stubs: stubs.worker.CompleteTask)
+        else:
+            method = self.client._for_run(task.run_id, lambda stubs: stubs.worker.FailTask)
         backoff = _Backoff(None)  # _report bounds the whole
         while True:
             try:
