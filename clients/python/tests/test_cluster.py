@@ -169,7 +169,9 @@ async def test_a_write_the_owner_does_not_answer_marks_the_owners_stale():
     try:
         with pytest.raises(aaa.Unavailable):
             await client._call(client._for_run("run-07", lambda stubs: stubs.run.Signal), "signal", retry=False)
+        # Forgotten until read again: the retry goes round robin, not to the dead owner again.
         assert sent == ["signal"] and client._owners.read_at is None
+        assert client._owners.owner_address("run-07") is None
     finally:
         client._owners._stubs.clear()
         await client.close()

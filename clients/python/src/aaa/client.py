@@ -286,8 +286,11 @@ class _RunOwners:
         return self._stubs[address]
 
     def mark_stale(self) -> None:
-        """A write sent to an owner failed UNAVAILABLE: the run may have moved; read the map again."""
+        """A write sent to an owner failed UNAVAILABLE: the run may have moved. Forget the map until
+        it is read again, so that the retry goes round robin to a live server (which waits for the
+        next owner) rather than to the dead owner again."""
         self.read_at = None
+        self.owners = []
 
     async def read(self) -> None:
         """Read the map from GetCluster (any server of the list); on failure keep the one there is."""
