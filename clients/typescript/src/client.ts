@@ -18,7 +18,8 @@
  *
  * Given several addresses (the servers of a cluster), the client spreads its
  * calls over them (round robin) and leaves out those that do not answer,
- * until they do again.
+ * until they do again; the writes of a run go to the server that owns it
+ * (from GetCluster) when it is one of them.
  *
  * @module
  */
@@ -26,7 +27,10 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
+  ConnectError,
   createClient,
+  createContextKey,
+  createContextValues,
   type CallOptions,
   type Client as ServiceClient,
   type ContextValues,
@@ -37,6 +41,7 @@ import {
 } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ApprovalService, BatchDecision } from "./gen/aaa/v1/approval_pb.js";
+import { ClusterService } from "./gen/aaa/v1/cluster_pb.js";
 import { GrantService, type CreateGrantRequestSchema } from "./gen/aaa/v1/grant_pb.js";
 import { PolicyService } from "./gen/aaa/v1/policy_pb.js";
 import type { DescMessage, DescMethodStreaming, DescMethodUnary, MessageInitShape } from "@bufbuild/protobuf";
@@ -255,7 +260,11 @@ export async function connect(address?: string | readonly string[], options: Con
       sleep(Math.max(left, 0), "timeout" as const, { signal: timer.signal }),
     ]);
     timer.abort();
-    if (state === "open" || state === "idle") return client;
+    if (state === "open" || state === "idle") {
+      // Best effort: without the map of the runs' owners, calls go round robin until a later read.
+      await client["shardOwners"]?.read(Math.max(1, deadline - Date.now()));
+      return client;
+    }
     if (state === "timeout" || Date.now() + delay > deadline) {
       client.close();
       throw new Unavailable(`no aaa server answered at ${client.address} within ${timeoutMs} ms`, {
@@ -282,8 +291,10 @@ function anyConnected(managers: readonly Http2SessionManager[]): Promise<"open" 
   });
 }
 
-/** A server of a {@link RoundRobin}: its connection, its transport, and when to try it again. */
+/** A server of a {@link RoundRobin}: its address, its connection, its transport, and when to try it again. */
 interface Member {
+  /** "host:port", as given (without its http:// or https://). */
+  readonly address: string;
   readonly sessions: Http2SessionManager;
   readonly transport: Transport;
   /** A connection attempt made by the picker is under way. */
@@ -306,15 +317,20 @@ const RECONNECT_MAX_MS = 2000;
  * whose connection is up, as with gRPC's `round_robin` policy. A server whose connection is not up
  * is connected in the background, again after 100 ms doubling up to 2 s while it fails, and takes
  * calls again once it answers. When none is up, calls go round all of them and fail or wait for the
- * connection; the client's retries do the rest.
+ * connection; the client's retries do the rest. A write of one run (a call made with
+ * {@link toOwnerOf}) goes to the run's owner instead, when {@link ShardOwners} knows it.
  */
 class RoundRobin implements Transport {
   private next = 0;
+  /** Which of the servers owns which runs. */
+  readonly owners: ShardOwners;
 
   constructor(
     private readonly members: readonly Member[],
     private readonly closed: AbortSignal,
-  ) {}
+  ) {
+    this.owners = new ShardOwners(this, members, closed);
+  }
 
   unary<I extends DescMessage, O extends DescMessage>(
     method: DescMethodUnary<I, O>,
@@ -324,7 +340,14 @@ class RoundRobin implements Transport {
     input: MessageInitShape<I>,
     contextValues?: ContextValues,
   ): Promise<UnaryResponse<I, O>> {
-    return this.pick().unary(method, signal, timeoutMs, header, input, contextValues);
+    const runId = contextValues?.get(RUN_WRITTEN);
+    const owner = runId ? this.owners.ownerOf(runId) : undefined;
+    if (owner === undefined) return this.pick().unary(method, signal, timeoutMs, header, input, contextValues);
+    return owner.transport.unary(method, signal, timeoutMs, header, input, contextValues).catch((err: unknown) => {
+      // The owner may have stopped or handed the run over: read who owns it again.
+      if (ConnectError.from(err).code === Code.Unavailable) this.owners.markStale();
+      throw err;
+    });
   }
 
   stream<I extends DescMessage, O extends DescMessage>(
@@ -368,6 +391,107 @@ class RoundRobin implements Transport {
         m.delay = RECONNECT_MIN_MS;
       }
     });
+  }
+}
+
+/** The run a unary call writes to, set by {@link toOwnerOf}; "" for other calls. */
+const RUN_WRITTEN = createContextKey("", { description: "the run an aaa call writes to" });
+
+/**
+ * `options` for a call that writes to run `runId` (Signal, CancelRun, a task's HeartbeatTask,
+ * CompleteTask and FailTask): a client of several servers sends it to the run's owner.
+ */
+export function toOwnerOf(runId: string, options: CallOptions): CallOptions {
+  return { ...options, contextValues: createContextValues().set(RUN_WRITTEN, runId) };
+}
+
+/** The shard of a run: the last byte of its id (the UUID's last two hex digits); undefined for another id. */
+export function shardOf(runId: string): number | undefined {
+  const last = runId.slice(-2);
+  return /^[0-9a-f]{2}$/i.test(last) ? parseInt(last, 16) : undefined;
+}
+
+/**
+ * For each shard's owner (GetCluster's `shard_owners`: "host:port", "" while unowned), its index
+ * in the client's `addresses`, compared as given but without an http:// or https:// prefix;
+ * undefined where the shard is unowned or its owner is not one of them.
+ */
+export function ownerIndexes(shardOwners: readonly string[], addresses: readonly string[]): (number | undefined)[] {
+  const indexOf = new Map(addresses.map((address, i) => [hostPort(address), i]));
+  return shardOwners.map((owner) => (owner === "" ? undefined : indexOf.get(owner)));
+}
+
+/** An address as GetCluster names servers: without the http:// or https:// the SDK accepts, and a trailing "/". */
+function hostPort(address: string): string {
+  return address.replace(/^https?:\/\//, "").replace(/\/$/, "");
+}
+
+/** How long a routed call uses the map of the runs' owners before it is read again in the background (ms). */
+const OWNERS_MAX_AGE_MS = 5000;
+/** How long a read of the map (GetCluster) may take (ms). */
+const OWNERS_READ_TIMEOUT_MS = 5000;
+
+/**
+ * Which of the client's servers owns each shard of runs, from GetCluster, so that a run's writes go
+ * straight to its owner: any server takes them, but one that does not own the run forwards them,
+ * which costs the cluster CPU and the call a hop. The map is only a hint: a stale one costs that
+ * hop, nothing else. It is read at connect, again in the background when a routed call finds it
+ * older than 5 s, and at the next routed call after one failed with UNAVAILABLE. Separate servers
+ * with embedded stores each claim every shard, so with store "embedded" nothing is routed.
+ */
+class ShardOwners {
+  /** GetCluster's store ("embedded" or "postgres"); "" until a server answered. */
+  store = "";
+  /** The owner of each shard among the members; empty (no routing) until a shared store's map is read. */
+  private owners: (Member | undefined)[] = [];
+  /** When the map was last read (ms since the epoch); 0: read it at the next routed call. */
+  private readAt = 0;
+  private reading: Promise<void> | undefined;
+  private readonly cluster: ServiceClient<typeof ClusterService>;
+
+  constructor(
+    roundRobin: Transport,
+    private readonly members: readonly Member[],
+    private readonly closed: AbortSignal,
+  ) {
+    this.cluster = createClient(ClusterService, roundRobin);
+  }
+
+  /** Whether runs' writes are routed: a map of a shared store was read. */
+  get routing(): boolean {
+    return this.owners.length > 0;
+  }
+
+  /** The server that owns the run, when known and one of the client's; reads the map again if it is old. */
+  ownerOf(runId: string): Member | undefined {
+    if (this.store === "embedded") return undefined;
+    if (Date.now() - this.readAt > OWNERS_MAX_AGE_MS) void this.read();
+    const shard = shardOf(runId);
+    return shard === undefined ? undefined : this.owners[shard];
+  }
+
+  /** Makes the next routed call read the map again. */
+  markStale(): void {
+    this.readAt = 0;
+  }
+
+  /** Reads the map from any server, one read at a time; a failed read keeps the map it had (none at first). */
+  read(timeoutMs = OWNERS_READ_TIMEOUT_MS): Promise<void> {
+    this.reading ??= this.fetch(timeoutMs).finally(() => (this.reading = undefined));
+    return this.reading;
+  }
+
+  private async fetch(timeoutMs: number): Promise<void> {
+    this.readAt = Date.now();
+    try {
+      const cluster = await this.cluster.getCluster({}, { signal: this.closed, timeoutMs });
+      const shared = cluster.store !== "embedded";
+      const indexes = shared ? ownerIndexes(cluster.shardOwners, this.members.map((m) => m.address)) : [];
+      this.owners = indexes.map((i) => (i === undefined ? undefined : this.members[i]));
+      this.store = cluster.store;
+    } catch {
+      // Calls go on as they did (round robin, or to the owners read before), perhaps with a hop.
+    }
   }
 }
 
@@ -447,6 +571,8 @@ export class Client {
   readonly sessions: Http2SessionManager;
   /** The HTTP/2 connection manager of each address, in the order of {@link addresses}. */
   readonly allSessions: readonly Http2SessionManager[];
+  /** With several addresses: which of them owns which runs (read by {@link connect}). */
+  private readonly shardOwners: ShardOwners | undefined;
   private readonly closing = new AbortController();
 
   /** Creates a client without waiting for the server; prefer {@link connect}. */
@@ -468,11 +594,13 @@ export class Client {
       const baseUrl = /^https?:\/\//.test(server) ? server : `${scheme}://${server}`;
       const sessions = new Http2SessionManager(baseUrl, pings, options.tls);
       const transport = createGrpcTransport({ baseUrl, sessionManager: sessions, interceptors });
-      return { sessions, transport, probing: false, retryAt: 0, delay: RECONNECT_MIN_MS };
+      return { address: hostPort(server), sessions, transport, probing: false, retryAt: 0, delay: RECONNECT_MIN_MS };
     });
     this.allSessions = members.map((m) => m.sessions);
     this.sessions = this.allSessions[0];
-    const transport = members.length === 1 ? members[0].transport : new RoundRobin(members, this.closing.signal);
+    const roundRobin = members.length === 1 ? undefined : new RoundRobin(members, this.closing.signal);
+    this.shardOwners = roundRobin?.owners;
+    const transport = roundRobin ?? members[0].transport;
     this.services = {
       run: createClient(RunService, transport),
       approval: createClient(ApprovalService, transport),
@@ -854,7 +982,7 @@ export class Run {
     options: { requestId?: string } & CallControl = {},
   ): Promise<SignalResult> {
     const request = { runId: this.id, type, dataJson: stringify(data), requestId: options.requestId || randomUUID() };
-    const response = await this.client.call((o) => this.client.services.run.signal(request, o), options);
+    const response = await this.client.call((o) => this.client.services.run.signal(request, toOwnerOf(this.id, o)), options);
     return signalResultFromProto(response);
   }
 
@@ -924,7 +1052,10 @@ export class Run {
 
   /** Cancels the run; returns the seq of aaa.run.cancelled (0 if it was already cancelled). */
   async cancel(reason = "", control: CallControl = {}): Promise<number> {
-    const response = await this.client.call((o) => this.client.services.run.cancelRun({ runId: this.id, reason }, o), control);
+    const response = await this.client.call(
+      (o) => this.client.services.run.cancelRun({ runId: this.id, reason }, toOwnerOf(this.id, o)),
+      control,
+    );
     return Number(response.seq);
   }
 }

@@ -36,7 +36,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { CompleteTaskRequestSchema, FailTaskRequestSchema, Task } from "./gen/aaa/v1/worker_pb.js";
 import type { ToolDefinitionSchema } from "./gen/aaa/v1/types_pb.js";
 import type { CallOptions } from "@connectrpc/connect";
-import { Backoff, type Client } from "./client.js";
+import { Backoff, toOwnerOf, type Client } from "./client.js";
 import { FailedPrecondition, InvalidArgument, NonRetryable, NotFound, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { parseObject, stringify, type JsonObject } from "./json.js";
 import { inTaskSpan, type FailSpan } from "./otel.js";
@@ -438,7 +438,7 @@ export class Worker {
         await sleep(intervalMs, undefined, { signal });
         const response = await this.client.services.worker.heartbeatTask(
           { token: task.token },
-          { signal, timeoutMs: intervalMs },
+          toOwnerOf(task.runId, { signal, timeoutMs: intervalMs }),
         );
         if (response.cancelRequested) {
           this.logger.info(`attempt ${task.attempt} of ${task.callId}: the run asked to stop`);
@@ -504,8 +504,10 @@ export class Worker {
    */
   private async report(task: Task, report: Report): Promise<void> {
     const worker = this.client.services.worker;
-    const send = (o: CallOptions): Promise<{ alreadyRecorded: boolean }> =>
-      report.kind === "complete" ? worker.completeTask(report.request, o) : worker.failTask(report.request, o);
+    const send = (options: CallOptions): Promise<{ alreadyRecorded: boolean }> => {
+      const o = toOwnerOf(task.runId, options);
+      return report.kind === "complete" ? worker.completeTask(report.request, o) : worker.failTask(report.request, o);
+    };
     const what = `attempt ${task.attempt} of ${task.callId}`;
     const deadline = Date.now() + REPORT_RETRY_MS;
     const backoff = new Backoff(REPORT_RETRY_MS);

@@ -71,14 +71,20 @@ export async function stopProcess(child: ChildProcess, graceMs = 10_000): Promis
   clearTimeout(timer);
 }
 
+/** Whether the suite runs on PostgreSQL (AAA_TEST_STORE=postgres) rather than the embedded store. */
+export const ON_POSTGRES = process.env.AAA_TEST_STORE === "postgres";
+
 /**
  * `--store URL` when the suite runs on PostgreSQL (AAA_TEST_STORE=postgres): a fresh schema of
- * AAA_TEST_POSTGRES per server directory, remembered in it so a restart finds the same data.
+ * AAA_TEST_POSTGRES per server directory, remembered in it so a restart finds the same data;
+ * or the schema of `storeOf` (a server of the same cluster).
  */
-function storeArgs(dir: string): string[] {
-  if (process.env.AAA_TEST_STORE !== "postgres") return [];
+function storeArgs(dir: string, storeOf?: Server): string[] {
+  if (!ON_POSTGRES) return [];
   const remembered = path.join(dir, "store-url");
-  if (!existsSync(remembered)) {
+  if (storeOf !== undefined) {
+    writeFileSync(remembered, readFileSync(path.join(storeOf.dir, "store-url"), "utf8"));
+  } else if (!existsSync(remembered)) {
     const base = process.env.AAA_TEST_POSTGRES ?? "";
     const separator = base.includes("?") ? "&" : "?";
     const schema = `aaa_test_${randomUUID().replaceAll("-", "")}`;
@@ -90,10 +96,11 @@ function storeArgs(dir: string): string[] {
 /**
  * Starts the binary (by default on 127.0.0.1:0 with a new temporary
  * directory; `args` are more `aaa serve` flags) and waits for its "serving on HOST:PORT" line. `stop()` removes
- * the directory unless `keep` is set (to restart on the same data).
+ * the directory unless `keep` is set (to restart on the same data). On PostgreSQL, `storeOf` puts it on
+ * the schema of that server (to make a cluster), and `embedded` keeps it on the embedded store.
  */
 export async function startServer(
-  options: { listen?: string; dir?: string; keep?: boolean; args?: string[] } = {},
+  options: { listen?: string; dir?: string; keep?: boolean; args?: string[]; storeOf?: Server; embedded?: boolean } = {},
 ): Promise<Server> {
   const binary = binaryPath();
   if (!existsSync(binary)) {
@@ -103,7 +110,7 @@ export async function startServer(
   const logPath = path.join(dir, "server.log");
   const log = openSync(logPath, "a");
   const listen = options.listen ?? "127.0.0.1:0";
-  const args = ["serve", "--listen", listen, "--data-dir", path.join(dir, "data"), ...storeArgs(dir), ...(options.args ?? [])];
+  const args = ["serve", "--listen", listen, "--data-dir", path.join(dir, "data"), ...(options.embedded ? [] : storeArgs(dir, options.storeOf)), ...(options.args ?? [])];
   const child = spawn(binary, args, {
     stdio: ["ignore", "pipe", log],
   });

@@ -1,0 +1,93 @@
+/** A client of several servers sends the writes of a run to the server that owns it (GetCluster's shard_owners). */
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { connect, type Client } from "../src/index.js";
+import { ownerIndexes, shardOf } from "../src/client.js";
+import { ON_POSTGRES, WAIT_MS, paymentSetup, startServer, uid } from "./helpers.js";
+
+/** From the client's map of the runs' owners (a private field): its store, and whether it routes. */
+function routingOf(client: Client): { store: string; routing: boolean } {
+  const owners = (client as unknown as { shardOwners?: { store: string; routing: boolean } }).shardOwners;
+  assert.ok(owners !== undefined, "a client of several servers has a map of the runs' owners");
+  return { store: owners.store, routing: owners.routing };
+}
+
+/** The calls a server answered, by method (all codes), from `aaa_api_requests_total` in its /metrics. */
+async function callsAnswered(address: string): Promise<Map<string, number>> {
+  const metrics = await (await fetch(`http://${address}/metrics`, { signal: AbortSignal.timeout(WAIT_MS) })).text();
+  const calls = new Map<string, number>();
+  for (const [, method, count] of metrics.matchAll(/^aaa_api_requests_total\{method="([^"]+)",code="[^"]+"\} (\d+)$/gm)) {
+    calls.set(method, (calls.get(method) ?? 0) + Number(count));
+  }
+  return calls;
+}
+
+test("a run's shard is the last byte of its id", () => {
+  assert.equal(shardOf("01a23f28-6ad7-775d-8ccf-c1ea6885cd39"), 0x39);
+  assert.equal(shardOf("01a23f28-6ad7-775d-8ccf-c1ea6885cdff"), 255);
+  assert.equal(shardOf("01A23F28-6AD7-775D-8CCF-C1EA6885CD0A"), 10);
+  assert.equal(shardOf("01a23f28-6ad7-775d-8ccf-c1ea6885cd00"), 0);
+  for (const notAnId of ["", "7", "run-xyz"]) assert.equal(shardOf(notAnId), undefined);
+});
+
+test("a shard's owner is matched to the client's address of it, as given or after its scheme", () => {
+  const addresses = ["10.0.0.1:50051", "http://10.0.0.2:50051", "https://aaa-3.example:443/", "[::1]:50051"];
+  const owners = ["10.0.0.1:50051", "10.0.0.2:50051", "aaa-3.example:443", "[::1]:50051", "", "10.0.0.9:50051", "localhost:50051"];
+  assert.deepEqual(ownerIndexes(owners, addresses), [0, 1, 2, 3, undefined, undefined, undefined]);
+  assert.deepEqual(ownerIndexes([], addresses), []);
+});
+
+test("writes of a run go to its owner, not through the standby", { skip: !ON_POSTGRES && "needs AAA_TEST_STORE=postgres" }, async () => {
+  const owner = await startServer({ args: ["--lease-s", "1"] });
+  const standby = await startServer({ storeOf: owner, args: ["--standby", "--lease-s", "1"] });
+  let client: Client | undefined;
+  try {
+    // The standby first: the round robin alone would send it about half of the calls.
+    client = await connect([standby.address, owner.address], { timeoutMs: WAIT_MS });
+    assert.deepEqual(routingOf(client), { store: "postgres", routing: true });
+    const id = uid();
+    const { wire, model, ran } = paymentSetup(id);
+    const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+    await worker.start();
+    try {
+      const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire] });
+      const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+      const granted = await run.approve(request.data.call_id);
+      assert.equal(granted.decision, "aaa.approval.granted");
+      const outcome = await run.result({ timeoutMs: WAIT_MS });
+      assert.equal(outcome.text, "sent $250 to ACME");
+      assert.deepEqual(ran, [[250, "ACME"]]);
+    } finally {
+      await worker.stop();
+    }
+    const [byStandby, byOwner] = [await callsAnswered(standby.address), await callsAnswered(owner.address)];
+    for (const method of ["RunService/Signal", "WorkerService/CompleteTask"]) {
+      assert.equal(byStandby.get(method), undefined, `the standby answered ${method}: ${[...byStandby]}`);
+      assert.ok(byOwner.get(method)! >= 1, `the owner answered no ${method}: ${[...byOwner]}`);
+    }
+    // The standby did take calls: the others go round robin.
+    assert.ok(byStandby.size > 0, "the standby answered no call");
+  } finally {
+    client?.close();
+    await standby.stop();
+    await owner.stop();
+  }
+});
+
+test("separate embedded servers in one list route nothing", async () => {
+  // Each claims every shard of its own store: a run's owner by their map could be the wrong one.
+  const first = await startServer({ embedded: true });
+  const second = await startServer({ embedded: true });
+  try {
+    const client = await connect([first.address, second.address], { timeoutMs: WAIT_MS });
+    try {
+      assert.deepEqual(routingOf(client), { store: "embedded", routing: false });
+    } finally {
+      client.close();
+    }
+  } finally {
+    await second.stop();
+    await first.stop();
+  }
+});
