@@ -470,9 +470,14 @@ class ShardOwners {
     return shard === undefined ? undefined : this.owners[shard];
   }
 
-  /** Makes the next routed call read the map again. */
+  /**
+   * Forgets the map until it is read again (which the next routed call starts): meanwhile writes go
+   * round robin, so the retry of a call whose owner died reaches a live server (which waits for the
+   * next owner) rather than the dead one again.
+   */
   markStale(): void {
     this.readAt = 0;
+    this.owners = [];
   }
 
   /** Reads the map from any server, one read at a time; a failed read keeps the map it had (none at first). */
