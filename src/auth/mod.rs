@@ -83,7 +83,12 @@ pub const RULES: &[(&str, &[Role])] = &[
         "/aaa.v1.SubscriptionService/ListDeadLetters",
         &[Worker, Reader],
     ),
-    ("/aaa.v1.ClusterService/GetCluster", &[Reader]),
+    // Every role: the SDKs read who owns which runs to send a run's writes
+    // (a runner's cancel, an approver's grant, a worker's results) there.
+    (
+        "/aaa.v1.ClusterService/GetCluster",
+        &[Runner, Approver, Worker, Reader],
+    ),
     // A worker's poll another server sends on (refused unless forwarded).
     ("/aaa.v1.ClusterService/PeerPoll", &[Worker]),
 ];

@@ -83,7 +83,7 @@ pub fn signal_request(run_id: &str, ty: &str, data: serde_json::Value) -> Signal
 
 /// The RPCs, and which roles besides admin may call each (written here
 /// again, apart from the server's table, so that a change to either shows).
-const MATRIX: [(&str, &[&str]); 18] = [
+const MATRIX: [(&str, &[&str]); 19] = [
     ("StartRun", &["runner"]),
     ("GetRun", &["runner", "reader"]),
     ("ListRuns", &["runner", "reader"]),
@@ -102,6 +102,8 @@ const MATRIX: [(&str, &[&str]); 18] = [
     ("HeartbeatTask", &["worker"]),
     ("CompleteTask", &["worker"]),
     ("FailTask", &["worker"]),
+    // Every role: the SDKs route a run's writes by it.
+    ("GetCluster", &["runner", "approver", "worker", "reader"]),
 ];
 
 /// Calls `rpc` as the holder of `clients`; only the status matters.
@@ -111,6 +113,7 @@ async fn call(clients: &mut Clients, rpc: &str, run_id: &str) -> Result<(), Stat
         approvals,
         workers,
         grants,
+        cluster,
     } = clients;
     let call = serde_json::json!({ "call_id": "call-9" });
     match rpc {
@@ -201,6 +204,10 @@ async fn call(clients: &mut Clients, rpc: &str, run_id: &str) -> Result<(), Stat
                 error: Some(ErrorDetail::default()),
                 non_retryable: false,
             })
+            .await
+            .map(drop),
+        "GetCluster" => cluster
+            .get_cluster(aaa::proto::GetClusterRequest {})
             .await
             .map(drop),
         other => panic!("no such rpc in the matrix: {other}"),

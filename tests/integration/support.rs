@@ -1368,6 +1368,7 @@ pub struct Clients {
     pub approvals: ApprovalServiceClient<Authed>,
     pub workers: WorkerServiceClient<Authed>,
     pub grants: aaa::proto::grant_service_client::GrantServiceClient<Authed>,
+    pub cluster: aaa::proto::cluster_service_client::ClusterServiceClient<Authed>,
 }
 
 impl Clients {
@@ -1378,6 +1379,10 @@ impl Clients {
             approvals: ApprovalServiceClient::with_interceptor(channel.clone(), bearer.clone()),
             workers: WorkerServiceClient::with_interceptor(channel.clone(), bearer.clone()),
             grants: aaa::proto::grant_service_client::GrantServiceClient::with_interceptor(
+                channel.clone(),
+                bearer.clone(),
+            ),
+            cluster: aaa::proto::cluster_service_client::ClusterServiceClient::with_interceptor(
                 channel, bearer,
             ),
         }
