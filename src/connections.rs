@@ -87,6 +87,7 @@ pub fn incoming(
                 read: 0,
                 answered: false,
                 wrote: false,
+                put_off: false,
             };
             if accepted.send(Ok(connection)).await.is_err() {
                 return;
@@ -186,9 +187,25 @@ pub struct Connection {
     /// The client sent bytes after the server had written some.
     answered: bool,
     wrote: bool,
+    /// The write being asked for was put off once (see [`Connection::put_off`]).
+    put_off: bool,
 }
 
 impl Connection {
+    /// Puts every other write attempt off by one turn of the runtime: the
+    /// connection's task goes to the back of the queue, so the responses
+    /// that other tasks finish meanwhile (a group commit answers dozens of
+    /// calls at once) are written with this one, in one syscall instead of
+    /// one each. HTTP/2 buffers whatever frames are ready before it writes,
+    /// and asks again once woken.
+    fn put_off(&mut self, cx: &mut Context<'_>) -> bool {
+        self.put_off = !self.put_off;
+        if self.put_off {
+            cx.waker().wake_by_ref();
+        }
+        self.put_off
+    }
+
     fn saw_read(&mut self, n: usize) {
         self.read += n;
         self.answered |= self.wrote;
@@ -245,6 +262,9 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.put_off(cx) {
+            return Poll::Pending;
+        }
         let written = Pin::new(&mut self.stream).poll_write(cx, buf);
         if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
             self.wrote = true;
@@ -257,6 +277,9 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.put_off(cx) {
+            return Poll::Pending;
+        }
         let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
         if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
             self.wrote = true;
@@ -274,5 +297,60 @@ impl AsyncWrite for Connection {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Wake, Waker};
+
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    /// Counts its wakes.
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A write waits one turn, its task woken to come back, then goes out:
+    /// what other tasks queue meanwhile joins it.
+    #[tokio::test]
+    async fn a_write_waits_one_turn_then_goes_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 4,
+            handshake_timeout: Duration::from_secs(60),
+            tls: false,
+        };
+        let mut accepted = incoming(listener, limits, CancellationToken::new());
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut connection = accepted.next().await.unwrap().unwrap();
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        for round in 0..2 {
+            let mut pinned = Pin::new(&mut connection);
+            assert!(pinned.as_mut().poll_write(&mut cx, b"one").is_pending());
+            assert_eq!(
+                wakes.0.load(Ordering::SeqCst),
+                round + 1,
+                "woken to come back"
+            );
+            let written = pinned.as_mut().poll_write(&mut cx, b"one");
+            assert!(matches!(written, Poll::Ready(Ok(3))), "{written:?}");
+            let mut read = [0u8; 3];
+            client.read_exact(&mut read).await.unwrap();
+            assert_eq!(&read, b"one");
+        }
     }
 }
