@@ -187,23 +187,33 @@ pub struct Connection {
     /// The client sent bytes after the server had written some.
     answered: bool,
     wrote: bool,
-    /// The write being asked for was put off once (see [`Connection::put_off`]).
+    /// The write being asked for was put off once (see [`Connection::write_or_put_off`]).
     put_off: bool,
 }
 
 impl Connection {
-    /// Puts every other write attempt off by one turn of the runtime: the
-    /// connection's task goes to the back of the queue, so the responses
-    /// that other tasks finish meanwhile (a group commit answers dozens of
-    /// calls at once) are written with this one, in one syscall instead of
-    /// one each. HTTP/2 buffers whatever frames are ready before it writes,
-    /// and asks again once woken.
-    fn put_off(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Writes with `write`, noting that the server wrote. Every other
+    /// attempt is put off by one turn of the runtime: the connection's task
+    /// goes to the back of the queue, so the responses that other tasks
+    /// finish meanwhile (a group commit answers dozens of calls at once) are
+    /// written with this one, in one syscall instead of one each. HTTP/2
+    /// buffers whatever frames are ready before it writes, and asks again
+    /// once woken.
+    fn write_or_put_off(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
         self.put_off = !self.put_off;
         if self.put_off {
             cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
-        self.put_off
+        let written = write(Pin::new(&mut self.stream), cx);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.wrote = true;
+        }
+        written
     }
 
     fn saw_read(&mut self, n: usize) {
@@ -262,14 +272,7 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.put_off(cx) {
-            return Poll::Pending;
-        }
-        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.wrote = true;
-        }
-        written
+        self.write_or_put_off(cx, |stream, cx| stream.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -277,14 +280,7 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.put_off(cx) {
-            return Poll::Pending;
-        }
-        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.wrote = true;
-        }
-        written
+        self.write_or_put_off(cx, |stream, cx| stream.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -1,6 +1,6 @@
 //! The cluster scenario (`--cluster N`, PostgreSQL only). For 1, 2, ... N
 //! servers on one database (a fresh schema for each size; the first server
-//! owns the runs, the others are standbys that forward every call to it):
+//! owns the runs, the others are standbys that forward the writes they get):
 //! - the approval cycle at 64 in flight, with the bench's connections spread
 //!   evenly over the servers, so (n-1)/n of the calls reach a standby, which
 //!   answers the reads itself; a run's writes (the grant, the task's

@@ -323,10 +323,10 @@ class Worker:
     ) -> None:
         from .client import _Backoff
 
-        if isinstance(request, worker_pb2.CompleteTaskRequest):
-            method = self.client._for_run(task.run_id, lambda stubs: stubs.worker.CompleteTask)
-        else:
-            method = self.client._for_run(task.run_id, lambda stubs: stubs.worker.FailTask)
+        complete = isinstance(request, worker_pb2.CompleteTaskRequest)
+        method = self.client._for_run(
+            task.run_id, lambda stubs: stubs.worker.CompleteTask if complete else stubs.worker.FailTask
+        )
         backoff = _Backoff(None)  # _report bounds the whole
         while True:
             try:
