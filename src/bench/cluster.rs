@@ -31,6 +31,7 @@ use super::appends::{park_calls, park_runs};
 use super::client::{self, HOLD, WIRE_OUTPUT};
 use super::cycle::{self, Level};
 use super::postgres::Database;
+use super::proc;
 use super::server::{wait_serving, ChildServer, Pool};
 use super::stats::{millis, one_at_a_time, Problems, Summary, OP_TIMEOUT};
 use super::CONNECTIONS;
@@ -63,10 +64,25 @@ pub struct Size {
     /// CPU time per cycle of the owner, and of all standbys together (ms).
     pub owner_cpu_ms_per_cycle: f64,
     pub standbys_cpu_ms_per_cycle: f64,
+    /// CPU time per cycle of PostgreSQL (the postmaster and its backends),
+    /// when it runs on this machine (ms).
+    pub database_cpu_ms_per_cycle: Option<f64>,
     /// Signal, one at a time, served by the owner itself.
     pub direct: Summary,
     /// The same through a standby (forwarded); none for one server.
     pub forwarded: Option<Summary>,
+}
+
+impl Size {
+    /// Cycles per second of CPU spent by the servers and the database
+    /// together: what a cluster makes of shared cores, whatever else the
+    /// machine runs. None when the database's CPU is unknown.
+    pub fn cycles_per_cpu_second(&self) -> Option<f64> {
+        let ms = self.owner_cpu_ms_per_cycle
+            + self.standbys_cpu_ms_per_cycle
+            + self.database_cpu_ms_per_cycle?;
+        (ms > 0.0).then(|| 1000.0 / ms)
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -111,10 +127,18 @@ pub async fn run(
         failover: None,
         problems: Problems::default(),
     };
+    let postmaster = database.postmaster().await;
     for servers in 1..=most {
         let measured = async {
             let mut members = start(database, servers, spread).await?;
-            let size = measure_size(&members, session, routed, cycles, calls, limit).await?;
+            let load = Load {
+                session,
+                routed,
+                cycles,
+                calls,
+                limit,
+            };
+            let size = measure_size(&members, postmaster, load).await?;
             let failover = match servers == most && servers > 1 {
                 true => Some(failover(&mut members, session, parked, spread).await?),
                 false => None,
@@ -187,14 +211,28 @@ async fn held_by(pool: &Pool, except: &str) -> anyhow::Result<usize> {
     }
 }
 
-async fn measure_size(
-    members: &[ChildServer],
-    session: &str,
+/// What one size of cluster is measured with.
+struct Load<'a> {
+    session: &'a str,
     routed: bool,
     cycles: usize,
     calls: usize,
     limit: Duration,
+}
+
+async fn measure_size(
+    members: &[ChildServer],
+    postmaster: Option<u32>,
+    load: Load<'_>,
 ) -> anyhow::Result<Size> {
+    let Load {
+        session,
+        routed,
+        cycles,
+        calls,
+        limit,
+    } = load;
+    let database_cpu = || postmaster.and_then(proc::family_cpu_seconds);
     let servers = members.len();
     let addrs: Vec<&str> = members.iter().map(ChildServer::addr).collect();
     eprintln!("aaa bench: cluster of {servers}, cycle at 64 in flight");
@@ -207,12 +245,16 @@ async fn measure_size(
         forwarded_share *= 1.0 - known as f64 / crate::domain::SHARDS as f64;
     }
     let cpu_before = cpu_seconds(members);
+    let database_before = database_cpu();
     let mut cycle = cycle::run(&everywhere, session, &[(64, cycles)], limit).await;
     let cpu: Vec<f64> = cpu_seconds(members)
         .iter()
         .zip(&cpu_before)
         .map(|(after, before)| after - before)
         .collect();
+    let database = database_before
+        .zip(database_cpu())
+        .map(|(before, after)| after - before);
     let mut level = cycle.levels.pop().expect("one level");
     level.problems.merge(cycle.problems);
     // The warm-up's few cycles are counted in the CPU time too.
@@ -234,6 +276,7 @@ async fn measure_size(
         forwarded_share,
         owner_cpu_ms_per_cycle: per_cycle(cpu[0]),
         standbys_cpu_ms_per_cycle: per_cycle(cpu[1..].iter().sum()),
+        database_cpu_ms_per_cycle: database.map(per_cycle),
         cycle: level,
         direct,
         forwarded,

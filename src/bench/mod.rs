@@ -36,6 +36,7 @@ mod floors;
 mod long;
 mod parked;
 mod postgres;
+mod proc;
 mod report;
 mod retention;
 mod server;

@@ -42,6 +42,21 @@ impl Database {
         schema
     }
 
+    /// The postmaster's process id, when the database runs on this
+    /// machine and the bench may read its data directory (as PostgreSQL's
+    /// superuser, like `.ci/postgres`'s): its CPU time, with its backends',
+    /// is then the database's share of a measurement.
+    pub async fn postmaster(&self) -> Option<u32> {
+        let client = postgres::connect(&self.url).await.ok()?;
+        let row = client.query_one("SHOW data_directory", &[]).await.ok()?;
+        let dir: String = row.get(0);
+        // The first line of postmaster.pid is the postmaster's pid.
+        let pid_file = std::fs::read_to_string(format!("{dir}/postmaster.pid")).ok()?;
+        let pid: u32 = pid_file.lines().next()?.trim().parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        comm.trim().starts_with("postgres").then_some(pid)
+    }
+
     /// Drops every scratch schema made.
     pub async fn clean_up(&self) -> anyhow::Result<()> {
         let schemas = std::mem::take(&mut *self.schemas.lock().expect("poisoned"));

@@ -618,6 +618,11 @@ fn cluster_rows(t: &mut Table, cluster: &super::cluster::Cluster) {
         .iter()
         .find(|s| s.servers == 1)
         .map(|s| s.cycle.per_second);
+    let alone_per_cpu = cluster
+        .sizes
+        .iter()
+        .find(|s| s.servers == 1)
+        .and_then(|s| s.cycles_per_cpu_second());
     for size in &cluster.sizes {
         let scenario = format!("cluster x{}", size.servers);
         // The two cores are shared by every server: more servers may not
@@ -658,6 +663,32 @@ fn cluster_rows(t: &mut Table, cluster: &super::cluster::Cluster) {
             ),
         };
         t.add(&scenario, "server CPU per cycle: owner + standbys", cpu);
+        if let (Some(database), Some(per_cpu)) =
+            (size.database_cpu_ms_per_cycle, size.cycles_per_cpu_second())
+        {
+            t.add(
+                &scenario,
+                "database CPU per cycle (postmaster and backends)",
+                format!("{} ms", ms(database)),
+            );
+            // The target proposed for one shared machine: what the servers
+            // and the database spend per cycle, not what the noisy cores
+            // happen to give them (see docs/cluster.md).
+            let (target, pass) = match (size.servers, alone_per_cpu) {
+                (1, _) | (_, None) => (String::new(), None),
+                (_, Some(alone)) => (
+                    format!(">= 0.8x one server = {} (proposed)", thousands(0.8 * alone)),
+                    Some(per_cpu >= 0.8 * alone),
+                ),
+            };
+            t.judge(
+                &scenario,
+                "cycles per CPU-second of servers + database",
+                thousands(per_cpu),
+                &target,
+                pass,
+            );
+        }
         t.add(
             &scenario,
             "Signal at the owner p50 / p99",

@@ -159,16 +159,7 @@ impl ChildServer {
 
     /// CPU time the child used so far (user + system), in seconds.
     pub fn cpu_seconds(&self) -> Option<f64> {
-        let pid = self.child.as_ref()?.id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command's closing parenthesis (which may hold
-        // spaces): state is the 3rd field, utime and stime the 14th, 15th.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // /proc counts in USER_HZ, 100 per second on Linux whatever the
-        // kernel's own tick.
-        Some(ticks as f64 / 100.0)
+        super::proc::cpu_seconds(self.child.as_ref()?.id())
     }
 
     /// SIGKILL, then reap.

@@ -1459,6 +1459,82 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
     db.drop().await;
 }
 
+/// The owner of every shard answers reads of its newest events from
+/// memory (the store's tail), exactly as the database would: the same
+/// records, with the table out of the way too; and a commit of another
+/// writer is never hidden by it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_owner_reads_its_newest_events_from_memory_as_the_database_has_them() {
+    let Some(db) = TestDb::create("the_owner_reads_its_newest_events_from_memory").await else {
+        return;
+    };
+    let (owner, other) = (db.open().await, db.open().await);
+    let claim = aaa::store::Claim {
+        lease: Duration::from_secs(60),
+        standby: false,
+    };
+    owner.claim_runs("owner", claim).await.expect("claim");
+    let (a, b) = (RunId::new(), RunId::new());
+    for seq in 1..=3 {
+        let mut batch = WriteBatch::default();
+        batch.push_event(event(a, seq, "app.a"));
+        batch.push_event(event(b, seq, "app.b"));
+        owner.commit(batch).await.expect("commit");
+    }
+    let head = owner.durable_position();
+    // `other` claimed nothing, so it reads the database.
+    for run in [a, b] {
+        for after in 0..=3 {
+            assert_eq!(
+                owner.run_events(run, after, 10).await.unwrap(),
+                other.run_events(run, after, 10).await.unwrap(),
+                "run_events({run}, {after})"
+            );
+        }
+        assert_eq!(
+            owner.event(run, 2).await.unwrap(),
+            other.event(run, 2).await.unwrap()
+        );
+    }
+    for after in 0..=head {
+        assert_eq!(
+            owner.log_after(after, 4).await.unwrap(),
+            other.log_after(after, 4).await.unwrap(),
+            "log_after({after})"
+        );
+    }
+
+    // With the table renamed away, the owner still answers (from memory)
+    // and a reader of the database cannot.
+    db.sql("ALTER TABLE aaa_events RENAME TO aaa_events_away")
+        .await;
+    assert_eq!(seqs(&owner.run_events(a, 0, 10).await.unwrap()), [1, 2, 3]);
+    assert_eq!(owner.log_after(0, 100).await.unwrap().len(), 6);
+    assert!(other.run_events(a, 0, 10).await.is_err());
+    db.sql("ALTER TABLE aaa_events_away RENAME TO aaa_events")
+        .await;
+
+    // Another writer's commit (no claim, so not fenced: as during a
+    // takeover) moves the head past the tail: the owner reads it from the
+    // database once it has heard of it, and never answers without it.
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(a, 4, "app.other"));
+    let position = other.commit(batch).await.expect("commit")[0];
+    let mut durable = owner.watch_durable();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        durable.wait_for(|at| *at >= position),
+    )
+    .await
+    .expect("the owner hears of the commit")
+    .expect("the store is open");
+    assert_eq!(seqs(&owner.run_events(a, 2, 10).await.unwrap()), [3, 4]);
+    assert_eq!(owner.log_after(head, 10).await.unwrap().len(), 1);
+    owner.close().await;
+    other.close().await;
+    db.drop().await;
+}
+
 /// A standby server takes the runs over when the serving one stops
 /// renewing its claim (here: paused with SIGSTOP, as a long GC pause or a
 /// partition would); the paused one, woken, is fenced out: NOT_SERVING,

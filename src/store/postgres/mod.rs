@@ -34,6 +34,7 @@ mod listener;
 mod members;
 mod ownership;
 mod schema;
+mod tail;
 mod writes;
 
 use crate::causes::with_causes;
@@ -76,6 +77,8 @@ struct Inner {
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
     ownership: Arc<ownership::Ownership>,
+    /// The newest events this store committed (see [`tail`]).
+    tail: Arc<tail::Tail>,
     /// Set once the held shards' leases are being renewed.
     renewing: AtomicBool,
     /// This server's name once it joined, to leave at close.
@@ -222,6 +225,7 @@ impl PostgresStore {
         let (writable_tx, writable) = watch::channel(true);
         let (commits, messages) = crate::store::queue::Queue::new();
         let ownership = Arc::new(ownership::Ownership::default());
+        let tail = Arc::new(tail::Tail::new(ownership.holding.subscribe()));
         let committer = committer::Committer {
             pool: pool.clone(),
             durable: durable.clone(),
@@ -229,6 +233,7 @@ impl PostgresStore {
             connection: Some(client),
             ownership: ownership.clone(),
             metrics: metrics.clone(),
+            tail: tail.clone(),
         };
         tokio::spawn(committer::run(committer, messages));
         let stop = CancellationToken::new();
@@ -250,6 +255,7 @@ impl PostgresStore {
             writable,
             token_key,
             ownership,
+            tail,
             renewing: AtomicBool::new(false),
             member: std::sync::Mutex::new(None),
             stop,
@@ -685,6 +691,10 @@ impl super::Store for PostgresStore {
         after_seq: u64,
         limit_: usize,
     ) -> Result<Vec<EventRecord>> {
+        let durable = self.durable_position();
+        if let Some(events) = self.inner.tail.run_events(run, after_seq, limit_, durable) {
+            return Ok(events);
+        }
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM aaa_events WHERE run_id = $1 AND seq > $2 \
              ORDER BY seq LIMIT $3"
@@ -697,6 +707,9 @@ impl super::Store for PostgresStore {
     }
 
     async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
+        if let Some(event) = self.inner.tail.event(run, seq) {
+            return Ok(Some(event));
+        }
         let sql = format!("SELECT {EVENT_COLUMNS} FROM aaa_events WHERE run_id = $1 AND seq = $2");
         let Ok(seq) = i64::try_from(seq) else {
             return Ok(None);
@@ -706,6 +719,10 @@ impl super::Store for PostgresStore {
     }
 
     async fn log_after(&self, after: u64, limit_: usize) -> Result<Vec<EventRecord>> {
+        let durable = self.durable_position();
+        if let Some(events) = self.inner.tail.log_after(after, limit_, durable) {
+            return Ok(events);
+        }
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM aaa_events WHERE position > $1 ORDER BY position LIMIT $2"
         );
