@@ -120,6 +120,41 @@ async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid
         stop_process(owner.process)
 
 
+@postgres_only
+async def test_a_write_whose_owner_was_killed_reaches_the_next_owner(tmp_path, uid):
+    lease = ("--lease-s", "1")
+    owner = start_server(tmp_path / "owner", tmp_path / "owner.log", extra_args=lease)
+    (tmp_path / "standby.store-url").write_text((tmp_path / "owner.store-url").read_text())
+    standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby", *lease))
+
+    @tool(name=f"wire_{uid}", requires_approval=True)
+    def wire(amount: int) -> str:
+        """Send money."""
+        return f"sent ${amount}"
+
+    try:
+        async with await aaa.connect([standby.address, owner.address], timeout=WAIT_S) as client:
+            async with client.worker(tools=[wire]):
+                run = await client.start_run("pay", model=[tool_call(wire, amount=1), text("done")], tools=[wire])
+                requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
+                assert client._owners.owner_address(run.id) == owner.address
+                owner.process.kill()
+                owner.process.wait()
+                # The map still names the dead owner: the grant goes there first, fails UNAVAILABLE,
+                # and the retry goes round robin to the standby, which takes the runs over within
+                # the lease and serves it.
+                granted = await asyncio.wait_for(run.approve(requested.data["call_id"]), WAIT_S)
+                assert granted.decision == "aaa.approval.granted"
+                assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+                await client._owners.read()
+                assert client._owners.owner_address(run.id) == standby.address
+        assert requests_answered(standby.address, "RunService/Signal") >= 1
+        assert requests_answered(standby.address, "WorkerService/CompleteTask") == 1
+    finally:
+        stop_process(standby.process)
+        stop_process(owner.process)
+
+
 async def test_servers_that_share_no_store_are_not_routed(tmp_path, monkeypatch):
     # Embedded whatever the suite's store: each server says it owns every shard.
     monkeypatch.delenv("AAA_TEST_STORE", raising=False)
