@@ -2,12 +2,14 @@
 //! runs), and the helpers every scenario shares: wait for an event, a tool
 //! worker, and an approver that grants what it sees.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::server::{Pool, RunClient};
+use super::stages::{Stamps, Step};
 use super::stats::{Problems, OP_TIMEOUT};
 use crate::proto::{
     complete_task_request, model_spec, scripted_step, stream_events_response,
@@ -211,16 +213,18 @@ async fn drain(mut calls: JoinSet<Result<(), String>>, problems: &mut Problems) 
 /// A tool worker: `pollers` long polls for `tool`; a poller completes each
 /// task it gets with [`WIRE_OUTPUT`] before it polls again, so the result
 /// goes out first (the other pollers keep the worker reachable meanwhile).
-/// Runs until `stop`; returns what went wrong.
+/// Marks its steps in `stamps`, if given. Runs until `stop`; returns what
+/// went wrong.
 pub async fn serve_tool(
     pool: Pool,
     tool: &'static str,
     pollers: usize,
+    stamps: Option<Arc<Stamps>>,
     stop: CancellationToken,
 ) -> Problems {
     let mut loops = JoinSet::new();
     for i in 0..pollers {
-        let (pool, stop) = (pool.clone(), stop.clone());
+        let (pool, stop, stamps) = (pool.clone(), stop.clone(), stamps.clone());
         loops.spawn(async move {
             let mut problems = Problems::default();
             let request = PollTaskRequest {
@@ -247,6 +251,12 @@ pub async fn serve_tool(
                     }
                 };
                 let Some(task) = task else { continue };
+                let mark = |step| {
+                    if let Some(stamps) = &stamps {
+                        stamps.mark(&task.run_id, step);
+                    }
+                };
+                mark(Step::Polled);
                 let mut owner = pool.workers_of(&task.run_id);
                 let complete = CompleteTaskRequest {
                     token: task.token,
@@ -254,8 +264,9 @@ pub async fn serve_tool(
                         WIRE_OUTPUT.into(),
                     )),
                 };
-                if let Err(status) = owner.complete_task(complete).await {
-                    problems.add(format!("CompleteTask: {status}"));
+                match owner.complete_task(complete).await {
+                    Ok(_) => mark(Step::Reported),
+                    Err(status) => problems.add(format!("CompleteTask: {status}")),
                 }
             }
             problems
@@ -269,11 +280,13 @@ pub async fn serve_tool(
 }
 
 /// The approver: watches approval requests for `tool` and grants each one of
-/// this session's runs, each grant in its own task. Runs until `stop`.
+/// this session's runs, each grant in its own task. Marks its steps in
+/// `stamps`, if given. Runs until `stop`.
 pub async fn grant_all(
     pool: Pool,
     tool: &'static str,
     session: String,
+    stamps: Option<Arc<Stamps>>,
     stop: CancellationToken,
 ) -> Problems {
     use watch_approvals_response::Item;
@@ -314,8 +327,18 @@ pub async fn grant_all(
         if approval.labels.get(LABEL) != Some(&session) {
             continue;
         }
+        if let Some(stamps) = &stamps {
+            stamps.mark(&approval.run_id, Step::Requested);
+        }
         let mut runs = pool.runs_of(&approval.run_id);
-        grants.spawn(async move { grant(&mut runs, &approval.run_id, &approval.call_id).await });
+        let stamps = stamps.clone();
+        grants.spawn(async move {
+            grant(&mut runs, &approval.run_id, &approval.call_id).await?;
+            if let Some(stamps) = stamps {
+                stamps.mark(&approval.run_id, Step::Granted);
+            }
+            Ok(())
+        });
     }
     drain(grants, &mut problems).await;
     problems

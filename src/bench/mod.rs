@@ -40,6 +40,7 @@ mod proc;
 mod report;
 mod retention;
 mod server;
+mod stages;
 mod stats;
 
 use std::path::PathBuf;

@@ -222,7 +222,13 @@ async fn restart_and_approve(
     };
 
     let stop = CancellationToken::new();
-    let worker = tokio::spawn(client::serve_tool(pool.clone(), HOLD, 1, stop.clone()));
+    let worker = tokio::spawn(client::serve_tool(
+        pool.clone(),
+        HOLD,
+        1,
+        None,
+        stop.clone(),
+    ));
     let granted = Instant::now();
     let mut runs = pool.runs();
     let cycle = async {

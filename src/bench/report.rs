@@ -231,6 +231,18 @@ pub fn table(results: &Results) -> Table {
             &target,
             pass,
         );
+        if !level.steps.is_empty() {
+            let steps: Vec<String> = level
+                .steps
+                .iter()
+                .map(|s| format!("{} {}", s.step, ms(s.since_sent.p50_ms)))
+                .collect();
+            t.add(
+                &scenario,
+                "steps, p50 ms after StartRun sent",
+                steps.join(", "),
+            );
+        }
         if let (1, Some(floor)) = (level.in_flight, cycle_floor) {
             t.add(
                 &scenario,

@@ -127,12 +127,14 @@ pub async fn run(
         pool.clone(),
         WIRE_MONEY,
         64,
+        None,
         stop.clone(),
     ));
     let approver = tokio::spawn(client::grant_all(
         pool.clone(),
         WIRE_MONEY,
         session.to_string(),
+        None,
         stop.clone(),
     ));
 
