@@ -551,12 +551,21 @@ async fn own_runs(
             .map_err(|source| ServeError::Store { place, source })?,
     };
     let shards = *held.borrow_and_update();
-    local.serve(&cluster, &config, shards, &stopping).await?;
+    // After a failed start (the database unreachable meanwhile, say), how
+    // long until the next try: the shards stay held, and calls for them are
+    // answered UNAVAILABLE until an engine serves them.
+    let mut retry_in: Option<Duration> = None;
+    if let Err(e) = local.serve(&cluster, &config, shards, &stopping).await {
+        // A server that claims the runs as it starts fails before it says
+        // it serves. A standby has served for a while (by forwarding) when
+        // it takes over, maybe because the owner met the same trouble: it
+        // keeps trying, as on any later change.
+        if !config.standby {
+            return Err(e);
+        }
+        retry_in = Some(retry_after(retry_in, shards, &e));
+    }
     tokio::spawn(async move {
-        // After a failed start (the database unreachable meanwhile, say),
-        // how long until the next try: the shards stay held, and calls for
-        // them are answered UNAVAILABLE until an engine serves them.
-        let mut retry_in: Option<Duration> = None;
         loop {
             tokio::select! {
                 changed = held.changed() => if changed.is_err() { return },
@@ -569,18 +578,19 @@ async fn own_runs(
             }
             match local.serve(&cluster, &config, shards, &stopping).await {
                 Ok(()) => retry_in = None,
-                Err(e) => {
-                    let next =
-                        retry_in.map_or(SERVE_RETRY_FIRST, |d| (d * 2).min(SERVE_RETRY_MOST));
-                    tracing::error!(
-                        "cannot serve shards {shards:?}: {e}; trying again in {next:?}"
-                    );
-                    retry_in = Some(next);
-                }
+                Err(e) => retry_in = Some(retry_after(retry_in, shards, &e)),
             }
         }
     });
     Ok(())
+}
+
+/// The wait before the next try to serve `shards` after a failed one (the
+/// last wait, if any, doubled up to a bound); says so in the log.
+fn retry_after(last: Option<Duration>, shards: Shards, e: &ServeError) -> Duration {
+    let next = last.map_or(SERVE_RETRY_FIRST, |d| (d * 2).min(SERVE_RETRY_MOST));
+    tracing::error!("cannot serve shards {shards:?}: {e}; trying again in {next:?}");
+    next
 }
 
 /// Sets the status of every aaa service and of the server as a whole ("").

@@ -1596,6 +1596,79 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     wait_for_health(&second, ServingStatus::Serving).await;
 }
 
+/// A server whose engine cannot start on the shards it just claimed (here
+/// the standby taking over, with one of the tables it recovers from out of
+/// the way) keeps the shards and tries the start again until it serves
+/// them, with no change of shards needed. (It used to exit instead.)
+#[tokio::test(flavor = "multi_thread")]
+async fn an_engine_that_cannot_start_is_started_again() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let first = ChildServer::start_args(dir_a.path(), &args).await;
+    let mut runs = first.runs().await;
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let second = ChildServer::start_args(dir_b.path(), &[&args[..], &["--standby"]].concat()).await;
+    assert_eq!(owner(&second).await, Some(member_of(&first).await));
+
+    let database = aaa::store::postgres::connect(&url).await.expect("connect");
+    database
+        .batch_execute("ALTER TABLE aaa_active RENAME TO aaa_active_away")
+        .await
+        .expect("rename");
+    first.signal(libc::SIGKILL);
+    let log = dir_b.path().join("server.log");
+    wait_for_line(&log, "cannot serve shards").await;
+    // It holds the runs (a call for them would wait for an engine, then be
+    // answered UNAVAILABLE), and it did not stop.
+    assert_eq!(owner(&second).await, Some(member_of(&second).await));
+    let (mut runs, mut workers) = (second.runs().await, second.workers().await);
+
+    database
+        .batch_execute("ALTER TABLE aaa_active_away RENAME TO aaa_active")
+        .await
+        .expect("rename back");
+    retrying(|| {
+        let mut granting = runs.clone();
+        let request = grant_request(&run_id, &call_id);
+        async move { granting.signal(request).await }
+    })
+    .await;
+    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
+    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("CompleteTask");
+    assert_eq!(
+        completed_text(&wait_for_end(&mut runs, &run_id).await),
+        REFERENCE_TEXT
+    );
+    wait_for_health(&second, ServingStatus::Serving).await;
+}
+
+/// Waits (up to [`WAIT`]) until the log at `path` has a line containing
+/// `needle`. A server says some things only in its log; this reads it
+/// every 50 ms.
+async fn wait_for_line(path: &std::path::Path, needle: &str) {
+    let give_up = Instant::now() + WAIT;
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if log.lines().any(|line| line.contains(needle)) {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "no line with {needle:?} in {}:\n{log}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[test]
 fn standby_without_a_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
