@@ -249,12 +249,7 @@ async fn three_servers_carry_on_after_the_owner_is_killed() {
     }
     let mut executed: HashMap<(String, String, u32), usize> = HashMap::new();
     for (run_id, call_id) in &waiting {
-        retrying(|| {
-            let mut granting = runs.clone();
-            let request = grant_request(run_id, call_id);
-            async move { granting.signal(request).await }
-        })
-        .await;
+        grant_retrying(&runs, run_id, call_id).await;
         if executed.is_empty() {
             eprintln!(
                 "the first grant after the kill landed {:?} after it",
@@ -700,18 +695,8 @@ async fn spread_shards_serve_every_run_through_any_server() {
     b.stop().await;
     wait_until_spread(&a, &[&name_a]).await;
     for (run_id, call_id) in &waiting {
-        retrying(|| {
-            let mut runs = through_a.clone();
-            let request = grant_request(run_id, call_id);
-            async move { runs.signal(request).await }
-        })
-        .await;
-        let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
-        complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
-            .await
-            .expect("CompleteTask");
-        let events = wait_for_end(&mut through_a, run_id).await;
-        assert_eq!(completed_text(&events), REFERENCE_TEXT);
+        grant_retrying(&through_a, run_id, call_id).await;
+        let events = finish_granted(&mut through_a, &mut workers, run_id).await;
         assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
     }
 }

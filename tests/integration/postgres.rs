@@ -1545,16 +1545,13 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
-    let first = ChildServer::start_args(dir_a.path(), &args).await;
-    let mut runs = first.runs().await;
-    register(&mut first.workers().await, vec![wire_money()], &[]).await;
-    let run_id = start_run(&mut runs, scripted_reference_run()).await;
-    let call_id = wait_for_approval(&mut runs, &run_id).await;
-    let second = ChildServer::start_args(dir_b.path(), &[&args[..], &["--standby"]].concat()).await;
-    assert_eq!(owner(&second).await, Some(member_of(&first).await));
+    let OwnerAndStandby {
+        first,
+        second,
+        run_id,
+        call_id,
+        dirs: _dirs,
+    } = owner_and_standby(&url).await;
 
     first.signal(libc::SIGSTOP);
     let paused_at = Instant::now();
@@ -1565,20 +1562,8 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     );
     let (mut runs, mut workers) = (second.runs().await, second.workers().await);
     // The new owner may still be starting its engine: retry as the SDKs do.
-    retrying(|| {
-        let mut granting = runs.clone();
-        let request = grant_request(&run_id, &call_id);
-        async move { granting.signal(request).await }
-    })
-    .await;
-    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
-    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
-        .await
-        .expect("CompleteTask");
-    assert_eq!(
-        completed_text(&wait_for_end(&mut runs, &run_id).await),
-        REFERENCE_TEXT
-    );
+    grant_retrying(&runs, &run_id, &call_id).await;
+    finish_granted(&mut runs, &mut workers, &run_id).await;
 
     first.signal(libc::SIGCONT);
     wait_for_health(&first, ServingStatus::NotServing).await;
@@ -1605,16 +1590,13 @@ async fn an_engine_that_cannot_start_is_started_again() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
-    let first = ChildServer::start_args(dir_a.path(), &args).await;
-    let mut runs = first.runs().await;
-    register(&mut first.workers().await, vec![wire_money()], &[]).await;
-    let run_id = start_run(&mut runs, scripted_reference_run()).await;
-    let call_id = wait_for_approval(&mut runs, &run_id).await;
-    let second = ChildServer::start_args(dir_b.path(), &[&args[..], &["--standby"]].concat()).await;
-    assert_eq!(owner(&second).await, Some(member_of(&first).await));
+    let OwnerAndStandby {
+        first,
+        second,
+        run_id,
+        call_id,
+        dirs,
+    } = owner_and_standby(&url).await;
 
     let database = aaa::store::postgres::connect(&url).await.expect("connect");
     database
@@ -1622,7 +1604,7 @@ async fn an_engine_that_cannot_start_is_started_again() {
         .await
         .expect("rename");
     first.signal(libc::SIGKILL);
-    let log = dir_b.path().join("server.log");
+    let log = dirs[1].path().join("server.log");
     wait_for_line(&log, "cannot serve shards").await;
     // It holds the runs (a call for them would wait for an engine, then be
     // answered UNAVAILABLE), and it did not stop.
@@ -1633,21 +1615,40 @@ async fn an_engine_that_cannot_start_is_started_again() {
         .batch_execute("ALTER TABLE aaa_active_away RENAME TO aaa_active")
         .await
         .expect("rename back");
-    retrying(|| {
-        let mut granting = runs.clone();
-        let request = grant_request(&run_id, &call_id);
-        async move { granting.signal(request).await }
-    })
-    .await;
-    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
-    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
-        .await
-        .expect("CompleteTask");
-    assert_eq!(
-        completed_text(&wait_for_end(&mut runs, &run_id).await),
-        REFERENCE_TEXT
-    );
+    grant_retrying(&runs, &run_id, &call_id).await;
+    finish_granted(&mut runs, &mut workers, &run_id).await;
     wait_for_health(&second, ServingStatus::Serving).await;
+}
+
+/// Two servers on one store (lease 1 s): the first owns the runs and has
+/// one parked at the reference approval; the second stands by.
+struct OwnerAndStandby {
+    dirs: [tempfile::TempDir; 2],
+    first: ChildServer,
+    second: ChildServer,
+    run_id: String,
+    call_id: String,
+}
+
+async fn owner_and_standby(url: &str) -> OwnerAndStandby {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let first = ChildServer::start_args(dirs[0].path(), &args).await;
+    let mut runs = first.runs().await;
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let standby = [&args[..], &["--standby"]].concat();
+    let second = ChildServer::start_args(dirs[1].path(), &standby).await;
+    assert_eq!(owner(&second).await, Some(member_of(&first).await));
+    OwnerAndStandby {
+        dirs,
+        first,
+        second,
+        run_id,
+        call_id,
+    }
 }
 
 /// Waits (up to [`WAIT`]) until the log at `path` has a line containing

@@ -1001,14 +1001,34 @@ pub async fn grant_and_finish(
     call_id: &str,
 ) {
     grant(runs, run_id, call_id).await;
+    finish_granted(runs, workers, run_id).await;
+}
+
+/// Serves the granted reference call as worker "w" and waits for the run's
+/// reference completion; returns its history.
+pub async fn finish_granted(
+    runs: &mut RunClient,
+    workers: &mut WorkerClient,
+    run_id: &str,
+) -> Vec<Event> {
     let task = poll_until_task(workers, "w", &["wire_money"], &[]).await;
     complete_tool(workers, &task.token, REFERENCE_OUTPUT)
         .await
         .expect("CompleteTask");
-    assert_eq!(
-        completed_text(&wait_for_end(runs, run_id).await),
-        REFERENCE_TEXT
-    );
+    let events = wait_for_end(runs, run_id).await;
+    assert_eq!(completed_text(&events), REFERENCE_TEXT);
+    events
+}
+
+/// Grants the call with [`grant_request`], [`retrying`] while no server
+/// can take it yet (the owner died, its engine is starting).
+pub async fn grant_retrying(runs: &RunClient, run_id: &str, call_id: &str) {
+    retrying(|| {
+        let mut granting = runs.clone();
+        let request = grant_request(run_id, call_id);
+        async move { granting.signal(request).await }
+    })
+    .await;
 }
 
 /// A grant with a request id of its own, so that a retry after an

@@ -85,19 +85,29 @@ def requests_answered(address: str, method: str) -> int:
     return sum(int(count) for count in line.findall(metrics))
 
 
-@postgres_only
-async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid):
-    owner = start_server(tmp_path / "owner", tmp_path / "owner.log")
+def owner_and_standby(tmp_path, *args: str):
+    """An owner and a standby on one PostgreSQL schema, each started with ``args``."""
+    owner = start_server(tmp_path / "owner", tmp_path / "owner.log", extra_args=args)
     # The standby on the owner's schema: store_args keeps a data dir's store URL beside it.
     (tmp_path / "standby.store-url").write_text((tmp_path / "owner.store-url").read_text())
-    standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby",))
-    writes = ("RunService/Signal", "RunService/CancelRun", "WorkerService/CompleteTask")
+    standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby", *args))
+    return owner, standby
 
+
+def gated_wire(uid: str):
     @tool(name=f"wire_{uid}", requires_approval=True)
     def wire(amount: int) -> str:
         """Send money."""
         return f"sent ${amount}"
 
+    return wire
+
+
+@postgres_only
+async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid):
+    owner, standby = owner_and_standby(tmp_path)
+    writes = ("RunService/Signal", "RunService/CancelRun", "WorkerService/CompleteTask")
+    wire = gated_wire(uid)
     try:
         # The standby first: without routing, the round robin sends it about half of the writes.
         async with await aaa.connect([standby.address, owner.address], timeout=WAIT_S) as client:
@@ -122,16 +132,8 @@ async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid
 
 @postgres_only
 async def test_a_write_whose_owner_was_killed_reaches_the_next_owner(tmp_path, uid):
-    lease = ("--lease-s", "1")
-    owner = start_server(tmp_path / "owner", tmp_path / "owner.log", extra_args=lease)
-    (tmp_path / "standby.store-url").write_text((tmp_path / "owner.store-url").read_text())
-    standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby", *lease))
-
-    @tool(name=f"wire_{uid}", requires_approval=True)
-    def wire(amount: int) -> str:
-        """Send money."""
-        return f"sent ${amount}"
-
+    owner, standby = owner_and_standby(tmp_path, "--lease-s", "1")
+    wire = gated_wire(uid)
     try:
         async with await aaa.connect([standby.address, owner.address], timeout=WAIT_S) as client:
             async with client.worker(tools=[wire]):
