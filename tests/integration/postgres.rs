@@ -1387,6 +1387,12 @@ async fn a_second_server_on_the_database_fences_the_first() {
     second.shutdown().await;
 }
 
+/// A claim of every shard, at once, with a lease longer than any test.
+const CLAIM_ALL: aaa::store::Claim = aaa::store::Claim {
+    lease: Duration::from_secs(60),
+    standby: false,
+};
+
 /// At the store: after a second store claims the runs, the first commits
 /// nothing that touches a run (by event or by index op), and the batches
 /// around it in the same round are not held back; writes that touch no
@@ -1397,10 +1403,7 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
         return;
     };
     let (first, second) = (db.open().await, db.open().await);
-    let claim = aaa::store::Claim {
-        lease: Duration::from_secs(60),
-        standby: false,
-    };
+    let claim = CLAIM_ALL;
     first.claim_runs("first", claim).await.expect("claim");
     let run = RunId::new();
     let mut batch = WriteBatch::default();
@@ -1469,10 +1472,7 @@ async fn the_owner_reads_its_newest_events_from_memory_as_the_database_has_them(
         return;
     };
     let (owner, other) = (db.open().await, db.open().await);
-    let claim = aaa::store::Claim {
-        lease: Duration::from_secs(60),
-        standby: false,
-    };
+    let claim = CLAIM_ALL;
     owner.claim_runs("owner", claim).await.expect("claim");
     let (a, b) = (RunId::new(), RunId::new());
     for seq in 1..=3 {
