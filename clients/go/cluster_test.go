@@ -193,6 +193,41 @@ func TestDialClusterSendsARunsWritesToItsOwner(t *testing.T) {
 	}
 }
 
+func TestDialClusterWriteWhoseOwnerWasKilledReachesTheNextOwner(t *testing.T) {
+	if os.Getenv("AAA_TEST_STORE") != "postgres" {
+		t.Skip("two servers of one cluster need PostgreSQL (AAA_TEST_STORE=postgres)")
+	}
+	owner := testserver.StartWith(t, "--lease-s", "1")
+	standby := testserver.StartSharing(t, owner, "--standby", "--lease-s", "1")
+	client := dialCluster(t, []string{standby.Addr, owner.Addr})
+	if read, routing := aaa.Routing(client); !read || !routing {
+		t.Fatalf("the client of a PostgreSQL cluster: owners read %v, routing %v", read, routing)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	e := &env{server: standby, client: client, ctx: ctx}
+	var ran atomic.Int32
+	e.serve(t, aaa.WorkerOptions{Tools: []aaa.Tool{wireMoney(&ran)}})
+	runID := e.start(t, payACME(nil))
+	shown := e.requested(t, runID, "")
+	owner.Kill()
+	// The map still names the dead owner: the grant goes there first, fails
+	// UNAVAILABLE, and the retry goes round robin to the standby, which
+	// takes the runs over within the lease and serves it.
+	if _, err := client.Approve(ctx, runID, shown.CallID, aaa.WithArgumentsSHA256(shown.ArgumentsSHA256)); err != nil {
+		t.Fatalf("Approve after the owner was killed: %v\nstandby log:\n%s", err, standby.Log())
+	}
+	if outcome := e.result(t, runID); outcome.Status != aaa.StatusCompleted {
+		t.Fatalf("outcome: %+v", outcome)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the tool ran %d times, want 1", n)
+	}
+	if n := apiCalls(t, standby, "WorkerService/CompleteTask"); n != 1 {
+		t.Errorf("the standby answered %d CompleteTask calls, want 1", n)
+	}
+}
+
 func TestDialClusterOfEmbeddedServersDoesNotRoute(t *testing.T) {
 	// Separate embedded servers each claim every shard: routing would send a
 	// run's writes to a server that does not have the run.

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { connect, type Client } from "../src/index.js";
 import { ownerIndexes, shardOf } from "../src/client.js";
-import { ON_POSTGRES, WAIT_MS, paymentSetup, startServer, uid } from "./helpers.js";
+import { ON_POSTGRES, WAIT_MS, exited, paymentSetup, startServer, uid } from "./helpers.js";
 
 /** From the client's map of the runs' owners (a private field): its store, and whether it routes. */
 function routingOf(client: Client): { store: string; routing: boolean } {
@@ -68,6 +68,43 @@ test("writes of a run go to its owner, not through the standby", { skip: !ON_POS
     }
     // The standby did take calls: the others go round robin.
     assert.ok(byStandby.size > 0, "the standby answered no call");
+  } finally {
+    client?.close();
+    await standby.stop();
+    await owner.stop();
+  }
+});
+
+test("a write whose owner was killed reaches the next owner", { skip: !ON_POSTGRES && "needs AAA_TEST_STORE=postgres" }, async () => {
+  const owner = await startServer({ args: ["--lease-s", "1"] });
+  const standby = await startServer({ storeOf: owner, args: ["--standby", "--lease-s", "1"] });
+  let client: Client | undefined;
+  try {
+    client = await connect([standby.address, owner.address], { timeoutMs: WAIT_MS });
+    assert.deepEqual(routingOf(client), { store: "postgres", routing: true });
+    const id = uid();
+    const { wire, model, ran } = paymentSetup(id);
+    const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
+    await worker.start();
+    try {
+      const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire] });
+      const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+      owner.process.kill("SIGKILL");
+      await exited(owner.process);
+      // The map still names the dead owner: the grant goes there first, fails UNAVAILABLE, and
+      // the retry goes round robin to the standby, which takes the runs over within the lease.
+      const granted = await run.approve(request.data.call_id);
+      assert.equal(granted.decision, "aaa.approval.granted");
+      const outcome = await run.result({ timeoutMs: WAIT_MS });
+      assert.equal(outcome.text, "sent $250 to ACME");
+      assert.deepEqual(ran, [[250, "ACME"]]);
+    } finally {
+      await worker.stop();
+    }
+    const byStandby = await callsAnswered(standby.address);
+    assert.ok(byStandby.get("RunService/Signal")! >= 1, `the standby answered no grant: ${[...byStandby]}`);
+    // After the kill: the tool's result and the model's second reply.
+    assert.equal(byStandby.get("WorkerService/CompleteTask"), 2, `${[...byStandby]}`);
   } finally {
     client?.close();
     await standby.stop();
