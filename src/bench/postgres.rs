@@ -49,7 +49,7 @@ impl Database {
     pub async fn postmaster(&self) -> Option<u32> {
         let client = postgres::connect(&self.url).await.ok()?;
         let row = client.query_one("SHOW data_directory", &[]).await.ok()?;
-        let dir: String = row.get(0);
+        let dir: String = row.try_get(0).ok()?;
         // The first line of postmaster.pid is the postmaster's pid.
         let pid_file = std::fs::read_to_string(format!("{dir}/postmaster.pid")).ok()?;
         let pid: u32 = pid_file.lines().next()?.trim().parse().ok()?;
