@@ -1535,6 +1535,35 @@ async fn the_owner_reads_its_newest_events_from_memory_as_the_database_has_them(
     db.drop().await;
 }
 
+/// An owner whose leases may have lapsed (here: a lease of nothing) reads
+/// the database, not its memory: another server may have claimed the runs
+/// and written them meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owner_whose_lease_may_have_lapsed_reads_the_database() {
+    let Some(db) = TestDb::create("an_owner_whose_lease_may_have_lapsed").await else {
+        return;
+    };
+    let owner = db.open().await;
+    let claim = aaa::store::Claim {
+        lease: Duration::ZERO,
+        standby: false,
+    };
+    owner.claim_runs("owner", claim).await.expect("claim");
+    let run = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(run, 1, "app.a"));
+    owner.commit(batch).await.expect("commit");
+    assert_eq!(seqs(&owner.run_events(run, 0, 10).await.unwrap()), [1]);
+    db.sql("ALTER TABLE aaa_events RENAME TO aaa_events_away")
+        .await;
+    assert!(owner.run_events(run, 0, 10).await.is_err());
+    assert!(owner.log_after(0, 10).await.is_err());
+    db.sql("ALTER TABLE aaa_events_away RENAME TO aaa_events")
+        .await;
+    owner.close().await;
+    db.drop().await;
+}
+
 /// A standby server takes the runs over when the serving one stops
 /// renewing its claim (here: paused with SIGSTOP, as a long GC pause or a
 /// partition would); the paused one, woken, is fenced out: NOT_SERVING,

@@ -306,6 +306,15 @@ impl PostgresStore {
 
     /// Events read: whatever is committed is durable, so the durable
     /// position is at least the highest read.
+    /// The newest events this store committed, while no other server can
+    /// have committed since (see [`tail`]).
+    fn tail(&self) -> Option<&tail::Tail> {
+        self.inner
+            .ownership
+            .holds_all_for_sure()
+            .then_some(&*self.inner.tail)
+    }
+
     fn events(&self, rows: Vec<Row>) -> Result<Vec<EventRecord>> {
         let events = rows.iter().map(event).collect::<Result<Vec<_>>>()?;
         if let Some(highest) = events.iter().map(|e| e.position).max() {
@@ -692,7 +701,8 @@ impl super::Store for PostgresStore {
         limit_: usize,
     ) -> Result<Vec<EventRecord>> {
         let durable = self.durable_position();
-        if let Some(events) = self.inner.tail.run_events(run, after_seq, limit_, durable) {
+        let tail = self.tail();
+        if let Some(events) = tail.and_then(|t| t.run_events(run, after_seq, limit_, durable)) {
             return Ok(events);
         }
         let sql = format!(
@@ -707,7 +717,7 @@ impl super::Store for PostgresStore {
     }
 
     async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>> {
-        if let Some(event) = self.inner.tail.event(run, seq) {
+        if let Some(event) = self.tail().and_then(|t| t.event(run, seq)) {
             return Ok(Some(event));
         }
         let sql = format!("SELECT {EVENT_COLUMNS} FROM aaa_events WHERE run_id = $1 AND seq = $2");
@@ -720,7 +730,10 @@ impl super::Store for PostgresStore {
 
     async fn log_after(&self, after: u64, limit_: usize) -> Result<Vec<EventRecord>> {
         let durable = self.durable_position();
-        if let Some(events) = self.inner.tail.log_after(after, limit_, durable) {
+        if let Some(events) = self
+            .tail()
+            .and_then(|t| t.log_after(after, limit_, durable))
+        {
             return Ok(events);
         }
         let sql = format!(

@@ -26,6 +26,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use deadpool_postgres::Object;
 use tokio::sync::Notify;
@@ -48,6 +49,9 @@ pub(super) struct Ownership {
     /// Set by a claim of every shard (one server owns the runs): losing one
     /// shard then means another server claimed them all, and all are lost.
     all_or_nothing: AtomicBool,
+    /// When the last claim of every shard or renewal that kept them all was
+    /// sent: the leases held run at least a lease from then.
+    renewed: Mutex<Option<Instant>>,
 }
 
 impl Default for Ownership {
@@ -59,6 +63,7 @@ impl Default for Ownership {
             holding: tokio::sync::watch::Sender::new(Shards::none()),
             lease_ms: AtomicI64::new(0),
             all_or_nothing: AtomicBool::new(false),
+            renewed: Mutex::new(None),
         }
     }
 }
@@ -93,6 +98,7 @@ impl Ownership {
         lease_ms: i64,
         wanted: Wanted,
     ) -> Result<Shards> {
+        let sent = Instant::now();
         let set = format!(
             "UPDATE aaa_shards SET owner = $1, epoch = epoch + 1, claimed_ms = {NOW_MS}, \
              lease_until_ms = {NOW_MS} + $2"
@@ -143,6 +149,9 @@ impl Ownership {
         if !held.is_empty() {
             self.lost.store(false, Ordering::Release);
         }
+        if set_of(held).is_all() {
+            *self.renewed.lock().expect("poisoned") = Some(sent);
+        }
         self.holding.send_replace(set_of(held));
         Ok(claimed)
     }
@@ -153,6 +162,7 @@ impl Ownership {
         let Some((shards, epochs)) = self.held_lists() else {
             return Ok(());
         };
+        let sent = Instant::now();
         let renew = format!(
             "UPDATE aaa_shards s SET lease_until_ms = {NOW_MS} + $3 \
              FROM UNNEST($1::int2[], $2::int8[]) AS h(shard, epoch) \
@@ -171,10 +181,30 @@ impl Ownership {
             .zip(epochs)
             .filter(|(shard, _)| !renewed.contains(shard))
             .collect();
+        let kept_all = gone.is_empty() && renewed.len() == crate::domain::SHARDS;
         for (shard, epoch) in gone {
             self.lose(shard, epoch, "its lease was renewed by another server");
         }
+        if kept_all {
+            *self.renewed.lock().expect("poisoned") = Some(sent);
+        }
         Ok(())
+    }
+
+    /// Whether this store holds every shard and no other server can have
+    /// claimed one since: its last claim or renewal of them all was sent
+    /// less than a lease ago. (A server that claims them all regardless,
+    /// started without `--standby`, fences this one at its next commit or
+    /// renewal.)
+    pub fn holds_all_for_sure(&self) -> bool {
+        let lease_ms = self.lease_ms.load(Ordering::Acquire);
+        let renewed = *self.renewed.lock().expect("poisoned");
+        lease_ms > 0
+            && !self.is_lost()
+            && renewed.is_some_and(|sent| {
+                sent.elapsed() < std::time::Duration::from_millis(lease_ms as u64)
+            })
+            && self.holding.borrow().is_all()
     }
 
     /// Gives up held shards at once (`None`: all of them; a server

@@ -6,9 +6,11 @@
 //! time than committing the cycle's approval.
 //!
 //! Only a store that holds every shard uses it (a single server, or the
-//! owner of a one-owner cluster): then every commit on the database is its
-//! own, and the tail, kept contiguous by position up to its last commit,
-//! is the log's end. A store holding a share, or none, never answers from
+//! owner of a one-owner cluster), and only while its leases cannot have
+//! lapsed (see `Ownership::holds_all_for_sure`: a paused owner that wakes
+//! reads the database until it renewed them): then every commit on the
+//! database is its own, and the tail, kept contiguous by position up to
+//! its last commit, is the log's end. A store holding a share, or none, never answers from
 //! it, and any change of the shards held empties it, so events another
 //! server committed meanwhile are never missed: a read the tail cannot
 //! answer whole goes to the database as before.
