@@ -157,17 +157,25 @@ func apiCalls(t *testing.T, server *testserver.Server, method string) int {
 	return 0
 }
 
-func TestDialClusterSendsARunsWritesToItsOwner(t *testing.T) {
+// ownerAndStandby starts two servers of one cluster on PostgreSQL (lease
+// 1 s), and a client of both that routes a run's writes to its owner.
+func ownerAndStandby(t *testing.T) (owner, standby *testserver.Server, client *aaa.Client) {
+	t.Helper()
 	if os.Getenv("AAA_TEST_STORE") != "postgres" {
 		t.Skip("two servers of one cluster need PostgreSQL (AAA_TEST_STORE=postgres)")
 	}
-	owner := testserver.StartWith(t, "--lease-s", "1")
-	standby := testserver.StartSharing(t, owner, "--standby", "--lease-s", "1")
+	owner = testserver.StartWith(t, "--lease-s", "1")
+	standby = testserver.StartSharing(t, owner, "--standby", "--lease-s", "1")
 	// The standby first: round robin would send it about half of the calls.
-	client := dialCluster(t, []string{standby.Addr, owner.Addr})
+	client = dialCluster(t, []string{standby.Addr, owner.Addr})
 	if read, routing := aaa.Routing(client); !read || !routing {
 		t.Fatalf("the client of a PostgreSQL cluster: owners read %v, routing %v", read, routing)
 	}
+	return owner, standby, client
+}
+
+func TestDialClusterSendsARunsWritesToItsOwner(t *testing.T) {
+	owner, standby, client := ownerAndStandby(t)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	e := &env{server: owner, client: client, ctx: ctx}
@@ -194,15 +202,7 @@ func TestDialClusterSendsARunsWritesToItsOwner(t *testing.T) {
 }
 
 func TestDialClusterWriteWhoseOwnerWasKilledReachesTheNextOwner(t *testing.T) {
-	if os.Getenv("AAA_TEST_STORE") != "postgres" {
-		t.Skip("two servers of one cluster need PostgreSQL (AAA_TEST_STORE=postgres)")
-	}
-	owner := testserver.StartWith(t, "--lease-s", "1")
-	standby := testserver.StartSharing(t, owner, "--standby", "--lease-s", "1")
-	client := dialCluster(t, []string{standby.Addr, owner.Addr})
-	if read, routing := aaa.Routing(client); !read || !routing {
-		t.Fatalf("the client of a PostgreSQL cluster: owners read %v, routing %v", read, routing)
-	}
+	owner, standby, client := ownerAndStandby(t)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	e := &env{server: standby, client: client, ctx: ctx}

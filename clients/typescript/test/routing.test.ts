@@ -2,9 +2,9 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { connect, type Client } from "../src/index.js";
+import { connect, type Client, type Run } from "../src/index.js";
 import { ownerIndexes, shardOf } from "../src/client.js";
-import { ON_POSTGRES, WAIT_MS, exited, paymentSetup, startServer, uid } from "./helpers.js";
+import { ON_POSTGRES, WAIT_MS, exited, paymentSetup, startServer, uid, type Server } from "./helpers.js";
 
 /** From the client's map of the runs' owners (a private field): its store, and whether it routes. */
 function routingOf(client: Client): { store: string; routing: boolean } {
@@ -38,12 +38,28 @@ test("a shard's owner is matched to the client's address of it, as given or afte
   assert.deepEqual(ownerIndexes([], addresses), []);
 });
 
-test("writes of a run go to its owner, not through the standby", { skip: !ON_POSTGRES && "needs AAA_TEST_STORE=postgres" }, async () => {
+/** Two servers of one cluster on PostgreSQL with a routing client, and a run parked at approval. */
+interface ParkedOnACluster {
+  owner: Server;
+  standby: Server;
+  client: Client;
+  run: Run;
+  callId: string;
+  /** The tool's real runs. */
+  ran: [number, string][];
+}
+
+/**
+ * Runs `body` with an owner and a standby (lease 1 s; the standby first in the client's list, where
+ * the round robin alone would send it about half of the calls), a client of both that routes, a
+ * worker serving `paymentSetup`'s tool and model, and a run of it waiting for approval; stops them
+ * all after.
+ */
+async function withARunParkedOnACluster(body: (cluster: ParkedOnACluster) => Promise<void>): Promise<void> {
   const owner = await startServer({ args: ["--lease-s", "1"] });
   const standby = await startServer({ storeOf: owner, args: ["--standby", "--lease-s", "1"] });
   let client: Client | undefined;
   try {
-    // The standby first: the round robin alone would send it about half of the calls.
     client = await connect([standby.address, owner.address], { timeoutMs: WAIT_MS });
     assert.deepEqual(routingOf(client), { store: "postgres", routing: true });
     const id = uid();
@@ -53,63 +69,51 @@ test("writes of a run go to its owner, not through the standby", { skip: !ON_POS
     try {
       const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire] });
       const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
-      const granted = await run.approve(request.data.call_id);
-      assert.equal(granted.decision, "aaa.approval.granted");
-      const outcome = await run.result({ timeoutMs: WAIT_MS });
-      assert.equal(outcome.text, "sent $250 to ACME");
-      assert.deepEqual(ran, [[250, "ACME"]]);
+      await body({ owner, standby, client, run, callId: request.data.call_id, ran });
     } finally {
       await worker.stop();
     }
-    const [byStandby, byOwner] = [await callsAnswered(standby.address), await callsAnswered(owner.address)];
+  } finally {
+    client?.close();
+    await standby.stop();
+    await owner.stop();
+  }
+}
+
+/** Grants the parked run's call and checks it ran once and the run completed. */
+async function grantAndComplete({ run, callId, ran }: ParkedOnACluster): Promise<void> {
+  const granted = await run.approve(callId);
+  assert.equal(granted.decision, "aaa.approval.granted");
+  const outcome = await run.result({ timeoutMs: WAIT_MS });
+  assert.equal(outcome.text, "sent $250 to ACME");
+  assert.deepEqual(ran, [[250, "ACME"]]);
+}
+
+test("writes of a run go to its owner, not through the standby", { skip: !ON_POSTGRES && "needs AAA_TEST_STORE=postgres" }, async () => {
+  await withARunParkedOnACluster(async (cluster) => {
+    await grantAndComplete(cluster);
+    const [byStandby, byOwner] = [await callsAnswered(cluster.standby.address), await callsAnswered(cluster.owner.address)];
     for (const method of ["RunService/Signal", "WorkerService/CompleteTask"]) {
       assert.equal(byStandby.get(method), undefined, `the standby answered ${method}: ${[...byStandby]}`);
       assert.ok(byOwner.get(method)! >= 1, `the owner answered no ${method}: ${[...byOwner]}`);
     }
     // The standby did take calls: the others go round robin.
     assert.ok(byStandby.size > 0, "the standby answered no call");
-  } finally {
-    client?.close();
-    await standby.stop();
-    await owner.stop();
-  }
+  });
 });
 
 test("a write whose owner was killed reaches the next owner", { skip: !ON_POSTGRES && "needs AAA_TEST_STORE=postgres" }, async () => {
-  const owner = await startServer({ args: ["--lease-s", "1"] });
-  const standby = await startServer({ storeOf: owner, args: ["--standby", "--lease-s", "1"] });
-  let client: Client | undefined;
-  try {
-    client = await connect([standby.address, owner.address], { timeoutMs: WAIT_MS });
-    assert.deepEqual(routingOf(client), { store: "postgres", routing: true });
-    const id = uid();
-    const { wire, model, ran } = paymentSetup(id);
-    const worker = client.worker({ tools: [wire], models: { [`m-${id}`]: model } });
-    await worker.start();
-    try {
-      const run = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire] });
-      const request = await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
-      owner.process.kill("SIGKILL");
-      await exited(owner.process);
-      // The map still names the dead owner: the grant goes there first, fails UNAVAILABLE, and
-      // the retry goes round robin to the standby, which takes the runs over within the lease.
-      const granted = await run.approve(request.data.call_id);
-      assert.equal(granted.decision, "aaa.approval.granted");
-      const outcome = await run.result({ timeoutMs: WAIT_MS });
-      assert.equal(outcome.text, "sent $250 to ACME");
-      assert.deepEqual(ran, [[250, "ACME"]]);
-    } finally {
-      await worker.stop();
-    }
-    const byStandby = await callsAnswered(standby.address);
+  await withARunParkedOnACluster(async (cluster) => {
+    cluster.owner.process.kill("SIGKILL");
+    await exited(cluster.owner.process);
+    // The map still names the dead owner: the grant goes there first, fails UNAVAILABLE, and
+    // the retry goes round robin to the standby, which takes the runs over within the lease.
+    await grantAndComplete(cluster);
+    const byStandby = await callsAnswered(cluster.standby.address);
     assert.ok(byStandby.get("RunService/Signal")! >= 1, `the standby answered no grant: ${[...byStandby]}`);
     // After the kill: the tool's result and the model's second reply.
     assert.equal(byStandby.get("WorkerService/CompleteTask"), 2, `${[...byStandby]}`);
-  } finally {
-    client?.close();
-    await standby.stop();
-    await owner.stop();
-  }
+  });
 });
 
 test("separate embedded servers in one list route nothing", async () => {
