@@ -79,6 +79,28 @@ pub async fn serve(
     ready: impl FnOnce() + Send,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let grace = config.shutdown_grace;
+    let mut released = None;
+    let served = serve_store(listener, config, ready, shutdown, &mut released).await;
+    // Tasks that saw the stop may still hold the store for a moment: once
+    // `serve` returns, the same data directory opens again (a restart in
+    // the same process, as tests and embedders do).
+    if let Some(released) = released {
+        if tokio::time::timeout(grace, released.wait()).await.is_err() {
+            tracing::warn!("the store was still in use {grace:?} after the stop");
+        }
+    }
+    served
+}
+
+/// [`serve`], telling through `released` when the store it opened is let go.
+async fn serve_store(
+    listener: TcpListener,
+    config: Config,
+    ready: impl FnOnce() + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    released: &mut Option<crate::store::Released>,
+) -> Result<(), ServeError> {
     // Transport settings first: a bad TLS key fails before the store opens.
     // Keepalive pings close an established connection whose client stopped
     // answering; `connections` closes one that never finished its handshake.
@@ -106,6 +128,7 @@ pub async fn serve(
             place: store_place(&config),
             source,
         })?;
+    *released = Some(store.released());
     let cluster = match join(&listener, &config, &store).await {
         Ok(cluster) => cluster,
         Err(source) => {

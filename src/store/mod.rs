@@ -407,6 +407,25 @@ pub fn labels_match(wanted: &BTreeMap<String, String>, have: &BTreeMap<String, S
     wanted.iter().all(|(k, v)| have.get(k) == Some(v))
 }
 
+/// Waits for a store to let go of what it holds ([`Store::released`]).
+pub struct Released(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
+
+impl Released {
+    /// Released once `until` completes.
+    pub fn after(until: impl std::future::Future<Output = ()> + Send + 'static) -> Released {
+        Released(Box::pin(until))
+    }
+
+    /// Released from the start.
+    pub fn already() -> Released {
+        Released::after(std::future::ready(()))
+    }
+
+    pub async fn wait(self) {
+        self.0.await
+    }
+}
+
 /// Durable storage, in domain terms. See the module docs for what every
 /// implementation promises.
 #[async_trait::async_trait]
@@ -418,6 +437,14 @@ pub trait Store: Send + Sync + 'static {
     /// Lets in-flight commits finish, then refuses new ones with
     /// [`StoreError::Closed`].
     async fn close(&self);
+
+    /// Resolves once every handle on this store is gone, tasks that still
+    /// finish after `close` included: then the embedded store's data
+    /// directory may be opened again. A store that keeps no other process
+    /// out has nothing to release.
+    fn released(&self) -> Released {
+        Released::already()
+    }
 
     /// Makes this store the only writer of every run, for `server` (a name
     /// for logs and status): from now on a batch that touches a run commits

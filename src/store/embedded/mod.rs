@@ -23,9 +23,10 @@ mod pending;
 mod retention;
 mod spans;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use prost::Message;
 use tokio::sync::watch;
@@ -70,6 +71,10 @@ struct Inner {
     /// False while writes are refused (see [`Store::watch_writable`]).
     writable: watch::Receiver<bool>,
     token_key: [u8; 32],
+    /// Dropped with the last handle on the store.
+    held: watch::Sender<()>,
+    /// The file sled locks while the store is open.
+    locked: PathBuf,
 }
 
 /// The layout this version reads and writes. Version 1 kept events in sled
@@ -85,6 +90,22 @@ struct Inner {
 const LAYOUT: &str = "5";
 /// The layout this version upgrades to [`LAYOUT`] at open.
 const UPGRADED: &str = "4";
+
+/// Resolves once nobody holds the lock on `file` (or it cannot be read).
+async fn unlocked(file: &Path) {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let Ok(file) = std::fs::File::open(file) else {
+            return;
+        };
+        if !matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)) {
+            return;
+        }
+        drop(file);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
 
 /// How the store opens sled in `dir`.
 fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
@@ -209,6 +230,8 @@ impl EmbeddedStore {
             durable_position,
             writable,
             token_key,
+            held: watch::Sender::new(()),
+            locked: dir.join("db"),
         });
         let dir = dir.to_path_buf();
         metrics.refresh_from(Arc::downgrade(&inner), move |_, metrics| {
@@ -514,6 +537,17 @@ impl super::Store for EmbeddedStore {
 
     async fn close(&self) {
         self.inner.commits.close().await;
+    }
+
+    fn released(&self) -> crate::store::Released {
+        let mut held = self.inner.held.subscribe();
+        let locked = self.inner.locked.clone();
+        crate::store::Released::after(async move {
+            while held.changed().await.is_ok() {}
+            // sled's I/O threads may close their copy of the locked file a
+            // moment after its last handle is dropped.
+            unlocked(&locked).await
+        })
     }
 
     fn token_key(&self) -> [u8; 32] {
@@ -934,6 +968,38 @@ fn disk_bytes(dir: &Path) -> u64 {
 mod tests {
     use super::*;
     use crate::store::Store;
+
+    #[tokio::test]
+    async fn released_waits_for_the_last_handle_and_for_the_lock() {
+        use futures_util::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        let other = store.clone();
+        let mut released = Box::pin(store.released().wait());
+        store.close().await;
+        drop(store);
+        assert!((&mut released).now_or_never().is_none(), "a handle is left");
+        drop(other);
+        // Someone else's copy of the locked file, as sled's I/O threads may
+        // keep one a moment after its last handle is gone.
+        let straggler = std::fs::File::open(dir.path().join("db")).unwrap();
+        let straggler = tokio::task::spawn_blocking(move || {
+            straggler.lock().unwrap();
+            straggler
+        })
+        .await
+        .unwrap();
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+            assert!(
+                (&mut released).now_or_never().is_none(),
+                "released while locked"
+            );
+        }
+        drop(straggler);
+        released.await;
+        EmbeddedStore::open(dir.path(), 1 << 20).expect("opens again");
+    }
 
     #[test]
     fn a_data_dir_of_the_first_layout_is_refused_by_name() {
