@@ -94,6 +94,9 @@ pub struct Config {
     /// How long a finished run is kept after it finished, unless it sets
     /// its own (see docs/retention.md).
     pub retention: crate::domain::Retention,
+    /// How long a deleted run's tombstone lasts (`--tombstone`); `None`:
+    /// as long as the retention, between an hour and 7 days.
+    pub tombstone: Option<std::time::Duration>,
     /// Where expiring runs are archived before they are deleted (one
     /// gzip JSON Lines file per run); `None`: not archived.
     pub archive_dir: Option<PathBuf>,
@@ -134,6 +137,7 @@ impl Config {
             metrics: crate::metrics::Metrics::new(),
             tracer: None,
             retention: DEFAULT_RETENTION,
+            tombstone: None,
             archive_dir: None,
             log_segment_bytes: DEFAULT_LOG_SEGMENT_KIB * 1024,
             public_url: None,

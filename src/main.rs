@@ -141,6 +141,12 @@ struct ServeArgs {
     #[arg(long, env = "AAA_RETENTION", default_value = "30d",
           value_parser = aaa::domain::Retention::parse)]
     retention: aaa::domain::Retention,
+    /// How long a deleted run answers RUN_EXPIRED before it is simply
+    /// unknown (each costs the store about half a KiB meanwhile): a whole
+    /// number and a unit, up to 7d. Default: as long as the retention,
+    /// between 1h and 7d.
+    #[arg(long, env = "AAA_TOMBSTONE", value_parser = aaa::domain::Retention::parse_tombstone)]
+    tombstone: Option<std::time::Duration>,
     /// Before deleting an expired run, write its events to this directory
     /// as RUN_ID.jsonl.gz (gzip JSON Lines); created if missing.
     #[arg(long, env = "AAA_ARCHIVE_DIR")]
@@ -311,6 +317,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         policy,
         otlp_endpoint,
         retention,
+        tombstone,
         archive_dir,
         log_segment_kib,
         public_url,
@@ -326,6 +333,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     config.store_cache_bytes = store_cache_mib * 1024 * 1024;
     config.retention = retention;
+    config.tombstone = tombstone;
     config.archive_dir = archive_dir;
     config.log_segment_bytes = log_segment_kib * 1024;
     config.max_message_bytes = max_message_mib as usize * 1024 * 1024;

@@ -582,7 +582,7 @@ fn retention_rows(t: &mut Table, r: &super::retention::Retention) {
     t.add(
         scenario,
         &format!(
-            "cycles at {}/s for {} s, retention {} s, {} KiB segments",
+            "cycles at {}/s for {} s, retention and tombstones {} s, {} KiB segments",
             plan.cycles_per_second, plan.seconds, plan.retention_s, plan.segment_kib
         ),
         format!(

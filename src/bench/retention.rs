@@ -2,9 +2,10 @@
 //! `--retention` and small log segments carries approval cycles at a fixed
 //! rate, and the bench samples the size of its data dir as it goes. This is
 //! issue 24's disk target (retention 1 h, 500 cycles/s for 2 h) scaled down
-//! in time with the same shape: the load lasts several retentions, so the
-//! dir should stop growing once the first runs expire and compaction gives
-//! their segments back.
+//! in time with the same shape, tombstones included (they last as long as
+//! the retention): the load lasts several retentions, so the dir should
+//! stop growing once the first runs expire and compaction gives their
+//! segments back.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -111,6 +112,10 @@ pub async fn run(
     }
     let flags = vec![
         format!("--retention={}s", plan.retention_s),
+        // Scaled down with the retention: the issue's shape keeps a deleted
+        // run's tombstone as long as its retention (1 h), and at the
+        // default's hour they would outlast this whole load.
+        format!("--tombstone={}s", plan.retention_s),
         format!("--log-segment-kib={}", plan.segment_kib),
     ];
     let child = ChildServer::start_with("retention", None, flags).await?;

@@ -40,9 +40,13 @@ pub fn sweep_interval(retention: Retention) -> Duration {
     }
 }
 
-/// How long a deleted run's tombstone lasts: as long as the retention,
-/// within [`MIN_TOMBSTONE`] and [`MAX_TOMBSTONE`].
-pub fn tombstone_for(retention: Retention) -> Duration {
+/// How long a deleted run's tombstone lasts: as the server was told
+/// (`--tombstone`), else as long as the retention, within
+/// [`MIN_TOMBSTONE`] and [`MAX_TOMBSTONE`].
+pub fn tombstone_for(retention: Retention, told: Option<Duration>) -> Duration {
+    if let Some(told) = told {
+        return told;
+    }
     match retention {
         Retention::Forever => MAX_TOMBSTONE,
         Retention::Ms(ms) => {
@@ -124,7 +128,9 @@ impl Engine {
         // its events they had not read: counted, and said per group.
         let mut groups: Option<Vec<(String, u64)>> = None;
         let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-        let until = now.saturating_add(tombstone_for(retention).as_millis() as i64);
+        let until = now.saturating_add(
+            tombstone_for(retention, self.inner.config.tombstone).as_millis() as i64,
+        );
         let mut failed = Vec::new();
         loop {
             if self.shutdown_token().is_cancelled() {

@@ -309,6 +309,7 @@ fn bad_serve_flags_exit_64_with_one_line_naming_the_flag() {
         (&["--max-message-mib", "1000000"], "--max-message-mib"),
         (&["--max-connections", "0"], "--max-connections"),
         (&["--listen", "nonsense"], "--listen"),
+        (&["--tombstone", "8d"], "--tombstone"),
         (&["--no-such-flag"], "--no-such-flag"),
     ];
     for (args, named) in cases {

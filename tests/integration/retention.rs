@@ -176,6 +176,26 @@ async fn finished_runs_expire_and_say_so_while_waiting_runs_stay() {
     server.shutdown().await;
 }
 
+/// `--tombstone`: a deleted run answers RUN_EXPIRED for as long as the
+/// server was told, then it is unknown (by default it would last an hour).
+#[tokio::test]
+async fn a_tombstone_lasts_as_long_as_the_server_was_told() {
+    let server = TestServer::start_with(|config| {
+        config.retention = Retention::Ms(60_000);
+        config.tombstone = Some(Duration::from_secs(10 * 60));
+    })
+    .await;
+    let mut runs = server.runs().await;
+    let run = start_run(&mut runs, short_run("brief")).await;
+    wait_for_end(&mut runs, &run).await;
+    server.clock().advance(Duration::from_secs(2 * 60));
+    wait_until_gone(&mut runs, &run, "RUN_EXPIRED").await;
+    // Past its ten minutes, far short of the default hour, it is gone.
+    server.clock().advance(Duration::from_secs(11 * 60));
+    wait_until_gone(&mut runs, &run, "RUN_NOT_FOUND").await;
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_bad_retention_label_is_refused_by_name() {
     let server = TestServer::start().await;
