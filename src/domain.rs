@@ -576,21 +576,6 @@ impl Retention {
         }
     }
 
-    /// Parses how long a tombstone lasts (`--tombstone`): a duration as
-    /// [`Retention::parse`] takes it, from 1 ms to 7 days.
-    pub fn parse_tombstone(text: &str) -> Result<std::time::Duration, String> {
-        let most = crate::engine::retention::MAX_TOMBSTONE;
-        match Retention::parse(text) {
-            Ok(Retention::Ms(ms)) if ms as u128 <= most.as_millis() => {
-                Ok(std::time::Duration::from_millis(ms as u64))
-            }
-            _ => Err(format!(
-                "'{}' is not a tombstone's life: give a whole number and a unit, up to 7d, e.g. 1h",
-                text.trim()
-            )),
-        }
-    }
-
     /// The run's own retention, from its [`RETENTION_LABEL`]; `None` when
     /// it has none (or one that does not parse, which StartRun refuses).
     pub fn of_labels(labels: &BTreeMap<String, String>) -> Option<Retention> {
@@ -700,38 +685,5 @@ mod tests {
         }
         assert_eq!(Retention::Ms(30 * 86_400_000).to_string(), "30d");
         assert_eq!(Retention::Ms(90_000).to_string(), "90s");
-    }
-
-    #[test]
-    fn a_tombstones_life_is_a_duration_up_to_seven_days() {
-        use std::time::Duration;
-        assert_eq!(
-            Retention::parse_tombstone("20s"),
-            Ok(Duration::from_secs(20))
-        );
-        assert_eq!(
-            Retention::parse_tombstone("7d"),
-            Ok(Duration::from_secs(7 * 86_400))
-        );
-        for bad in ["0", "forever", "8d", "1.5h", ""] {
-            let error = Retention::parse_tombstone(bad).expect_err(bad);
-            assert!(
-                error.contains("up to 7d") || error.contains("not a retention"),
-                "{bad}: {error}"
-            );
-        }
-        // Told, it is what it was told; else as long as the retention,
-        // within an hour and 7 days.
-        use crate::engine::retention::tombstone_for;
-        let minute = Duration::from_secs(60);
-        assert_eq!(tombstone_for(Retention::Ms(20_000), Some(minute)), minute);
-        assert_eq!(
-            tombstone_for(Retention::Ms(20_000), None),
-            Duration::from_secs(3_600)
-        );
-        assert_eq!(
-            tombstone_for(Retention::Forever, None),
-            Duration::from_secs(7 * 86_400)
-        );
     }
 }

@@ -145,7 +145,7 @@ struct ServeArgs {
     /// unknown (each costs the store about half a KiB meanwhile): a whole
     /// number and a unit, up to 7d. Default: as long as the retention,
     /// between 1h and 7d.
-    #[arg(long, env = "AAA_TOMBSTONE", value_parser = aaa::domain::Retention::parse_tombstone)]
+    #[arg(long, env = "AAA_TOMBSTONE", value_parser = aaa::engine::retention::parse_tombstone)]
     tombstone: Option<std::time::Duration>,
     /// Before deleting an expired run, write its events to this directory
     /// as RUN_ID.jsonl.gz (gzip JSON Lines); created if missing.

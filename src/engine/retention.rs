@@ -55,6 +55,20 @@ pub fn tombstone_for(retention: Retention, told: Option<Duration>) -> Duration {
     }
 }
 
+/// Parses `--tombstone`: a duration as [`Retention::parse`] takes it, up
+/// to [`MAX_TOMBSTONE`].
+pub fn parse_tombstone(text: &str) -> Result<Duration, String> {
+    match Retention::parse(text) {
+        Ok(Retention::Ms(ms)) if ms as u128 <= MAX_TOMBSTONE.as_millis() => {
+            Ok(Duration::from_millis(ms as u64))
+        }
+        _ => Err(format!(
+            "'{}' is not a tombstone's life: give a whole number and a unit, up to 7d, e.g. 1h",
+            text.trim()
+        )),
+    }
+}
+
 /// What one sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Swept {
@@ -277,4 +291,23 @@ fn count(families: &crate::metrics::Families, swept: &Swept) {
         .inc_by(swept.segments_compacted);
     families.retention_bytes_freed.inc_by(swept.bytes_freed);
     families.retention_bytes_moved.inc_by(swept.bytes_moved);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tombstones_life_is_what_the_server_was_told_else_the_retention_within_bounds() {
+        assert_eq!(parse_tombstone("20s"), Ok(Duration::from_secs(20)));
+        assert_eq!(parse_tombstone("7d"), Ok(MAX_TOMBSTONE));
+        for bad in ["0", "forever", "8d", "1.5h", ""] {
+            let error = parse_tombstone(bad).expect_err(bad);
+            assert!(error.contains("not a tombstone's life"), "{bad}: {error}");
+        }
+        let minute = Duration::from_secs(60);
+        assert_eq!(tombstone_for(Retention::Ms(20_000), Some(minute)), minute);
+        assert_eq!(tombstone_for(Retention::Ms(20_000), None), MIN_TOMBSTONE);
+        assert_eq!(tombstone_for(Retention::Forever, None), MAX_TOMBSTONE);
+    }
 }
