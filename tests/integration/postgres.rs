@@ -1579,35 +1579,35 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
         second,
         run_id,
         call_id,
-        dirs: _dirs,
-    } = owner_and_standby(&url).await;
+        ..
+    } = &owner_and_standby(&url).await;
 
     first.signal(libc::SIGSTOP);
     let paused_at = Instant::now();
-    wait_until_owner(&second, &member_of(&second).await).await;
+    wait_until_owner(second, &member_of(second).await).await;
     eprintln!(
         "the standby owned the runs {:?} after the pause",
         paused_at.elapsed()
     );
     let (mut runs, mut workers) = (second.runs().await, second.workers().await);
     // The new owner may still be starting its engine: retry as the SDKs do.
-    grant_retrying(&runs, &run_id, &call_id).await;
-    finish_granted(&mut runs, &mut workers, &run_id).await;
+    grant_retrying(&runs, run_id, call_id).await;
+    finish_granted(&mut runs, &mut workers, run_id).await;
 
     first.signal(libc::SIGCONT);
-    wait_for_health(&first, ServingStatus::NotServing).await;
+    wait_for_health(first, ServingStatus::NotServing).await;
     let mut stale = first.runs().await;
-    signal(&mut stale, &run_id, "app.note", serde_json::json!({}))
+    signal(&mut stale, run_id, "app.note", serde_json::json!({}))
         .await
         .expect_err("the run has ended, wherever the call lands");
-    let events = history(&mut runs, &run_id).await;
+    let events = history(&mut runs, run_id).await;
     assert_dense(&events, 1);
     assert_eq!(count(&events, "app.note"), 0);
     assert_eq!(count(&events, "aaa.tool.started"), 1);
     assert!(is_terminal(&events.last().unwrap().r#type));
     let forwarded = start_run(&mut stale, scripted_reference_run()).await;
     wait_for_approval(&mut runs, &forwarded).await;
-    wait_for_health(&second, ServingStatus::Serving).await;
+    wait_for_health(second, ServingStatus::Serving).await;
 }
 
 /// A server whose engine cannot start on the shards it just claimed (here
@@ -1624,8 +1624,8 @@ async fn an_engine_that_cannot_start_is_started_again() {
         second,
         run_id,
         call_id,
-        dirs,
-    } = owner_and_standby(&url).await;
+        ..
+    } = &owner_and_standby(&url).await;
 
     let database = aaa::store::postgres::connect(&url).await.expect("connect");
     database
@@ -1633,26 +1633,26 @@ async fn an_engine_that_cannot_start_is_started_again() {
         .await
         .expect("rename");
     first.signal(libc::SIGKILL);
-    let log = dirs[1].path().join("server.log");
-    wait_for_line(&log, "cannot serve shards").await;
+    second.wait_for_log_line("cannot serve shards").await;
     // It holds the runs (a call for them would wait for an engine, then be
     // answered UNAVAILABLE), and it did not stop.
-    assert_eq!(owner(&second).await, Some(member_of(&second).await));
+    assert_eq!(owner(second).await, Some(member_of(second).await));
     let (mut runs, mut workers) = (second.runs().await, second.workers().await);
 
     database
         .batch_execute("ALTER TABLE aaa_active_away RENAME TO aaa_active")
         .await
         .expect("rename back");
-    grant_retrying(&runs, &run_id, &call_id).await;
-    finish_granted(&mut runs, &mut workers, &run_id).await;
-    wait_for_health(&second, ServingStatus::Serving).await;
+    grant_retrying(&runs, run_id, call_id).await;
+    finish_granted(&mut runs, &mut workers, run_id).await;
+    wait_for_health(second, ServingStatus::Serving).await;
 }
 
 /// Two servers on one store (lease 1 s): the first owns the runs and has
 /// one parked at the reference approval; the second stands by.
 struct OwnerAndStandby {
-    dirs: [tempfile::TempDir; 2],
+    /// The servers' data dirs, kept while they run.
+    _dirs: [tempfile::TempDir; 2],
     first: ChildServer,
     second: ChildServer,
     run_id: String,
@@ -1672,30 +1672,11 @@ async fn owner_and_standby(url: &str) -> OwnerAndStandby {
     let second = ChildServer::start_args(dirs[1].path(), &standby).await;
     assert_eq!(owner(&second).await, Some(member_of(&first).await));
     OwnerAndStandby {
-        dirs,
+        _dirs: dirs,
         first,
         second,
         run_id,
         call_id,
-    }
-}
-
-/// Waits (up to [`WAIT`]) until the log at `path` has a line containing
-/// `needle`. A server says some things only in its log; this reads it
-/// every 50 ms.
-async fn wait_for_line(path: &std::path::Path, needle: &str) {
-    let give_up = Instant::now() + WAIT;
-    loop {
-        let log = std::fs::read_to_string(path).unwrap_or_default();
-        if log.lines().any(|line| line.contains(needle)) {
-            return;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "no line with {needle:?} in {}:\n{log}",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -299,7 +299,11 @@ impl StartingServer {
                 );
             }
         };
-        ChildServer { child, addr }
+        ChildServer {
+            child,
+            addr,
+            log_path: std::mem::take(&mut self.log_path),
+        }
     }
 }
 
@@ -317,6 +321,7 @@ impl Drop for StartingServer {
 pub struct ChildServer {
     child: Child,
     addr: SocketAddr,
+    log_path: std::path::PathBuf,
 }
 
 impl Server for ChildServer {
@@ -458,6 +463,24 @@ impl ChildServer {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "aaa serve did not exit within {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits (up to [`WAIT`]) until the server's log has a line containing
+    /// `needle`: what a server says only in its log, read every 50 ms.
+    pub async fn wait_for_log_line(&self, needle: &str) {
+        let give_up = tokio::time::Instant::now() + WAIT;
+        loop {
+            let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+            if log.lines().any(|line| line.contains(needle)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "no line with {needle:?} in {}:\n{log}",
+                self.log_path.display()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

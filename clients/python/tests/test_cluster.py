@@ -90,7 +90,11 @@ def owner_and_standby(tmp_path, *args: str):
     owner = start_server(tmp_path / "owner", tmp_path / "owner.log", extra_args=args)
     # The standby on the owner's schema: store_args keeps a data dir's store URL beside it.
     (tmp_path / "standby.store-url").write_text((tmp_path / "owner.store-url").read_text())
-    standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby", *args))
+    try:
+        standby = start_server(tmp_path / "standby", tmp_path / "standby.log", extra_args=("--standby", *args))
+    except BaseException:  # pytest.fail is not an Exception: the owner must not outlive the test
+        stop_process(owner.process)
+        raise
     return owner, standby
 
 

@@ -57,9 +57,10 @@ interface ParkedOnACluster {
  */
 async function withARunParkedOnACluster(body: (cluster: ParkedOnACluster) => Promise<void>): Promise<void> {
   const owner = await startServer({ args: ["--lease-s", "1"] });
-  const standby = await startServer({ storeOf: owner, args: ["--standby", "--lease-s", "1"] });
+  let standby: Server | undefined;
   let client: Client | undefined;
   try {
+    standby = await startServer({ storeOf: owner, args: ["--standby", "--lease-s", "1"] });
     client = await connect([standby.address, owner.address], { timeoutMs: WAIT_MS });
     assert.deepEqual(routingOf(client), { store: "postgres", routing: true });
     const id = uid();
@@ -75,7 +76,7 @@ async function withARunParkedOnACluster(body: (cluster: ParkedOnACluster) => Pro
     }
   } finally {
     client?.close();
-    await standby.stop();
+    await standby?.stop();
     await owner.stop();
   }
 }

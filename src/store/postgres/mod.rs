@@ -304,8 +304,6 @@ impl PostgresStore {
         Ok(self.query(sql, params).await?.into_iter().next())
     }
 
-    /// Events read: whatever is committed is durable, so the durable
-    /// position is at least the highest read.
     /// The newest events this store committed, while no other server can
     /// have committed since (see [`tail`]).
     fn tail(&self) -> Option<&tail::Tail> {
@@ -315,6 +313,8 @@ impl PostgresStore {
             .then_some(&*self.inner.tail)
     }
 
+    /// Events read: whatever is committed is durable, so the durable
+    /// position is at least the highest read.
     fn events(&self, rows: Vec<Row>) -> Result<Vec<EventRecord>> {
         let events = rows.iter().map(event).collect::<Result<Vec<_>>>()?;
         if let Some(highest) = events.iter().map(|e| e.position).max() {

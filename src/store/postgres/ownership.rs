@@ -149,10 +149,11 @@ impl Ownership {
         if !held.is_empty() {
             self.lost.store(false, Ordering::Release);
         }
-        if set_of(held).is_all() {
+        let holding = set_of(held);
+        if holding.is_all() {
             *self.renewed.lock().expect("poisoned") = Some(sent);
         }
-        self.holding.send_replace(set_of(held));
+        self.holding.send_replace(holding);
         Ok(claimed)
     }
 

@@ -10,10 +10,10 @@
 //! lapsed (see `Ownership::holds_all_for_sure`: a paused owner that wakes
 //! reads the database until it renewed them): then every commit on the
 //! database is its own, and the tail, kept contiguous by position up to
-//! its last commit, is the log's end. A store holding a share, or none, never answers from
-//! it, and any change of the shards held empties it, so events another
-//! server committed meanwhile are never missed: a read the tail cannot
-//! answer whole goes to the database as before.
+//! its last commit, is the log's end. A store holding a share, or none,
+//! never answers from it, and any change of the shards held empties it,
+//! so events another server committed meanwhile are never missed: a read
+//! the tail cannot answer whole goes to the database as before.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
