@@ -32,15 +32,33 @@ pub struct Driver {
 
 impl Driver {
     /// Starts chromedriver on a port it picks, and reads which from its
-    /// first lines.
+    /// first lines. With `--port=0` it binds IPv4 on a free port and then
+    /// IPv6 on the same number, which another process may hold; then it
+    /// exits, and a new start picks another port.
     pub fn start() -> Driver {
+        let mut said = Vec::new();
+        for _ in 0..3 {
+            match Driver::try_start() {
+                Ok(driver) => return driver,
+                Err(output) => said.push(output),
+            }
+        }
+        panic!(
+            "chromedriver did not say which port it listens on, three times; it said:\n{}",
+            said.join("\n---\n")
+        );
+    }
+
+    /// One start: the driver, or what it printed before it exited or
+    /// [`WAIT`] passed.
+    fn try_start() -> Result<Driver, String> {
         // Its own process group, browsers included, so that all of it can
         // be stopped together, also after a test panicked (see Drop).
         let mut child = Command::new(chromedriver())
             .arg("--port=0")
             .process_group(0)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
@@ -49,31 +67,40 @@ impl Driver {
                     chromedriver()
                 )
             });
-        let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(port) = line
-                    .split("started successfully on port ")
-                    .nth(1)
-                    .map(|rest| rest.trim_end_matches('.').trim().to_string())
-                {
-                    let _ = tx.send(port);
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let forward = |out: Box<dyn std::io::Read + Send>, tx: std::sync::mpsc::Sender<String>| {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
                 }
-            }
-        });
-        let port = match rx.recv_timeout(WAIT) {
-            Ok(port) => port,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("chromedriver did not say which port it listens on");
-            }
+            })
         };
-        Driver {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
+        forward(Box::new(stdout), tx.clone());
+        forward(Box::new(stderr), tx);
+        let give_up = std::time::Instant::now() + WAIT;
+        let mut said = Vec::new();
+        // Ends when both pipes closed (the driver exited) or at give_up.
+        while let Ok(line) =
+            rx.recv_timeout(give_up.saturating_duration_since(std::time::Instant::now()))
+        {
+            if let Some(port) = line
+                .split("started successfully on port ")
+                .nth(1)
+                .map(|rest| rest.trim_end_matches('.').trim().to_string())
+            {
+                return Ok(Driver {
+                    child,
+                    url: format!("http://127.0.0.1:{port}"),
+                });
+            }
+            said.push(line);
         }
+        kill_group(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(said.join("\n"))
     }
 
     /// A new browser (its own profile and cookies), headless, 1100 x 900.
