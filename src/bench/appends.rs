@@ -9,6 +9,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::client::{self, HOLD};
+use super::proc::CpuPerCall;
 use super::server::Pool;
 use super::stats::{closed_loop, Problems, Summary};
 
@@ -19,9 +20,8 @@ pub struct Appends {
     pub per_second: f64,
     pub latency: Summary,
     pub problems: Problems,
-    /// The server's CPU time per Signal, in µs, parking the runs included
-    /// (a server the bench started).
-    pub server_cpu_us: Option<f64>,
+    /// CPU time per Signal, parking the runs included.
+    pub cpu: CpuPerCall,
 }
 
 pub async fn run(
@@ -54,7 +54,7 @@ pub async fn run(
         per_second,
         latency: Summary::of(&mut latencies),
         problems,
-        server_cpu_us: None,
+        cpu: CpuPerCall::default(),
     })
 }
 

@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
+use super::proc::CpuPerCall;
 use super::server::{Pool, ScratchDir};
 use super::stats::{closed_loop, one_at_a_time, Problems, Summary};
 use crate::store::{EventRecord, RunId, WriteBatch};
@@ -46,8 +47,8 @@ pub struct NoopCalls {
     pub per_second: f64,
     pub latency: Summary,
     pub problems: Problems,
-    /// The server's CPU time per call, in µs (a server the bench started).
-    pub server_cpu_us: Option<f64>,
+    /// CPU time per call.
+    pub cpu: CpuPerCall,
 }
 
 /// `clients` tasks, each making Health/Check calls one after the other over
@@ -63,7 +64,7 @@ pub async fn noop_calls(pool: &Pool, clients: usize, total: usize, limit: Durati
         per_second,
         latency: Summary::of(&mut latencies),
         problems: outcome.problems,
-        server_cpu_us: None,
+        cpu: CpuPerCall::default(),
     }
 }
 

@@ -377,11 +377,7 @@ async fn measure_on(
     .any(wanted);
     if main_server {
         let (child, addr) = server_for(args, "main", scratch("main")).await?;
-        let cpu = || child.as_ref().and_then(ChildServer::cpu_seconds);
-        // µs of the server's CPU per call since `before`.
-        let per_call = |before: Option<f64>, calls: usize| {
-            Some(1e6 * (cpu()? - before?) / calls.max(1) as f64)
-        };
+        let meter = || proc::CpuMeter::start(child.as_ref().and_then(ChildServer::pid));
         let pool = Pool::connect(&addr, CONNECTIONS).await?;
         client::register_tools(&pool).await?;
         if wanted(Scenario::Floors) || wanted(Scenario::Cycle) {
@@ -390,9 +386,9 @@ async fn measure_on(
         }
         if wanted(Scenario::Floors) || wanted(Scenario::Appends) {
             eprintln!("aaa bench: no-op calls, {WRITERS} in flight");
-            let before = cpu();
+            let cpu = meter();
             let mut noop = floors::noop_calls(&pool, WRITERS, plan.noop_calls, plan.limit).await;
-            noop.server_cpu_us = per_call(before, noop.calls);
+            noop.cpu = cpu.per_call(noop.calls);
             results.noop = Some(noop);
             eprintln!("aaa bench: store ceiling, {WRITERS} writers");
             let store =
@@ -424,10 +420,10 @@ async fn measure_on(
         }
         if wanted(Scenario::Appends) {
             eprintln!("aaa bench: Signal appends, {WRITERS} clients");
-            let before = cpu();
+            let cpu = meter();
             let mut appends = appends::run(&pool, session, WRITERS, plan.appends, plan.limit).await;
             if let Ok(appends) = &mut appends {
-                appends.server_cpu_us = per_call(before, appends.events);
+                appends.cpu = cpu.per_call(appends.events);
             }
             results.appends = results.record("appends", appends);
         }

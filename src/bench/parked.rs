@@ -2,8 +2,9 @@
 //! ListApprovals' first page and WatchApprovals' snapshot; then (on a
 //! server the bench started) kills it with SIGKILL, restarts it on the same
 //! data, and times readiness, the first ListApprovals page and the first
-//! approval cycle after restart. The `parked` scenario does this with 100k
-//! runs and one restart, `million` with a million runs and a few restarts.
+//! approval cycle after restart. It also times `GET /metrics`, which counts
+//! what waits. The `parked` scenario does this with 100k runs and one
+//! restart, `million` with a million runs and a few restarts.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,8 @@ const STARTERS: usize = 64;
 const PARK_LIMIT: Duration = Duration::from_secs(900);
 /// ListApprovals first-page calls timed.
 const LIST_CALLS: usize = 20;
+/// `GET /metrics` calls timed.
+const SCRAPES: usize = 5;
 /// kill -9 and restarts of the million scenario: a range, not one sample.
 pub const MILLION_RESTARTS: usize = 3;
 
@@ -36,6 +39,8 @@ pub struct Parked {
     pub list_first_page: Summary,
     pub snapshot_ms: f64,
     pub snapshot_pending: u32,
+    /// `GET /metrics`, after the snapshot.
+    pub metrics_scrape: Summary,
     /// One per kill -9 and restart.
     pub restarts: Vec<Restart>,
     pub problems: Problems,
@@ -108,6 +113,9 @@ pub async fn run(
         Err(message) => out.problems.add(message),
     }
 
+    let own_server = child.is_some();
+    scrape_metrics(addr, own_server, &mut out).await;
+
     if let Some(child) = child {
         for _ in 0..restarts {
             let restart = restart_and_approve(child, session, &mut out.problems).await?;
@@ -177,6 +185,52 @@ async fn list_first_page(pool: &Pool, out: &mut Parked) {
         }
     }
     out.list_first_page = Summary::of(&mut samples);
+}
+
+/// Times `GET /metrics` a few times; on the bench's own server, its count
+/// of waiting runs must be the runs parked.
+async fn scrape_metrics(addr: &str, own_server: bool, out: &mut Parked) {
+    let mut samples = Vec::with_capacity(SCRAPES);
+    for _ in 0..SCRAPES {
+        let t0 = Instant::now();
+        let text = match tokio::time::timeout(OP_TIMEOUT, get_metrics(addr)).await {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) => return out.problems.add(format!("GET /metrics: {e}")),
+            Err(_) => return out.problems.add("GET /metrics timed out".to_string()),
+        };
+        samples.push(t0.elapsed());
+        let waiting = text.lines().find_map(|line| {
+            line.strip_prefix(r#"aaa_runs{status="waiting"} "#)?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
+        if own_server && waiting != Some(out.parked) {
+            let message = format!(
+                "/metrics counts {waiting:?} runs waiting, {} parked",
+                out.parked
+            );
+            out.problems.add(message);
+        }
+    }
+    out.metrics_scrape = Summary::of(&mut samples);
+}
+
+/// The body of `GET /metrics` (HTTP/1.1 on the gRPC port).
+async fn get_metrics(addr: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    match response.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+        _ => Err(std::io::Error::other(format!(
+            "answered {}",
+            response.lines().next().unwrap_or("nothing")
+        ))),
+    }
 }
 
 /// kill -9, restart on the same data; times readiness and the first

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::proc::CpuPerCall;
 use super::stats::{ms, Problems};
 use super::Results;
 
@@ -137,8 +138,8 @@ pub fn table(results: &Results) -> Table {
             &format!("no-op calls/s (Health/Check), {} in flight", noop.clients),
             thousands(noop.per_second),
         );
-        if let Some(us) = noop.server_cpu_us {
-            t.add("floor", "server CPU per no-op call", format!("{us:.1} µs"));
+        if let Some(text) = cpu_text(&noop.cpu, None) {
+            t.add("floor", "CPU per no-op call: machine / server", text);
         }
     }
     if let Some(store) = &results.store_ceiling {
@@ -290,14 +291,12 @@ pub fn table(results: &Results) -> Table {
             );
         }
         t.add("appends", "Signal p50 / p99", a.latency.text());
-        if let Some(us) = a.server_cpu_us {
-            let per_noop = results.noop.as_ref().and_then(|n| n.server_cpu_us);
-            let ratio =
-                per_noop.map_or(String::new(), |n| format!(" ({:.2}x a no-op call)", us / n));
+        let per_noop = results.noop.as_ref().map(|n| &n.cpu);
+        if let Some(text) = cpu_text(&a.cpu, per_noop) {
             t.add(
                 "appends",
-                "server CPU per Signal",
-                format!("{us:.1} µs{ratio}"),
+                "CPU per Signal: machine / server (its committer)",
+                text,
             );
         }
     }
@@ -467,6 +466,14 @@ fn parked_rows(t: &mut Table, p: &super::parked::Parked, targets: &ParkedTargets
         ),
         &target,
         pass,
+    );
+    t.add(
+        scenario,
+        &format!(
+            "GET /metrics with {} waiting p50 / p99",
+            thousands(p.parked as f64)
+        ),
+        p.metrics_scrape.text(),
     );
     if p.restarts.is_empty() {
         return;
@@ -744,4 +751,23 @@ fn cluster_rows(t: &mut Table, cluster: &super::cluster::Cluster) {
             format!("{:.2} s", f.all_completed_s),
         );
     }
+}
+
+/// "machine / server µs" of a [`CpuPerCall`], the server's committer in
+/// brackets when it has one, and the server's ratio to `against`'s.
+fn cpu_text(cpu: &CpuPerCall, against: Option<&CpuPerCall>) -> Option<String> {
+    let machine = cpu.machine_us?;
+    let Some(server) = cpu.server_us else {
+        return Some(format!("{machine:.1} µs / (not started by the bench)"));
+    };
+    let committer = cpu
+        .committer_us
+        .filter(|us| *us > 0.0)
+        .map_or(String::new(), |us| format!(" ({us:.1})"));
+    let ratio = against
+        .and_then(|a| a.server_us)
+        .map_or(String::new(), |n| {
+            format!(", {:.2}x a no-op call", server / n)
+        });
+    Some(format!("{machine:.1} / {server:.1}{committer} µs{ratio}"))
 }

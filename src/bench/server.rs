@@ -159,7 +159,12 @@ impl ChildServer {
 
     /// CPU time the child used so far (user + system), in seconds.
     pub fn cpu_seconds(&self) -> Option<f64> {
-        super::proc::cpu_seconds(self.child.as_ref()?.id())
+        super::proc::cpu_seconds(self.pid()?)
+    }
+
+    /// The child's process id (none for a server the bench did not start).
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.child.as_ref()?.id())
     }
 
     /// SIGKILL, then reap.
