@@ -648,7 +648,6 @@ pub enum HeadsMoved {
 /// A store shared by the engine, the api and the subscriptions.
 pub type SharedStore = Arc<dyn Store>;
 
-/// Opens the store the configuration names.
 /// A tool's pending approvals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolWaiting {
@@ -668,6 +667,7 @@ pub struct Waiting {
     pub waiting: u64,
 }
 
+/// Opens the store the configuration names.
 pub async fn open(config: &crate::Config) -> Result<SharedStore> {
     match &config.store_url {
         None => {

@@ -830,16 +830,6 @@ fn timer(key: &[u8]) -> Result<Timer> {
     Ok(Timer { due_ms, run, name })
 }
 
-/// What the counts of [`Store::waiting`] need of a pending approval; the
-/// record's other fields are skipped, not decoded.
-#[derive(Clone, PartialEq, Message)]
-struct Waits {
-    #[prost(string, tag = "3")]
-    tool: String,
-    #[prost(int64, tag = "6")]
-    requested_ms: i64,
-}
-
 /// Approvals counted per turn of the in-memory copy's lock, which the
 /// committer takes for every approval it writes.
 const COUNT_CHUNK: usize = 4096;
@@ -890,15 +880,21 @@ fn each_approval(
     Ok(())
 }
 
-/// See [`Store::waiting`]: the approvals from the in-memory copy when it is
-/// ready (from sled while it is built), the runs at work from sled (few:
-/// runs that only wait are not there).
+/// See [`Store::waiting`]: the runs at work from sled (few: runs that only
+/// wait are not there); the approvals from the counts the in-memory copy
+/// keeps when it is ready and every shard is asked for, else counted from
+/// the copy (ready) or sled (while it is built).
 fn count_waiting(tree: &sled::Db, pending: &pending::Pending, shards: Shards) -> Result<Waiting> {
     let mut active = std::collections::HashSet::new();
     for key in tree.scan_prefix([keys::ACTIVE]).keys() {
         let key = key?;
         if key.get(16).is_some_and(|shard| shards.contains(*shard)) {
             active.insert(key[1..].to_vec());
+        }
+    }
+    if shards.is_all() {
+        if let Some(waiting) = pending.waiting(&active) {
+            return Ok(waiting);
         }
     }
     let mut by_tool = std::collections::BTreeMap::<String, (u64, i64)>::new();
@@ -916,7 +912,7 @@ fn count_waiting(tree: &sled::Db, pending: &pending::Pending, shards: Shards) ->
             if key.get(16).is_some_and(|shard| !shards.contains(*shard)) {
                 return Ok(true);
             }
-            let Waits { tool, requested_ms } = decode(key, value)?;
+            let pending::Waits { tool, requested_ms } = decode(key, value)?;
             let tool = by_tool.entry(tool).or_insert((0, i64::MAX));
             tool.0 += 1;
             tool.1 = tool.1.min(requested_ms);
@@ -1403,6 +1399,62 @@ mod tests {
         );
         assert_eq!(shard_0_from_sled.running, 0);
         assert_eq!(shard_0_from_sled.waiting, runs.div_ceil(2));
+        store.close().await;
+    }
+
+    /// The counts the ready copy keeps follow every write: each step's
+    /// counts equal a fresh count from sled.
+    #[tokio::test]
+    async fn what_waits_is_kept_counted_as_approvals_come_and_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+        // An empty store is ready at once, with its counts.
+        assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
+        let approval = |run: RunId, call: &str, tool: &str, requested_ms| ApprovalRecord {
+            run_id: run.as_bytes().to_vec(),
+            call_id: call.into(),
+            tool: tool.into(),
+            requested_ms,
+            ..Default::default()
+        };
+        let (a, b, c) = (RunId::new(), RunId::new(), RunId::new());
+        let mut steps: Vec<WriteBatch> = Vec::new();
+        let mut step = |f: &dyn Fn(&mut WriteBatch)| {
+            let mut batch = WriteBatch::default();
+            f(&mut batch);
+            steps.push(batch);
+        };
+        step(&|b_| b_.put_approval(&approval(a, "c1", "wire", 30)));
+        step(&|b_| b_.put_approval(&approval(a, "c2", "wire", 10)));
+        step(&|b_| b_.put_approval(&approval(b, "c1", "email", 20)));
+        // The oldest goes: the next oldest of its tool shows.
+        step(&|b_| b_.delete_approval(a, "c2"));
+        // A rewrite that moves a call to another tool and time.
+        step(&|b_| b_.put_approval(&approval(a, "c1", "email", 5)));
+        // A run at work counts as running, whatever it has pending.
+        step(&|b_| {
+            b_.put_approval(&approval(c, "c1", "wire", 40));
+            b_.set_active(c, true);
+        });
+        step(&|b_| b_.set_active(c, false));
+        // A run's last approval goes: it no longer waits; the tool with
+        // none left is not listed.
+        step(&|b_| b_.delete_approval(b, "c1"));
+        step(&|b_| {
+            b_.delete_approval(a, "c1");
+            b_.delete_approval(c, "c1");
+        });
+        for (n, batch) in steps.into_iter().enumerate() {
+            store.commit(batch).await.unwrap();
+            let counted = store.inner.pending.waiting(&Default::default());
+            assert!(counted.is_some(), "the copy keeps its counts at step {n}");
+            let kept = count_waiting(&store.inner.tree, &store.inner.pending, Shards::all());
+            let off = pending::Pending::default();
+            let scanned = count_waiting(&store.inner.tree, &off, Shards::all());
+            assert_eq!(kept.unwrap(), scanned.unwrap(), "after step {n}");
+        }
+        let last = count_waiting(&store.inner.tree, &store.inner.pending, Shards::all()).unwrap();
+        assert_eq!(last, Waiting::default());
         store.close().await;
     }
 }

@@ -18,12 +18,19 @@
 //!
 //! Its memory is bounded: past `max_bytes` the copy is dropped and
 //! queries read sled until the next start.
+//!
+//! While ready, it also keeps the counts of what waits (per tool, with
+//! the oldest request, and how many runs have any), changed with each
+//! write, so that `/metrics` does not walk a million approvals per scrape.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
+use prost::Message;
+
 use super::keys;
+use crate::store::{ToolWaiting, Waiting};
 
 /// The default bound: about 1.7 million approvals of the size the bench
 /// parks (about 300 bytes each with the map's own).
@@ -52,6 +59,71 @@ struct State {
     /// `None`: deleted while the build runs (see the module docs).
     entries: BTreeMap<Box<[u8]>, Option<Box<[u8]>>>,
     bytes: usize,
+    /// The counts of `entries`, while ready; `None` before, and for good
+    /// if an entry could not be decoded (the counts then scan, and say so).
+    tally: Option<Tally>,
+}
+
+/// What a pending approval's counts need of it; the record's other fields
+/// are skipped, not decoded.
+#[derive(Clone, PartialEq, Message)]
+pub struct Waits {
+    #[prost(string, tag = "3")]
+    pub tool: String,
+    #[prost(int64, tag = "6")]
+    pub requested_ms: i64,
+}
+
+/// The counts of the copy's approvals.
+#[derive(Default, Debug, PartialEq)]
+struct Tally {
+    /// Per tool: how many, and how many per request time (for the oldest).
+    by_tool: BTreeMap<String, (u64, BTreeMap<i64, u64>)>,
+    /// Runs with at least one.
+    runs: u64,
+}
+
+impl Tally {
+    /// Counts the entries of a copy just built (no deletion marks).
+    fn of(entries: &BTreeMap<Box<[u8]>, Option<Box<[u8]>>>) -> Option<Tally> {
+        let mut tally = Tally::default();
+        let mut last_run: &[u8] = &[];
+        for (key, value) in entries {
+            tally.add(&Waits::decode(value.as_deref()?).ok()?);
+            if run_prefix(key) != last_run {
+                last_run = run_prefix(key);
+                tally.runs += 1;
+            }
+        }
+        Some(tally)
+    }
+
+    fn add(&mut self, waits: &Waits) {
+        let (count, by_time) = self.by_tool.entry(waits.tool.clone()).or_default();
+        *count += 1;
+        *by_time.entry(waits.requested_ms).or_default() += 1;
+    }
+
+    fn remove(&mut self, waits: &Waits) {
+        let Some((count, by_time)) = self.by_tool.get_mut(&waits.tool) else {
+            return;
+        };
+        *count -= 1;
+        if let Some(at) = by_time.get_mut(&waits.requested_ms) {
+            *at -= 1;
+            if *at == 0 {
+                by_time.remove(&waits.requested_ms);
+            }
+        }
+        if *count == 0 {
+            self.by_tool.remove(&waits.tool);
+        }
+    }
+}
+
+/// `A ‖ run` of an approval's key `A ‖ run ‖ call`.
+fn run_prefix(key: &[u8]) -> &[u8] {
+    &key[..key.len().min(17)]
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Debug)]
@@ -71,10 +143,61 @@ impl State {
     fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
         let added = value.map_or(0, |v| key.len() + v.len() + ENTRY_OVERHEAD);
         let old = self.entries.insert(key.into(), value.map(Into::into));
-        if let Some(Some(old)) = old {
+        if let Some(Some(old)) = &old {
             self.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
         }
         self.bytes += added;
+        if self.tally.is_some() {
+            let new_run = old.is_none() && !self.has_other_of_run(key);
+            self.retally(key, old.flatten().as_deref(), value, new_run);
+        }
+    }
+
+    /// Removes `key` (ready: no deletion marks to leave).
+    fn remove(&mut self, key: &[u8]) {
+        let Some(Some(old)) = self.entries.remove(key) else {
+            return;
+        };
+        self.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
+        if self.tally.is_some() {
+            let run_gone = !self.has_other_of_run(key);
+            self.retally(key, Some(&old), None, false);
+            if let (Some(tally), true) = (&mut self.tally, run_gone) {
+                tally.runs -= 1;
+            }
+        }
+    }
+
+    /// Whether an entry of `key`'s run other than `key` is in the copy.
+    fn has_other_of_run(&self, key: &[u8]) -> bool {
+        let prefix = run_prefix(key);
+        self.entries
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .any(|(k, v)| k.as_ref() != key && v.is_some())
+    }
+
+    /// Moves `key` in the counts from `old` to `new`.
+    fn retally(&mut self, key: &[u8], old: Option<&[u8]>, new: Option<&[u8]>, new_run: bool) {
+        let decoded = |value: Option<&[u8]>| value.map(Waits::decode).transpose();
+        let (Ok(old), Ok(new)) = (decoded(old), decoded(new)) else {
+            tracing::warn!(
+                "pending approvals: cannot decode {}; counting them scans from now on",
+                hex::encode(key)
+            );
+            self.tally = None;
+            return;
+        };
+        let tally = self.tally.as_mut().expect("counted");
+        if let Some(old) = &old {
+            tally.remove(old);
+        }
+        if let Some(new) = &new {
+            tally.add(new);
+        }
+        if new_run {
+            tally.runs += 1;
+        }
     }
 
     /// What the build read from sled: kept unless the committer wrote the
@@ -100,7 +223,14 @@ impl State {
     fn drop_all(&mut self, phase: Phase) {
         self.entries = BTreeMap::new();
         self.bytes = 0;
+        self.tally = None;
         self.phase = phase;
+    }
+
+    fn make_ready(&mut self) {
+        self.entries.retain(|_, value| value.is_some());
+        self.tally = Tally::of(&self.entries);
+        self.phase = Phase::Ready;
     }
 }
 
@@ -130,11 +260,7 @@ impl Pending {
         let mut state = self.lock();
         match (state.phase, value) {
             (Phase::Off | Phase::TooBig, _) => {}
-            (Phase::Ready, None) => {
-                if let Some(Some(old)) = state.entries.remove(key) {
-                    state.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
-                }
-            }
+            (Phase::Ready, None) => state.remove(key),
             (Phase::Building | Phase::Ready, value) => {
                 state.set(key, value);
                 state.dropped_over(self.max_bytes);
@@ -153,7 +279,7 @@ impl Pending {
         {
             let mut state = self.lock();
             if state.phase == Phase::Off {
-                state.phase = Phase::Ready;
+                state.make_ready();
             }
         }
         Ok(())
@@ -229,6 +355,37 @@ impl Pending {
     }
 }
 
+impl Pending {
+    /// What waits, from the counts kept (`None` while the copy is not
+    /// ready or cannot count): `active` are the runs at work (their ids),
+    /// which count as running, not waiting, whatever approvals they have.
+    pub fn waiting(&self, active: &HashSet<Vec<u8>>) -> Option<Waiting> {
+        let state = self.lock();
+        let tally = state
+            .tally
+            .as_ref()
+            .filter(|_| state.phase == Phase::Ready)?;
+        // No approval's key is the bare `A ‖ run`: "other" is any of the run.
+        let active_with_approvals = active
+            .iter()
+            .filter(|run| state.has_other_of_run(&[&[keys::APPROVAL], run.as_slice()].concat()))
+            .count() as u64;
+        Some(Waiting {
+            approvals_by_tool: tally
+                .by_tool
+                .iter()
+                .map(|(tool, (pending, by_time))| ToolWaiting {
+                    tool: tool.clone(),
+                    pending: *pending,
+                    oldest_requested_ms: by_time.keys().next().copied().unwrap_or(i64::MAX),
+                })
+                .collect(),
+            running: active.len() as u64,
+            waiting: tally.runs - active_with_approvals,
+        })
+    }
+}
+
 /// Entries read from sled per turn of the lock while building.
 const BUILD_CHUNK: usize = 1024;
 
@@ -243,10 +400,7 @@ pub fn build(tree: &sled::Db, pending: &Pending) -> sled::Result<()> {
         return filled;
     }
     match filled {
-        Ok(()) => {
-            state.entries.retain(|_, value| value.is_some());
-            state.phase = Phase::Ready;
-        }
+        Ok(()) => state.make_ready(),
         Err(_) => state.drop_all(Phase::Off),
     }
     filled
