@@ -162,6 +162,11 @@ impl WriteBatch {
         &self.events
     }
 
+    /// Moves the events out (a committed batch's, to keep them elsewhere).
+    pub fn take_events(&mut self) -> Vec<EventRecord> {
+        std::mem::take(&mut self.events)
+    }
+
     /// Adds another batch's events and changes after this one's.
     pub fn extend(&mut self, other: WriteBatch) {
         self.events.extend(other.events);

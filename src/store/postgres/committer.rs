@@ -243,14 +243,15 @@ impl Committer {
         }
     }
 
-    /// Hands the committed batches' events to the tail, in position
-    /// order; a round that deleted runs (retention) empties it instead.
-    fn keep_in_tail(&self, round: &[Request], answers: &[Option<Result<Vec<u64>>>]) {
-        let committed: Vec<&WriteBatch> = round
-            .iter()
+    /// Moves the committed batches' events to the tail, in position
+    /// order (the batches are only answered after); a round that deleted
+    /// runs (retention) empties it instead.
+    fn keep_in_tail(&self, round: &mut [Request], answers: &[Option<Result<Vec<u64>>>]) {
+        let mut committed: Vec<&mut WriteBatch> = round
+            .iter_mut()
             .zip(answers)
             .filter(|(_, answer)| matches!(answer, Some(Ok(_))))
-            .map(|(request, _)| &request.batch)
+            .map(|(request, _)| &mut request.batch)
             .collect();
         let deletes_runs = committed
             .iter()
@@ -260,7 +261,7 @@ impl Committer {
             true => self.tail.clear(),
             false => self
                 .tail
-                .committed(committed.iter().flat_map(|batch| batch.events())),
+                .committed(committed.iter_mut().flat_map(|batch| batch.take_events())),
         }
     }
 

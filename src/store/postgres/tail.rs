@@ -57,13 +57,13 @@ impl Tail {
     /// Keeps the events of a commit, in position order. A commit that does
     /// not follow the last one kept (another server committed in between)
     /// starts the tail again.
-    pub fn committed<'a>(&self, events: impl IntoIterator<Item = &'a EventRecord>) {
+    pub fn committed(&self, events: impl IntoIterator<Item = EventRecord>) {
         let mut state = self.state.lock().expect("poisoned");
         if !state.serves() {
             return;
         }
         for event in events {
-            state.push(event.clone());
+            state.push(event);
         }
     }
 
@@ -239,7 +239,7 @@ mod tests {
         let (_holding, tail) = owning_all();
         let (a, b) = (run(1), run(2));
         // Run a's first two events came before the tail started.
-        tail.committed(&[event(a, 3, 10), event(b, 1, 11), event(a, 4, 12)]);
+        tail.committed([event(a, 3, 10), event(b, 1, 11), event(a, 4, 12)]);
         assert_eq!(seqs(tail.run_events(a, 2, 100, 12)), Some(vec![3, 4]));
         assert_eq!(seqs(tail.run_events(a, 3, 100, 12)), Some(vec![4]));
         assert_eq!(seqs(tail.run_events(a, 4, 100, 12)), Some(vec![]));
@@ -268,9 +268,9 @@ mod tests {
     fn a_commit_that_does_not_follow_starts_it_again() {
         let (_holding, tail) = owning_all();
         let a = run(1);
-        tail.committed(&[event(a, 1, 1), event(a, 2, 2)]);
+        tail.committed([event(a, 1, 1), event(a, 2, 2)]);
         // Positions 3 and 4 were someone else's.
-        tail.committed(&[event(a, 5, 5)]);
+        tail.committed([event(a, 5, 5)]);
         assert_eq!(seqs(tail.run_events(a, 0, 100, 5)), None);
         assert_eq!(seqs(tail.run_events(a, 4, 100, 5)), Some(vec![5]));
         assert_eq!(seqs(tail.log_after(2, 100, 5)), None);
@@ -281,10 +281,10 @@ mod tests {
     fn holding_a_share_or_a_change_of_shards_empties_it() {
         let (holding, tail) = owning_all();
         let a = run(1);
-        tail.committed(&[event(a, 1, 1)]);
+        tail.committed([event(a, 1, 1)]);
         holding.send_replace(Shards::none());
         assert_eq!(seqs(tail.log_after(0, 100, 1)), None);
-        tail.committed(&[event(a, 2, 2)]);
+        tail.committed([event(a, 2, 2)]);
         assert_eq!(
             seqs(tail.log_after(1, 100, 2)),
             None,
@@ -294,7 +294,7 @@ mod tests {
         // committed while it did not hold the shards.
         holding.send_replace(Shards::all());
         assert_eq!(seqs(tail.run_events(a, 0, 100, 2)), None);
-        tail.committed(&[event(a, 3, 3)]);
+        tail.committed([event(a, 3, 3)]);
         assert_eq!(seqs(tail.run_events(a, 2, 100, 3)), Some(vec![3]));
     }
 
@@ -305,7 +305,7 @@ mod tests {
         let many: Vec<EventRecord> = (1..=MOST_EVENTS as u64 + 2)
             .map(|n| event(a, n, n))
             .collect();
-        tail.committed(&many);
+        tail.committed(many);
         let last = MOST_EVENTS as u64 + 2;
         assert_eq!(seqs(tail.run_events(a, 1, 100, last)), None);
         assert_eq!(
