@@ -1,10 +1,14 @@
-"""Helpers shared by the tests: strict JSON comparison, event collection, a closed port, a droppable TCP proxy."""
+"""Helpers shared by the tests: strict JSON comparison, event collection, a closed port, a droppable TCP proxy,
+a test CA with its certificates."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
+import subprocess
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import aaa
@@ -89,3 +93,26 @@ class Proxy:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(cwd: Path) -> None:
+    """A test CA in ``cwd``: ca.key, ca.pem."""
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=cwd)
+
+
+def sign(name: str, cwd: Path, extensions: str) -> None:
+    """A P-256 key and a certificate for ``name`` signed by ca.pem: NAME.key, NAME.pem."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=cwd)
+    (cwd / f"{name}.ext").write_text(extensions)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=cwd)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -4,7 +4,6 @@ kinds, such as the worker's aaa.NotAllowedToServe and aaa.IdentityTaken)."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,26 +16,9 @@ from aaa import echo, text, tool, tool_call
 from aaa.pb import worker_pb2
 
 from conftest import start_server, stop_process
-from helpers import WAIT_S, closed_port
+from helpers import WAIT_S, closed_port, make_ca, sha256_hex, sign
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _sign(name: str, cwd: Path, extensions: str) -> None:
-    """A P-256 key and a certificate for ``name`` signed by ca.pem: NAME.key, NAME.pem."""
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=cwd)
-    (cwd / f"{name}.ext").write_text(extensions)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=cwd)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +27,21 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory):
     certificate), and the workers "payments" and "intruder" (tokens), both allowed to serve
     the tool wire_money only."""
     root = tmp_path_factory.mktemp("auth")
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=root)
-    _sign("localhost", root, "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    _sign("robot", root, "extendedKeyUsage=clientAuth\n")
+    make_ca(root)
+    sign("localhost", root, "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    sign("robot", root, "extendedKeyUsage=clientAuth\n")
     robot_der = subprocess.run(
         ["openssl", "x509", "-in", "robot.pem", "-outform", "DER"], cwd=root, check=True, capture_output=True
     ).stdout
     (root / "auth.toml").write_text(
         '[tls]\ncert = "localhost.pem"\nkey = "localhost.key"\nclient_ca = "ca.pem"\n\n'
-        f'[[principal]]\nname = "runner"\nroles = ["runner"]\ntoken_sha256 = "{_sha256(b"runner-token")}"\n\n'
-        f'[[principal]]\nname = "approver"\nroles = ["approver"]\ntoken_sha256 = "{_sha256(b"approver-token")}"\n\n'
-        f'[[principal]]\nname = "robot"\nroles = ["runner"]\ncert_sha256 = "{_sha256(robot_der)}"\n\n'
+        f'[[principal]]\nname = "runner"\nroles = ["runner"]\ntoken_sha256 = "{sha256_hex(b"runner-token")}"\n\n'
+        f'[[principal]]\nname = "approver"\nroles = ["approver"]\ntoken_sha256 = "{sha256_hex(b"approver-token")}"\n\n'
+        f'[[principal]]\nname = "robot"\nroles = ["runner"]\ncert_sha256 = "{sha256_hex(robot_der)}"\n\n'
         f'[[principal]]\nname = "payments"\nroles = ["worker"]\ntools = ["wire_money"]\n'
-        f'token_sha256 = "{_sha256(b"payments-token")}"\n\n'
+        f'token_sha256 = "{sha256_hex(b"payments-token")}"\n\n'
         f'[[principal]]\nname = "intruder"\nroles = ["worker"]\ntools = ["wire_money"]\n'
-        f'token_sha256 = "{_sha256(b"intruder-token")}"\n'
+        f'token_sha256 = "{sha256_hex(b"intruder-token")}"\n'
     )
     srv = start_server(root / "data", root / "server.log", extra_args=("--auth-config", str(root / "auth.toml")))
     srv.pki = root

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
+import ssl
 import time
 import urllib.request
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ from aaa import text, tool, tool_call
 from aaa.client import _cluster_target, _RunOwners, _shard
 
 from conftest import start_server, stop_process
-from helpers import WAIT_S, closed_port
+from helpers import WAIT_S, closed_port, make_ca, sha256_hex, sign
 
 postgres_only = pytest.mark.skipif(
     os.environ.get("AAA_TEST_STORE") != "postgres", reason="servers sharing a store need AAA_TEST_STORE=postgres"
@@ -77,9 +79,13 @@ def test_cluster_targets():
         _cluster_target(["no-such-host.invalid:1"])
 
 
-def requests_answered(address: str, method: str) -> int:
-    """How many calls of ``method`` ("RunService/Signal") the server answered, any code, from its /metrics."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=WAIT_S) as response:
+def requests_answered(address: str, method: str, tls: tuple[ssl.SSLContext, str] | None = None) -> int:
+    """How many calls of ``method`` ("RunService/Signal") the server answered, any code, from its /metrics;
+    ``tls`` is (a context trusting the server's CA, a reader's token) for a server with TLS and auth."""
+    request = urllib.request.Request(f"{'https' if tls else 'http'}://{address}/metrics")
+    if tls:
+        request.add_header("authorization", f"Bearer {tls[1]}")
+    with urllib.request.urlopen(request, timeout=WAIT_S, context=tls[0] if tls else None) as response:
         metrics = response.read().decode()
     line = re.compile(rf'^aaa_api_requests_total{{method="{re.escape(method)}",code="\w+"}} (\d+)$', re.M)
     return sum(int(count) for count in line.findall(metrics))
@@ -127,6 +133,8 @@ async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid
                 cancelled = await client.start_run("pay", model=[tool_call(wire, amount=4)], tools=[wire])
                 await asyncio.wait_for(cancelled.wait_for("aaa.approval.requested"), WAIT_S)
                 assert await cancelled.cancel("no") > 0
+            # The writes went on the owner's own channel, not by luck of the round robin.
+            assert client._owners._stubs[owner.address].channel.get_state() == grpc.ChannelConnectivity.READY
         assert [requests_answered(standby.address, method) for method in writes] == [0, 0, 0]
         assert [requests_answered(owner.address, method) for method in writes] == [3, 1, 3]
     finally:
@@ -156,6 +164,45 @@ async def test_a_write_whose_owner_was_killed_reaches_the_next_owner(tmp_path, u
                 assert client._owners.owner_address(run.id) == standby.address
         assert requests_answered(standby.address, "RunService/Signal") >= 1
         assert requests_answered(standby.address, "WorkerService/CompleteTask") == 1
+    finally:
+        stop_process(standby.process)
+        stop_process(owner.process)
+
+
+@postgres_only
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_over_tls_a_runs_writes_go_to_its_owner(tmp_path, uid):
+    # Both servers with TLS (a certificate for 127.0.0.1, the address they advertise) and a token.
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_ca(pki)
+    sign("localhost", pki, "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    auth = pki / "auth.toml"
+    auth.write_text(
+        '[tls]\ncert = "localhost.pem"\nkey = "localhost.key"\n\n'
+        f'[[principal]]\nname = "boss"\nroles = ["admin"]\ntoken_sha256 = "{sha256_hex(b"boss-token")}"\n'
+    )
+    owner, standby = owner_and_standby(tmp_path, "--auth-config", str(auth))
+    credentials = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.pem").read_bytes())
+    tls = (ssl.create_default_context(cafile=str(pki / "ca.pem")), "boss-token")
+    wire = gated_wire(uid)
+    try:
+        addresses = [standby.address, owner.address]
+        async with await aaa.connect(addresses, token="boss-token", credentials=credentials, timeout=WAIT_S) as client:
+            async with client.worker(tools=[wire]):
+                for amount in (1, 2):
+                    run = await client.start_run("pay", model=[tool_call(wire, amount=amount), text("done")], tools=[wire])
+                    requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
+                    assert client._owners.owner_address(run.id) == owner.address
+                    assert (await run.approve(requested.data["call_id"])).decision == "aaa.approval.granted"
+                    assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+        # The owner's channel is a TLS one with the token: every write reached it directly.
+            # Connected: a channel that could not (say, without TLS) would leave the writes to
+            # the round robin, which may reach the owner as well.
+            assert client._owners._stubs[owner.address].channel.get_state() == grpc.ChannelConnectivity.READY
+        writes = ("RunService/Signal", "WorkerService/CompleteTask")
+        assert [requests_answered(standby.address, method, tls) for method in writes] == [0, 0]
+        assert [requests_answered(owner.address, method, tls) for method in writes] == [2, 2]
     finally:
         stop_process(standby.process)
         stop_process(owner.process)
