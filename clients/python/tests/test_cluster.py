@@ -191,7 +191,8 @@ async def test_over_tls_a_runs_writes_go_to_its_owner(tmp_path, uid):
         async with await aaa.connect(addresses, token="boss-token", credentials=credentials, timeout=WAIT_S) as client:
             async with client.worker(tools=[wire]):
                 for amount in (1, 2):
-                    run = await client.start_run("pay", model=[tool_call(wire, amount=amount), text("done")], tools=[wire])
+                    steps = [tool_call(wire, amount=amount), text("done")]
+                    run = await client.start_run("pay", model=steps, tools=[wire])
                     requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
                     assert client._owners.owner_address(run.id) == owner.address
                     assert (await run.approve(requested.data["call_id"])).decision == "aaa.approval.granted"
