@@ -81,7 +81,12 @@ struct Tally {
     by_tool: BTreeMap<String, (u64, BTreeMap<i64, u64>)>,
     /// Runs with at least one.
     runs: u64,
+    /// Request times held over all tools, counted against the bound.
+    times: usize,
 }
+
+/// What a request time in the counts costs, as counted against the bound.
+const TIME_ENTRY_OVERHEAD: usize = 32;
 
 impl Tally {
     /// Counts the entries of a copy just built (no deletion marks).
@@ -99,9 +104,16 @@ impl Tally {
     }
 
     fn add(&mut self, waits: &Waits) {
-        let (count, by_time) = self.by_tool.entry(waits.tool.clone()).or_default();
+        if !self.by_tool.contains_key(&waits.tool) {
+            self.by_tool.insert(waits.tool.clone(), Default::default());
+        }
+        let (count, by_time) = self.by_tool.get_mut(&waits.tool).expect("inserted");
         *count += 1;
-        *by_time.entry(waits.requested_ms).or_default() += 1;
+        let at = by_time.entry(waits.requested_ms).or_default();
+        if *at == 0 {
+            self.times += 1;
+        }
+        *at += 1;
     }
 
     fn remove(&mut self, waits: &Waits) {
@@ -113,6 +125,7 @@ impl Tally {
             *at -= 1;
             if *at == 0 {
                 by_time.remove(&waits.requested_ms);
+                self.times -= 1;
             }
         }
         if *count == 0 {
@@ -210,7 +223,11 @@ impl State {
 
     /// Past `max_bytes`, drops the copy for good: true then.
     fn dropped_over(&mut self, max_bytes: usize) -> bool {
-        if self.bytes <= max_bytes {
+        let counts = self
+            .tally
+            .as_ref()
+            .map_or(0, |t| t.times * TIME_ENTRY_OVERHEAD);
+        if self.bytes + counts <= max_bytes {
             return false;
         }
         tracing::info!(
@@ -511,6 +528,36 @@ mod tests {
         let pending = Pending::default();
         pending.ready_if_none(&tree).unwrap();
         assert_eq!(pending.phase(), Phase::Off);
+    }
+
+    #[test]
+    fn the_counts_kept_count_against_the_bound() {
+        let waits = |n: u8| {
+            Waits {
+                tool: "t".into(),
+                requested_ms: i64::from(n),
+            }
+            .encode_to_vec()
+        };
+        let entry = 2 + waits(1).len() + ENTRY_OVERHEAD;
+        // Room for three entries, and for the counts of two request times.
+        let pending = Pending::new(3 * entry + 2 * TIME_ENTRY_OVERHEAD);
+        pending.ready_if_none(&scratch()).unwrap();
+        pending.applied(&key(1), Some(&waits(1)));
+        pending.applied(&key(2), Some(&waits(2)));
+        let counted = pending.waiting(&HashSet::new()).expect("ready and counted");
+        // These short keys are each a run of their own.
+        assert_eq!(
+            (counted.approvals_by_tool[0].pending, counted.waiting),
+            (2, 2)
+        );
+        assert_eq!(pending.phase(), Phase::Ready);
+        pending.applied(&key(3), Some(&waits(3)));
+        assert_eq!(
+            pending.phase(),
+            Phase::TooBig,
+            "a third time is past the bound"
+        );
     }
 
     #[test]
