@@ -113,6 +113,16 @@ def gated_wire(uid: str):
     return wire
 
 
+async def pay_with_approval(client: aaa.Client, wire, amount: int, owner) -> None:
+    """A run that pays ``amount`` with ``wire`` once approved; checks the client routes it to ``owner``
+    (read at connect: the owner holds every shard once it serves), approves, and waits for its end."""
+    run = await client.start_run("pay", model=[tool_call(wire, amount=amount), text("done")], tools=[wire])
+    requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
+    assert client._owners.owner_address(run.id) == owner.address
+    assert (await run.approve(requested.data["call_id"])).decision == "aaa.approval.granted"
+    assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+
+
 @postgres_only
 async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid):
     owner, standby = owner_and_standby(tmp_path)
@@ -123,13 +133,7 @@ async def test_a_runs_writes_go_to_its_owner_not_through_a_standby(tmp_path, uid
         async with await aaa.connect([standby.address, owner.address], timeout=WAIT_S) as client:
             async with client.worker(tools=[wire]):
                 for amount in (1, 2, 3):
-                    steps = [tool_call(wire, amount=amount), text("done")]
-                    run = await client.start_run("pay", model=steps, tools=[wire])
-                    requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
-                    # Read at connect: the owner holds every shard once it serves.
-                    assert client._owners.owner_address(run.id) == owner.address
-                    assert (await run.approve(requested.data["call_id"])).decision == "aaa.approval.granted"
-                    assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
+                    await pay_with_approval(client, wire, amount, owner)
                 cancelled = await client.start_run("pay", model=[tool_call(wire, amount=4)], tools=[wire])
                 await asyncio.wait_for(cancelled.wait_for("aaa.approval.requested"), WAIT_S)
                 assert await cancelled.cancel("no") > 0
@@ -191,15 +195,10 @@ async def test_over_tls_a_runs_writes_go_to_its_owner(tmp_path, uid):
         async with await aaa.connect(addresses, token="boss-token", credentials=credentials, timeout=WAIT_S) as client:
             async with client.worker(tools=[wire]):
                 for amount in (1, 2):
-                    steps = [tool_call(wire, amount=amount), text("done")]
-                    run = await client.start_run("pay", model=steps, tools=[wire])
-                    requested = await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
-                    assert client._owners.owner_address(run.id) == owner.address
-                    assert (await run.approve(requested.data["call_id"])).decision == "aaa.approval.granted"
-                    assert (await run.result(timeout=WAIT_S)).value == {"text": "done"}
-        # The owner's channel is a TLS one with the token: every write reached it directly.
-            # Connected: a channel that could not (say, without TLS) would leave the writes to
-            # the round robin, which may reach the owner as well.
+                    await pay_with_approval(client, wire, amount, owner)
+            # The owner's channel is a TLS one with the token: a channel that could not connect
+            # (say, without TLS) would leave the writes to the round robin, which may reach the
+            # owner as well.
             assert client._owners._stubs[owner.address].channel.get_state() == grpc.ChannelConnectivity.READY
         writes = ("RunService/Signal", "WorkerService/CompleteTask")
         assert [requests_answered(standby.address, method, tls) for method in writes] == [0, 0]
