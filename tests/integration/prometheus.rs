@@ -32,6 +32,10 @@ struct Prometheus {
 }
 
 impl Prometheus {
+    /// Starts Prometheus on a port found free, and waits until it listens.
+    /// Another process may take that port between the look and
+    /// Prometheus's bind; then Prometheus exits and is started again on
+    /// another, up to three times.
     fn start(binary: &PathBuf, target: std::net::SocketAddr) -> Prometheus {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("prometheus.yml");
@@ -43,27 +47,41 @@ impl Prometheus {
             ),
         )
         .expect("write config");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let address = format!("127.0.0.1:{port}");
-        let child = Command::new(binary)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={address}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start prometheus");
-        Prometheus {
-            child,
-            address,
-            _dir: dir,
+        for _ in 0..3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port();
+            let address = format!("127.0.0.1:{port}");
+            let mut child = Command::new(binary)
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join("data").display()
+                ))
+                .arg(format!("--web.listen-address={address}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start prometheus");
+            let deadline = Instant::now() + WAIT;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // it could not listen there: another port
+                }
+                if std::net::TcpStream::connect(&address).is_ok() {
+                    return Prometheus {
+                        child,
+                        address,
+                        _dir: dir,
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
+        panic!("prometheus did not listen on any of three ports");
     }
 
     /// The value of `query`'s single series, or None when it has none.
