@@ -191,6 +191,9 @@ func TestDialClusterSendsARunsWritesToItsOwner(t *testing.T) {
 			t.Fatalf("outcome: %+v", outcome)
 		}
 	}
+	if !aaa.OwnerConnReady(client, owner.Addr) {
+		t.Errorf("the client's connection to the owner is not ready: the writes went round robin")
+	}
 	for _, method := range []string{"RunService/Signal", "WorkerService/CompleteTask"} {
 		if n := apiCalls(t, standby, method); n != 0 {
 			t.Errorf("the standby answered %d %s calls, want 0", n, method)
