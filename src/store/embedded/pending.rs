@@ -342,37 +342,6 @@ impl Pending {
         }
     }
 
-    /// Up to `most` entries with keys in `[low, high)`, in key order or
-    /// reversed; `None` while the copy is not ready.
-    pub fn range(&self, low: &[u8], high: &[u8], reverse: bool, most: usize) -> Option<Vec<Entry>> {
-        let state = self.lock();
-        if state.phase != Phase::Ready {
-            return None;
-        }
-        if low >= high {
-            return Some(Vec::new());
-        }
-        let range = state
-            .entries
-            .range::<[u8], _>((Bound::Included(low), Bound::Excluded(high)));
-        // Deletion marks exist only while building, never when ready.
-        let entries: Vec<Entry> = if reverse {
-            range
-                .rev()
-                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
-                .take(most)
-                .collect()
-        } else {
-            range
-                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
-                .take(most)
-                .collect()
-        };
-        Some(entries)
-    }
-}
-
-impl Pending {
     /// What waits, from the counts kept (`None` while the copy is not
     /// ready or cannot count): `active` are the runs at work (their ids),
     /// which count as running, not waiting, whatever approvals they have.
@@ -400,6 +369,35 @@ impl Pending {
             running: active.len() as u64,
             waiting: tally.runs - active_with_approvals,
         })
+    }
+
+    /// Up to `most` entries with keys in `[low, high)`, in key order or
+    /// reversed; `None` while the copy is not ready.
+    pub fn range(&self, low: &[u8], high: &[u8], reverse: bool, most: usize) -> Option<Vec<Entry>> {
+        let state = self.lock();
+        if state.phase != Phase::Ready {
+            return None;
+        }
+        if low >= high {
+            return Some(Vec::new());
+        }
+        let range = state
+            .entries
+            .range::<[u8], _>((Bound::Included(low), Bound::Excluded(high)));
+        // Deletion marks exist only while building, never when ready.
+        let entries: Vec<Entry> = if reverse {
+            range
+                .rev()
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .take(most)
+                .collect()
+        } else {
+            range
+                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                .take(most)
+                .collect()
+        };
+        Some(entries)
     }
 }
 
