@@ -216,7 +216,9 @@ async fn scrape_metrics(addr: &str, own_server: bool, out: &mut Parked) {
     out.metrics_scrape = Summary::of(&mut samples);
 }
 
-/// The body of `GET /metrics` (HTTP/1.1 on the gRPC port).
+/// The body of `GET /metrics` (HTTP/1.1 on the gRPC port). One plain
+/// request by hand: `crate::https::client` would need a trust store for a
+/// loopback read over plain HTTP.
 async fn get_metrics(addr: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;

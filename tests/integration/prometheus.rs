@@ -36,7 +36,7 @@ impl Prometheus {
     /// Another process may take that port between the look and
     /// Prometheus's bind; then Prometheus exits and is started again on
     /// another, up to three times.
-    fn start(binary: &PathBuf, target: std::net::SocketAddr) -> Prometheus {
+    async fn start(binary: &PathBuf, target: std::net::SocketAddr) -> Prometheus {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("prometheus.yml");
         std::fs::write(
@@ -69,14 +69,14 @@ impl Prometheus {
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // it could not listen there: another port
                 }
-                if std::net::TcpStream::connect(&address).is_ok() {
+                if tokio::net::TcpStream::connect(&address).await.is_ok() {
                     return Prometheus {
                         child,
                         address,
                         _dir: dir,
                     };
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -140,7 +140,7 @@ async fn prometheus_sees_a_call_wait_and_be_granted() {
         return;
     };
     let server = TestServer::start().await;
-    let prometheus = Prometheus::start(&binary, server.addr());
+    let prometheus = Prometheus::start(&binary, server.addr()).await;
     let mut runs = server.runs().await;
     let mut workers = server.workers().await;
     register(&mut workers, vec![wire_money()], &[]).await;

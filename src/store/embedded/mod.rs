@@ -1418,32 +1418,33 @@ mod tests {
             ..Default::default()
         };
         let (a, b, c) = (RunId::new(), RunId::new(), RunId::new());
-        let mut steps: Vec<WriteBatch> = Vec::new();
-        let mut step = |f: &dyn Fn(&mut WriteBatch)| {
+        let batch = |write: &dyn Fn(&mut WriteBatch)| {
             let mut batch = WriteBatch::default();
-            f(&mut batch);
-            steps.push(batch);
+            write(&mut batch);
+            batch
         };
-        step(&|b_| b_.put_approval(&approval(a, "c1", "wire", 30)));
-        step(&|b_| b_.put_approval(&approval(a, "c2", "wire", 10)));
-        step(&|b_| b_.put_approval(&approval(b, "c1", "email", 20)));
-        // The oldest goes: the next oldest of its tool shows.
-        step(&|b_| b_.delete_approval(a, "c2"));
-        // A rewrite that moves a call to another tool and time.
-        step(&|b_| b_.put_approval(&approval(a, "c1", "email", 5)));
-        // A run at work counts as running, whatever it has pending.
-        step(&|b_| {
-            b_.put_approval(&approval(c, "c1", "wire", 40));
-            b_.set_active(c, true);
-        });
-        step(&|b_| b_.set_active(c, false));
-        // A run's last approval goes: it no longer waits; the tool with
-        // none left is not listed.
-        step(&|b_| b_.delete_approval(b, "c1"));
-        step(&|b_| {
-            b_.delete_approval(a, "c1");
-            b_.delete_approval(c, "c1");
-        });
+        let steps = [
+            batch(&|w| w.put_approval(&approval(a, "c1", "wire", 30))),
+            batch(&|w| w.put_approval(&approval(a, "c2", "wire", 10))),
+            batch(&|w| w.put_approval(&approval(b, "c1", "email", 20))),
+            // The oldest goes: the next oldest of its tool shows.
+            batch(&|w| w.delete_approval(a, "c2")),
+            // A rewrite that moves a call to another tool and time.
+            batch(&|w| w.put_approval(&approval(a, "c1", "email", 5))),
+            // A run at work counts as running, whatever it has pending.
+            batch(&|w| {
+                w.put_approval(&approval(c, "c1", "wire", 40));
+                w.set_active(c, true);
+            }),
+            batch(&|w| w.set_active(c, false)),
+            // A run's last approval goes: it no longer waits; the tool with
+            // none left is not listed.
+            batch(&|w| w.delete_approval(b, "c1")),
+            batch(&|w| {
+                w.delete_approval(a, "c1");
+                w.delete_approval(c, "c1");
+            }),
+        ];
         for (n, batch) in steps.into_iter().enumerate() {
             store.commit(batch).await.unwrap();
             let counted = store.inner.pending.waiting(&Default::default());

@@ -59,8 +59,9 @@ struct State {
     /// `None`: deleted while the build runs (see the module docs).
     entries: BTreeMap<Box<[u8]>, Option<Box<[u8]>>>,
     bytes: usize,
-    /// The counts of `entries`, while ready; `None` before, and for good
-    /// if an entry could not be decoded (the counts then scan, and say so).
+    /// The counts of `entries` (their values, not deletion marks), kept
+    /// from a build's start; `None` before, and for good if an entry could
+    /// not be decoded (the counts then scan, and say so).
     tally: Option<Tally>,
 }
 
@@ -89,20 +90,6 @@ struct Tally {
 const TIME_ENTRY_OVERHEAD: usize = 32;
 
 impl Tally {
-    /// Counts the entries of a copy just built (no deletion marks).
-    fn of(entries: &BTreeMap<Box<[u8]>, Option<Box<[u8]>>>) -> Option<Tally> {
-        let mut tally = Tally::default();
-        let mut last_run: &[u8] = &[];
-        for (key, value) in entries {
-            tally.add(&Waits::decode(value.as_deref()?).ok()?);
-            if run_prefix(key) != last_run {
-                last_run = run_prefix(key);
-                tally.runs += 1;
-            }
-        }
-        Some(tally)
-    }
-
     fn add(&mut self, waits: &Waits) {
         if !self.by_tool.contains_key(&waits.tool) {
             self.by_tool.insert(waits.tool.clone(), Default::default());
@@ -160,10 +147,7 @@ impl State {
             self.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
         }
         self.bytes += added;
-        if self.tally.is_some() {
-            let new_run = old.is_none() && !self.has_other_of_run(key);
-            self.retally(key, old.flatten().as_deref(), value, new_run);
-        }
+        self.recount(key, old.flatten().as_deref(), value);
     }
 
     /// Removes `key` (ready: no deletion marks to leave).
@@ -172,26 +156,25 @@ impl State {
             return;
         };
         self.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
-        if self.tally.is_some() {
-            let run_gone = !self.has_other_of_run(key);
-            self.retally(key, Some(&old), None, false);
-            if let (Some(tally), true) = (&mut self.tally, run_gone) {
-                tally.runs -= 1;
-            }
-        }
+        self.recount(key, Some(&old), None);
     }
 
-    /// Whether an entry of `key`'s run other than `key` is in the copy.
-    fn has_other_of_run(&self, key: &[u8]) -> bool {
-        let prefix = run_prefix(key);
+    /// Whether the copy holds an approval of the run whose `A ‖ run` is
+    /// `prefix`, other than `except`.
+    fn holds_run(&self, prefix: &[u8], except: &[u8]) -> bool {
         self.entries
             .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
-            .any(|(k, v)| k.as_ref() != key && v.is_some())
+            .any(|(k, v)| k.as_ref() != except && v.is_some())
     }
 
-    /// Moves `key` in the counts from `old` to `new`.
-    fn retally(&mut self, key: &[u8], old: Option<&[u8]>, new: Option<&[u8]>, new_run: bool) {
+    /// Moves `key` in the counts from `old` to `new` (either `None`: it
+    /// was not there, or is not any more), once `entries` holds `new`.
+    fn recount(&mut self, key: &[u8], old: Option<&[u8]>, new: Option<&[u8]>) {
+        if self.tally.is_none() {
+            return;
+        }
+        let others = self.holds_run(run_prefix(key), key);
         let decoded = |value: Option<&[u8]>| value.map(Waits::decode).transpose();
         let (Ok(old), Ok(new)) = (decoded(old), decoded(new)) else {
             tracing::warn!(
@@ -208,8 +191,10 @@ impl State {
         if let Some(new) = &new {
             tally.add(new);
         }
-        if new_run {
-            tally.runs += 1;
+        match (others || old.is_some(), others || new.is_some()) {
+            (false, true) => tally.runs += 1,
+            (true, false) => tally.runs -= 1,
+            _ => {}
         }
     }
 
@@ -244,9 +229,10 @@ impl State {
         self.phase = phase;
     }
 
+    /// The counts are kept from the build's start (deletion marks count as
+    /// absent), so they hold already.
     fn make_ready(&mut self) {
         self.entries.retain(|_, value| value.is_some());
-        self.tally = Tally::of(&self.entries);
         self.phase = Phase::Ready;
     }
 }
@@ -296,6 +282,7 @@ impl Pending {
         {
             let mut state = self.lock();
             if state.phase == Phase::Off {
+                state.tally = Some(Tally::default());
                 state.make_ready();
             }
         }
@@ -331,6 +318,7 @@ impl Pending {
             return false;
         }
         state.phase = Phase::Building;
+        state.tally = Some(Tally::default());
         true
     }
 
@@ -351,10 +339,9 @@ impl Pending {
             .tally
             .as_ref()
             .filter(|_| state.phase == Phase::Ready)?;
-        // No approval's key is the bare `A ‖ run`: "other" is any of the run.
         let active_with_approvals = active
             .iter()
-            .filter(|run| state.has_other_of_run(&[&[keys::APPROVAL], run.as_slice()].concat()))
+            .filter(|run| state.holds_run(&[&[keys::APPROVAL], run.as_slice()].concat(), &[]))
             .count() as u64;
         Some(Waiting {
             approvals_by_tool: tally
@@ -526,6 +513,48 @@ mod tests {
         let pending = Pending::default();
         pending.ready_if_none(&tree).unwrap();
         assert_eq!(pending.phase(), Phase::Off);
+    }
+
+    /// The counts are kept from the build's start: what a write during
+    /// the build deleted or replaced is not counted, a rewrite counts once.
+    #[test]
+    fn writes_during_a_build_are_counted_as_they_win() {
+        let waits = |tool: &str, requested_ms: i64| {
+            Waits {
+                tool: tool.into(),
+                requested_ms,
+            }
+            .encode_to_vec()
+        };
+        let pending = Pending::default();
+        assert!(pending.start_build());
+        pending.applied(&key(1), None);
+        pending.applied(&key(2), Some(&waits("email", 20)));
+        {
+            let mut state = pending.lock();
+            state.fill_in(&key(1), &waits("wire", 10));
+            state.fill_in(&key(2), &waits("wire", 11));
+            state.fill_in(&key(3), &waits("wire", 30));
+        }
+        // A rewrite of what the build read replaces it in the counts.
+        pending.applied(&key(3), Some(&waits("wire", 31)));
+        assert!(pending.waiting(&HashSet::new()).is_none(), "not ready yet");
+        build(&scratch(), &pending).unwrap();
+        let counted = pending.waiting(&HashSet::new()).expect("ready and counted");
+        let tool = |tool: &str, oldest_requested_ms| ToolWaiting {
+            tool: tool.into(),
+            pending: 1,
+            oldest_requested_ms,
+        };
+        assert_eq!(
+            counted,
+            Waiting {
+                approvals_by_tool: vec![tool("email", 20), tool("wire", 31)],
+                running: 0,
+                // These short keys are each a run of their own.
+                waiting: 2,
+            }
+        );
     }
 
     #[test]
