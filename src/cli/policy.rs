@@ -103,14 +103,15 @@ fn dry_run(args: &TestArgs) -> Result<(), Error> {
         }
     };
     let labels: BTreeMap<String, String> = args.labels.iter().cloned().collect();
-    let verdict = policy.evaluate(&CallFacts {
+    let facts = CallFacts {
         tool: &args.tool,
         arguments: &arguments,
         labels: &labels,
         task: &args.task,
         started_by: &args.started_by,
         now_ms,
-    });
+    };
+    let verdict = policy.evaluate(&facts, &crate::policy::Budget::new());
     let out = Output::new(args.format.json);
     if out.json {
         let mut answer = verdict_json(&verdict);

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use crate::domain::{GrantRecord, GrantUse, RunId};
-use crate::policy::{CallFacts, Condition};
+use std::sync::Arc;
+
+use crate::policy::{Budget, CallFacts, Condition};
 use crate::store::{labels_match, SharedStore, StoreError};
 
 use super::event::{sha256_hex, GrantStamp};
@@ -139,26 +141,53 @@ impl Grants {
     }
 
     /// The first grant in force (oldest first) that decides this call, with
-    /// a use reserved for it; None when none does.
-    pub fn take(&self, asked: &Asked) -> Option<(GrantStamp, GrantUse)> {
-        let mut live = self.live.lock().expect("poisoned");
-        let grant = live.values_mut().find(|g| matches(g, asked))?;
-        grant
-            .reserved
-            .insert((asked.run, asked.call_id.to_string()));
-        let record = &grant.record;
-        Some((
-            GrantStamp {
-                id: record.id.clone(),
-                reason: record.reason.clone(),
-                created_by: record.created_by.clone(),
-            },
-            GrantUse {
-                grant: record.id.clone(),
-                run: asked.run,
-                call_id: asked.call_id.to_string(),
-            },
-        ))
+    /// a use reserved for it; None when none does. Conditions are evaluated
+    /// within `budget` and without the lock (a CEL thread does it), so a
+    /// costly condition holds up no other call; a grant chosen is checked
+    /// again under the lock before its use is reserved.
+    pub fn take(&self, asked: &Asked, budget: &Arc<Budget>) -> Option<(GrantStamp, GrantUse)> {
+        let candidates: Vec<(String, Option<Condition>)> = {
+            let live = self.live.lock().expect("poisoned");
+            live.values()
+                .filter(|g| matches_but_condition(g, asked))
+                .map(|g| (g.record.id.clone(), g.condition.clone()))
+                .collect()
+        };
+        for (id, condition) in candidates {
+            if let Some(condition) = condition {
+                let holds = condition.evaluate(&asked.facts(), budget).unwrap_or_else(|e| {
+                    tracing::info!(grant = %id, "grant condition could not be evaluated for a call: {e}; it does not match");
+                    false
+                });
+                if !holds {
+                    continue;
+                }
+            }
+            let mut live = self.live.lock().expect("poisoned");
+            let Some(grant) = live
+                .get_mut(&id)
+                .filter(|g| matches_but_condition(g, asked))
+            else {
+                continue;
+            };
+            grant
+                .reserved
+                .insert((asked.run, asked.call_id.to_string()));
+            let record = &grant.record;
+            return Some((
+                GrantStamp {
+                    id: record.id.clone(),
+                    reason: record.reason.clone(),
+                    created_by: record.created_by.clone(),
+                },
+                GrantUse {
+                    grant: record.id.clone(),
+                    run: asked.run,
+                    call_id: asked.call_id.to_string(),
+                },
+            ));
+        }
+        None
     }
 
     /// The batch holding these uses is durable: they count for good.
@@ -184,18 +213,24 @@ impl Grants {
     }
 }
 
-/// Whether `grant` decides the asked call now.
-fn matches(grant: &Live, asked: &Asked) -> bool {
+impl Asked<'_> {
+    /// What a grant's condition sees of the asked call.
+    fn facts(&self) -> CallFacts<'_> {
+        CallFacts {
+            tool: self.ask.tool,
+            arguments: self.ask.arguments,
+            labels: self.labels,
+            task: self.task,
+            started_by: self.started_by,
+            now_ms: self.now_ms,
+        }
+    }
+}
+
+/// Whether `grant` decides the asked call now, its condition aside.
+fn matches_but_condition(grant: &Live, asked: &Asked) -> bool {
     let g = &grant.record;
     let ask = &asked.ask;
-    let facts = CallFacts {
-        tool: ask.tool,
-        arguments: ask.arguments,
-        labels: asked.labels,
-        task: asked.task,
-        started_by: asked.started_by,
-        now_ms: asked.now_ms,
-    };
     g.tool == ask.tool
         && !grant.broken
         && in_force(g, grant.uses(), asked.now_ms)
@@ -216,12 +251,6 @@ fn matches(grant: &Live, asked: &Asked) -> bool {
             g.groups_enforced.then_some(g.creator_groups.as_slice()),
             &ask.approvers,
         )
-        && grant.condition.as_ref().is_none_or(|c| {
-            c.evaluate(&facts).unwrap_or_else(|e| {
-                tracing::info!(grant = %g.id, "grant condition could not be evaluated for a call: {e}; it does not match");
-                false
-            })
-        })
 }
 
 /// CreateGrant, validated by the api as far as it can without the store.
@@ -405,20 +434,24 @@ impl Engine {
         call_id: &str,
         verdict: &crate::policy::Verdict,
         now_ms: i64,
+        budget: &Arc<Budget>,
     ) -> Option<(GrantStamp, GrantUse)> {
         let ask = state.grant_ask(call_id, verdict)?;
-        self.inner.grants.take(&Asked {
-            run: state.id,
-            call_id,
-            ask,
-            labels: &state.spec.labels,
-            task: &state.spec.task,
-            started_by: &state.started_by,
-            arguments_sha256: std::cell::OnceCell::new(),
-            now_ms,
-            separation_of_duties: (self.inner.config.auth.as_ref())
-                .is_some_and(|auth| auth.separation_of_duties),
-        })
+        self.inner.grants.take(
+            &Asked {
+                run: state.id,
+                call_id,
+                ask,
+                labels: &state.spec.labels,
+                task: &state.spec.task,
+                started_by: &state.started_by,
+                arguments_sha256: std::cell::OnceCell::new(),
+                now_ms,
+                separation_of_duties: (self.inner.config.auth.as_ref())
+                    .is_some_and(|auth| auth.separation_of_duties),
+            },
+            budget,
+        )
     }
 }
 
@@ -457,7 +490,7 @@ mod tests {
             now_ms: 0,
             separation_of_duties: false,
         };
-        grants.take(&asked).map(|(_, used)| used)
+        grants.take(&asked, &Budget::new()).map(|(_, used)| used)
     }
 
     #[test]

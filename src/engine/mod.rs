@@ -912,10 +912,13 @@ impl Engine {
                     staged.batch.delete_approval(state.id, &call_id)
                 }
                 Action::Review { call_id } => {
-                    let (verdict, sha256) = self.verdict(state, &call_id, staged.now);
+                    // One budget for every CEL expression this review
+                    // evaluates: the policy's rules and the grants' conditions.
+                    let budget = crate::policy::Budget::new();
+                    let (verdict, sha256) = self.verdict(state, &call_id, staged.now, &budget);
                     // A standing grant may stand in for the person the
                     // call would wait for; its use commits with the grant.
-                    let granted = self.take_grant(state, &call_id, &verdict, staged.now);
+                    let granted = self.take_grant(state, &call_id, &verdict, staged.now, &budget);
                     let stamp = granted.as_ref().map(|(stamp, _)| stamp);
                     let follow = state.review(&call_id, &verdict, &sha256, stamp, staged.now);
                     if let Some((stamp, used)) = granted {
@@ -935,7 +938,13 @@ impl Engine {
     /// policy's sha256 (`NoMatch` and "" without a policy). Evaluated
     /// only here, as the call is requested: its outcome is recorded, and a
     /// replay reads the record.
-    fn verdict(&self, state: &RunState, call_id: &str, now: i64) -> (Verdict, String) {
+    fn verdict(
+        &self,
+        state: &RunState,
+        call_id: &str,
+        now: i64,
+        budget: &Arc<crate::policy::Budget>,
+    ) -> (Verdict, String) {
         let policy = self.inner.config.policy.as_ref().map(|p| p.current());
         let (Some(policy), Some(call)) = (policy, state.call(call_id)) else {
             return (Verdict::NoMatch, String::new());
@@ -948,7 +957,7 @@ impl Engine {
             started_by: &state.started_by,
             now_ms: now,
         };
-        (policy.evaluate(&facts), policy.sha256.clone())
+        (policy.evaluate(&facts, budget), policy.sha256.clone())
     }
 
     /// Offers the dispatch actions' calls to workers.

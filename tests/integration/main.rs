@@ -17,6 +17,7 @@ mod gate;
 mod grants;
 mod hardening;
 mod health;
+mod hostile_cel;
 mod leases;
 mod metrics;
 mod migrate;

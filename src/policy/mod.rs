@@ -6,30 +6,33 @@
 //!
 //! CEL comes from the `cel-interpreter` crate: a maintained Rust
 //! implementation of the language Kubernetes admission and Google IAM
-//! conditions use. CEL has no loops or recursion, so a rule's cost is
-//! bounded by its size and its input's (both capped here), and a rule
-//! cannot hang the engine. The engine evaluates a policy only when a call
-//! is requested and records the outcome, with the rule's name and the
-//! policy file's sha256, as an event: replaying a run never evaluates a
-//! policy again, so history does not change when the policy does.
+//! conditions use. It is guarded in [`cel`]: an expression is bounded in
+//! size and nesting before it is parsed, and evaluated off the runtime's
+//! threads with a cost budget shared by everything one call's review
+//! evaluates, so no rule or grant condition can crash or stall the server;
+//! one over the budget fails safe (the call waits for a person). The
+//! engine evaluates a policy only when a call is requested and records the
+//! outcome, with the rule's name and the policy file's sha256, as an
+//! event: replaying a run never evaluates a policy again, so history does
+//! not change when the policy does.
+
+pub mod cel;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use cel_interpreter::objects::{Key, Map};
-use cel_interpreter::{Context, Program, Value as Cel};
+use cel_interpreter::Value as Cel;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::engine::event::Nudging;
+pub use cel::Budget;
 
 /// What a rule's `when` may name.
 pub const VARIABLES: [&str; 6] = ["tool", "args", "labels", "task", "started_by", "now"];
 /// Most rules one policy may hold.
 const MAX_RULES: usize = 256;
-/// Longest `when`, in bytes.
-const MAX_EXPRESSION: usize = 4096;
 /// Most approvers a rule may require (as for tools).
 const MAX_APPROVALS: u32 = 16;
 /// Most reminders of one request.
@@ -47,30 +50,25 @@ struct Rule {
     decide: Decide,
 }
 
-/// A CEL expression over a call's [`VARIABLES`], checked: it compiles,
-/// is at most 4 KiB and names no other variable. A policy rule's `when`,
-/// and a standing grant's condition.
+/// A CEL expression over a call's [`VARIABLES`], checked: within the
+/// limits of [`cel`], it parses and names no other variable. A policy
+/// rule's `when`, and a standing grant's condition.
+#[derive(Clone)]
 pub struct Condition {
-    program: Program,
+    expression: Arc<cel::Expression>,
 }
 
 impl Condition {
-    /// Compiles and checks `source`; the error says what is wrong.
+    /// Checks and compiles `source`; the error says what is wrong or
+    /// which limit it passes.
     pub fn compile(source: &str) -> Result<Condition, String> {
-        if source.len() > MAX_EXPRESSION {
-            return Err(format!(
-                "{} bytes, more than {MAX_EXPRESSION}",
-                source.len()
-            ));
-        }
-        let program = compile(source)?;
-        let references = program.references();
-        let mut unknown: Vec<&str> = references
+        let expression = cel::Expression::parse(source)?;
+        let mut unknown: Vec<&str> = expression
             .variables()
-            .into_iter()
             .filter(|v| !VARIABLES.contains(v) && !is_bound_in(source, v))
             .collect();
         unknown.sort_unstable();
+        unknown.dedup();
         if !unknown.is_empty() {
             return Err(format!(
                 "unknown variable {}; a rule sees {}",
@@ -78,27 +76,34 @@ impl Condition {
                 VARIABLES.join(", ")
             ));
         }
-        Ok(Condition { program })
+        Ok(Condition {
+            expression: Arc::new(expression),
+        })
     }
 
     /// Whether the condition holds for a call; an error (a missing
-    /// argument, a type mismatch, a value that is not a bool) says why it
-    /// could not be told.
-    pub fn evaluate(&self, facts: &CallFacts) -> Result<bool, String> {
-        self.test(&context(facts))
+    /// argument, a type mismatch, a value that is not a bool, the budget
+    /// spent) says why it could not be told.
+    pub fn evaluate(&self, facts: &CallFacts, budget: &Arc<Budget>) -> Result<bool, String> {
+        first_true(std::slice::from_ref(self), facts, budget)
+            .map(|first| first.is_some())
+            .map_err(|(_, why)| why)
     }
+}
 
-    fn test(&self, context: &Context) -> Result<bool, String> {
-        // The interpreter is not ours: a panic in it fails the condition
-        // safe instead of the engine.
-        let run = std::panic::AssertUnwindSafe(|| self.program.execute(context));
-        match std::panic::catch_unwind(run) {
-            Ok(Ok(Cel::Bool(b))) => Ok(b),
-            Ok(Ok(other)) => Err(format!("gave {other:?}, not a bool")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("the CEL interpreter failed on this input".to_string()),
-        }
+/// The index of the first of `conditions` that holds for a call (None when
+/// none does), or the index of the first that could not be told and why.
+/// One trip to a CEL thread for all of them.
+pub fn first_true(
+    conditions: &[Condition],
+    facts: &CallFacts,
+    budget: &Arc<Budget>,
+) -> Result<Option<usize>, (usize, String)> {
+    if conditions.is_empty() {
+        return Ok(None);
     }
+    let expressions = conditions.iter().map(|c| c.expression.clone()).collect();
+    cel::first_true(expressions, variables(facts), budget)
 }
 
 /// What a rule decides.
@@ -224,27 +229,22 @@ impl Policy {
         })
     }
 
-    /// The first rule that matches the call decides.
-    pub fn evaluate(&self, facts: &CallFacts) -> Verdict {
-        let context = context(facts);
-        for rule in &self.rules {
-            match rule.when.test(&context) {
-                Ok(true) => {
-                    return Verdict::Decided {
-                        rule: rule.name.clone(),
-                        decide: rule.decide.clone(),
-                    }
-                }
-                Ok(false) => {}
-                Err(error) => {
-                    return Verdict::Failed {
-                        rule: rule.name.clone(),
-                        error,
-                    }
-                }
-            }
+    /// The first rule that matches the call decides; rules are evaluated
+    /// within `budget`, and one that cannot be (the budget spent
+    /// included) fails safe.
+    pub fn evaluate(&self, facts: &CallFacts, budget: &Arc<Budget>) -> Verdict {
+        let conditions: Vec<Condition> = self.rules.iter().map(|r| r.when.clone()).collect();
+        match first_true(&conditions, facts, budget) {
+            Ok(None) => Verdict::NoMatch,
+            Ok(Some(i)) => Verdict::Decided {
+                rule: self.rules[i].name.clone(),
+                decide: self.rules[i].decide.clone(),
+            },
+            Err((i, error)) => Verdict::Failed {
+                rule: self.rules[i].name.clone(),
+                error,
+            },
         }
-        Verdict::NoMatch
     }
 
     pub fn rule_names(&self) -> Vec<&str> {
@@ -344,15 +344,6 @@ impl Rule {
     }
 }
 
-/// Compiles a CEL expression. The parser (generated by ANTLR) panics on
-/// some malformed input instead of answering an error; that is caught
-/// here and answered as one.
-fn compile(source: &str) -> Result<Program, String> {
-    std::panic::catch_unwind(|| Program::compile(source))
-        .map_err(|_| "not a valid CEL expression (the parser gave up on it)".to_string())?
-        .map_err(|e| e.to_string())
-}
-
 /// A name as everywhere else in aaa (`api::convert::name`), with its error as text.
 fn name(field: &str, text: &str) -> Result<(), String> {
     crate::api::convert::name(field, text).map_err(|e| e.to_string())
@@ -380,42 +371,19 @@ fn is_bound_in(source: &str, name: &str) -> bool {
 }
 
 /// The variables a rule sees.
-fn context(facts: &CallFacts) -> Context<'static> {
-    let mut context = Context::default();
-    context.add_variable_from_value("tool", facts.tool.to_string());
-    context.add_variable_from_value("args", cel(facts.arguments));
+fn variables(facts: &CallFacts) -> cel::Variables {
     let labels: HashMap<String, String> = facts.labels.clone().into_iter().collect();
-    context.add_variable_from_value("labels", labels);
-    context.add_variable_from_value("task", facts.task.to_string());
-    context.add_variable_from_value("started_by", facts.started_by.to_string());
     let now = chrono::DateTime::from_timestamp_millis(facts.now_ms)
         .unwrap_or_default()
         .fixed_offset();
-    context.add_variable_from_value("now", Cel::Timestamp(now));
-    context
-}
-
-/// A JSON value as CEL sees it: integers stay integers (int, or uint above
-/// i64), other numbers are doubles.
-fn cel(value: &Value) -> Cel {
-    match value {
-        Value::Null => Cel::Null,
-        Value::Bool(b) => Cel::Bool(*b),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => Cel::Int(i),
-            (None, Some(u)) => Cel::UInt(u),
-            _ => Cel::Float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Value::String(s) => Cel::String(Arc::new(s.clone())),
-        Value::Array(items) => Cel::List(Arc::new(items.iter().map(cel).collect())),
-        Value::Object(fields) => {
-            let map: HashMap<Key, Cel> = fields
-                .iter()
-                .map(|(k, v)| (Key::String(Arc::new(k.clone())), cel(v)))
-                .collect();
-            Cel::Map(Map { map: Arc::new(map) })
-        }
-    }
+    vec![
+        ("tool", Cel::from(facts.tool.to_string())),
+        ("args", cel::value(facts.arguments)),
+        ("labels", Cel::from(labels)),
+        ("task", Cel::from(facts.task.to_string())),
+        ("started_by", Cel::from(facts.started_by.to_string())),
+        ("now", Cel::Timestamp(now)),
+    ]
 }
 
 /// The policy a server runs with, and the file it came from; replaced
@@ -498,14 +466,17 @@ reason = "no deploys at the weekend"
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        policy.evaluate(&CallFacts {
-            tool,
-            arguments: &args,
-            labels: &labels,
-            task: "t",
-            started_by: "",
-            now_ms,
-        })
+        policy.evaluate(
+            &CallFacts {
+                tool,
+                arguments: &args,
+                labels: &labels,
+                task: "t",
+                started_by: "",
+                now_ms,
+            },
+            &Budget::new(),
+        )
     }
 
     fn rule(v: &Verdict) -> &str {
