@@ -65,7 +65,8 @@ pub const RULES: &[(&str, &[Role])] = &[
         &[Approver, Reader],
     ),
     ("/aaa.v1.ApprovalService/DecideApprovals", &[Approver]),
-    ("/aaa.v1.PolicyService/GetPolicy", &[Approver, Reader]),
+    // The rules and the file they came from are for those who decide.
+    ("/aaa.v1.PolicyService/GetPolicy", &[Approver]),
     ("/aaa.v1.GrantService/CreateGrant", &[Approver]),
     ("/aaa.v1.GrantService/RevokeGrant", &[Approver]),
     ("/aaa.v1.GrantService/ListGrants", &[Approver, Reader]),

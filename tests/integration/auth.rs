@@ -250,6 +250,37 @@ async fn each_role_may_call_its_rpcs_and_no_other() {
     server.shutdown().await;
 }
 
+/// PolicyService as docs/auth.md has it: approvers read the policy (its
+/// rules and file), only admin reloads it. A reader may not (issue 40,
+/// item 10: GetPolicy was open to readers and told them the file's path).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_policy_is_read_by_approvers_and_reloaded_by_admin() {
+    use aaa::proto::{
+        policy_service_client::PolicyServiceClient, GetPolicyRequest, ReloadPolicyRequest,
+    };
+    let server = start_with_auth(auth_toml(false)).await;
+    let mut wrong = Vec::new();
+    for role in ROLES {
+        let mut policy = PolicyServiceClient::with_interceptor(
+            server.channel().await,
+            Bearer::new(Some(&token(role))),
+        );
+        let read = policy.get_policy(GetPolicyRequest {}).await.map(drop);
+        let reload = policy.reload_policy(ReloadPolicyRequest {}).await.map(drop);
+        for (rpc, allowed, result) in [
+            ("GetPolicy", matches!(role, "approver" | "admin"), read),
+            ("ReloadPolicy", role == "admin", reload),
+        ] {
+            let denied = matches!(&result, Err(s) if s.code() == Code::PermissionDenied);
+            if denied == allowed {
+                wrong.push(format!("{role} {rpc}: allowed={allowed}, got {result:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn permission_denied_names_the_roles_that_would_do() {
     let server = start_with_auth(auth_toml(false)).await;
