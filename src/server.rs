@@ -139,7 +139,8 @@ async fn serve_store(
             });
         }
     };
-    // In front of every service: authentication and roles (with auth off,
+    // In front of every service: the caller's deadline (answered
+    // DEADLINE_EXCEEDED), authentication and roles (with auth off,
     // only the caller a forwarding server names), and the one answer to
     // requests that do not decode.
     // Plain HTTP (browsers, Prometheus) shares the port: HTTP/1.1 is
@@ -157,6 +158,7 @@ async fn serve_store(
         .merge(crate::web::router(web));
     let mut builder = builder
         .accept_http1(true)
+        .layer(crate::api::deadline::layer())
         .layer(crate::http::HttpLayer::new(http))
         .layer(crate::metrics::ApiMetricsLayer::new(config.metrics.clone()))
         .layer(AuthLayer::new(config.auth.clone(), store.token_key()))

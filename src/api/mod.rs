@@ -4,6 +4,7 @@
 mod approvals;
 mod cluster;
 pub(crate) mod convert;
+pub mod deadline;
 mod grants;
 pub mod malformed;
 mod policy;

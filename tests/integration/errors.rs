@@ -321,3 +321,32 @@ async fn a_made_up_token_for_a_real_attempt_is_refused() {
         .expect("the real token completes the attempt");
     server.shutdown().await;
 }
+
+/// A caller's deadline that passes while the server works is answered
+/// DEADLINE_EXCEEDED, as the gRPC spec and the SDKs' retry rules expect,
+/// not CANCELLED "Timeout expired" (issue 41, item 4). A long poll with
+/// nothing to do outlasts a 300 ms deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadline_that_passes_at_the_server_is_deadline_exceeded() {
+    let server = TestServer::start().await;
+    let mut clients = Clients::new(server.channel().await, None);
+    clients
+        .workers
+        .register_worker(aaa::proto::RegisterWorkerRequest {
+            identity: "w".into(),
+            tools: vec![wire_money()],
+            models: vec![],
+        })
+        .await
+        .expect("RegisterWorker");
+    let mut poll = tonic::Request::new(aaa::proto::PollTaskRequest {
+        identity: "w".into(),
+        tools: vec!["wire_money".into()],
+        models: vec![],
+        wait_s: 4.0,
+    });
+    poll.set_timeout(std::time::Duration::from_millis(300));
+    let status = expect_err(clients.workers.poll_task(poll).await);
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    server.shutdown().await;
+}
