@@ -22,8 +22,11 @@
 //! default) and [`postgres`].
 
 pub mod embedded;
+mod hold;
 pub mod postgres;
 mod queue;
+
+pub use hold::CommitHold;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -681,6 +684,7 @@ pub async fn open(config: &crate::Config) -> Result<SharedStore> {
                 config.store_cache_bytes,
                 config.log_segment_bytes,
                 &config.metrics,
+                config.commit_hold.clone(),
             )?;
             Ok(Arc::new(store))
         }

@@ -26,6 +26,7 @@ mod postgres;
 mod prometheus;
 mod restart;
 mod retention;
+mod retries;
 mod reviews;
 mod scenario;
 mod storage;

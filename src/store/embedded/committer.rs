@@ -50,6 +50,8 @@ pub(super) struct Committer {
     pub metrics: crate::metrics::Metrics,
     /// Dead bytes per log segment, for compaction (see `super::compact`).
     pub reclaim: super::compact::Reclaim,
+    /// A test's hold on the rounds; `None` in a real server.
+    pub hold: Option<crate::store::CommitHold>,
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
@@ -174,6 +176,9 @@ impl Committer {
             answers.push(staged);
         }
         let last_position = self.next_position - 1;
+        if let Some(hold) = &self.hold {
+            hold.wait();
+        }
         let at = match self.log.append(&writes) {
             Ok(at) => at,
             Err(e) => {
