@@ -762,7 +762,7 @@ async fn a_recorded_answer_is_never_replaced(store: &SharedStore) {
     batch.put_request(SCOPE, "once", b"second".to_vec());
     let refused = store.commit(batch).await;
     assert!(
-        refused.is_err(),
+        matches!(&refused, Err(StoreError::RequestRecorded { request_id }) if request_id == "once"),
         "a second answer was recorded: {refused:?}"
     );
     assert_eq!(
@@ -795,7 +795,10 @@ async fn a_recorded_answer_is_never_replaced(store: &SharedStore) {
                 assert_eq!(written, 1);
                 winners.push(writer);
             }
-            Err(_) => assert_eq!(written, 0, "a refused batch's event was written"),
+            Err(StoreError::RequestRecorded { .. }) => {
+                assert_eq!(written, 0, "a refused batch's event was written")
+            }
+            Err(e) => panic!("unexpected: {e}"),
         }
     }
     assert_eq!(
