@@ -85,3 +85,50 @@ impl Engine {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::store::{embedded::EmbeddedStore, Shards, SharedStore, WriteBatch};
+
+    /// Another server's try of the request committed between this try's
+    /// check and its commit (the runs changed owner): the store refuses
+    /// this try's answer, and the first one answers.
+    #[tokio::test]
+    async fn a_try_answered_first_elsewhere_answers_with_that_answer() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: SharedStore = Arc::new(EmbeddedStore::open(dir.path(), 1 << 20).expect("open"));
+        let shutdown = CancellationToken::new();
+        let config = crate::Config::new(dir.path());
+        let engine = Engine::start(store.clone(), config, Shards::all(), shutdown.clone())
+            .await
+            .expect("engine");
+        let commit = |answer: &'static [u8]| {
+            let store = store.clone();
+            async move {
+                let mut batch = WriteBatch::default();
+                batch.put_request(b"scope", "r1", answer.to_vec());
+                store.commit(batch).await.map_err(Error::from)
+            }
+        };
+        let elsewhere = commit(b"first");
+        let mine = commit(b"mine");
+        let work = async move {
+            elsewhere.await?;
+            mine.await?;
+            Ok(b"mine".to_vec())
+        };
+        let answer = engine
+            .once(b"scope".to_vec(), "r1".into(), |b| Ok(b.to_vec()), work)
+            .await
+            .expect("the recorded answer");
+        assert_eq!(answer, b"first");
+        shutdown.cancel();
+        engine.stopped().await;
+        store.close().await;
+    }
+}

@@ -45,14 +45,16 @@ async fn server_with_hold() -> (TestServer, CommitHold) {
 /// store's hold.
 enum Held {
     Embedded(CommitHold),
-    Postgres {
-        /// In a transaction that holds the head row.
-        holder: tokio_postgres::Client,
-        holder_pid: i32,
-        /// Asks the database who waits for the holder.
-        watcher: tokio_postgres::Client,
-        connections: Vec<JoinHandle<Result<(), tokio_postgres::Error>>>,
-    },
+    Postgres(Box<HeadRowLock>),
+}
+
+/// A transaction of the test's own that holds the head row.
+struct HeadRowLock {
+    holder: tokio_postgres::Client,
+    holder_pid: i32,
+    /// Asks the database who waits for the holder.
+    watcher: tokio_postgres::Client,
+    connections: Vec<JoinHandle<Result<(), tokio_postgres::Error>>>,
 }
 
 impl Held {
@@ -74,12 +76,12 @@ impl Held {
             .await
             .expect("pg_backend_pid")
             .get(0);
-        Held::Postgres {
+        Held::Postgres(Box::new(HeadRowLock {
             holder,
             holder_pid,
             watcher,
             connections: vec![holding, watching],
-        }
+        }))
     }
 
     /// Returns once a commit waits on the hold.
@@ -88,11 +90,12 @@ impl Held {
             Held::Embedded(hold) => tokio::time::timeout(WAIT, hold.until_waiting())
                 .await
                 .expect("no commit reached the hold"),
-            Held::Postgres {
-                holder_pid,
-                watcher,
-                ..
-            } => {
+            Held::Postgres(lock) => {
+                let HeadRowLock {
+                    holder_pid,
+                    watcher,
+                    ..
+                } = &**lock;
                 let give_up = std::time::Instant::now() + WAIT;
                 loop {
                     let waiting: i64 = watcher
@@ -120,12 +123,13 @@ impl Held {
     async fn release(self) {
         match self {
             Held::Embedded(hold) => hold.release(),
-            Held::Postgres {
-                holder,
-                watcher,
-                connections,
-                ..
-            } => {
+            Held::Postgres(lock) => {
+                let HeadRowLock {
+                    holder,
+                    watcher,
+                    connections,
+                    ..
+                } = *lock;
                 holder.batch_execute("ROLLBACK").await.expect("release");
                 drop((holder, watcher));
                 for connection in connections {
