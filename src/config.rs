@@ -107,6 +107,9 @@ pub struct Config {
     /// load balancer), for the links in webhooks and pages. `None`:
     /// `http://` (`https://` under TLS) and the advertised address.
     pub public_url: Option<String>,
+    /// Tests only: holds the embedded store's commits while the test says
+    /// so (see [`crate::store::CommitHold`]). `None` in a real server.
+    pub commit_hold: Option<crate::store::CommitHold>,
 }
 
 impl Config {
@@ -141,6 +144,7 @@ impl Config {
             archive_dir: None,
             log_segment_bytes: DEFAULT_LOG_SEGMENT_KIB * 1024,
             public_url: None,
+            commit_hold: None,
         }
     }
 }

@@ -282,9 +282,19 @@ func TestDecideApprovals(t *testing.T) {
 
 	// Item by item: the good one is decided, the others are not.
 	missing := aaa.DecisionItem{RunID: shown[2].RunID, CallID: "call-99", ArgumentsSHA256: shown[2].ArgumentsSHA256}
-	results, err = e.client.DecideApprovals(e.ctx, []aaa.DecisionItem{good, stale, missing}, aaa.BatchGrant, aaa.WithComment("batch of the day"))
+	batch := []aaa.DecisionItem{good, stale, missing}
+	opts := []aaa.SignalOption{aaa.WithComment("batch of the day"), aaa.WithRequestID("batch-" + good.RunID)}
+	results, err = e.client.DecideApprovals(e.ctx, batch, aaa.BatchGrant, opts...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A retry with the request id (its reply lost) gets the first reply again.
+	again, err := e.client.DecideApprovals(e.ctx, batch, aaa.BatchGrant, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(again, results) {
+		t.Fatalf("the retry answered %+v, the first call %+v", again, results)
 	}
 	if got := statuses(results); !slices.Equal(got, []aaa.DecisionStatus{aaa.DecisionDecided, aaa.DecisionMismatch, aaa.DecisionNotFound}) {
 		t.Fatalf("item by item: %v", got)

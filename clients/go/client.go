@@ -49,9 +49,10 @@ const DefaultRetryTimeout = 30 * time.Second
 // servers of a cluster). It is safe for concurrent use.
 //
 // Calls retry while the server is unavailable (a dropped connection, a
-// restarting server) for up to the retry timeout. StartRun and Signal get a
-// fresh request id when the caller gives none, so a retried call never starts
-// a second run or appends a second event. Event and approval streams resume
+// restarting server) for up to the retry timeout. StartRun, Signal and
+// DecideApprovals get a fresh request id when the caller gives none, so a
+// retried call never starts a second run or appends a second event, and
+// answers as the first try did. Event and approval streams resume
 // from their cursor after a dropped connection, with no gap and no duplicate.
 type Client struct {
 	conn          *grpc.ClientConn // nil when the caller owns the connection
@@ -795,9 +796,11 @@ type signalOptions struct {
 	allOrNothing    bool
 }
 
-// WithRequestID sets the idempotency key of a Signal, Approve, Deny or Edit:
-// a retry with the same id returns the first answer and appends nothing. A
-// fresh one is generated when it is not given.
+// WithRequestID sets the idempotency key of a Signal, Approve, Deny, Edit or
+// DecideApprovals: a retry with the same id returns the first answer and
+// appends nothing (for a batch: each item the first call decided comes back
+// DecisionDecided with its seq, not DecisionAlreadyDecided). A fresh one is
+// generated when it is not given.
 func WithRequestID(id string) SignalOption {
 	return func(o *signalOptions) { o.requestID = id }
 }
@@ -984,10 +987,10 @@ type DecisionResult struct {
 // returns one result per item, in the items' order; an item that cannot be
 // decided does not stop the others, unless WithAllOrNothing is given.
 // Options: WithComment (grant), WithReason (deny), WithApprover,
-// WithAllOrNothing. No items, an item without a digest, or a call named
-// twice fail the whole call with ErrInvalidField. Like every call it is
-// retried while the server is unavailable; items a lost reply had decided
-// then come back DecisionAlreadyDecided.
+// WithAllOrNothing, WithRequestID. No items, an item without a digest, or a
+// call named twice fail the whole call with ErrInvalidField. Like every call
+// it is retried while the server is unavailable; with its request id, a
+// retry after a lost reply gets the first reply again.
 func (c *Client) DecideApprovals(ctx context.Context, items []DecisionItem, decision BatchDecision, opts ...SignalOption) ([]DecisionResult, error) {
 	o := options(opts)
 	req := &aaav1.DecideApprovalsRequest{
@@ -996,6 +999,10 @@ func (c *Client) DecideApprovals(ctx context.Context, items []DecisionItem, deci
 		Comment:      o.comment,
 		AllOrNothing: o.allOrNothing,
 		Approver:     o.approver,
+		RequestId:    o.requestID,
+	}
+	if req.RequestId == "" {
+		req.RequestId = newID()
 	}
 	for _, item := range items {
 		req.Items = append(req.Items, &aaav1.DecisionItem{RunId: item.RunID, CallId: item.CallID, ArgumentsSha256: item.ArgumentsSHA256})

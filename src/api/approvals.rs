@@ -14,7 +14,7 @@ use super::{client_actor, convert, principal, status::to_status, unavailable, ST
 use crate::cluster::{Cluster, Owner};
 use crate::domain::may_decide;
 use crate::engine::event::*;
-use crate::engine::{BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
+use crate::engine::{Batch, BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
 use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId};
@@ -239,23 +239,24 @@ impl ApprovalService for ApprovalApi {
         };
         convert::check_size(if grant { "comment" } else { "reason" }, text, 4 * 1024)?;
         convert::check_size("approver", &request.approver, 256)?;
+        convert::check_size("request_id", &request.request_id, convert::MAX_NAME_BYTES)?;
         let engine = self.engine.as_ref().ok_or_else(super::not_serving)?;
         let decide = |part: Vec<BatchItem>| {
-            let reviewer = &reviewer;
-            let approver = &request.approver;
+            let batch = Batch {
+                items: part,
+                grant,
+                text: text.clone(),
+                approver: request.approver.clone(),
+                all_or_nothing: request.all_or_nothing,
+                request_id: request.request_id.clone(),
+            };
+            let reviewer = reviewer.clone();
             async move {
-                let outcomes = engine
-                    .decide_approvals(
-                        &part,
-                        grant,
-                        text,
-                        approver,
-                        reviewer,
-                        request.all_or_nothing,
-                    )
-                    .await?;
+                let outcomes = engine.decide_approvals(batch.clone(), reviewer).await?;
                 Ok::<_, Status>(
-                    part.iter()
+                    batch
+                        .items
+                        .iter()
                         .zip(outcomes)
                         .map(|(item, outcome)| decision_result(item, outcome))
                         .collect::<Vec<_>>(),

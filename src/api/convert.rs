@@ -14,7 +14,7 @@ use crate::seconds;
 use crate::store::{ApprovalRecord, EventRecord, RunId, RunRecord};
 
 /// Longest name (tool, model, event type, label key, request id).
-const MAX_NAME_BYTES: usize = 256;
+pub const MAX_NAME_BYTES: usize = 256;
 const DEFAULT_MAX_MODEL_CALLS: u32 = 50;
 
 pub fn timestamp(ms: i64) -> Option<prost_types::Timestamp> {

@@ -370,6 +370,7 @@ pub async fn decide(
         comment,
         all_or_nothing,
         approver,
+        request_id: String::new(),
     };
     let answer = client
         .approvals()

@@ -7,9 +7,12 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::event::{is_decision, NewEvent, APPROVAL_DENIED, APPROVAL_GRANTED};
+use super::event::{
+    is_decision, NewEvent, APPROVAL_DENIED, APPROVAL_EDITED, APPROVAL_GRANTED, APPROVAL_VOTED,
+};
+use super::requests::request_scope;
 use super::state::{DecisionOutcome, Reviewer, RunState};
-use super::{request_scope, stripe, Engine, Error, RUN_LOCK_STRIPES};
+use super::{stripe, Engine, Error, RUN_LOCK_STRIPES};
 use crate::store::{RunId, WriteBatch};
 
 /// Signal's answer (also kept as the answer of an idempotent retry).
@@ -49,8 +52,56 @@ pub enum ItemOutcome {
     NotApplied,
 }
 
+/// A batch decision, as the api checked it.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Distinct calls (the api checks).
+    pub items: Vec<BatchItem>,
+    /// Grant every item, or deny every item.
+    pub grant: bool,
+    /// The grant's comment or the denial's reason.
+    pub text: String,
+    /// With auth off: the approver's name for the votes.
+    pub approver: String,
+    pub all_or_nothing: bool,
+    /// Optional idempotency key (see [`super::requests`]).
+    pub request_id: String,
+}
+
+/// What a batch's request id records for each item it decided: the item's
+/// first answer, kept with the item's run.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ItemAnswer {
+    decision: String,
+    seq: u64,
+}
+
+/// Where a batch's request id keeps an item's answer: per run and call
+/// (the call's length first, so that no two calls and principals make
+/// the same scope), and per principal.
+fn item_scope(item: &BatchItem, principal: &str) -> Vec<u8> {
+    let call = item.call_id.as_bytes();
+    let length = u16::try_from(call.len()).unwrap_or(u16::MAX).to_be_bytes();
+    let method = [b"decide".as_slice(), item.run.as_bytes(), &length, call].concat();
+    request_scope(&method, principal)
+}
+
+/// A decision's event type, as the `&'static str` outcomes carry.
+fn decision_type(recorded: &str) -> Option<&'static str> {
+    [
+        APPROVAL_GRANTED,
+        APPROVAL_VOTED,
+        APPROVAL_DENIED,
+        APPROVAL_EDITED,
+    ]
+    .into_iter()
+    .find(|t| *t == recorded)
+}
+
 impl Engine {
-    /// Signal: an approval decision or an application event.
+    /// Signal: an approval decision or an application event. With a
+    /// request id, a retry answers what the first try recorded (see
+    /// [`super::requests`]).
     pub async fn signal(
         &self,
         run: RunId,
@@ -59,26 +110,41 @@ impl Engine {
         request_id: &str,
         reviewer: Reviewer,
     ) -> Result<SignalAnswer, Error> {
+        if request_id.is_empty() {
+            return self.signal_now(run, event_type, data, None, reviewer).await;
+        }
         let scope = request_scope(
             &[b"signal".as_slice(), run.as_bytes()].concat(),
             &reviewer.principal,
         );
-        // Retries of one request wait for each other here, so the second
-        // reads the answer the first recorded.
-        let _request_guard = match request_id.is_empty() {
-            true => None,
-            false => Some(
-                self.inner.request_locks[stripe(&(&scope, request_id), RUN_LOCK_STRIPES)]
-                    .lock()
-                    .await,
-            ),
+        let engine = self.clone();
+        let (event_type, record) = (
+            event_type.to_string(),
+            (scope.clone(), request_id.to_string()),
+        );
+        let work = async move {
+            engine
+                .signal_now(run, &event_type, data, Some(record), reviewer)
+                .await
         };
-        if !request_id.is_empty() {
-            if let Some(bytes) = self.inner.store.request(&scope, request_id).await? {
-                return serde_json::from_slice(&bytes)
-                    .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")));
-            }
-        }
+        let recorded = |bytes: &[u8]| {
+            serde_json::from_slice(bytes)
+                .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")))
+        };
+        self.once(scope, request_id.to_string(), recorded, work)
+            .await
+    }
+
+    /// Signal's work; `record`: where the answer is recorded, with the
+    /// event it answers (scope and request id).
+    async fn signal_now(
+        &self,
+        run: RunId,
+        event_type: &str,
+        data: Value,
+        record: Option<(Vec<u8>, String)>,
+        reviewer: Reviewer,
+    ) -> Result<SignalAnswer, Error> {
         let (answer, _) = self
             .update(run, |state, batch| {
                 let seq = state.last_seq + 1;
@@ -122,9 +188,9 @@ impl Engine {
                         },
                     )
                 };
-                if !events.is_empty() && !request_id.is_empty() {
+                if let (false, Some((scope, request_id))) = (events.is_empty(), &record) {
                     let bytes = serde_json::to_vec(&answer).expect("serializes");
-                    batch.put_request(&scope, request_id, bytes);
+                    batch.put_request(scope, request_id, bytes);
                 }
                 Ok((events, answer))
             })
@@ -136,20 +202,69 @@ impl Engine {
     /// digest, in one atomic commit. The runs' locks are held from the
     /// first check to the commit, so no other decision slips in between;
     /// with `all_or_nothing`, one refused item leaves every item undecided.
-    /// Items must name distinct calls (the api checks).
+    /// With a request id, an item a first try decided answers with that
+    /// first outcome, and the others are decided as asked (see
+    /// [`super::requests`]).
     pub async fn decide_approvals(
         &self,
-        items: &[BatchItem],
-        grant: bool,
-        text: &str,
-        approver: &str,
-        reviewer: &Reviewer,
-        all_or_nothing: bool,
+        batch: Batch,
+        reviewer: Reviewer,
     ) -> Result<Vec<ItemOutcome>, Error> {
+        if batch.request_id.is_empty() {
+            let recorded = batch.items.iter().map(|_| None).collect();
+            return self.decide_now(&batch, &reviewer, recorded).await;
+        }
+        let key = (
+            request_scope(b"decide", &reviewer.principal),
+            batch.request_id.clone(),
+        );
+        let engine = self.clone();
+        self.under_request_lock(key, async move {
+            let recorded = engine.recorded_items(&batch, &reviewer.principal).await?;
+            engine.decide_now(&batch, &reviewer, recorded).await
+        })
+        .await
+    }
+
+    /// The outcome a first try of the batch recorded for each item, if any.
+    async fn recorded_items(
+        &self,
+        batch: &Batch,
+        principal: &str,
+    ) -> Result<Vec<Option<ItemOutcome>>, Error> {
+        let reads = batch.items.iter().map(|item| async move {
+            let scope = item_scope(item, principal);
+            let Some(bytes) = self.inner.store.request(&scope, &batch.request_id).await? else {
+                return Ok(None);
+            };
+            let bad = |why: String| Error::Internal(format!("bad idempotency record: {why}"));
+            let answer: ItemAnswer =
+                serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+            let recorded = decision_type(&answer.decision).ok_or_else(|| bad(answer.decision))?;
+            Ok::<_, Error>(Some(ItemOutcome::Decided {
+                recorded,
+                seq: answer.seq,
+            }))
+        });
+        futures_util::future::try_join_all(reads).await
+    }
+
+    /// Decides the items `recorded` has no outcome for; the others answer
+    /// with theirs. Decided items record their outcomes under the batch's
+    /// request id, if it has one.
+    async fn decide_now(
+        &self,
+        batch: &Batch,
+        reviewer: &Reviewer,
+        recorded: Vec<Option<ItemOutcome>>,
+    ) -> Result<Vec<ItemOutcome>, Error> {
+        let items = &batch.items;
+        let fresh: Vec<bool> = recorded.iter().map(Option::is_none).collect();
+        let to_decide = |i: &usize| fresh[*i];
         // Locks in stripe order, each once, so batches cannot deadlock.
-        let mut stripes: Vec<usize> = items
-            .iter()
-            .map(|item| stripe(&item.run, RUN_LOCK_STRIPES))
+        let mut stripes: Vec<usize> = (0..items.len())
+            .filter(to_decide)
+            .map(|i| stripe(&items[i].run, RUN_LOCK_STRIPES))
             .collect();
         stripes.sort_unstable();
         stripes.dedup();
@@ -159,7 +274,7 @@ impl Engine {
         }
 
         let mut states: BTreeMap<RunId, Result<RunState, Error>> = BTreeMap::new();
-        for item in items {
+        for item in (0..items.len()).filter(to_decide).map(|i| &items[i]) {
             if !states.contains_key(&item.run) {
                 let loaded = self.load(item.run).await;
                 if let Err(e @ (Error::StorageUnavailable(_) | Error::Internal(_))) = &loaded {
@@ -172,13 +287,17 @@ impl Engine {
             }
         }
 
-        let (event_type, text_key) = match grant {
+        let (event_type, text_key) = match batch.grant {
             true => (APPROVAL_GRANTED, "comment"),
             false => (APPROVAL_DENIED, "reason"),
         };
         let mut outcomes = Vec::with_capacity(items.len());
         let mut to_append: BTreeMap<RunId, Vec<NewEvent>> = BTreeMap::new();
-        for item in items {
+        for (item, recorded) in items.iter().zip(recorded) {
+            if let Some(outcome) = recorded {
+                outcomes.push(outcome);
+                continue;
+            }
             let state = match &states[&item.run] {
                 Ok(state) => state,
                 // A run of a shard another server of the cluster owns.
@@ -196,10 +315,10 @@ impl Engine {
             let mut data = json!({
                 "call_id": item.call_id,
                 "arguments_sha256": item.arguments_sha256,
-                text_key: text,
+                text_key: batch.text,
             });
-            if !approver.is_empty() {
-                data["approver"] = json!(approver);
+            if !batch.approver.is_empty() {
+                data["approver"] = json!(batch.approver);
             }
             let outcome = match state.decide_approval(event_type, &data, reviewer) {
                 Ok(DecisionOutcome::Append(decided)) => {
@@ -224,9 +343,9 @@ impl Engine {
         let refused = outcomes
             .iter()
             .any(|o| !matches!(o, ItemOutcome::Decided { .. }));
-        if all_or_nothing && refused {
-            for outcome in &mut outcomes {
-                if matches!(outcome, ItemOutcome::Decided { .. }) {
+        if batch.all_or_nothing && refused {
+            for (i, outcome) in outcomes.iter_mut().enumerate() {
+                if to_decide(&i) && matches!(outcome, ItemOutcome::Decided { .. }) {
                     *outcome = ItemOutcome::NotApplied;
                 }
             }
@@ -239,7 +358,7 @@ impl Engine {
 
         // One commit for every run: the batch is durable as a whole or not at all.
         let mut staged_runs = Vec::new();
-        let mut batch = WriteBatch::default();
+        let mut writes = WriteBatch::default();
         for (run, events) in to_append {
             let Some(Ok(mut state)) = states.remove(&run) else {
                 unreachable!("decided items have a loaded state")
@@ -251,18 +370,31 @@ impl Engine {
                 Ok(staged) => staged,
                 Err(e) => {
                     // The runs staged before this one commit nothing.
-                    self.inner.grants.release(&batch.grant_uses());
+                    self.inner.grants.release(&writes.grant_uses());
                     return Err(e);
                 }
             };
-            batch.extend(std::mem::take(&mut staged.batch));
+            writes.extend(std::mem::take(&mut staged.batch));
             staged_runs.push((state, staged));
+        }
+        if !batch.request_id.is_empty() {
+            for (i, (item, outcome)) in items.iter().zip(&outcomes).enumerate() {
+                if let (true, ItemOutcome::Decided { recorded, seq }) = (to_decide(&i), outcome) {
+                    let answer = ItemAnswer {
+                        decision: recorded.to_string(),
+                        seq: *seq,
+                    };
+                    let bytes = serde_json::to_vec(&answer).expect("serializes");
+                    let scope = item_scope(item, &reviewer.principal);
+                    writes.put_request_of(item.run, &scope, &batch.request_id, bytes);
+                }
+            }
         }
         self.put_back(states);
         let engine = self.clone();
         tokio::spawn(async move {
             let _guards = guards;
-            let positions = engine.commit_with_grants(batch).await?;
+            let positions = engine.commit_with_grants(writes).await?;
             let mut offset = 0;
             for (mut state, staged) in staged_runs {
                 let count = (state.last_seq + 1 - staged.first_seq) as usize;

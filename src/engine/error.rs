@@ -150,6 +150,12 @@ impl From<crate::store::StoreError> for Error {
             stale @ crate::store::StoreError::GrantUnusable(_) => {
                 Error::StorageUnavailable(stale.to_string())
             }
+            // An earlier try of the request committed first: nothing was
+            // written; the engine reads the answer recorded (see
+            // `Engine::once`), and a client's retry does too.
+            recorded @ crate::store::StoreError::RequestRecorded { .. } => {
+                Error::StorageUnavailable(recorded.to_string())
+            }
             fenced @ crate::store::StoreError::Fenced { .. } => {
                 Error::OwnershipLost(fenced.to_string())
             }

@@ -19,6 +19,7 @@ mod leases;
 mod observed;
 mod reads;
 mod recorded;
+mod requests;
 pub mod retention;
 pub mod schema;
 pub mod state;
@@ -36,7 +37,7 @@ use sha2::Sha256;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use decisions::{BatchItem, ItemOutcome, SignalAnswer};
+pub use decisions::{Batch, BatchItem, ItemOutcome, SignalAnswer};
 use dispatch::{Dispatcher, Reservation, TaskRef};
 pub use dispatch::{Poller, QueueKey};
 pub use error::Error;
@@ -44,6 +45,7 @@ use event::*;
 pub use facts::RunFacts;
 use leases::{LeaseKind, Leases};
 pub use reads::Reads;
+use requests::request_scope;
 pub use state::Reviewer;
 use state::{Action, Message, RunState, ToolOutcome};
 
@@ -318,16 +320,6 @@ struct Inner {
     /// Held (read) by each commit of a run's events; `close` takes it and
     /// turns it false, so that no commit of this engine follows its close.
     open: tokio::sync::RwLock<bool>,
-}
-
-/// Where a method's request ids are kept: per method (and run), and per
-/// principal when auth is on, so that one caller's id never answers
-/// another's request.
-fn request_scope(method: &[u8], principal: &str) -> Vec<u8> {
-    match principal {
-        "" => method.to_vec(),
-        name => [method, b"/", name.as_bytes()].concat(),
-    }
 }
 
 /// Which of `stripes` locks guards `key`. DefaultHasher::new() has fixed
@@ -972,24 +964,25 @@ impl Engine {
     // ---- RunService ----
 
     /// Starts a run, or returns the one an earlier call with the same
-    /// request_id started. Returns (run, created).
+    /// request_id started (see [`requests`]). Returns (run, created).
     pub async fn start_run(&self, start: StartRun, actor: Actor) -> Result<(RunId, bool), Error> {
-        let scope = request_scope(b"start", &start.principal);
-        let _request_guard = match start.request_id.is_empty() {
-            true => None,
-            false => Some(
-                self.inner.request_locks[stripe(&(&scope, &start.request_id), RUN_LOCK_STRIPES)]
-                    .lock()
-                    .await,
-            ),
-        };
-        if !start.request_id.is_empty() {
-            if let Some(bytes) = self.inner.store.request(&scope, &start.request_id).await? {
-                let run = RunId::from_slice(&bytes)
-                    .ok_or_else(|| Error::Internal("bad idempotency record".into()))?;
-                return Ok((run, false));
-            }
+        if start.request_id.is_empty() {
+            return Ok((self.start_new_run(start, actor).await?, true));
         }
+        let scope = request_scope(b"start", &start.principal);
+        let request_id = start.request_id.clone();
+        let engine = self.clone();
+        let work = async move { Ok((engine.start_new_run(start, actor).await?, true)) };
+        let recorded = |bytes: &[u8]| match RunId::from_slice(bytes) {
+            Some(run) => Ok((run, false)),
+            None => Err(Error::Internal("bad idempotency record".into())),
+        };
+        self.once(scope, request_id, recorded, work).await
+    }
+
+    /// Starts a run; with a request id, its commit records the run as the
+    /// request's answer.
+    async fn start_new_run(&self, start: StartRun, actor: Actor) -> Result<RunId, Error> {
         let tools = self.resolve_tools(&start.tools).await?;
         let model = self.resolve_model(start.model)?;
         let now = self.now_ms();
@@ -1033,12 +1026,13 @@ impl Engine {
         let mut batch = WriteBatch::default();
         batch.push_event(record);
         if !start.request_id.is_empty() {
+            let scope = request_scope(b"start", &start.principal);
             batch.put_request(&scope, &start.request_id, run.as_bytes().to_vec());
         }
         self.commit_detached(guard, state, Vec::new(), batch, actions)
             .await?;
         self.inner.reads.remember(run, facts);
-        Ok((run, true))
+        Ok(run)
     }
 
     async fn resolve_tools(&self, refs: &[ToolRef]) -> Result<Vec<ToolSpec>, Error> {
@@ -1114,22 +1108,23 @@ impl Engine {
             .cloned();
         let owner = match cached {
             Some(owner) => owner,
+            // The first principal to claim the identity owns it: a claim
+            // is a request whose id is the identity (see [`requests`]).
             None => {
-                let _guard = self.inner.request_locks
-                    [stripe(&(SCOPE, &worker.identity), RUN_LOCK_STRIPES)]
-                .lock()
-                .await;
-                match self.inner.store.request(SCOPE, &worker.identity).await? {
-                    Some(bytes) => String::from_utf8(bytes)
-                        .map_err(|_| Error::Internal("bad identity record".into()))?,
-                    None => {
-                        let mut batch = WriteBatch::default();
-                        let principal = worker.principal.as_bytes().to_vec();
-                        batch.put_request(SCOPE, &worker.identity, principal);
-                        self.inner.store.commit(batch).await?;
-                        worker.principal.clone()
-                    }
-                }
+                let store = self.inner.store.clone();
+                let (identity, principal) = (worker.identity.clone(), worker.principal.clone());
+                let work = async move {
+                    let mut batch = WriteBatch::default();
+                    batch.put_request(SCOPE, &identity, principal.as_bytes().to_vec());
+                    store.commit(batch).await?;
+                    Ok(principal)
+                };
+                let recorded = |bytes: &[u8]| {
+                    String::from_utf8(bytes.to_vec())
+                        .map_err(|_| Error::Internal("bad identity record".into()))
+                };
+                self.once(SCOPE.to_vec(), worker.identity.clone(), recorded, work)
+                    .await?
             }
         };
         self.inner

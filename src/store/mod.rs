@@ -15,6 +15,10 @@
 //!   seq before the batch's first event of that run; when another writer
 //!   got there first the batch is refused whole with
 //!   [`StoreError::Conflict`], never forking the history.
+//! - An idempotency record ([`Op::PutRequest`]) is written once: a batch
+//!   that records an answer to a request already answered is refused whole
+//!   with [`StoreError::RequestRecorded`], so the first answer stands and
+//!   the effect it answered is never applied twice.
 //! - Readers see no event before it is durable; `watch_durable` moves after
 //!   each commit.
 //!
@@ -22,8 +26,11 @@
 //! default) and [`postgres`].
 
 pub mod embedded;
+mod hold;
 pub mod postgres;
 mod queue;
+
+pub use hold::CommitHold;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -75,6 +82,11 @@ pub enum StoreError {
         "standing grant {0} was revoked or used up on another server; decided again without it"
     )]
     GrantUnusable(String),
+    /// The batch records an answer to a request already answered (an
+    /// earlier try committed first, here or on another server): the
+    /// answer recorded stands. Nothing of the batch was written.
+    #[error("request '{request_id}' was answered already; nothing of this try was written")]
+    RequestRecorded { request_id: String },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -102,11 +114,15 @@ pub enum Op {
         name: String,
         definition: Vec<u8>,
     },
-    /// The answer to an idempotent request, kept for the life of the store.
+    /// The answer to an idempotent request, written once (see
+    /// [`StoreError::RequestRecorded`]) and kept for the life of its run.
     PutRequest {
         scope: Vec<u8>,
         request_id: String,
         answer: Vec<u8>,
+        /// The run it is deleted with; `None`: the batch's one run, if it
+        /// has one (see [`WriteBatch::request_run`]).
+        run: Option<RunId>,
     },
     PutGroup(GroupRecord),
     PutDeadLetter {
@@ -284,7 +300,29 @@ impl WriteBatch {
             scope: scope.to_vec(),
             request_id: request_id.to_string(),
             answer,
+            run: None,
         });
+    }
+
+    /// [`WriteBatch::put_request`] for a record deleted with `run`, in a
+    /// batch that may append to other runs too (a batch decision).
+    pub fn put_request_of(&mut self, run: RunId, scope: &[u8], request_id: &str, answer: Vec<u8>) {
+        self.ops.push(Op::PutRequest {
+            scope: scope.to_vec(),
+            request_id: request_id.to_string(),
+            answer,
+            run: Some(run),
+        });
+    }
+
+    /// The (scope, request_id) of each idempotency record the batch writes.
+    pub fn request_keys(&self) -> impl Iterator<Item = (&[u8], &str)> {
+        self.ops.iter().filter_map(|op| match op {
+            Op::PutRequest {
+                scope, request_id, ..
+            } => Some((scope.as_slice(), request_id.as_str())),
+            _ => None,
+        })
     }
 
     pub fn put_group(&mut self, group: &GroupRecord) {
@@ -681,6 +719,7 @@ pub async fn open(config: &crate::Config) -> Result<SharedStore> {
                 config.store_cache_bytes,
                 config.log_segment_bytes,
                 &config.metrics,
+                config.commit_hold.clone(),
             )?;
             Ok(Arc::new(store))
         }

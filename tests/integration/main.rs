@@ -27,6 +27,7 @@ mod postgres;
 mod prometheus;
 mod restart;
 mod retention;
+mod retries;
 mod reviews;
 mod scenario;
 mod storage;

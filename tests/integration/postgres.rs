@@ -744,6 +744,74 @@ async fn racing_writers_conflict_and_never_fork(store: &SharedStore) {
     assert!(conflicts > 0, "the writers never raced");
 }
 
+/// An idempotency record is written once: a later batch that records
+/// another answer under the same key (a retry that reached another server,
+/// or raced the first) is refused whole, its events with it, and the
+/// first answer stands. Writers racing to record one key: one wins.
+async fn a_recorded_answer_is_never_replaced(store: &SharedStore) {
+    const SCOPE: &[u8] = b"signal/once";
+    let first = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(first, 1, "app.note"));
+    batch.put_request(SCOPE, "once", b"first".to_vec());
+    store.commit(batch).await.expect("the first answer");
+
+    let second = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(second, 1, "app.note"));
+    batch.put_request(SCOPE, "once", b"second".to_vec());
+    let refused = store.commit(batch).await;
+    assert!(
+        matches!(&refused, Err(StoreError::RequestRecorded { request_id }) if request_id == "once"),
+        "a second answer was recorded: {refused:?}"
+    );
+    assert_eq!(
+        store.request(SCOPE, "once").await.unwrap().as_deref(),
+        Some(&b"first"[..])
+    );
+    assert!(
+        store.run_events(second, 0, 10).await.unwrap().is_empty(),
+        "the refused batch's event was written"
+    );
+
+    const WRITERS: usize = 8;
+    let mut tasks = Vec::new();
+    for writer in 0..WRITERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let run = RunId::new();
+            let mut batch = WriteBatch::default();
+            batch.push_event(event(run, 1, "app.race"));
+            batch.put_request(SCOPE, "raced", vec![writer as u8]);
+            (writer, run, store.commit(batch).await)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (writer, run, committed) = task.await.expect("writer");
+        let written = store.run_events(run, 0, 10).await.unwrap().len();
+        match committed {
+            Ok(_) => {
+                assert_eq!(written, 1);
+                winners.push(writer);
+            }
+            Err(StoreError::RequestRecorded { .. }) => {
+                assert_eq!(written, 0, "a refused batch's event was written")
+            }
+            Err(e) => panic!("unexpected: {e}"),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "writers {winners:?} each recorded an answer"
+    );
+    assert_eq!(
+        store.request(SCOPE, "raced").await.unwrap(),
+        Some(vec![winners[0] as u8])
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_embedded_store_keeps_the_store_contract() {
     let (_dir, store) = embedded();
@@ -751,6 +819,7 @@ async fn the_embedded_store_keeps_the_store_contract() {
     grants_and_their_uses(&store).await;
     positions_dense_under_concurrent_writers(&store).await;
     racing_writers_conflict_and_never_fork(&store).await;
+    a_recorded_answer_is_never_replaced(&store).await;
     store.close().await;
 }
 
@@ -765,6 +834,7 @@ async fn the_postgres_store_keeps_the_store_contract() {
     let rate = positions_dense_under_concurrent_writers(&store).await;
     eprintln!("postgres: {rate:.0} commits/s with 64 concurrent writers");
     racing_writers_conflict_and_never_fork(&store).await;
+    a_recorded_answer_is_never_replaced(&store).await;
     store.close().await;
     let refused = store.commit(WriteBatch::default()).await;
     assert!(matches!(refused, Err(StoreError::Closed)), "{refused:?}");

@@ -436,6 +436,7 @@ fn batch(
         comment: "batch comment".into(),
         all_or_nothing,
         approver: String::new(),
+        request_id: String::new(),
     }
 }
 

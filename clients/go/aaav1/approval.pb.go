@@ -1069,7 +1069,13 @@ type DecideApprovalsRequest struct {
 	// When true, decide nothing unless every item would be decided (or voted).
 	AllOrNothing bool `protobuf:"varint,5,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
 	// With auth off: the approver's name for the votes (see Vote.approver).
-	Approver      string `protobuf:"bytes,6,opt,name=approver,proto3" json:"approver,omitempty"`
+	Approver string `protobuf:"bytes,6,opt,name=approver,proto3" json:"approver,omitempty"`
+	// Optional idempotency key: a retry with the same request_id (by the same
+	// caller) answers each item the first call decided with that first
+	// answer (DECISION_STATUS_DECIDED and its seq, not ALREADY_DECIDED) and
+	// records nothing again; items it did not decide are decided as asked.
+	// Kept for the life of each item's run.
+	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1142,6 +1148,13 @@ func (x *DecideApprovalsRequest) GetAllOrNothing() bool {
 func (x *DecideApprovalsRequest) GetApprover() string {
 	if x != nil {
 		return x.Approver
+	}
+	return ""
+}
+
+func (x *DecideApprovalsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -1521,14 +1534,16 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x03seq\x18\x06 \x01(\x04R\x03seq\x12.\n" +
 	"\x04time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1f\n" +
 	"\vreplaced_by\x18\b \x01(\tR\n" +
-	"replacedBy\"\xeb\x01\n" +
+	"replacedBy\"\x8a\x02\n" +
 	"\x16DecideApprovalsRequest\x12*\n" +
 	"\x05items\x18\x01 \x03(\v2\x14.aaa.v1.DecisionItemR\x05items\x121\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x15.aaa.v1.BatchDecisionR\bdecision\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
 	"\acomment\x18\x04 \x01(\tR\acomment\x12$\n" +
 	"\x0eall_or_nothing\x18\x05 \x01(\bR\fallOrNothing\x12\x1a\n" +
-	"\bapprover\x18\x06 \x01(\tR\bapprover\"i\n" +
+	"\bapprover\x18\x06 \x01(\tR\bapprover\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\"i\n" +
 	"\fDecisionItem\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12)\n" +

@@ -215,7 +215,12 @@ async def test_batch_decisions_are_bound_to_digests(client, uid):
         assert [r.seq for r in results] == [0, 0]
         assert len(await client.approvals.list(labels={"test": uid})) == 3
 
-        results = await client.decide_approvals([one, wrong_two, three], comment="batch ok", approver="carol")
+        batch = ([one, wrong_two, three],)
+        options = {"comment": "batch ok", "approver": "carol", "request_id": f"batch-{uid}"}
+        results = await client.decide_approvals(*batch, **options)
+        # A retry with the request id (its answer lost) gets the first answer again.
+        again = await client.decide_approvals(*batch, **options)
+        assert [(r.status, r.seq) for r in again] == [(r.status, r.seq) for r in results]
         assert [r.status for r in results] == [
             aaa.DecisionStatus.DECIDED,
             aaa.DecisionStatus.MISMATCH,

@@ -11,9 +11,9 @@
  *
  * Unary calls return promises; streams are async iterators. Calls that fail
  * with UNAVAILABLE (a dropped connection, a restarting server) are retried
- * for up to `retryMs`. StartRun and Signal send a fresh `request_id` when the
- * caller gives none, so a retried call never starts a second run or appends a
- * second event. Event and approval streams resume from their cursor after a
+ * for up to `retryMs`. StartRun, Signal and DecideApprovals send a fresh
+ * `request_id` when the caller gives none, so a retried call never starts a
+ * second run or appends a second event, and answers as the first try did. Event and approval streams resume from their cursor after a
  * dropped connection, with no gap and no duplicate.
  *
  * Given several addresses (the servers of a cluster), the client spreads its
@@ -206,6 +206,11 @@ export interface DecideApprovalsOptions extends CallControl {
   allOrNothing?: boolean;
   /** With auth off: the approver's name for the votes (unverified). With auth on the caller is the approver. */
   approver?: string;
+  /**
+   * Idempotency key: a retry with the same key answers each item the first call decided with that
+   * first result ("decided" and its seq, not "already_decided"). Generated when omitted.
+   */
+  requestId?: string;
 }
 
 /** Options of {@link Client.createGrant}. */
@@ -743,9 +748,8 @@ export class Client {
    * item, in order; a grant of a call that needs several approvers is
    * "decided" as an "aaa.approval.voted". With `allOrNothing`, nothing is
    * recorded unless every item would be. Throws `InvalidArgument` for no
-   * items, a call named twice or a missing digest. There is no request id: a
-   * retry after a lost reply reports the items it had decided as
-   * "already_decided".
+   * items, a call named twice or a missing digest. A retry after a lost reply
+   * (with the same `requestId`) gets the first reply again.
    */
   async decideApprovals(items: readonly DecisionItem[], options: DecideApprovalsOptions): Promise<DecisionResult[]> {
     const request = {
@@ -756,6 +760,7 @@ export class Client {
       comment: options.comment ?? "",
       allOrNothing: options.allOrNothing ?? false,
       approver: options.approver ?? "",
+      requestId: options.requestId || randomUUID(),
     };
     const response = await this.call((o) => this.services.approval.decideApprovals(request, o), options);
     return response.results.map(decisionResultFromProto);

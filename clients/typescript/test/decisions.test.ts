@@ -222,7 +222,12 @@ test("decide grants and denies a batch, each item bound to the digest shown", as
     const [a, b, c] = runs.map((run) => listed.find((approval) => approval.runId === run.id)!);
     const wrong = "0".repeat(64);
 
-    const first = await client.decideApprovals([a, { ...b, argumentsSha256: wrong }], { decision: "grant", comment: "batch ok" });
+    const batch = [a, { ...b, argumentsSha256: wrong }];
+    const options = { decision: "grant", comment: "batch ok", requestId: `batch-${id}` } as const;
+    const first = await client.decideApprovals(batch, options);
+    // A retry with the request id (its reply lost) gets the first reply again.
+    const again = await client.decideApprovals(batch, options);
+    assert.deepEqual(again, first);
     assert.deepEqual(
       first.map((r) => [r.runId, r.callId, r.status]),
       [

@@ -8,7 +8,7 @@
 //! mark saying how far it holds the log, and its file fsynced (flush alone
 //! is not an fsync, trap 2).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,6 +50,8 @@ pub(super) struct Committer {
     pub metrics: crate::metrics::Metrics,
     /// Dead bytes per log segment, for compaction (see `super::compact`).
     pub reclaim: super::compact::Reclaim,
+    /// A test's hold on the rounds; `None` in a real server.
+    pub hold: Option<crate::store::CommitHold>,
 }
 
 /// The committer's loop, on a thread of its own: it blocks on the disk, so
@@ -161,19 +163,29 @@ impl Committer {
         let mut writes = Round::new(first_position);
         let mut answers = Vec::with_capacity(round.len());
         let mut heads = HashMap::new();
+        let mut answered = HashSet::new();
         for request in round.iter_mut() {
-            let staged = self.check_heads(&request.batch, &mut heads).and_then(|()| {
-                let (mark, position) = (writes.mark(), self.next_position);
-                self.stage(&mut request.batch, &mut writes)
-                    .inspect_err(|_| {
-                        // Nothing of a refused batch goes to the log.
-                        writes.rollback(mark);
-                        self.next_position = position;
-                    })
-            });
+            let staged = self
+                .check_requests(&request.batch, &answered)
+                .and_then(|keys| {
+                    self.check_heads(&request.batch, &mut heads)?;
+                    let (mark, position) = (writes.mark(), self.next_position);
+                    let positions =
+                        self.stage(&mut request.batch, &mut writes)
+                            .inspect_err(|_| {
+                                // Nothing of a refused batch goes to the log.
+                                writes.rollback(mark);
+                                self.next_position = position;
+                            })?;
+                    answered.extend(keys);
+                    Ok(positions)
+                });
             answers.push(staged);
         }
         let last_position = self.next_position - 1;
+        if let Some(hold) = &self.hold {
+            hold.wait();
+        }
         let at = match self.log.append(&writes) {
             Ok(at) => at,
             Err(e) => {
@@ -276,9 +288,10 @@ impl Committer {
                     scope,
                     request_id,
                     answer,
+                    run,
                 } => {
                     let key = keys::request(&scope, &request_id);
-                    if let Some(run) = request_run {
+                    if let Some(run) = run.or(request_run) {
                         out.put(&keys::run_request(run, &key), &[]);
                     }
                     out.put(&key, &answer)
@@ -304,6 +317,27 @@ impl Committer {
             }
         }
         Ok(positions)
+    }
+
+    /// Refuses a batch that records an answer to a request answered
+    /// already: in sled, or by an earlier batch of the round (`answered`).
+    /// Returns the keys of the records it writes.
+    fn check_requests(
+        &self,
+        batch: &WriteBatch,
+        answered: &HashSet<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut keys = Vec::new();
+        for (scope, request_id) in batch.request_keys() {
+            let key = keys::request(scope, request_id);
+            if answered.contains(&key) || self.tree.contains_key(&key)? {
+                return Err(StoreError::RequestRecorded {
+                    request_id: request_id.to_string(),
+                });
+            }
+            keys.push(key);
+        }
+        Ok(keys)
     }
 
     /// Refuses a batch whose runs moved past the seqs it expects (another

@@ -171,17 +171,25 @@ impl EmbeddedStore {
     /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<EmbeddedStore> {
         let segment = crate::config::DEFAULT_LOG_SEGMENT_KIB * 1024;
-        EmbeddedStore::open_with(dir, cache_bytes, segment, &crate::metrics::Metrics::new())
+        EmbeddedStore::open_with(
+            dir,
+            cache_bytes,
+            segment,
+            &crate::metrics::Metrics::new(),
+            None,
+        )
     }
 
     /// [`EmbeddedStore::open`], with log segments of at most
     /// `segment_bytes` (the unit compaction gives disk back in), counting
-    /// commits and disk use into `metrics`.
+    /// commits and disk use into `metrics`; `hold`: a test's hold on the
+    /// commits (see [`crate::store::CommitHold`]).
     pub fn open_with(
         dir: &Path,
         cache_bytes: u64,
         segment_bytes: u64,
         metrics: &crate::metrics::Metrics,
+        hold: Option<crate::store::CommitHold>,
     ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
         let tree = sled_config(dir, cache_bytes).open()?;
@@ -216,6 +224,7 @@ impl EmbeddedStore {
             index_failed: None,
             metrics: metrics.clone(),
             reclaim: compact::Reclaim::new(dead),
+            hold,
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
@@ -1122,7 +1131,8 @@ mod tests {
     async fn reads_of_many_spans_cross_segments_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = crate::metrics::Metrics::new();
-        let store = EmbeddedStore::open_with(dir.path(), 1 << 20, 64 * 1024, &metrics).unwrap();
+        let store =
+            EmbeddedStore::open_with(dir.path(), 1 << 20, 64 * 1024, &metrics, None).unwrap();
         let (long, other) = (RunId::new(), RunId::new());
         let event = |run: RunId, seq: u64| EventRecord {
             run_id: run.as_bytes().to_vec(),

@@ -11,7 +11,9 @@
 //!    (once the store claimed runs) the epochs of the shards it touches,
 //!    with a limit on how long the transaction may sit idle (see
 //!    [`super::ownership`]).
-//! 2. After checking each batch's shards (see [`super::ownership`]) and
+//! 2. After checking each batch's shards (see [`super::ownership`]), the
+//!    grants it uses (see [`super::grant_uses`]), the answers it records
+//!    (see [`super::answered`]) and its
 //!    expected seqs, and giving its events the
 //!    next positions, in memory: one multi-row statement per table for all
 //!    batches, the head row moved, `pg_notify` with the new head, `COMMIT`.
@@ -43,6 +45,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::answered::{self, Answered};
 use super::grant_uses::{self, GrantUses};
 use super::ownership::{self, Ownership};
 use super::tail::Tail;
@@ -79,6 +82,7 @@ struct Begun {
     heads: HashMap<RunId, u64>,
     epochs: HashMap<i16, i64>,
     grants: GrantUses,
+    answered: Answered,
 }
 
 /// Why a whole round failed: nothing of it may be taken as written.
@@ -292,6 +296,7 @@ async fn commit(
         mut heads,
         epochs,
         mut grants,
+        mut answered,
     } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     let mut staged = Vec::new();
@@ -308,9 +313,14 @@ async fn commit(
             answers[i] = Some(Err(stale));
             continue;
         }
+        if let Err(recorded) = answered.check(&request.batch) {
+            answers[i] = Some(Err(recorded));
+            continue;
+        }
         match stage(&mut request.batch, &heads, &mut next) {
             Ok(moved) => {
                 grants.record(&request.batch);
+                answered.record(&request.batch);
                 heads.extend(moved.iter().copied());
                 moved_heads.extend(moved);
                 staged.push(i);
@@ -353,6 +363,7 @@ async fn one_by_one(
         mut heads,
         epochs,
         mut grants,
+        mut answered,
     } = begin(client, ownership, round, answers).await?;
     let mut next = head + 1;
     let mut moved_heads = Vec::new();
@@ -366,6 +377,10 @@ async fn one_by_one(
         }
         if let Err(stale) = grants.check(&request.batch) {
             answers[i] = Some(Err(stale));
+            continue;
+        }
+        if let Err(recorded) = answered.check(&request.batch) {
+            answers[i] = Some(Err(recorded));
             continue;
         }
         let start = next;
@@ -385,6 +400,7 @@ async fn one_by_one(
         match first_error(pipeline(client, steps).await) {
             None => {
                 grants.record(&request.batch);
+                answered.record(&request.batch);
                 heads.extend(moved.iter().copied());
                 moved_heads.extend(moved);
                 answers[i] = Some(Ok(positions(&request.batch)));
@@ -493,6 +509,15 @@ async fn begin(
             vec![&grant_ids, &grant_runs],
         ));
     }
+    // Only a round that records answers asks (most record none).
+    let (request_scopes, request_ids) = Answered::keys(unanswered());
+    let records_answers = !request_ids.is_empty();
+    if records_answers {
+        steps.push(Step::Query(
+            answered::ANSWERED,
+            vec![&request_scopes, &request_ids],
+        ));
+    }
     let expected = steps.len();
     let mut results = pipeline(client, steps).await.into_iter();
     if results.len() < expected {
@@ -537,11 +562,17 @@ async fn begin(
         };
         grants = GrantUses::read(read.map_err(down)?, recorded.map_err(down)?).map_err(down)?;
     }
+    let mut answered = Answered::default();
+    if records_answers {
+        let rows = results.next().expect("counted");
+        answered = Answered::read(rows.map_err(down)?).map_err(down)?;
+    }
     Ok(Begun {
         head: head as u64,
         heads: last,
         epochs,
         grants,
+        answered,
     })
 }
 

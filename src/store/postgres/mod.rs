@@ -27,6 +27,7 @@
 //! false until a commit succeeds again (the committer tries one every half
 //! second on its own), and nothing acknowledged is lost: it was committed.
 
+mod answered;
 mod committer;
 mod connect;
 mod grant_uses;

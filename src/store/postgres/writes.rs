@@ -147,8 +147,9 @@ impl Writes {
                 scope,
                 request_id,
                 answer,
+                run,
             } => {
-                let run = batch.request_run().map(|run| run.as_uuid());
+                let run = run.or_else(|| batch.request_run()).map(|run| run.as_uuid());
                 self.requests
                     .insert((scope.clone(), request_id.clone()), (answer.clone(), run));
             }
@@ -226,7 +227,7 @@ impl Writes {
                 runs.push(run);
             }
             out.push(statement(
-                UPSERT_REQUESTS,
+                INSERT_REQUESTS,
                 vec![
                     Box::new(scopes),
                     Box::new(ids),
@@ -644,10 +645,11 @@ const UPSERT_TOOLS: &str = "INSERT INTO aaa_tools (name, definition) \
     SELECT * FROM UNNEST($1::text[], $2::bytea[]) \
     ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition";
 
-const UPSERT_REQUESTS: &str = "INSERT INTO aaa_requests (scope, request_id, answer, run_id) \
+/// A recorded answer is never replaced (see `super::answered`, which
+/// refuses the batch before it gets here).
+const INSERT_REQUESTS: &str = "INSERT INTO aaa_requests (scope, request_id, answer, run_id) \
     SELECT * FROM UNNEST($1::bytea[], $2::text[], $3::bytea[], $4::uuid[]) \
-    ON CONFLICT (scope, request_id) DO UPDATE SET answer = EXCLUDED.answer, \
-    run_id = EXCLUDED.run_id";
+    ON CONFLICT (scope, request_id) DO NOTHING";
 
 /// Deletes finished runs whole (retention) and leaves their tombstones:
 /// a run that is not finished is not in `gone`, so nothing of it goes.

@@ -9,9 +9,10 @@
     outcome = await run.result()
 
 Transient failures (UNAVAILABLE: a dropped connection, a restarting server)
-are retried for up to ``retry_s`` seconds. StartRun and Signal get a fresh
-``request_id`` when the caller gives none, so a retried call never starts a
-second run or appends a second event. Event and approval streams resume from
+are retried for up to ``retry_s`` seconds. StartRun, Signal and
+DecideApprovals get a fresh ``request_id`` when the caller gives none, so a
+retried call never starts a second run or appends a second event, and
+answers as the first try did. Event and approval streams resume from
 their cursor after a dropped connection, with no gap and no duplicate.
 
 Given a list of addresses (the servers of a cluster), the client spreads its
@@ -533,6 +534,7 @@ class Client:
         comment: str | None = None,
         all_or_nothing: bool = False,
         approver: str | None = None,
+        request_id: str | None = None,
     ) -> list[DecisionResult]:
         """Grant or deny several calls at once; one ``DecisionResult`` per item, in order.
 
@@ -549,6 +551,9 @@ class Client:
             all_or_nothing: decide nothing unless every item is decided (the
                 others then get ``NOT_APPLIED``).
             approver: with auth off, the name the grants count under (see ``Run.approve``).
+            request_id: idempotency key; a retry with the same key answers each item
+                the first call decided with that first result (``DECIDED`` and its
+                seq, not ``ALREADY_DECIDED``). Generated when omitted.
 
         An item's refusal is its result's ``status``, not an exception; a
         malformed batch (no items, a call twice) raises ``InvalidField``.
@@ -562,9 +567,9 @@ class Client:
             comment=comment or "",
             all_or_nothing=all_or_nothing,
             approver=approver or "",
+            request_id=request_id or str(uuid.uuid4()),
         )
-        # A retry after a lost answer is harmless: the first decision stands, and the
-        # retry reports its items ALREADY_DECIDED.
+        # A retry after a lost answer gets the first answer again (the request id).
         response = await self._call(self.stubs.approval.DecideApprovals, request)
         return [DecisionResult.from_proto(r) for r in response.results]
 

@@ -211,20 +211,22 @@ class ApprovalResolution(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., call_id: _Optional[str] = ..., tool: _Optional[str] = ..., outcome: _Optional[_Union[ApprovalOutcome, str]] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replaced_by: _Optional[str] = ...) -> None: ...
 
 class DecideApprovalsRequest(_message.Message):
-    __slots__ = ("items", "decision", "reason", "comment", "all_or_nothing", "approver")
+    __slots__ = ("items", "decision", "reason", "comment", "all_or_nothing", "approver", "request_id")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
     ALL_OR_NOTHING_FIELD_NUMBER: _ClassVar[int]
     APPROVER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[DecisionItem]
     decision: BatchDecision
     reason: str
     comment: str
     all_or_nothing: bool
     approver: str
-    def __init__(self, items: _Optional[_Iterable[_Union[DecisionItem, _Mapping]]] = ..., decision: _Optional[_Union[BatchDecision, str]] = ..., reason: _Optional[str] = ..., comment: _Optional[str] = ..., all_or_nothing: _Optional[bool] = ..., approver: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, items: _Optional[_Iterable[_Union[DecisionItem, _Mapping]]] = ..., decision: _Optional[_Union[BatchDecision, str]] = ..., reason: _Optional[str] = ..., comment: _Optional[str] = ..., all_or_nothing: _Optional[bool] = ..., approver: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class DecisionItem(_message.Message):
     __slots__ = ("run_id", "call_id", "arguments_sha256")
