@@ -258,7 +258,9 @@ func (w *Worker) Identity() string { return w.opts.Identity }
 
 // Register declares the worker's tools and models to the server. Run does it
 // too; call it first when runs naming the tools must start before Run has
-// begun. It returns the tools as stored (a gate once declared stays).
+// begun. It returns the tools as stored. A declaration looser than a tool's
+// stored gate is refused (INVALID_FIELD naming the field) unless the worker
+// authenticates as an admin: see docs/auth.md.
 func (w *Worker) Register(ctx context.Context) ([]Tool, error) {
 	req := &aaav1.RegisterWorkerRequest{Identity: w.opts.Identity}
 	for _, t := range w.opts.Tools {

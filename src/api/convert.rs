@@ -400,6 +400,8 @@ pub fn tool_definition(i: usize, tool: proto::ToolDefinition) -> Result<ToolSpec
             )?,
             escalate_to: approver_groups(&field("escalate_to"), tool.escalate_to)?,
         },
+        // Set by the engine when it stores the definition.
+        gate_changed: None,
     })
 }
 

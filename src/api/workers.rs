@@ -40,7 +40,15 @@ impl WorkerService for WorkerApi {
         let model_names = request.models.iter().map(String::as_str);
         check_serves(caller.as_ref(), tool_names, model_names)?;
         self.engine.claim_identity(&worker).await?;
-        let stored = self.engine.register_tools(tools).await?;
+        // Only an admin may loosen a tool's gate. With auth off nobody is
+        // known, so nobody may: a gate a worker declared stays (guarantee
+        // 1), as it did before admins could change it.
+        let may_loosen = caller.as_ref().is_some_and(Principal::is_admin);
+        let by = match worker.principal.is_empty() {
+            true => &worker.identity,
+            false => &worker.principal,
+        };
+        let stored = self.engine.register_tools(tools, by, may_loosen).await?;
         Ok(Response::new(proto::RegisterWorkerResponse {
             tools: stored.iter().map(convert::tool_definition_out).collect(),
         }))

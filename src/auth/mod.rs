@@ -123,6 +123,12 @@ impl Principal {
             .any(|r| *r == Role::Admin || roles.contains(r))
     }
 
+    /// Is it an admin? Admins may also loosen a tool's gate at
+    /// RegisterWorker, which only tightens it for anyone else.
+    pub fn is_admin(&self) -> bool {
+        self.has_any(&[])
+    }
+
     /// May it read (`read`) or act on runs that others started? Runners
     /// read, signal and cancel only the runs they started; readers read
     /// every run; admin does anything.

@@ -167,6 +167,19 @@ pub struct ToolSpec {
     /// Reminders and escalation of its requests nobody answers.
     #[serde(default, skip_serializing_if = "Nudging::is_off")]
     pub nudging: Nudging,
+    /// Who last set the gate fields (see `engine::gate`), a first
+    /// declaration included, and when; None for a tool declared ungated
+    /// whose gate nobody changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_changed: Option<GateChange>,
+}
+
+/// A change of a tool's gate: who registered it (a principal, or with
+/// auth off the worker's identity) and when (Unix milliseconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateChange {
+    pub by: String,
+    pub at_ms: i64,
 }
 
 /// Reminders (`aaa.approval.reminded`, `reminders` of them, one every

@@ -13,6 +13,7 @@ mod dispatch;
 pub mod error;
 pub mod event;
 mod facts;
+mod gate;
 pub mod grants;
 mod heads;
 mod leases;
@@ -1078,20 +1079,70 @@ impl Engine {
 
     // ---- WorkerService ----
 
-    /// Stores tool definitions. A gate once declared stays.
-    pub async fn register_tools(&self, tools: Vec<ToolSpec>) -> Result<Vec<ToolSpec>, Error> {
+    /// Stores tool definitions. A tool's gate only tightens unless
+    /// `may_loosen` (an admin registers): a looser one is refused, naming
+    /// the field (see [`gate`]), and nothing of the registration is stored.
+    /// A changed gate records `by` (who registers) and when.
+    pub async fn register_tools(
+        &self,
+        tools: Vec<ToolSpec>,
+        by: &str,
+        may_loosen: bool,
+    ) -> Result<Vec<ToolSpec>, Error> {
+        // A tool's check and the write it allows go together: registrations
+        // of the same tool on this server wait for each other (locks taken
+        // in stripe order, each once, so that they cannot deadlock).
+        let mut stripes: Vec<usize> = tools
+            .iter()
+            .map(|tool| stripe(&(b"tool", &tool.name), RUN_LOCK_STRIPES))
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for index in stripes {
+            guards.push(self.inner.request_locks[index].lock().await);
+        }
+        let now = self.now_ms();
         let mut stored = Vec::with_capacity(tools.len());
         let mut batch = WriteBatch::default();
-        for mut tool in tools {
-            if let Some(bytes) = self.inner.store.tool(&tool.name).await? {
-                if let Ok(previous) = serde_json::from_slice::<ToolSpec>(&bytes) {
-                    tool.requires_approval |= previous.requires_approval;
-                }
+        for (i, mut tool) in tools.into_iter().enumerate() {
+            let previous = match self.inner.store.tool(&tool.name).await? {
+                Some(bytes) => Some(
+                    serde_json::from_slice::<ToolSpec>(&bytes)
+                        .map_err(|e| Error::Internal(format!("stored tool {}: {e}", tool.name)))?,
+                ),
+                None => None,
+            };
+            // The first declaration sets the gate; later ones may only
+            // tighten it, unless an admin registers them.
+            let old = previous.as_ref().map(ToolSpec::gate);
+            let loosening = old.and_then(|old| tool.gate().loosening_from(&old));
+            if let Some(loosening) = loosening.as_ref().filter(|_| !may_loosen) {
+                return Err(Error::invalid(
+                    &format!("tools[{i}].{}", loosening.field),
+                    format!(
+                        "{} (tool '{}'): a tool's gate only tightens unless an admin changes \
+                         it; declare it at least as tight as it is, or have an admin \
+                         principal (auth config) register the change",
+                        loosening.detail, tool.name
+                    ),
+                ));
+            }
+            if tool.gate() == old.unwrap_or_else(gate::Gate::open) {
+                tool.gate_changed = previous.as_ref().and_then(|p| p.gate_changed.clone());
+            } else {
+                let loosened = loosening.map(|l| l.field);
+                tracing::info!(tool = %tool.name, by, loosened, "a tool's gate changed");
+                tool.gate_changed = Some(GateChange {
+                    by: by.to_string(),
+                    at_ms: now,
+                });
             }
             batch.put_tool(&tool.name, serde_json::to_vec(&tool).expect("serializes"));
             stored.push(tool);
         }
         self.inner.store.commit(batch).await?;
+        drop(guards);
         Ok(stored)
     }
 

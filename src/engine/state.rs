@@ -1845,6 +1845,7 @@ mod tests {
             approvals_required: 1,
             approvers: Vec::new(),
             nudging: Default::default(),
+            gate_changed: None,
         }
     }
 

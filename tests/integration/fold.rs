@@ -118,6 +118,7 @@ fn waiting_run() -> RunState {
                 approvals_required: 1,
                 approvers: Vec::new(),
                 nudging: Default::default(),
+                gate_changed: None,
             }],
             budget: Budget {
                 deadline_s: 0.0,

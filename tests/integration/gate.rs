@@ -345,9 +345,10 @@ async fn gates_can_be_added_never_removed() {
     wait_for_approval(&mut runs, &run_id).await;
     assert_eq!(poll(&mut workers, "w", &["lookup"], &[], 0.3).await, None);
 
-    // A worker cannot take a gate back, and a run cannot drop it.
+    // A worker cannot take a gate back (with auth off there is no admin
+    // who may), and a run cannot drop it.
     register(&mut workers, vec![wire_money()], &[]).await;
-    let stored = workers
+    let refused = workers
         .register_worker(aaa::proto::RegisterWorkerRequest {
             identity: "sneaky".into(),
             tools: vec![ToolDefinition {
@@ -356,15 +357,10 @@ async fn gates_can_be_added_never_removed() {
             }],
             models: vec![],
         })
-        .await
-        .expect("RegisterWorker")
-        .into_inner()
-        .tools;
-    assert_eq!(stored.len(), 1);
-    assert!(
-        stored[0].requires_approval,
-        "a declared gate must stay: {stored:?}"
-    );
+        .await;
+    let status = expect_err(refused);
+    let info = assert_error(&status, Code::InvalidArgument, "INVALID_FIELD");
+    assert_eq!(info.metadata["field"], "tools[0].requires_approval");
     let run_id = start_run(&mut runs, scripted_reference_run()).await;
     wait_for_approval(&mut runs, &run_id).await;
     assert_eq!(

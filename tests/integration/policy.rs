@@ -54,7 +54,7 @@ decide = "require"
 
 /// Principals: alice and bob (finance approvers), carol (an approver in no
 /// group), runner, worker, admin.
-fn auth_toml() -> String {
+pub fn auth_toml() -> String {
     let principals = [
         ("alice", r#"["approver"]"#, r#"["finance"]"#),
         ("bob", r#"["approver"]"#, r#"["finance"]"#),

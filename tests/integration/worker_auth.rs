@@ -199,3 +199,184 @@ async fn a_worker_identity_belongs_to_the_first_principal_that_used_it() {
     }
     server.shutdown().await;
 }
+
+/// wire_money as its worker first declares it: two grants from finance.
+fn finance_gated() -> ToolDefinition {
+    ToolDefinition {
+        approvers: vec!["finance".into()],
+        approvals_required: 2,
+        ..wire_money()
+    }
+}
+
+/// Starts the reference run as "runner"; returns its id and the call
+/// waiting for approval.
+async fn run_waiting_for_approval(server: &TestServer) -> (String, String) {
+    let mut runner = Clients::with_token(server, &token("runner")).await;
+    let run_id = runner
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    let events = runner
+        .wait_for_event(&run_id, "aaa.approval.requested")
+        .await;
+    (run_id, call_id(events.last().unwrap()))
+}
+
+fn grant(run_id: &str, call_id: &str) -> aaa::proto::SignalRequest {
+    aaa::proto::SignalRequest {
+        run_id: run_id.into(),
+        r#type: "aaa.approval.granted".into(),
+        data_json: serde_json::json!({ "call_id": call_id }).to_string(),
+        request_id: String::new(),
+    }
+}
+
+/// Issue 40, item 3: a worker principal declared its gated tool again with
+/// no approver groups and one approval, and an approver in no group then
+/// granted a call alone. A tool's gate only tightens unless an admin
+/// changes it: the lowering is refused, naming the field, and the gate
+/// stands.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_cannot_lower_its_tools_gate() {
+    let server = start_with_auth(crate::policy::auth_toml()).await;
+    let mut worker = Clients::with_token(&server, &token("worker")).await;
+    worker
+        .workers
+        .register_worker(register_request("payments-1", vec![finance_gated()]))
+        .await
+        .expect("the first declaration");
+
+    let lowered = ToolDefinition {
+        approvers: vec![],
+        approvals_required: 1,
+        ..wire_money()
+    };
+    let no_groups = ToolDefinition {
+        approvers: vec![],
+        ..finance_gated()
+    };
+    let ungated = ToolDefinition {
+        requires_approval: false,
+        ..finance_gated()
+    };
+    for (tool, field) in [
+        (lowered, "tools[0].approvals_required"),
+        (no_groups, "tools[0].approvers"),
+        (ungated, "tools[0].requires_approval"),
+    ] {
+        let status = expect_err(
+            worker
+                .workers
+                .register_worker(register_request("payments-1", vec![tool]))
+                .await,
+        );
+        let info = assert_error(&status, Code::InvalidArgument, "INVALID_FIELD");
+        assert_eq!(info.metadata["field"], field, "{status:?}");
+        assert!(status.message().contains(field), "{status:?}");
+        assert!(status.message().contains("admin"), "{status:?}");
+    }
+
+    // The gate stands for a new run's call: carol, an approver in no
+    // group, cannot grant it; one finance grant is not enough.
+    let (run_id, call) = run_waiting_for_approval(&server).await;
+    let mut carol = Clients::with_token(&server, &token("carol")).await;
+    let status = expect_err(carol.runs.signal(grant(&run_id, &call)).await);
+    assert_error(&status, Code::PermissionDenied, "NOT_AN_APPROVER_FOR_CALL");
+    let mut alice = Clients::with_token(&server, &token("alice")).await;
+    let voted = alice
+        .runs
+        .signal(grant(&run_id, &call))
+        .await
+        .expect("alice is in finance")
+        .into_inner();
+    assert_eq!(
+        (
+            voted.decision.as_str(),
+            voted.votes,
+            voted.approvals_required
+        ),
+        ("aaa.approval.voted", 1, 2),
+        "one of two grants decides nothing yet"
+    );
+    let mut reader = Clients::with_token(&server, &token("runner")).await;
+    let events = reader.history(&run_id).await;
+    let requested = data(find(&events, "aaa.approval.requested"));
+    assert_eq!(requested["approvals_required"], 2, "{requested}");
+    assert_eq!(requested["approvers"], serde_json::json!(["finance"]));
+    server.shutdown().await;
+}
+
+/// A worker may tighten its tool's gate (and declare it again unchanged,
+/// as it does at every start); an admin may change it either way. Who
+/// changed it last, and when, is in the stored definition that runs
+/// snapshot into aaa.run.started.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_may_tighten_a_gate_and_an_admin_may_loosen_it() {
+    let server = start_with_auth(crate::policy::auth_toml()).await;
+    let mut worker = Clients::with_token(&server, &token("worker")).await;
+    worker
+        .workers
+        .register_worker(register_request("payments-1", vec![finance_gated()]))
+        .await
+        .expect("the first declaration");
+    let tighter = ToolDefinition {
+        approvals_required: 3,
+        approval_timeout_s: 3600.0,
+        ..finance_gated()
+    };
+    for _restart in 0..2 {
+        let stored = worker
+            .workers
+            .register_worker(register_request("payments-1", vec![tighter.clone()]))
+            .await
+            .expect("a tighter gate, then the same again")
+            .into_inner()
+            .tools;
+        assert_eq!(
+            (stored[0].approvals_required, stored[0].approval_timeout_s),
+            (3, 3600.0)
+        );
+    }
+    let (run_id, _) = run_waiting_for_approval(&server).await;
+    let mut reader = Clients::with_token(&server, &token("runner")).await;
+    let started = data(find(&reader.history(&run_id).await, "aaa.run.started"));
+    assert_eq!(started["tools"][0]["gate_changed"]["by"], "worker");
+
+    // An admin lowers it: any approver, one grant, no timeout.
+    let mut admin = Clients::with_token(&server, &token("admin")).await;
+    let lowered = ToolDefinition {
+        approvers: vec![],
+        approvals_required: 1,
+        ..wire_money()
+    };
+    let stored = admin
+        .workers
+        .register_worker(register_request("deployer", vec![lowered]))
+        .await
+        .expect("an admin may lower a gate")
+        .into_inner()
+        .tools;
+    assert_eq!(
+        (stored[0].approvals_required, stored[0].approvers.len()),
+        (1, 0)
+    );
+    let at = server.clock().now_ms();
+    let (run_id, call) = run_waiting_for_approval(&server).await;
+    let started = data(find(&reader.history(&run_id).await, "aaa.run.started"));
+    let changed = &started["tools"][0]["gate_changed"];
+    assert_eq!(changed["by"], "admin", "{started}");
+    assert!(changed["at_ms"].as_i64().unwrap() <= at, "{changed}");
+    let mut carol = Clients::with_token(&server, &token("carol")).await;
+    let granted = carol
+        .runs
+        .signal(grant(&run_id, &call))
+        .await
+        .expect("any approver may decide now")
+        .into_inner();
+    assert_eq!(granted.decision, "aaa.approval.granted");
+    server.shutdown().await;
+}

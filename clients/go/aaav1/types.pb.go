@@ -652,7 +652,8 @@ type ToolDefinition struct {
 	// JSON schema of the tool's arguments object, as JSON text. Empty means "{}".
 	ParametersJson string `protobuf:"bytes,3,opt,name=parameters_json,json=parametersJson,proto3" json:"parameters_json,omitempty"`
 	// When true, every call waits for an aaa.approval.granted before it runs.
-	// Once any worker has declared a tool gated, it stays gated for new runs.
+	// Once a tool is declared gated, only an admin may take the gate back (see
+	// RegisterWorker).
 	RequiresApproval bool `protobuf:"varint,4,opt,name=requires_approval,json=requiresApproval,proto3" json:"requires_approval,omitempty"`
 	// How failed attempts are retried. Unset: gated tools are not retried
 	// (max_attempts 1); other tools get 3 attempts with exponential backoff.

@@ -89,8 +89,7 @@ func (x *RegisterWorkerRequest) GetModels() []string {
 // RegisterWorker's answer.
 type RegisterWorkerResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The definitions as stored (requires_approval may be true where a worker
-	// said false: a gate once declared stays).
+	// The definitions as stored.
 	Tools         []*ToolDefinition `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

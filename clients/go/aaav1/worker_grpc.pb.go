@@ -36,7 +36,10 @@ const (
 type WorkerServiceClient interface {
 	// Declares the tools (with their schemas and approval requirement) and the
 	// models a worker serves. Definitions are stored durably; runs started later
-	// snapshot them. Call it again whenever definitions change.
+	// snapshot them. Call it again whenever definitions change. A tool's gate
+	// (requires_approval, approvals_required, approvers, approval_timeout_s,
+	// reminders, escalation) only tightens unless an admin principal registers
+	// it: a looser declaration is refused as INVALID_FIELD naming the field.
 	RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*RegisterWorkerResponse, error)
 	// Long poll for one task of the named tools or models. Answers as soon as a
 	// task is ready, or with no task when the wait (capped by the server) ends.
@@ -119,7 +122,10 @@ func (c *workerServiceClient) FailTask(ctx context.Context, in *FailTaskRequest,
 type WorkerServiceServer interface {
 	// Declares the tools (with their schemas and approval requirement) and the
 	// models a worker serves. Definitions are stored durably; runs started later
-	// snapshot them. Call it again whenever definitions change.
+	// snapshot them. Call it again whenever definitions change. A tool's gate
+	// (requires_approval, approvals_required, approvers, approval_timeout_s,
+	// reminders, escalation) only tightens unless an admin principal registers
+	// it: a looser declaration is refused as INVALID_FIELD naming the field.
 	RegisterWorker(context.Context, *RegisterWorkerRequest) (*RegisterWorkerResponse, error)
 	// Long poll for one task of the named tools or models. Answers as soon as a
 	// task is ready, or with no task when the wait (capped by the server) ends.

@@ -242,7 +242,8 @@ export type ToolDefinition = Message$1<"aaa.v1.ToolDefinition"> & {
 
   /**
    * When true, every call waits for an aaa.approval.granted before it runs.
-   * Once any worker has declared a tool gated, it stays gated for new runs.
+   * Once a tool is declared gated, only an admin may take the gate back (see
+   * RegisterWorker).
    *
    * @generated from field: bool requires_approval = 4;
    */

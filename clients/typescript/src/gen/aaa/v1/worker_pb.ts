@@ -58,8 +58,7 @@ export const RegisterWorkerRequestSchema: GenMessage<RegisterWorkerRequest> = /*
  */
 export type RegisterWorkerResponse = Message<"aaa.v1.RegisterWorkerResponse"> & {
   /**
-   * The definitions as stored (requires_approval may be true where a worker
-   * said false: a gate once declared stays).
+   * The definitions as stored.
    *
    * @generated from field: repeated aaa.v1.ToolDefinition tools = 1;
    */
@@ -527,7 +526,10 @@ export const WorkerService: GenService<{
   /**
    * Declares the tools (with their schemas and approval requirement) and the
    * models a worker serves. Definitions are stored durably; runs started later
-   * snapshot them. Call it again whenever definitions change.
+   * snapshot them. Call it again whenever definitions change. A tool's gate
+   * (requires_approval, approvals_required, approvers, approval_timeout_s,
+   * reminders, escalation) only tightens unless an admin principal registers
+   * it: a looser declaration is refused as INVALID_FIELD naming the field.
    *
    * @generated from rpc aaa.v1.WorkerService.RegisterWorker
    */

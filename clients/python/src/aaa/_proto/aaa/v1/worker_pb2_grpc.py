@@ -73,7 +73,10 @@ class WorkerServiceServicer:
     def RegisterWorker(self, request, context):
         """Declares the tools (with their schemas and approval requirement) and the
         models a worker serves. Definitions are stored durably; runs started later
-        snapshot them. Call it again whenever definitions change.
+        snapshot them. Call it again whenever definitions change. A tool's gate
+        (requires_approval, approvals_required, approvers, approval_timeout_s,
+        reminders, escalation) only tightens unless an admin principal registers
+        it: a looser declaration is refused as INVALID_FIELD naming the field.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
