@@ -12,6 +12,7 @@ use tonic::transport::Server;
 use crate::api::{
     malformed, ApprovalApi, ClusterApi, GrantApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
 };
+use crate::auth::forwarded::Verifier;
 use crate::auth::AuthLayer;
 use crate::cluster::forward::{Routed, Slot};
 use crate::cluster::Cluster;
@@ -153,13 +154,24 @@ async fn serve_store(
             return Err(e);
         }
     };
+    // A forwarded request is buffered whole (to send it, and to verify its
+    // signature): one message and its framing.
+    let forward_limit = config.max_message_bytes + 64;
     let http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone())
         .merge(crate::web::router(web));
     let mut builder = builder
         .accept_http1(true)
         .layer(crate::http::HttpLayer::new(http))
         .layer(crate::metrics::ApiMetricsLayer::new(config.metrics.clone()))
-        .layer(AuthLayer::new(config.auth.clone(), store.token_key()))
+        .layer(AuthLayer::new(
+            config.auth.clone(),
+            Verifier::new(
+                store.token_key(),
+                cluster.address.clone(),
+                crate::engine::now_ms(),
+            ),
+            forward_limit,
+        ))
         .layer(malformed::layer());
 
     let grace = config.shutdown_grace;
@@ -224,7 +236,6 @@ async fn serve_store(
             set_health(&health, ServingStatus::NotServing).await;
         }
     };
-    let max_message = config.max_message_bytes;
     // On a shared store, reads are answered here from the database while
     // another server owns the runs.
     let readers = config.store_url.is_some().then(|| {
@@ -237,8 +248,6 @@ async fn serve_store(
         Some(_) => "postgres",
         None => "embedded",
     };
-    // A forwarded request is buffered whole: one message and its framing.
-    let forward_limit = max_message + 64;
     let server = builder
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -318,6 +327,7 @@ fn web_settings(
         auth: config.auth.clone(),
         tls: config.auth.as_ref().is_some_and(|a| a.tls.is_some()),
         key: cluster.store().token_key(),
+        address: cluster.address.clone(),
         channel,
         stopping: stopping.clone(),
     })

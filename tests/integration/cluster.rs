@@ -159,7 +159,9 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
     headers.insert("aaa-forwarded-principal", "admin".parse().unwrap());
     headers.insert(
         "aaa-forwarded-signature",
-        format!("{}.{}", i64::MAX, "00".repeat(32)).parse().unwrap(),
+        format!("{}.{}.{}", i64::MAX, "00".repeat(16), "00".repeat(32))
+            .parse()
+            .unwrap(),
     );
     let status = expect_err(owner_server.runs().await.get_run(forged).await);
     assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
@@ -472,7 +474,9 @@ async fn with_auth_off_a_forwarded_call_names_the_client() {
     headers.insert("aaa-forwarded-principal", "10.0.0.1:1".parse().unwrap());
     headers.insert(
         "aaa-forwarded-signature",
-        format!("{}.{}", i64::MAX, "00".repeat(32)).parse().unwrap(),
+        format!("{}.{}.{}", i64::MAX, "00".repeat(16), "00".repeat(32))
+            .parse()
+            .unwrap(),
     );
     let status = expect_err(owner_server.runs().await.start_run(forged).await);
     assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
@@ -847,7 +851,6 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
     let run_id = start_run(&mut runs, scripted_run("lookup", "{}")).await;
     wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
 
-    // Signed as a server of this database signs (it shares the key).
     let key = {
         let store = aaa::store::postgres::PostgresStore::open(&url)
             .await
@@ -856,13 +859,20 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
         aaa::store::Store::close(&store).await;
         key
     };
-    let method = "/aaa.v1.ClusterService/PeerPoll";
+    // Signed as a server of this database signs (it shares the key), for
+    // this server, over no body (PeerPoll's request is a stream).
+    let to = server.addr().to_string();
+    let call = aaa::auth::forwarded::Call {
+        method: "/aaa.v1.ClusterService/PeerPoll",
+        to: &to,
+        body: &[],
+    };
     let mut headers = tonic::codegen::http::HeaderMap::new();
     aaa::auth::forwarded::sign(
         &mut headers,
         &key,
         "127.0.0.1:9",
-        method,
+        &call,
         aaa::engine::now_ms(),
     );
     let step = |step| PeerPollRequest { step: Some(step) };
@@ -998,11 +1008,10 @@ impl RecordingProxy {
                                 parts,
                                 tonic::body::Body::new(http_body_util::Full::new(body)),
                             );
-                            let channel = tonic::transport::Endpoint::from_shared(format!(
-                                "http://{target}"
-                            ))
-                            .unwrap()
-                            .connect_lazy();
+                            let channel =
+                                tonic::transport::Endpoint::from_shared(format!("http://{target}"))
+                                    .unwrap()
+                                    .connect_lazy();
                             let response = tower::ServiceExt::oneshot(channel, request)
                                 .await
                                 .expect("the proxy's target answers");
@@ -1034,7 +1043,11 @@ impl RecordingProxy {
     /// The calls of `path` passed on so far.
     fn recorded(&self, path: &str) -> Vec<Recorded> {
         let recorded = self.recorded.lock().unwrap();
-        recorded.iter().filter(|r| r.path == path).cloned().collect()
+        recorded
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
     }
 }
 
@@ -1055,6 +1068,18 @@ fn with_forwarded_headers<T>(recorded: &Recorded, message: T) -> tonic::Request<
         }
     }
     request
+}
+
+/// Asserts a call was refused as a forwarded call whose signature is no
+/// good for it, saying `why`.
+#[track_caller]
+fn refused_because<T: std::fmt::Debug>(result: Result<T, tonic::Status>, why: &str) {
+    let status = expect_err(result);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    assert!(
+        status.message().contains("forwarded") && status.message().contains(why),
+        "{status:?}"
+    );
 }
 
 /// The message of a recorded unary call.
@@ -1139,7 +1164,11 @@ async fn a_forwarded_identity_recorded_between_servers_cannot_be_used_again() {
         .expect("CreateGrant through the standby");
     let signal = proxy.recorded("/aaa.v1.RunService/Signal");
     let create = proxy.recorded("/aaa.v1.GrantService/CreateGrant");
-    assert_eq!((signal.len(), create.len()), (1, 1), "one of each forwarded");
+    assert_eq!(
+        (signal.len(), create.len()),
+        (1, 1),
+        "one of each forwarded"
+    );
     let (signal, create) = (&signal[0], &create[0]);
     assert!(signal.headers.contains_key("aaa-forwarded-signature"));
 
@@ -1147,12 +1176,14 @@ async fn a_forwarded_identity_recorded_between_servers_cannot_be_used_again() {
     let same: SignalRequest = message_of(signal);
     assert_eq!(prost::Message::encode_to_vec(&same), signal.body[5..]);
     let mut runs = owner_server.runs().await;
-    let replayed = runs.signal(with_forwarded_headers(signal, same.clone())).await;
-    assert_error(&expect_err(replayed), Code::Unauthenticated, "UNAUTHENTICATED");
+    let replayed = runs
+        .signal(with_forwarded_headers(signal, same.clone()))
+        .await;
+    refused_because(replayed, "used before");
     // The same request at another server of the deployment.
     let mut elsewhere = standby.runs().await;
     let replayed = elsewhere.signal(with_forwarded_headers(signal, same)).await;
-    assert_error(&expect_err(replayed), Code::Unauthenticated, "UNAUTHENTICATED");
+    refused_because(replayed, "does not verify");
     // The headers on another run's grant.
     let moved = runs
         .signal(with_forwarded_headers(
@@ -1160,7 +1191,7 @@ async fn a_forwarded_identity_recorded_between_servers_cannot_be_used_again() {
             grant_request(&second.0, &second.1),
         ))
         .await;
-    assert_error(&expect_err(moved), Code::Unauthenticated, "UNAUTHENTICATED");
+    refused_because(moved, "does not verify");
     // The standing grant's headers on a grant of any call, any number of times.
     let unscoped = CreateGrantRequest {
         tool: "wire_money".into(),
@@ -1171,7 +1202,7 @@ async fn a_forwarded_identity_recorded_between_servers_cannot_be_used_again() {
     let moved = grants
         .create_grant(with_forwarded_headers(create, unscoped))
         .await;
-    assert_error(&expect_err(moved), Code::Unauthenticated, "UNAUTHENTICATED");
+    refused_because(moved, "does not verify");
 
     // Nothing of it took: the second run still waits, and the one grant
     // is the scoped one.
