@@ -12,6 +12,7 @@ use tonic::transport::Server;
 use crate::api::{
     malformed, ApprovalApi, ClusterApi, GrantApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
 };
+use crate::auth::forwarded::Verifier;
 use crate::auth::AuthLayer;
 use crate::cluster::forward::{Routed, Slot};
 use crate::cluster::Cluster;
@@ -154,6 +155,9 @@ async fn serve_store(
             return Err(e);
         }
     };
+    // A forwarded request is buffered whole (to send it, and to verify its
+    // signature): one message and its framing.
+    let forward_limit = config.max_message_bytes + 64;
     let http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone())
         .merge(crate::web::router(web));
     let mut builder = builder
@@ -161,7 +165,15 @@ async fn serve_store(
         .layer(crate::api::deadline::layer())
         .layer(crate::http::HttpLayer::new(http))
         .layer(crate::metrics::ApiMetricsLayer::new(config.metrics.clone()))
-        .layer(AuthLayer::new(config.auth.clone(), store.token_key()))
+        .layer(AuthLayer::new(
+            config.auth.clone(),
+            Verifier::new(
+                store.token_key(),
+                cluster.address.clone(),
+                crate::engine::now_ms(),
+            ),
+            forward_limit,
+        ))
         .layer(malformed::layer());
 
     let grace = config.shutdown_grace;
@@ -226,7 +238,6 @@ async fn serve_store(
             set_health(&health, ServingStatus::NotServing).await;
         }
     };
-    let max_message = config.max_message_bytes;
     // On a shared store, reads are answered here from the database while
     // another server owns the runs.
     let readers = config.store_url.is_some().then(|| {
@@ -239,8 +250,6 @@ async fn serve_store(
         Some(_) => "postgres",
         None => "embedded",
     };
-    // A forwarded request is buffered whole: one message and its framing.
-    let forward_limit = max_message + 64;
     let server = builder
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -320,6 +329,7 @@ fn web_settings(
         auth: config.auth.clone(),
         tls: config.auth.as_ref().is_some_and(|a| a.tls.is_some()),
         key: cluster.store().token_key(),
+        address: cluster.address.clone(),
         channel,
         stopping: stopping.clone(),
     })

@@ -401,8 +401,10 @@ async fn decide_at(
 ) -> Vec<proto::DecisionResult> {
     const METHOD: &str = "/aaa.v1.ApprovalService/DecideApprovals";
     let items = request.items.clone();
+    let body = crate::auth::forwarded::unary_body(&request);
     let mut call = Request::new(request);
-    *call.metadata_mut() = crate::cluster::forward::signed_for(cluster, signer, METHOD);
+    *call.metadata_mut() =
+        crate::cluster::forward::signed_for(cluster, signer, METHOD, &owner.address, &body);
     let mut client =
         proto::approval_service_client::ApprovalServiceClient::new(owner.channel.clone());
     match client.decide_approvals(call).await {

@@ -180,6 +180,7 @@ pub fn refused(refusal: &Refusal) -> Status {
         | Refusal::UnknownCredentials
         | Refusal::MalformedCredentials(_)
         | Refusal::ForwardRefused(_) => (Code::Unauthenticated, ErrorReason::Unauthenticated),
+        Refusal::ForwardNotNow(_) => (Code::Unavailable, ErrorReason::OwnerUnavailable),
         Refusal::MissingRole { needed, method, .. } => {
             metadata.insert("roles".to_string(), needed.join(","));
             metadata.insert("method".to_string(), method.clone());

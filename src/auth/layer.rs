@@ -1,16 +1,22 @@
 //! The tower layer in front of every service: authenticates the caller,
 //! checks the RPC against [`super::RULES`], and hands the principal to the
 //! handlers in the request extensions. One check covers every service.
+//! A call that carries forwarded headers has its body read whole first
+//! (bounded by the message limit), since its signature covers the body;
+//! every other call passes with its body untouched.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http_body_util::{BodyExt, Full, Limited};
+use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use super::{authorize, forwarded, is_open, AuthConfig, ForwardedPeer, Principal, Refusal};
+use super::forwarded::{self, FromServer, Verifier};
+use super::{authorize, is_open, AuthConfig, ForwardedPeer, Principal, Refusal};
 
 /// Checks every call against the auth config. Without one (local
 /// development) it checks only what a forwarding server says about the
@@ -18,15 +24,20 @@ use super::{authorize, forwarded, is_open, AuthConfig, ForwardedPeer, Principal,
 #[derive(Clone)]
 pub struct AuthLayer {
     auth: Option<Arc<AuthConfig>>,
-    /// The store's secret key, which signs calls other servers forward.
-    key: Arc<[u8; 32]>,
+    /// Verifies the calls other servers forward (and this server's web
+    /// inbox makes), signed with the store's secret key.
+    verifier: Arc<Verifier>,
+    /// The largest request body read to verify a forwarded call (the
+    /// message limit and its framing).
+    max_request: usize,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Option<Arc<AuthConfig>>, key: [u8; 32]) -> Self {
+    pub fn new(auth: Option<Arc<AuthConfig>>, verifier: Verifier, max_request: usize) -> Self {
         AuthLayer {
             auth,
-            key: Arc::new(key),
+            verifier: Arc::new(verifier),
+            max_request,
         }
     }
 }
@@ -37,8 +48,7 @@ impl<S> tower::Layer<S> for AuthLayer {
     fn layer(&self, inner: S) -> Self::Service {
         AuthService {
             inner,
-            auth: self.auth.clone(),
-            key: self.key.clone(),
+            layer: self.clone(),
         }
     }
 }
@@ -46,19 +56,21 @@ impl<S> tower::Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct AuthService<S> {
     inner: S,
-    auth: Option<Arc<AuthConfig>>,
-    key: Arc<[u8; 32]>,
+    layer: AuthLayer,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
-impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
+impl<S> tower::Service<http::Request<Body>> for AuthService<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
-    S::Error: 'static,
+    S::Error: Send + 'static,
 {
-    type Response = http::Response<tonic::body::Body>;
+    type Response = http::Response<Body>;
     type Error = S::Error;
     type Future = BoxFuture<Self::Response, Self::Error>;
 
@@ -66,75 +78,124 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let checked = match &self.auth {
-            Some(auth) => check(auth, &self.key[..], &request).map(|p| p.map(Caller::Principal)),
-            None => forwarded_peer(&self.key[..], &request).map(|p| p.map(Caller::Peer)),
-        };
-        // A signature that is there passed the checks above (a bad one is
-        // refused), so the call came from a server of the cluster.
-        if checked.is_ok() && request.headers().contains_key(forwarded::SIGNATURE) {
-            request.extensions_mut().insert(forwarded::FromServer);
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        let layer = &self.layer;
+        let method = request.uri().path();
+        let open = layer.auth.is_some() && is_open(method);
+        if open || !forwarded::carried(request.headers()) {
+            // A direct call: its own credentials; its body is not read.
+            let checked = match &layer.auth {
+                Some(auth) => direct(auth, &request),
+                None => Ok(None),
+            };
+            return match checked {
+                Ok(principal) => {
+                    if let Some(principal) = principal {
+                        request.extensions_mut().insert(principal);
+                    }
+                    Box::pin(self.inner.call(request))
+                }
+                Err(refusal) => refuse(&refusal, &request),
+            };
         }
-        match checked {
-            Ok(Some(Caller::Principal(principal))) => {
-                request.extensions_mut().insert(principal);
+        // A forwarded call: its signature covers its body, which is read
+        // whole first (the forwarding server sent it whole). The service
+        // `poll_ready` readied goes with the call; its clone stays.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = layer.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let method = parts.uri.path();
+            let (body, bytes) = if forwarded::is_request_stream(method) {
+                (body, bytes::Bytes::new())
+            } else {
+                match Limited::new(body, layer.max_request).collect().await {
+                    Ok(collected) => {
+                        let bytes = collected.to_bytes();
+                        (Body::new(Full::new(bytes.clone())), bytes)
+                    }
+                    Err(_) => {
+                        let refusal = Refusal::ForwardRefused(
+                            "its request could not be read whole within the message limit",
+                        );
+                        let request = http::Request::from_parts(parts, ());
+                        return refuse(&refusal, &request).await;
+                    }
+                }
+            };
+            let mut request = http::Request::from_parts(parts, body);
+            match forwarded_caller(&layer, &request, &bytes) {
+                Ok(caller) => {
+                    // Its signature verified: a server of the cluster sent it.
+                    request.extensions_mut().insert(FromServer);
+                    match caller {
+                        Caller::Principal(principal) => {
+                            request.extensions_mut().insert(principal);
+                        }
+                        Caller::Peer(peer) => {
+                            request.extensions_mut().insert(peer);
+                        }
+                    }
+                }
+                Err(refusal) => return refuse(&refusal, &request).await,
             }
-            Ok(Some(Caller::Peer(peer))) => {
-                request.extensions_mut().insert(peer);
-            }
-            Ok(None) => {}
-            Err(refusal) => {
-                tracing::warn!(
-                    method = request.uri().path(),
-                    peer = peer(&request),
-                    "refused: {refusal}"
-                );
-                let status = crate::api::status::refused(&refusal);
-                return Box::pin(async move { Ok(status.into_http()) });
-            }
-        }
-        Box::pin(self.inner.call(request))
+            inner.call(request).await
+        })
     }
 }
 
-/// Who the caller is, as far as this server knows.
+/// Who the caller of a forwarded call is, as the forwarding server said.
 enum Caller {
     Principal(Principal),
     Peer(ForwardedPeer),
 }
 
-/// With auth off: the address of the client a forwarded call came from,
-/// once the forwarding server's signature verifies; `None` for a call
-/// that was not forwarded.
-fn forwarded_peer<B>(
-    key: &[u8],
+/// Answers a refused call, and logs why.
+fn refuse<B, E: Send + 'static>(
+    refusal: &Refusal,
     request: &http::Request<B>,
-) -> Result<Option<ForwardedPeer>, Refusal> {
-    let method = request.uri().path();
-    let now_ms = crate::engine::now_ms();
-    let peer = forwarded::verify(request.headers(), key, method, now_ms)?;
-    Ok(peer.map(|address| ForwardedPeer(address.to_string())))
+) -> BoxFuture<http::Response<Body>, E> {
+    tracing::warn!(
+        method = request.uri().path(),
+        peer = peer(request),
+        "refused: {refusal}"
+    );
+    let status = crate::api::status::refused(refusal);
+    Box::pin(async move { Ok(status.into_http()) })
 }
 
-/// The caller's principal, `None` for open methods, or why it is refused.
-fn check<B>(
-    auth: &AuthConfig,
-    key: &[u8],
-    request: &http::Request<B>,
-) -> Result<Option<Principal>, Refusal> {
+/// The caller a forwarded call names, once its signature verifies for this
+/// call (`body`, as received) at this server: with auth on, its principal,
+/// whose roles must allow the method; with auth off, the client's address.
+fn forwarded_caller(
+    layer: &AuthLayer,
+    request: &http::Request<Body>,
+    body: &[u8],
+) -> Result<Caller, Refusal> {
+    let method = request.uri().path();
+    // Wall time: signatures are compared across servers' clocks.
+    let now_ms = crate::engine::now_ms();
+    let name = layer
+        .verifier
+        .verify(request.headers(), method, body, now_ms)?
+        .ok_or(Refusal::ForwardRefused("it carries no principal"))?;
+    let Some(auth) = &layer.auth else {
+        return Ok(Caller::Peer(ForwardedPeer(name.to_string())));
+    };
+    let principal = auth
+        .principal_named(name)
+        .ok_or(Refusal::UnknownCredentials)?;
+    authorize(method, &principal)?;
+    Ok(Caller::Principal(principal))
+}
+
+/// The principal of a call that was not forwarded, `None` for open
+/// methods, or why it is refused.
+fn direct<B>(auth: &AuthConfig, request: &http::Request<B>) -> Result<Option<Principal>, Refusal> {
     let method = request.uri().path();
     if is_open(method) {
         return Ok(None);
-    }
-    // Wall time: signatures are compared across servers' clocks.
-    let now_ms = crate::engine::now_ms();
-    if let Some(name) = forwarded::verify(request.headers(), key, method, now_ms)? {
-        let principal = auth
-            .principal_named(name)
-            .ok_or(Refusal::UnknownCredentials)?;
-        authorize(method, &principal)?;
-        return Ok(Some(principal));
     }
     let principal = credentials(auth, request.headers(), request.extensions())?;
     authorize(method, &principal)?;

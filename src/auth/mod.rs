@@ -213,6 +213,11 @@ pub enum Refusal {
     NotTaskHolder { principal: String },
     #[error("a call forwarded by another aaa server is refused: {0}")]
     ForwardRefused(&'static str),
+    /// A genuine forwarded call this server cannot take now (it started
+    /// after the call was signed, or keeps as many nonces as it may): the
+    /// forwarding server's caller retries, and the call is signed anew.
+    #[error("a call forwarded by another aaa server cannot be taken now: {0}")]
+    ForwardNotNow(&'static str),
     #[error("{principal} may not decide call '{call}': only the approver groups {} may", groups.join(", "))]
     NotAnApproverForCall {
         principal: String,

@@ -10,7 +10,9 @@
 //!
 //! The caller was authenticated here; the owner learns who it is from a
 //! signed header (see `auth::forwarded`) instead of its credentials, so the
-//! owner checks roles and records the actor as for a direct call. A unary
+//! owner checks roles and records the actor as for a direct call. The
+//! signature is made for each owner the call is sent to, over the request
+//! as sent, and is good there once. A unary
 //! call whose owner cannot be reached at all (the connection is refused)
 //! is sent once more, to the owner the database names then; one that
 //! failed after it was sent is answered UNAVAILABLE, since the owner may
@@ -56,8 +58,9 @@ const READS: [&str; 6] = [
 const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// How often it reads who owns the shard meanwhile.
 const LOOK_AGAIN: Duration = Duration::from_millis(200);
-/// The one call whose request is a stream (it is not buffered or resent).
-const SUBSCRIBE: &str = "/aaa.v1.SubscriptionService/Subscribe";
+/// The one call forwarded here whose request is a stream (it is not
+/// buffered or resent).
+const SUBSCRIBE: &str = forwarded::REQUEST_STREAMS[0];
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
@@ -196,10 +199,20 @@ where
         if cluster.serves_soon(shard).await {
             return serve_here(local, Request::from_parts(parts, body)).await;
         }
-        prepare_forward(cluster, &mut parts)?;
+        let caller = prepare_forward(&mut parts)?;
         let Some(owner) = cluster.owner_of(shard).await? else {
             return Err(taking_over());
         };
+        // A request stream's signature covers no body (see auth::forwarded).
+        let method = parts.uri.path().to_string();
+        sign(
+            cluster,
+            &mut parts.headers,
+            caller,
+            &method,
+            &owner.address,
+            &[],
+        );
         return send(cluster, &owner, Request::from_parts(parts, body))
             .await
             .map_err(|(status, _)| status);
@@ -215,8 +228,8 @@ where
         .or_else(|| serving.iter().next())
         .unwrap_or(ANY_SHARD);
     if !cluster.serves_soon(shard).await {
-        prepare_forward(cluster, &mut parts)?;
-        match forward(cluster, &parts, &bytes, shard).await? {
+        let caller = prepare_forward(&mut parts)?;
+        match forward(cluster, &parts, caller, &bytes, shard).await? {
             Some(response) => return Ok(response),
             // The database names this server the owner now: it is taking
             // the shard over, and the call is served here once it serves.
@@ -374,8 +387,9 @@ impl http_body::Body for Prepended {
 }
 
 /// Refuses a call that has been forwarded too often, and readies its
-/// headers for the next hop.
-fn prepare_forward(cluster: &Cluster, parts: &mut http::request::Parts) -> Result<(), Status> {
+/// headers for the next hop; answers who the owner is to be told the
+/// caller is (signed for each owner it is sent to).
+fn prepare_forward(parts: &mut http::request::Parts) -> Result<Option<String>, Status> {
     let hops = parts
         .headers
         .get(HOPS)
@@ -391,10 +405,8 @@ fn prepare_forward(cluster: &Cluster, parts: &mut http::request::Parts) -> Resul
             "",
         ));
     }
-    let caller = caller(&parts.extensions);
-    let method = parts.uri.path().to_string();
-    prepare_headers(cluster, &mut parts.headers, hops, caller, &method);
-    Ok(())
+    strip_headers(&mut parts.headers, hops);
+    Ok(caller(&parts.extensions))
 }
 
 /// Sends a buffered call to the owner of `shard`; `None` when the
@@ -405,6 +417,7 @@ fn prepare_forward(cluster: &Cluster, parts: &mut http::request::Parts) -> Resul
 async fn forward(
     cluster: &Cluster,
     parts: &http::request::Parts,
+    caller: Option<String>,
     bytes: &Bytes,
     shard: u8,
 ) -> Result<Option<Response<Body>>, Status> {
@@ -437,6 +450,16 @@ async fn forward(
         *request.uri_mut() = parts.uri.clone();
         *request.version_mut() = parts.version;
         *request.headers_mut() = parts.headers.clone();
+        // Signed for this owner, now: a signature is good at one server,
+        // once, and a server that started since refuses older ones.
+        sign(
+            cluster,
+            request.headers_mut(),
+            caller.clone(),
+            parts.uri.path(),
+            &owner.address,
+            bytes,
+        );
         match send(cluster, &owner, request).await {
             Ok(response) => return Ok(Some(response)),
             Err((_, true)) => refused_by = Some(owner.server.clone()),
@@ -468,34 +491,46 @@ pub(crate) fn caller(extensions: &http::Extensions) -> Option<String> {
     remote_addr(extensions).map(|addr| addr.to_string())
 }
 
-/// The caller's credentials stay here: the owner gets the caller, signed,
-/// and the hop count instead.
-fn prepare_headers(
-    cluster: &Cluster,
-    headers: &mut HeaderMap,
-    hops: u32,
-    caller: Option<String>,
-    method: &str,
-) {
+/// The caller's credentials stay here: the owner gets the caller, signed
+/// (see [`sign`]), and the hop count instead.
+fn strip_headers(headers: &mut HeaderMap, hops: u32) {
     headers.remove(header::AUTHORIZATION);
     headers.remove(forwarded::PRINCIPAL);
     headers.remove(forwarded::SIGNATURE);
     headers.insert(HOPS, http::HeaderValue::from(hops + 1));
-    if let Some(name) = caller {
-        let now_ms = crate::engine::now_ms();
-        forwarded::sign(headers, &cluster.key, &name, method, now_ms);
-    }
 }
 
-/// The metadata of a call this server makes to another for `caller` (see
-/// `caller`): signed as a forward of `method`, the first hop.
+/// Signs `caller` (if known) on a call of `method` to the server at `to`
+/// whose request body is `body` (not read for a request stream).
+fn sign(
+    cluster: &Cluster,
+    headers: &mut HeaderMap,
+    caller: Option<String>,
+    method: &str,
+    to: &str,
+    body: &[u8],
+) {
+    let Some(name) = caller else {
+        return;
+    };
+    let call = forwarded::Call { method, to, body };
+    forwarded::sign(headers, &cluster.key, &name, &call, crate::engine::now_ms());
+}
+
+/// The metadata of a call this server makes to the server at `to` for
+/// `caller` (see `caller`): a first hop, signed for this one request
+/// (`body`, its gRPC frames; see `forwarded::unary_body`; empty for a
+/// request stream).
 pub(crate) fn signed_for(
     cluster: &Cluster,
     caller: Option<String>,
     method: &str,
+    to: &str,
+    body: &[u8],
 ) -> tonic::metadata::MetadataMap {
     let mut headers = HeaderMap::new();
-    prepare_headers(cluster, &mut headers, 0, caller, method);
+    strip_headers(&mut headers, 0);
+    sign(cluster, &mut headers, caller, method, to, body);
     tonic::metadata::MetadataMap::from_headers(headers)
 }
 

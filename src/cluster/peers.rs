@@ -391,8 +391,14 @@ impl Stream {
     async fn open(link: &Link, cluster: &Cluster) -> Result<Stream, Status> {
         let (requests, outgoing) = mpsc::channel(4);
         let mut call = tonic::Request::new(ReceiverStream::new(outgoing));
-        *call.metadata_mut() =
-            super::forward::signed_for(cluster, link.key.signer.clone(), PEER_POLL);
+        // A request stream: signed for the owner, once, over no body.
+        *call.metadata_mut() = super::forward::signed_for(
+            cluster,
+            link.key.signer.clone(),
+            PEER_POLL,
+            &link.owner.address,
+            &[],
+        );
         let mut client = ClusterServiceClient::new(link.owner.channel.clone());
         let answers = client.peer_poll(call).await?.into_inner();
         Ok(Stream { requests, answers })

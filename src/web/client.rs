@@ -1,7 +1,7 @@
 //! The page acts through this server's own gRPC API, over a loopback
 //! channel, as the signed-in person: each call carries the principal
-//! signed with the store's key (as a server forwarding a call does, see
-//! `auth::forwarded`), so the auth layer checks its roles, and the services
+//! signed with the store's key for that one request (as a server
+//! forwarding a call does, see `auth::forwarded`), so the auth layer checks its roles, and the services
 //! apply approver groups, separation of duties, the digest check and
 //! cluster forwarding exactly as for any gRPC client. With auth off the
 //! signed name is the browser's address, which becomes the actor.
@@ -24,12 +24,19 @@ use crate::proto::{
 pub struct Caller {
     channel: Channel,
     key: [u8; 32],
+    /// This server's advertised address, which each call is signed for.
+    address: String,
     name: String,
 }
 
 impl Caller {
-    pub fn new(channel: Channel, key: [u8; 32], name: String) -> Caller {
-        Caller { channel, key, name }
+    pub fn new(channel: Channel, key: [u8; 32], address: String, name: String) -> Caller {
+        Caller {
+            channel,
+            key,
+            address,
+            name,
+        }
     }
 
     /// The name decisions are recorded under.
@@ -37,13 +44,21 @@ impl Caller {
         &self.name
     }
 
-    fn request<T>(&self, message: T, method: &str) -> Request<T> {
+    /// The call signed for this one request (its message, as the channel
+    /// sends it uncompressed), once.
+    fn request<T: prost::Message>(&self, message: T, method: &str) -> Request<T> {
         let mut headers = http::HeaderMap::new();
+        let body = forwarded::unary_body(&message);
+        let call = forwarded::Call {
+            method,
+            to: &self.address,
+            body: &body,
+        };
         forwarded::sign(
             &mut headers,
             &self.key,
             &self.name,
-            method,
+            &call,
             crate::engine::now_ms(),
         );
         Request::from_parts(

@@ -45,6 +45,8 @@ pub struct Settings {
     pub tls: bool,
     /// The store's token key: signs sessions and the principal on calls.
     pub key: [u8; 32],
+    /// This server's advertised address, which the calls are signed for.
+    pub address: String,
     /// A channel to this server's own gRPC address.
     pub channel: Channel,
     /// Cancelled when the server stops: every live stream ends.
@@ -152,7 +154,12 @@ impl FromRequestParts<Web> for Visitor {
             None => peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
         };
         Ok(Visitor {
-            caller: Caller::new(web.0.channel.clone(), web.0.key, name),
+            caller: Caller::new(
+                web.0.channel.clone(),
+                web.0.key,
+                web.0.address.clone(),
+                name,
+            ),
             session,
             principal,
         })

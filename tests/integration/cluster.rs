@@ -159,7 +159,9 @@ async fn a_standby_forwards_every_call_to_the_owner_with_the_callers_principal()
     headers.insert("aaa-forwarded-principal", "admin".parse().unwrap());
     headers.insert(
         "aaa-forwarded-signature",
-        format!("{}.{}", i64::MAX, "00".repeat(32)).parse().unwrap(),
+        format!("{}.{}.{}", i64::MAX, "00".repeat(16), "00".repeat(32))
+            .parse()
+            .unwrap(),
     );
     let status = expect_err(owner_server.runs().await.get_run(forged).await);
     assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
@@ -472,7 +474,9 @@ async fn with_auth_off_a_forwarded_call_names_the_client() {
     headers.insert("aaa-forwarded-principal", "10.0.0.1:1".parse().unwrap());
     headers.insert(
         "aaa-forwarded-signature",
-        format!("{}.{}", i64::MAX, "00".repeat(32)).parse().unwrap(),
+        format!("{}.{}.{}", i64::MAX, "00".repeat(16), "00".repeat(32))
+            .parse()
+            .unwrap(),
     );
     let status = expect_err(owner_server.runs().await.start_run(forged).await);
     assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
@@ -847,7 +851,6 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
     let run_id = start_run(&mut runs, scripted_run("lookup", "{}")).await;
     wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
 
-    // Signed as a server of this database signs (it shares the key).
     let key = {
         let store = aaa::store::postgres::PostgresStore::open(&url)
             .await
@@ -856,13 +859,20 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
         aaa::store::Store::close(&store).await;
         key
     };
-    let method = "/aaa.v1.ClusterService/PeerPoll";
+    // Signed as a server of this database signs (it shares the key), for
+    // this server, over no body (PeerPoll's request is a stream).
+    let to = server.addr().to_string();
+    let call = aaa::auth::forwarded::Call {
+        method: "/aaa.v1.ClusterService/PeerPoll",
+        to: &to,
+        body: &[],
+    };
     let mut headers = tonic::codegen::http::HeaderMap::new();
     aaa::auth::forwarded::sign(
         &mut headers,
         &key,
         "127.0.0.1:9",
-        method,
+        &call,
         aaa::engine::now_ms(),
     );
     let step = |step| PeerPollRequest { step: Some(step) };
@@ -943,4 +953,280 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
         .peer_poll(tokio_stream::wrappers::ReceiverStream::new(outgoing))
         .await;
     assert_eq!(expect_err(refused).code(), Code::PermissionDenied);
+}
+
+/// Between two servers, a proxy that records every call it passes on
+/// (path, headers, body), as someone on a plaintext hop could. The server
+/// it fronts advertises the proxy's address, so the others forward there.
+struct RecordingProxy {
+    addr: std::net::SocketAddr,
+    target: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    recorded: Arc<std::sync::Mutex<Vec<Recorded>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// One call the proxy passed on.
+#[derive(Clone)]
+struct Recorded {
+    path: String,
+    headers: tonic::codegen::http::HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl RecordingProxy {
+    /// Listens now; passes calls on once [`RecordingProxy::send_to`] says where.
+    async fn start() -> RecordingProxy {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = Arc::new(std::sync::OnceLock::<std::net::SocketAddr>::new());
+        let recorded = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (target_in, recorded_in) = (target.clone(), recorded.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (target, recorded) = (target_in.clone(), recorded_in.clone());
+                let service = hyper::service::service_fn(
+                    move |request: tonic::codegen::http::Request<hyper::body::Incoming>| {
+                        let (target, recorded) = (target.clone(), recorded.clone());
+                        async move {
+                            let (mut parts, body) = request.into_parts();
+                            let body = body.collect().await.map(|b| b.to_bytes());
+                            let body = body.unwrap_or_default();
+                            recorded.lock().unwrap().push(Recorded {
+                                path: parts.uri.path().to_string(),
+                                headers: parts.headers.clone(),
+                                body: body.clone(),
+                            });
+                            let target = *target.get().expect("the proxy's target");
+                            parts.uri = format!("http://{target}{}", parts.uri.path())
+                                .parse()
+                                .unwrap();
+                            let request = tonic::codegen::http::Request::from_parts(
+                                parts,
+                                tonic::body::Body::new(http_body_util::Full::new(body)),
+                            );
+                            let channel =
+                                tonic::transport::Endpoint::from_shared(format!("http://{target}"))
+                                    .unwrap()
+                                    .connect_lazy();
+                            let response = tower::ServiceExt::oneshot(channel, request)
+                                .await
+                                .expect("the proxy's target answers");
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    },
+                );
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                });
+            }
+        });
+        RecordingProxy {
+            addr,
+            target,
+            recorded,
+            task,
+        }
+    }
+
+    fn send_to(&self, target: std::net::SocketAddr) {
+        self.target.set(target).unwrap();
+    }
+
+    /// The calls of `path` passed on so far.
+    fn recorded(&self, path: &str) -> Vec<Recorded> {
+        let recorded = self.recorded.lock().unwrap();
+        recorded
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for RecordingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The headers a forwarding server added to a call (the caller's signed
+/// identity and the hop count), copied onto `request` as someone who
+/// recorded them would.
+fn with_forwarded_headers<T>(recorded: &Recorded, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    for (name, value) in &recorded.headers {
+        if name.as_str().starts_with("aaa-forward") {
+            request.metadata_mut().as_mut().insert(name, value.clone());
+        }
+    }
+    request
+}
+
+/// Asserts a call was refused as a forwarded call whose signature is no
+/// good for it, saying `why`.
+#[track_caller]
+fn refused_because<T: std::fmt::Debug>(result: Result<T, tonic::Status>, why: &str) {
+    let status = expect_err(result);
+    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    assert!(
+        status.message().contains("forwarded") && status.message().contains(why),
+        "{status:?}"
+    );
+}
+
+/// The message of a recorded unary call.
+fn message_of<T: prost::Message + Default>(recorded: &Recorded) -> T {
+    T::decode(&recorded.body[5..]).expect("a recorded message")
+}
+
+/// The identity a server forwards a call with is good for that call, at
+/// that server, once: recorded on the hop between two servers and sent
+/// again by someone without credentials, it is refused for the same
+/// request (a replay), for another run's grant, for a grant of another
+/// scope, and at another server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forwarded_identity_recorded_between_servers_cannot_be_used_again() {
+    use aaa::proto::grant_service_client::GrantServiceClient;
+    use aaa::proto::{CreateGrantRequest, SignalRequest};
+
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let proxy = RecordingProxy::start().await;
+    let owner_server = {
+        let (url, advertised) = (url.clone(), proxy.addr.to_string());
+        let auth = Arc::new(AuthConfig::parse(&auth_toml(false), Path::new(".")).unwrap());
+        TestServer::start_with(move |config| {
+            config.auth = Some(auth.clone());
+            config.store_url = Some(url.clone());
+            config.advertise = Some(advertised.clone());
+        })
+        .await
+    };
+    proxy.send_to(owner_server.addr());
+    let standby = member(&url, true).await;
+
+    let mut at_owner = Clients::with_token(&owner_server, &token("runner")).await;
+    Clients::with_token(&owner_server, &token("worker"))
+        .await
+        .workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "payments-1".into(),
+            tools: vec![wire_money()],
+            ..Default::default()
+        })
+        .await
+        .expect("RegisterWorker");
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let run_id = at_owner
+            .runs
+            .start_run(scripted_reference_run())
+            .await
+            .expect("StartRun")
+            .into_inner()
+            .run_id;
+        let events = at_owner
+            .wait_for_event(&run_id, "aaa.approval.requested")
+            .await;
+        waiting.push((run_id, call_id(events.last().unwrap())));
+    }
+    let (first, second) = (&waiting[0], &waiting[1]);
+
+    // The approver acts through the standby, which forwards to the owner
+    // through the proxy: a grant of one call, and a standing grant of one
+    // use for calls with arguments nobody asked for.
+    let mut approver = Clients::with_token(&standby, &token("approver")).await;
+    approver
+        .runs
+        .signal(grant_request(&first.0, &first.1))
+        .await
+        .expect("a grant through the standby");
+    let scoped = CreateGrantRequest {
+        tool: "wire_money".into(),
+        arguments_sha256: "ab".repeat(32),
+        max_uses: 1,
+        reason: "one payment of other arguments".into(),
+        ..Default::default()
+    };
+    approver
+        .grants
+        .create_grant(scoped)
+        .await
+        .expect("CreateGrant through the standby");
+    let signal = proxy.recorded("/aaa.v1.RunService/Signal");
+    let create = proxy.recorded("/aaa.v1.GrantService/CreateGrant");
+    assert_eq!(
+        (signal.len(), create.len()),
+        (1, 1),
+        "one of each forwarded"
+    );
+    let (signal, create) = (&signal[0], &create[0]);
+    assert!(signal.headers.contains_key("aaa-forwarded-signature"));
+
+    // The same request again, at the owner: a replay.
+    let same: SignalRequest = message_of(signal);
+    assert_eq!(prost::Message::encode_to_vec(&same), signal.body[5..]);
+    let mut runs = owner_server.runs().await;
+    let replayed = runs
+        .signal(with_forwarded_headers(signal, same.clone()))
+        .await;
+    refused_because(replayed, "used before");
+    // The same request at another server of the deployment.
+    let mut elsewhere = standby.runs().await;
+    let replayed = elsewhere.signal(with_forwarded_headers(signal, same)).await;
+    refused_because(replayed, "does not verify");
+    // The headers on another run's grant.
+    let moved = runs
+        .signal(with_forwarded_headers(
+            signal,
+            grant_request(&second.0, &second.1),
+        ))
+        .await;
+    refused_because(moved, "does not verify");
+    // The standing grant's headers on a grant of any call, any number of times.
+    let unscoped = CreateGrantRequest {
+        tool: "wire_money".into(),
+        reason: "anything".into(),
+        ..Default::default()
+    };
+    let mut grants = GrantServiceClient::new(owner_server.channel().await);
+    let moved = grants
+        .create_grant(with_forwarded_headers(create, unscoped))
+        .await;
+    refused_because(moved, "does not verify");
+
+    // Nothing of it took: the second run still waits, and the one grant
+    // is the scoped one.
+    let mut reader = Clients::with_token(&owner_server, &token("reader")).await;
+    let pending = reader
+        .approvals
+        .list_approvals(ListApprovalsRequest {
+            run_id: second.0.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListApprovals")
+        .into_inner()
+        .approvals;
+    assert_eq!(pending.len(), 1, "the second run's call still waits");
+    let listed = reader
+        .grants
+        .list_grants(aaa::proto::ListGrantsRequest::default())
+        .await
+        .expect("ListGrants")
+        .into_inner()
+        .grants;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].reason, "one payment of other arguments");
+    standby.shutdown().await;
+    owner_server.shutdown().await;
 }
