@@ -479,10 +479,15 @@ impl Engine {
     async fn recover(&self) -> Result<(), Error> {
         let now = self.now_ms();
         let mut lost = Vec::new();
+        let mut reoffered = Vec::new();
         for run in self.inner.store.active_runs(&self.inner.shards).await? {
             let state = self.load(run).await?;
             if let Some(pending) = state.builtin_model_pending() {
                 lost.push((run, pending.call_id.clone(), pending.attempt));
+            }
+            let served = state.served_model_pending();
+            if let Some(pending) = served {
+                reoffered.push((run, pending.call_id.clone(), pending.attempt));
             }
             for call in &state.calls {
                 if call.phase == state::Phase::Running {
@@ -497,8 +502,19 @@ impl Engine {
                     );
                 }
             }
-            self.offer_all(run, state.dispatchable(now));
+            // A served model's call is offered by its request again, below.
+            let mut actions = state.dispatchable(now);
+            if served.is_some() {
+                actions.retain(|a| !matches!(a, Action::DispatchModel { .. }));
+            }
+            self.offer_all(run, actions);
             self.cache_put(state);
+        }
+        for (run, call_id, attempt) in reoffered {
+            self.update(run, |state, _| {
+                Ok((vec![state.decide_model_reoffer(&call_id, attempt)?], ()))
+            })
+            .await?;
         }
         for (run, call_id, attempt) in lost {
             let error = ErrorData::new(

@@ -422,6 +422,14 @@ impl RunState {
         }
     }
 
+    /// The attempt of a worker-served model in flight, if any.
+    pub fn served_model_pending(&self) -> Option<&PendingModelCall> {
+        match self.spec.model {
+            ModelChoice::Worker(_) if !self.is_finished() => self.model_call.as_ref(),
+            _ => None,
+        }
+    }
+
     /// Has the run used up its token budget?
     fn tokens_spent(&self) -> bool {
         let max = self.spec.budget.max_tokens;
@@ -1688,6 +1696,26 @@ impl RunState {
         };
         let completed = LlmCompleted::new(call_id.to_string(), message, facts);
         Ok(NewEvent::engine(LLM_COMPLETED, completed).by(actor))
+    }
+
+    /// A worker-served model call found waiting when a server starts
+    /// serving its run: the server before may have handed its attempt out
+    /// (model attempts are leased in memory, unlike tools' whose start is
+    /// an event), and that worker may still hold it. It is requested again
+    /// as the next attempt, so the old holder's results are refused as
+    /// stale and no attempt ever has two holders. Not a failure: it does
+    /// not count against the model's attempts.
+    pub fn decide_model_reoffer(&self, call_id: &str, attempt: u32) -> Result<NewEvent, Error> {
+        self.check_model_attempt(call_id, attempt)?;
+        Ok(NewEvent::engine(
+            LLM_REQUESTED,
+            LlmRequested {
+                call_id: call_id.to_string(),
+                model: self.spec.model.name(),
+                attempt: attempt + 1,
+                previous_error: None,
+            },
+        ))
     }
 
     /// A model attempt failed (reported, or its lease was lost).

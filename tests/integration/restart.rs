@@ -263,3 +263,70 @@ fn a_data_dir_of_an_older_layout_is_refused_before_serving() {
     );
     assert!(output.stdout.is_empty(), "{output:?}");
 }
+
+/// A worker-served model's attempt handed out before a kill -9 is not
+/// handed out again: the restarted server offers the call as the next
+/// attempt, the first holder's heartbeat and result are refused as stale,
+/// and the completion names the worker that really answered (issue 40,
+/// item 8: both held attempt 1 and both heartbeats answered OK).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_attempt_held_across_kill_9_is_never_held_twice() {
+    use aaa::proto::complete_task_request::Result::Reply;
+    use aaa::proto::{task::Kind, CompleteTaskRequest, HeartbeatTaskRequest};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = ChildServer::start(dir.path()).await;
+    let mut runs = server.runs().await;
+    register(&mut server.workers().await, vec![wire_money()], &["seed"]).await;
+    let run_id = start_run(&mut runs, seed_reference_run()).await;
+    let first = poll_until_task(&mut server.workers().await, "model-1", &[], &["seed"]).await;
+    assert_eq!((first.run_id.as_str(), first.attempt), (run_id.as_str(), 1));
+    server.kill9();
+
+    let server = ChildServer::start(dir.path()).await;
+    let mut workers = server.workers().await;
+    let second = poll_until_task(&mut workers, "model-2", &[], &["seed"]).await;
+    assert_eq!(second.call_id, first.call_id);
+    assert_eq!(
+        second.attempt, 2,
+        "the restarted server handed out attempt 1 again"
+    );
+    let stale = workers
+        .heartbeat_task(HeartbeatTaskRequest {
+            token: first.token.clone(),
+        })
+        .await
+        .expect_err("the first holder's attempt is superseded");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    let Some(Kind::Model(task)) = second.kind.as_ref() else {
+        panic!("a model task: {second:?}")
+    };
+    let reply = seed_reply(task);
+    let refused = workers
+        .complete_task(CompleteTaskRequest {
+            token: first.token.clone(),
+            result: Some(Reply(reply.clone())),
+        })
+        .await
+        .expect_err("the first holder's reply is stale");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    workers
+        .complete_task(CompleteTaskRequest {
+            token: second.token.clone(),
+            result: Some(Reply(reply)),
+        })
+        .await
+        .expect("the second holder's reply");
+    let events = history(&mut server.runs().await, &run_id).await;
+    let completed = events
+        .iter()
+        .find(|e| e.r#type == "aaa.llm.completed")
+        .expect("the model call completed");
+    let actor = completed.actor.as_ref().expect("an actor");
+    assert_eq!(actor.name, "model-2", "{actor:?}");
+    drop(server);
+}
