@@ -1230,3 +1230,69 @@ async fn a_forwarded_identity_recorded_between_servers_cannot_be_used_again() {
     standby.shutdown().await;
     owner_server.shutdown().await;
 }
+
+/// With the shards spread, two servers never give one worker identity to
+/// two principals: the first claim is a request record the database keeps
+/// once, and the other server's claim then reads it (issue 40, item 9: 40
+/// of 40 simultaneous registrations on two servers both got OK).
+#[tokio::test(flavor = "multi_thread")]
+async fn spread_shards_bind_a_worker_identity_to_one_principal() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let auth = Arc::new(AuthConfig::parse(&auth_toml(false), Path::new(".")).expect("auth"));
+    let start = || {
+        let (url, auth) = (url.clone(), auth.clone());
+        TestServer::start_with(move |config| {
+            config.auth = Some(auth.clone());
+            config.store_url = Some(url.clone());
+            config.spread_shards = true;
+            config.lease = Duration::from_secs(1);
+        })
+    };
+    let (a, b) = (start().await, start().await);
+    // Both hold shards: each serves registrations itself.
+    let mut reader = Clients::with_token(&a, &token("reader")).await;
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let cluster = reader
+            .cluster
+            .get_cluster(aaa::proto::GetClusterRequest {})
+            .await
+            .expect("GetCluster")
+            .into_inner();
+        let live: Vec<_> = cluster.members.iter().filter(|m| m.alive).collect();
+        if live.len() == 2 && live.iter().all(|m| m.shards > 0) {
+            break;
+        }
+        assert!(Instant::now() < give_up, "never spread: {cluster:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut worker = Clients::with_token(&a, &token("worker")).await;
+    let mut other = Clients::with_token(&b, &token("other-worker")).await;
+    let mut both_ok = Vec::new();
+    for round in 0..20 {
+        let request = RegisterWorkerRequest {
+            identity: format!("shared-{round}"),
+            tools: vec![wire_money()],
+            models: vec![],
+        };
+        let (first, second) = tokio::join!(
+            worker.workers.register_worker(request.clone()),
+            other.workers.register_worker(request.clone()),
+        );
+        match (first, second) {
+            (Ok(_), Ok(_)) => both_ok.push(round),
+            (Ok(_), Err(refused)) | (Err(refused), Ok(_)) => {
+                assert_error(&refused, Code::PermissionDenied, "IDENTITY_TAKEN");
+            }
+            (Err(a), Err(b)) => panic!("round {round}: both refused: {a:?} {b:?}"),
+        }
+    }
+    assert!(
+        both_ok.is_empty(),
+        "one identity given to two principals in rounds {both_ok:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
