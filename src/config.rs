@@ -107,6 +107,10 @@ pub struct Config {
     /// load balancer), for the links in webhooks and pages. `None`:
     /// `http://` (`https://` under TLS) and the advertised address.
     pub public_url: Option<String>,
+    /// More host names (`name` or `name:port`) the web inbox answers to,
+    /// besides the loopback names and, with auth on, those of the public
+    /// URL and the listening and advertised addresses (`--allow-host`).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Config {
@@ -141,6 +145,7 @@ impl Config {
             archive_dir: None,
             log_segment_bytes: DEFAULT_LOG_SEGMENT_KIB * 1024,
             public_url: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -1258,7 +1258,7 @@ async fn signing_out_on_one_server_of_a_cluster_ends_the_session_on_another() {
     owner.shutdown().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread")]
 async fn with_auth_off_a_request_naming_another_host_is_refused() {
     // DNS rebinding: a page at evil.test whose name now resolves to
     // 127.0.0.1 reaches the server with `Host: evil.test`.
