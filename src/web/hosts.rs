@@ -218,10 +218,22 @@ mod tests {
 
     #[test]
     fn allow_host_values_are_checked() {
-        assert_eq!(parse_allowed(" AAA.example.com ").unwrap(), "aaa.example.com");
-        assert_eq!(parse_allowed("aaa.internal:8080").unwrap(), "aaa.internal:8080");
+        assert_eq!(
+            parse_allowed(" AAA.example.com ").unwrap(),
+            "aaa.example.com"
+        );
+        assert_eq!(
+            parse_allowed("aaa.internal:8080").unwrap(),
+            "aaa.internal:8080"
+        );
         assert_eq!(parse_allowed("[fd00::1]:50051").unwrap(), "[fd00::1]:50051");
-        for bad in ["", "http://aaa.example.com", "a b", "user@host", "host:port"] {
+        for bad in [
+            "",
+            "http://aaa.example.com",
+            "a b",
+            "user@host",
+            "host:port",
+        ] {
             assert!(parse_allowed(bad).is_err(), "{bad}");
         }
     }

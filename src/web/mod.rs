@@ -105,7 +105,10 @@ pub fn router(settings: Settings) -> Router {
         .route("/live/runs/{run}", get(live::run_events))
         .route("/assets/app.js", get(security::script))
         .route("/assets/app.css", get(security::style))
-        .layer(axum::middleware::from_fn_with_state(web.clone(), check_host))
+        .layer(axum::middleware::from_fn_with_state(
+            web.clone(),
+            check_host,
+        ))
         .with_state(web)
         .layer(axum::middleware::map_response(security::headers))
 }

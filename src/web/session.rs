@@ -112,7 +112,7 @@ impl Session {
             .is_ok()
     }
 
-/// The `Set-Cookie` value that stores this session: HttpOnly, SameSite
+    /// The `Set-Cookie` value that stores this session: HttpOnly, SameSite
     /// Strict, Secure under TLS, expiring with the session.
     pub fn set_cookie(&self, secure: bool, now_ms: i64) -> String {
         let max_age = (self.expires_ms() - now_ms).max(0) / 1000;
@@ -167,7 +167,10 @@ mod tests {
             None
         );
         // The form before credentials were bound (four fields) is refused.
-        assert_eq!(Session::verify(KEY, "alice~9999999999999~x~00", 1_000), None);
+        assert_eq!(
+            Session::verify(KEY, "alice~9999999999999~x~00", 1_000),
+            None
+        );
         assert_eq!(Session::verify(KEY, "", 1_000), None);
     }
 
@@ -208,7 +211,10 @@ mod tests {
         assert_ne!(one, fingerprint(KEY, CredentialKind::Cert, &token));
         let rotated = crate::auth::sha256_hex(b"token-alice-2");
         assert_ne!(one, fingerprint(KEY, CredentialKind::Token, &rotated));
-        assert_ne!(one, fingerprint(b"another key", CredentialKind::Token, &token));
+        assert_ne!(
+            one,
+            fingerprint(b"another key", CredentialKind::Token, &token)
+        );
         // Not the configured hash itself.
         assert!(!token.contains(&one));
     }

@@ -98,11 +98,7 @@ impl Sessions {
         // this server's clock (see `issue`).
         let until = now_ms.max(session.issued_ms);
         let mut batch = WriteBatch::default();
-        batch.put_request(
-            SIGNED_OUT,
-            &session.principal,
-            until.to_be_bytes().to_vec(),
-        );
+        batch.put_request(SIGNED_OUT, &session.principal, until.to_be_bytes().to_vec());
         self.store.commit(batch).await?;
         self.remember(&session.principal, until);
         Ok(())

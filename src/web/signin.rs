@@ -184,16 +184,17 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                 ),
                 Err(_) => {
                     if let Some(first) = web.0.throttle.failed(peer) {
-                        let (before_wrong, before_refused) = first.before.unwrap_or_default();
+                        // One line a window: a flood of guesses writes one
+                        // a minute, with the last window's counts.
+                        let peer = peer.map(|p| p.to_string());
+                        let (wrong, refused) = first.before.unwrap_or_default();
                         tracing::warn!(
-                            peer = peer.map(|p| p.to_string()),
-                            before_wrong,
-                            before_refused,
-                            "web sign-in refused: unknown credentials (further wrong sign-ins \
-                             from this address in the next {} s are counted, not logged; after \
-                             {} of them its sign-ins wait until then; before_*: the previous \
-                             window's counts)",
-                            throttle::WINDOW_MS / 1000,
+                            peer,
+                            previous_minute_wrong = wrong,
+                            previous_minute_refused = refused,
+                            "web sign-in refused: unknown credentials; more from this address \
+                             within a minute are counted, not logged, and after {} its \
+                             sign-ins wait for the minute to end (429)",
                             throttle::FAILURES,
                         );
                     }
@@ -223,7 +224,10 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
         tracing::info!(principal, "web sign-in");
     }
     (
-        [(header::SET_COOKIE, session.set_cookie(web.0.settings.tls, now))],
+        [(
+            header::SET_COOKIE,
+            session.set_cookie(web.0.settings.tls, now),
+        )],
         Redirect::to(&next),
     )
         .into_response()
@@ -247,7 +251,10 @@ pub async fn sign_out(
         );
     }
     (
-        [(header::SET_COOKIE, session::clear_cookie(web.0.settings.tls))],
+        [(
+            header::SET_COOKIE,
+            session::clear_cookie(web.0.settings.tls),
+        )],
         Redirect::to("/signin"),
     )
         .into_response()

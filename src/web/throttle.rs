@@ -52,7 +52,9 @@ impl Window {
 pub enum Verdict {
     Open,
     /// Refused for this many more seconds.
-    Closed { retry_after_s: u64 },
+    Closed {
+        retry_after_s: u64,
+    },
 }
 
 /// What to log about a wrong sign-in: `None` while its window's first
@@ -125,7 +127,10 @@ impl Throttle {
             windows.retain(|_, w| !w.over(now));
         }
         if windows.len() >= MAX_ADDRESSES {
-            let oldest = windows.iter().min_by_key(|(_, w)| w.start_ms).map(|(k, _)| *k);
+            let oldest = windows
+                .iter()
+                .min_by_key(|(_, w)| w.start_ms)
+                .map(|(k, _)| *k);
             if let Some(oldest) = oldest {
                 windows.remove(&oldest);
             }
@@ -183,7 +188,10 @@ mod tests {
             Verdict::Closed { .. }
         ));
         clock.advance(Duration::from_millis(59_001));
-        assert_eq!(throttle.check(mallory), Verdict::Closed { retry_after_s: 1 });
+        assert_eq!(
+            throttle.check(mallory),
+            Verdict::Closed { retry_after_s: 1 }
+        );
         clock.advance(Duration::from_millis(999));
         assert_eq!(throttle.check(mallory), Verdict::Open);
         // The next window's first failure says what the last one saw.
@@ -225,7 +233,10 @@ mod tests {
         }
         clock.advance(Duration::from_millis(1));
         for i in 1..MAX_ADDRESSES as u32 {
-            throttle.failed(Some(SocketAddr::new(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)), 1)));
+            throttle.failed(Some(SocketAddr::new(
+                IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)),
+                1,
+            )));
         }
         assert_eq!(throttle.remembered(), MAX_ADDRESSES);
         assert!(matches!(throttle.check(first), Verdict::Closed { .. }));

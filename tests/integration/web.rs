@@ -1167,18 +1167,42 @@ async fn a_session_ends_when_its_token_is_rotated_or_removed_and_when_it_signs_o
     let (parts, page) = get(&client, &format!("{at}/"), &alice).await;
     assert_eq!(parts.status, 200, "{page}");
     let csrf = csrf_of(&page);
+    // A page left open (another tab) follows the inbox live.
+    let request = http::Request::get(format!("{at}/live/approvals"))
+        .header("cookie", &alice)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.expect("GET /live/approvals");
+    assert_eq!(response.status(), 200);
+    let mut live = response.into_body();
+    let first = live.frame().await.expect("a first event").expect("a frame");
+    let first = String::from_utf8(first.into_data().unwrap().to_vec()).unwrap();
+    assert!(first.contains("event: count"), "{first}");
+    let signout = format!("{at}/signout");
     let (parts, page) = send(
         &client,
-        form_post(
-            &format!("{at}/signout"),
-            None,
-            &alice,
-            &format!("csrf={csrf}"),
-        ),
+        form_post(&signout, None, &alice, &format!("csrf={csrf}")),
     )
     .await;
     assert_eq!(parts.status, 303, "{page}");
     assert_signed_out(&client, &at, &alice, "the session after sign-out").await;
+    // A new request would be its next update: the stream ends instead.
+    let mut ops = Clients::with_token(&server, "token-ops").await;
+    let other = ops
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    ops.wait_for_event(&other, "aaa.approval.requested").await;
+    let rest = tokio::time::timeout(WAIT, live.collect())
+        .await
+        .expect("the live stream did not end after sign-out")
+        .expect("the stream's body")
+        .to_bytes();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(!rest.contains("event: requested"), "{rest}");
     let (parts, page) = send(
         &client,
         form_post(&deny, None, &alice, &body.replace(&alices_csrf, &csrf)),
