@@ -110,6 +110,10 @@ pub struct Config {
     /// Tests only: holds the embedded store's commits while the test says
     /// so (see [`crate::store::CommitHold`]). `None` in a real server.
     pub commit_hold: Option<crate::store::CommitHold>,
+    /// More host names (`name` or `name:port`) the web inbox answers to,
+    /// besides the loopback names and, with auth on, those of the public
+    /// URL and the listening and advertised addresses (`--allow-host`).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Config {
@@ -145,6 +149,7 @@ impl Config {
             log_segment_bytes: DEFAULT_LOG_SEGMENT_KIB * 1024,
             public_url: None,
             commit_hold: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -162,6 +162,15 @@ struct ServeArgs {
     /// The inbox itself is served on the gRPC port (see docs/web.md).
     #[arg(long, env = "AAA_PUBLIC_URL", value_parser = public_url)]
     public_url: Option<String>,
+    /// Another host name the web inbox answers to (repeat it, or separate
+    /// names with commas in the env var): `name` for any port or
+    /// `name:port`. It always answers to localhost, 127.0.0.1 and [::1]
+    /// with its port, and with --auth-config to the host of --public-url
+    /// and the listening and advertised addresses; any other `Host` is
+    /// refused (421), which stops DNS rebinding (see docs/web.md).
+    #[arg(long = "allow-host", env = "AAA_ALLOW_HOSTS", value_delimiter = ',',
+          value_parser = aaa::web::hosts::parse_allowed)]
+    allow_host: Vec<String>,
 }
 
 /// `--public-url`: an http:// or https:// URL, without query or fragment.
@@ -321,6 +330,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         archive_dir,
         log_segment_kib,
         public_url,
+        allow_host,
     } = args;
     let mut config = aaa::Config::new(data_dir.clone());
     let place = match store {
@@ -347,6 +357,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.spread_shards = spread_shards;
     config.advertise = advertise;
     config.public_url = public_url.clone();
+    config.allowed_hosts = allow_host;
     if (standby || spread_shards) && config.store_url.is_none() {
         let flag = if standby {
             "--standby"

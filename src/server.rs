@@ -148,7 +148,7 @@ async fn serve_store(
     // accepted beside HTTP/2, and the requests that are not gRPC leave
     // before the gRPC auth layer for a router that checks its callers.
     let stopping = CancellationToken::new();
-    let web = match web_settings(&config, &cluster, &stopping) {
+    let web = match web_settings(&config, &cluster, &stopping, listener.local_addr().ok()) {
         Ok(web) => web,
         Err(e) => {
             store.close().await;
@@ -316,15 +316,31 @@ async fn serve_store(
 }
 
 /// What the web inbox needs: it calls this server's gRPC API over a
-/// loopback channel as the signed-in person.
+/// loopback channel as the signed-in person, keeps sign-outs in the store,
+/// and answers to the loopback names, `--allow-host`, and with auth on the
+/// names it is reached at (`--public-url`, the listening and advertised
+/// addresses); with auth off a public name would only serve a rebinding
+/// page (see `web::hosts`).
 fn web_settings(
     config: &Config,
     cluster: &Cluster,
     stopping: &CancellationToken,
+    listening: Option<std::net::SocketAddr>,
 ) -> Result<crate::web::Settings, ServeError> {
     let channel = cluster
         .loopback()
         .map_err(|e| ServeError::Web(e.message().to_string()))?;
+    let mut hosts = crate::web::hosts::AllowedHosts::new(listening.map_or(0, |a| a.port()));
+    for name in &config.allowed_hosts {
+        hosts.add_name(name);
+    }
+    if config.auth.is_some() {
+        hosts.add_url(&public_url(config, cluster));
+        if let Some(listening) = listening {
+            hosts.add_address(&listening.to_string());
+        }
+        hosts.add_address(&cluster.address);
+    }
     Ok(crate::web::Settings {
         auth: config.auth.clone(),
         tls: config.auth.as_ref().is_some_and(|a| a.tls.is_some()),
@@ -332,6 +348,9 @@ fn web_settings(
         address: cluster.address.clone(),
         channel,
         stopping: stopping.clone(),
+        store: cluster.store().clone(),
+        clock: config.clock.clone(),
+        hosts,
     })
 }
 

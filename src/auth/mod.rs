@@ -303,6 +303,24 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// How a caller proves to be a principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CredentialKind {
+    /// A bearer token, by the SHA-256 of its text.
+    Token,
+    /// A client certificate, by the SHA-256 of its DER form.
+    Cert,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::Token => "token",
+            CredentialKind::Cert => "cert",
+        }
+    }
+}
+
 /// The validated auth config: who the principals are, how they prove it,
 /// and the policies. Built once, before any port is bound.
 #[derive(Clone)]
@@ -495,6 +513,23 @@ impl AuthConfig {
             (None, None) => return Err(Refusal::MissingCredentials),
         };
         found.cloned().ok_or(Refusal::UnknownCredentials)
+    }
+
+    /// Every credential of the file: how it proves (a token or a client
+    /// certificate), the hex SHA-256 the file holds for it (lowercase, as
+    /// [`sha256_hex`] gives), and the principal it proves. The web inbox
+    /// binds its sessions to them, so that rotating one ends the sessions
+    /// made with the old.
+    pub fn credentials(&self) -> impl Iterator<Item = (CredentialKind, &str, &Principal)> {
+        let tokens = self
+            .by_token
+            .iter()
+            .map(|(hash, p)| (CredentialKind::Token, hash.as_str(), p));
+        let certs = self
+            .by_cert
+            .iter()
+            .map(|(hash, p)| (CredentialKind::Cert, hash.as_str(), p));
+        tokens.chain(certs)
     }
 
     /// The principal of that name (a call another server forwarded names

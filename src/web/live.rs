@@ -2,8 +2,10 @@
 //! the signed-in person: the inbox follows WatchApprovals (a new request
 //! is sent as its rendered row, a resolution as its key, and every change
 //! with the count the title shows), a run's timeline follows StreamEvents.
-//! A stream ends when the browser goes, when its gRPC stream ends, and when
-//! the server stops, so that no open page holds up a graceful shutdown.
+//! A stream ends when the browser goes, when its gRPC stream ends, when
+//! the server stops, so that no open page holds up a graceful shutdown,
+//! and at its next update once its session no longer stands (signed out
+//! elsewhere), so that a page left open stops receiving.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -19,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::events;
 use super::inbox::{row, Filters};
+use super::session::Session;
 use super::{refusal, status_page, Visitor, Web};
 use crate::proto::{stream_events_response, watch_approvals_response, StreamEventsRequest};
 
@@ -51,7 +54,12 @@ pub async fn approvals(
         Err(status) => return status_page(&status),
     };
     let (tx, rx) = mpsc::channel(BUFFER);
-    let stopping = web.0.stopping.clone();
+    let stopping = web.0.settings.stopping.clone();
+    let out = Out {
+        tx,
+        web,
+        session: visitor.session,
+    };
     tokio::spawn(async move {
         let mut pending: HashSet<String> = HashSet::new();
         let mut live = false;
@@ -59,7 +67,7 @@ pub async fn approvals(
             let message = tokio::select! {
                 message = stream.message() => message,
                 () = stopping.cancelled() => return,
-                () = tx.closed() => return,
+                () = out.tx.closed() => return,
             };
             let Ok(Some(message)) = message else { return };
             let Some(item) = message.item else { continue };
@@ -72,7 +80,7 @@ pub async fn approvals(
                     }
                     let row = row(&a, crate::engine::now_ms());
                     send(
-                        &tx,
+                        &out,
                         event(
                             "requested",
                             json!({"key": key, "row": row.as_str(), "count": pending.len()}),
@@ -86,7 +94,7 @@ pub async fn approvals(
                         continue;
                     }
                     send(
-                        &tx,
+                        &out,
                         event("resolved", json!({"key": key, "count": pending.len()})),
                     )
                     .await
@@ -94,11 +102,11 @@ pub async fn approvals(
                 watch_approvals_response::Item::Voted(v) => {
                     let key = format!("{}/{}", v.run_id, v.call_id);
                     let text = format!("grants {}/{}", v.votes, v.approvals_required);
-                    send(&tx, event("voted", json!({"key": key, "votes": text}))).await
+                    send(&out, event("voted", json!({"key": key, "votes": text}))).await
                 }
                 watch_approvals_response::Item::SnapshotComplete(_) => {
                     live = true;
-                    send(&tx, event("count", json!({"count": pending.len()}))).await
+                    send(&out, event("count", json!({"count": pending.len()}))).await
                 }
                 watch_approvals_response::Item::Heartbeat(_) => continue,
             };
@@ -110,8 +118,20 @@ pub async fn approvals(
     sse(rx)
 }
 
-async fn send(tx: &Sender, item: Result<SseEvent, Infallible>) -> bool {
-    tx.send(item).await.is_ok()
+/// Where a stream's items go: the browser, while its session stands.
+struct Out {
+    tx: Sender,
+    web: Web,
+    session: Session,
+}
+
+/// Sends an item to the browser; false when the stream is to end (the
+/// browser went, or the session no longer stands).
+async fn send(out: &Out, item: Result<SseEvent, Infallible>) -> bool {
+    if !matches!(out.web.0.sessions.stands(&out.session).await, Ok(true)) {
+        return false;
+    }
+    out.tx.send(item).await.is_ok()
 }
 
 #[derive(Deserialize)]
@@ -138,13 +158,18 @@ pub async fn run_events(
         Err(status) => return status_page(&status),
     };
     let (tx, rx) = mpsc::channel(BUFFER);
-    let stopping = web.0.stopping.clone();
+    let stopping = web.0.settings.stopping.clone();
+    let out = Out {
+        tx,
+        web,
+        session: visitor.session,
+    };
     tokio::spawn(async move {
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
                 () = stopping.cancelled() => return,
-                () = tx.closed() => return,
+                () = out.tx.closed() => return,
             };
             let Ok(Some(message)) = message else { return };
             let Some(stream_events_response::Item::Event(e)) = message.item else {
@@ -158,7 +183,7 @@ pub async fn run_events(
                 "item": item.as_str(),
                 "ended": if terminal { status } else { String::new() },
             });
-            if !send(&tx, event("event", data)).await || terminal {
+            if !send(&out, event("event", data)).await || terminal {
                 return;
             }
         }

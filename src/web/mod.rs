@@ -5,24 +5,30 @@
 //! gRPC API as the signed-in principal (client). Pages: the inbox (inbox),
 //! a call's page and its decisions (call), runs and their timelines
 //! (runs), events in words (events); live updates as Server-Sent Events
-//! (live); sign-in and out (signin); the headers that keep the page from
-//! being framed or injected, and the embedded assets (security). See
+//! (live); sign-in and out (signin), wrong sign-ins counted per address
+//! (throttle), which sessions still stand (sessions); the host names the
+//! pages answer to (hosts); the headers that keep the page from being
+//! framed or injected, and the embedded assets (security). See
 //! docs/web.md.
 
 mod call;
 mod client;
 mod events;
+pub mod hosts;
 pub mod html;
 mod inbox;
 mod live;
 mod runs;
 mod security;
 pub mod session;
+mod sessions;
 mod signin;
+mod throttle;
 
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -32,9 +38,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::auth::{AuthConfig, Principal};
+use crate::clock::Clock;
+use crate::store::SharedStore;
 pub use client::Caller;
+use hosts::AllowedHosts;
 use html::Html;
 use session::Session;
+use sessions::Sessions;
+use throttle::Throttle;
 
 /// What the pages need from the server.
 pub struct Settings {
@@ -51,15 +62,37 @@ pub struct Settings {
     pub channel: Channel,
     /// Cancelled when the server stops: every live stream ends.
     pub stopping: CancellationToken,
+    /// Where sign-outs are kept, for every server of the deployment.
+    pub store: SharedStore,
+    /// The server's clock: sessions' times and the sign-in throttle.
+    pub clock: Clock,
+    /// The host names the pages answer to.
+    pub hosts: AllowedHosts,
 }
 
 /// The pages' shared state.
 #[derive(Clone)]
-pub struct Web(Arc<Settings>);
+pub struct Web(Arc<Shared>);
+
+pub struct Shared {
+    settings: Settings,
+    sessions: Sessions,
+    throttle: Throttle,
+}
 
 /// The web inbox's routes, to merge into the server's HTTP router.
 pub fn router(settings: Settings) -> Router {
-    let web = Web(Arc::new(settings));
+    let sessions = Sessions::new(
+        settings.key,
+        settings.auth.as_deref(),
+        settings.store.clone(),
+    );
+    let throttle = Throttle::new(settings.clock.clone());
+    let web = Web(Arc::new(Shared {
+        settings,
+        sessions,
+        throttle,
+    }));
     Router::new()
         .route("/", get(inbox::page_handler))
         .route("/signin", get(signin::page).post(signin::submit))
@@ -74,8 +107,44 @@ pub fn router(settings: Settings) -> Router {
         .route("/live/runs/{run}", get(live::run_events))
         .route("/assets/app.js", get(security::script))
         .route("/assets/app.css", get(security::style))
+        .layer(axum::middleware::from_fn_with_state(
+            web.clone(),
+            check_host,
+        ))
         .with_state(web)
         .layer(axum::middleware::map_response(security::headers))
+}
+
+/// Refuses a request that names another host than this server's (see
+/// `hosts`): 421, with the names it answers to and how to add one. The
+/// two assets are the same for everyone and are served under any name, so
+/// that the refusal page has its style.
+async fn check_host(State(web): State<Web>, request: Request, next: Next) -> Response {
+    let hosts = &web.0.settings.hosts;
+    let uri_host = request.uri().authority().map(|a| a.as_str());
+    let header_host = request
+        .headers()
+        .get(http::header::HOST)
+        .map(|h| h.to_str().unwrap_or("?"));
+    let named: Vec<&str> = uri_host.into_iter().chain(header_host).collect();
+    if request.uri().path().starts_with("/assets/")
+        || (!named.is_empty() && named.iter().all(|h| hosts.allows(h)))
+    {
+        return next.run(request).await;
+    }
+    let given = match named.iter().find(|h| !hosts.allows(h)) {
+        Some(host) => format!("'{}'", host.chars().take(100).collect::<String>()),
+        None => "no host name".to_string(),
+    };
+    refusal(
+        StatusCode::MISDIRECTED_REQUEST,
+        &format!(
+            "This request names {given}, which is not this server: the web inbox answers to {}. \
+             To reach it under another name, start the server with --allow-host NAME \
+             (env AAA_ALLOW_HOSTS), or with --public-url set to the URL people use.",
+            hosts.describe()
+        ),
+    )
 }
 
 /// The signed-in person of a request.
@@ -89,7 +158,7 @@ pub struct Visitor {
 
 impl Visitor {
     pub fn csrf(&self, web: &Web) -> String {
-        self.session.csrf(&web.0.key)
+        self.session.csrf(&web.0.settings.key)
     }
 
     /// Whether the person may see the approvals (ListApprovals and
@@ -103,7 +172,7 @@ impl Visitor {
     /// The refusal of a form whose CSRF token is not this session's;
     /// `None` when it is.
     pub fn refuse_without_csrf(&self, web: &Web, given: &str) -> Option<Response> {
-        match self.session.csrf_matches(&web.0.key, given) {
+        match self.session.csrf_matches(&web.0.settings.key, given) {
             true => None,
             false => Some(refusal(
                 StatusCode::FORBIDDEN,
@@ -117,26 +186,42 @@ impl FromRequestParts<Web> for Visitor {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, web: &Web) -> Result<Visitor, Response> {
+        let settings = &web.0.settings;
         let peer = crate::auth::remote_addr(&parts.extensions);
-        if web.0.auth.is_none() && !peer.is_some_and(|p| p.ip().is_loopback()) {
+        if settings.auth.is_none() && !peer.is_some_and(|p| p.ip().is_loopback()) {
             return Err(refusal(
                 StatusCode::FORBIDDEN,
                 "With auth off the web inbox answers only on loopback: start the server with \
                  --auth-config to use it from another machine.",
             ));
         }
-        let now = crate::engine::now_ms();
+        let now = settings.clock.now_ms();
         let session = session::cookie_value(&parts.headers)
-            .and_then(|value| Session::verify(&web.0.key, value, now));
-        let principal = match (&web.0.auth, &session) {
+            .and_then(|value| Session::verify(&settings.key, value, now));
+        let principal = match (&settings.auth, &session) {
             (Some(auth), Some(session)) => auth.principal_named(&session.principal),
             _ => None,
         };
-        let signed_in = match &web.0.auth {
+        let signed_in = match &settings.auth {
             Some(_) => principal.is_some(),
             None => session.as_ref().is_some_and(|s| s.principal.is_empty()),
         };
-        let Some(session) = session.filter(|_| signed_in) else {
+        let session = match session.filter(|_| signed_in) {
+            Some(session) => match web.0.sessions.stands(&session).await {
+                Ok(true) => Some(session),
+                Ok(false) => None,
+                Err(e) => {
+                    tracing::warn!("web: cannot check a session's sign-out: {e}");
+                    return Err(refusal(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The server cannot check this session right now (its store is \
+                         unavailable): try again in a moment.",
+                    ));
+                }
+            },
+            None => None,
+        };
+        let Some(session) = session else {
             if parts.method == http::Method::GET && !parts.uri.path().starts_with("/live/") {
                 let next = parts.uri.path_and_query().map_or("/", |p| p.as_str());
                 return Err(
@@ -146,7 +231,8 @@ impl FromRequestParts<Web> for Visitor {
             }
             return Err(refusal(
                 StatusCode::UNAUTHORIZED,
-                "Not signed in (or the session expired): sign in again.",
+                "Not signed in (the session expired, was signed out, or its token changed): \
+                 sign in again.",
             ));
         };
         let name = match &principal {
@@ -155,9 +241,9 @@ impl FromRequestParts<Web> for Visitor {
         };
         Ok(Visitor {
             caller: Caller::new(
-                web.0.channel.clone(),
-                web.0.key,
-                web.0.address.clone(),
+                settings.channel.clone(),
+                settings.key,
+                settings.address.clone(),
                 name,
             ),
             session,
@@ -203,7 +289,7 @@ pub fn page(
             .raw("</span> <button type=\"submit\">Sign out</button></form>");
     }
     h.raw("</header>");
-    if web.0.auth.is_none() {
+    if web.0.settings.auth.is_none() {
         h.raw(
             "<p class=\"warning\" role=\"alert\">Auth is off: anyone who reaches this page may \
              decide every call. It answers on loopback only; run the server with --auth-config \

@@ -1,23 +1,31 @@
-//! Web sessions without server state: a cookie naming the signed-in
-//! principal and an expiry, signed with the store's token key (which every
-//! server of a cluster shares, so any of them behind a load balancer
-//! accepts it), and a CSRF token derived from the cookie. Nothing secret is
-//! in the cookie: the token a person signs in with is checked once and
-//! forgotten.
+//! Web sessions: a cookie naming the signed-in principal, when it was
+//! issued, a nonce and a fingerprint of the credential it was made from,
+//! signed with the store's token key (which every server of a cluster
+//! shares, so any of them behind a load balancer accepts it), and a CSRF
+//! token derived from the cookie. Nothing secret is in the cookie: the
+//! token a person signs in with is checked once and forgotten, and the
+//! fingerprint is a MAC of its configured hash under the server's key, so
+//! a stolen cookie tells nothing about the token. Whether a verified
+//! session still stands (its credential unchanged, not signed out) is
+//! `sessions`' to say.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+
+use crate::auth::CredentialKind;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "aaa_session";
 /// How long a session lasts after sign-in.
 pub const LIFETIME_MS: i64 = 12 * 3600 * 1000;
 
-/// A verified session: who signed in (empty with auth off) and until when.
+/// A verified session: who signed in (empty with auth off), when, and with
+/// which credential (its fingerprint; empty with auth off).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
     pub principal: String,
-    pub expires_ms: i64,
+    pub issued_ms: i64,
+    pub credential: String,
     /// The cookie's value, from which the CSRF token is derived.
     value: String,
 }
@@ -33,49 +41,60 @@ fn mac(key: &[u8], purpose: &str, parts: &[&str]) -> Hmac<Sha256> {
     mac
 }
 
+/// The fingerprint a session keeps of the credential it was made from: a
+/// MAC, under the server's key, of the credential's kind and of the hex
+/// SHA-256 the auth config holds for it (128 bits, hex).
+pub fn fingerprint(key: &[u8], kind: CredentialKind, sha256_hex: &str) -> String {
+    let tag = mac(key, "credential", &[kind.as_str(), sha256_hex])
+        .finalize()
+        .into_bytes();
+    hex::encode(&tag[..16])
+}
+
 impl Session {
-    /// A new session for `principal` (names are `[A-Za-z0-9_.:@-]`, so `~`
-    /// separates the fields), with a random nonce so that two sign-ins
+    /// A new session for `principal` made with the credential of
+    /// `fingerprint` (names are `[A-Za-z0-9_.:@-]` and fingerprints hex, so
+    /// `~` separates the fields), with a random nonce so that two sign-ins
     /// get two CSRF tokens.
-    pub fn issue(key: &[u8], principal: &str, now_ms: i64) -> Session {
-        let expires_ms = now_ms + LIFETIME_MS;
+    pub fn issue(key: &[u8], principal: &str, fingerprint: &str, issued_ms: i64) -> Session {
         let nonce = uuid::Uuid::new_v4().simple().to_string();
-        let expires = expires_ms.to_string();
+        let issued = issued_ms.to_string();
         let signature = hex::encode(
-            mac(key, "session", &[principal, &expires, &nonce])
+            mac(key, "session", &[principal, &issued, &nonce, fingerprint])
                 .finalize()
                 .into_bytes(),
         );
         Session {
             principal: principal.to_string(),
-            expires_ms,
-            value: format!("{principal}~{expires}~{nonce}~{signature}"),
+            issued_ms,
+            credential: fingerprint.to_string(),
+            value: format!("{principal}~{issued}~{nonce}~{fingerprint}~{signature}"),
         }
+    }
+
+    /// When the session ends by itself.
+    pub fn expires_ms(&self) -> i64 {
+        self.issued_ms.saturating_add(LIFETIME_MS)
     }
 
     /// The session a cookie value names, if its signature verifies and it
     /// has not expired.
     pub fn verify(key: &[u8], value: &str, now_ms: i64) -> Option<Session> {
-        let mut fields = value.split('~');
-        let (principal, expires, nonce, signature) = (
-            fields.next()?,
-            fields.next()?,
-            fields.next()?,
-            fields.next()?,
-        );
-        if fields.next().is_some() {
+        let fields: Vec<&str> = value.split('~').collect();
+        let [principal, issued, nonce, fingerprint, signature] = fields[..] else {
             return None;
-        }
+        };
         let given = hex::decode(signature).ok()?;
-        mac(key, "session", &[principal, expires, nonce])
+        mac(key, "session", &[principal, issued, nonce, fingerprint])
             .verify_slice(&given)
             .ok()?;
-        let expires_ms: i64 = expires.parse().ok()?;
-        (expires_ms > now_ms).then(|| Session {
+        let session = Session {
             principal: principal.to_string(),
-            expires_ms,
+            issued_ms: issued.parse().ok()?,
+            credential: fingerprint.to_string(),
             value: value.to_string(),
-        })
+        };
+        (session.expires_ms() > now_ms).then_some(session)
     }
 
     /// The CSRF token every state-changing form of this session carries.
@@ -96,7 +115,7 @@ impl Session {
     /// The `Set-Cookie` value that stores this session: HttpOnly, SameSite
     /// Strict, Secure under TLS, expiring with the session.
     pub fn set_cookie(&self, secure: bool, now_ms: i64) -> String {
-        let max_age = (self.expires_ms - now_ms).max(0) / 1000;
+        let max_age = (self.expires_ms() - now_ms).max(0) / 1000;
         format!(
             "{COOKIE}={}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
             self.value,
@@ -133,13 +152,21 @@ mod tests {
 
     #[test]
     fn a_session_verifies_until_it_expires_and_only_with_its_key() {
-        let session = Session::issue(KEY, "alice", 1_000);
+        let session = Session::issue(KEY, "alice", "00ff", 1_000);
         let value = session.value.clone();
         assert_eq!(Session::verify(KEY, &value, 1_000), Some(session.clone()));
         assert_eq!(Session::verify(KEY, &value, 1_000 + LIFETIME_MS), None);
         assert_eq!(Session::verify(b"another key", &value, 1_000), None);
         let forged = value.replacen("alice", "admin", 1);
         assert_eq!(Session::verify(KEY, &forged, 1_000), None);
+        // Another credential's fingerprint breaks the signature too.
+        let forged = value.replacen("~00ff~", "~00fe~", 1);
+        assert_eq!(Session::verify(KEY, &forged, 1_000), None);
+        assert_eq!(
+            Session::verify(KEY, "alice~9999999999999~x~~00", 1_000),
+            None
+        );
+        // The form before credentials were bound (four fields) is refused.
         assert_eq!(
             Session::verify(KEY, "alice~9999999999999~x~00", 1_000),
             None
@@ -149,8 +176,8 @@ mod tests {
 
     #[test]
     fn csrf_tokens_belong_to_one_session() {
-        let one = Session::issue(KEY, "alice", 1_000);
-        let two = Session::issue(KEY, "alice", 1_000);
+        let one = Session::issue(KEY, "alice", "", 1_000);
+        let two = Session::issue(KEY, "alice", "", 1_000);
         assert!(one.csrf_matches(KEY, &one.csrf(KEY)));
         assert!(!one.csrf_matches(KEY, &two.csrf(KEY)));
         assert!(!one.csrf_matches(KEY, ""));
@@ -159,7 +186,7 @@ mod tests {
 
     #[test]
     fn cookies_are_http_only_strict_and_secure_under_tls() {
-        let session = Session::issue(KEY, "alice", 1_000);
+        let session = Session::issue(KEY, "alice", "", 1_000);
         let cookie = session.set_cookie(true, 1_000);
         assert!(
             cookie.contains("HttpOnly; SameSite=Strict; Secure"),
@@ -173,5 +200,22 @@ mod tests {
             format!("x=1; {COOKIE}={}", session.value).parse().unwrap(),
         );
         assert_eq!(cookie_value(&headers), Some(session.value.as_str()));
+    }
+
+    #[test]
+    fn fingerprints_tell_credentials_apart_under_one_key() {
+        let token = crate::auth::sha256_hex(b"token-alice");
+        let one = fingerprint(KEY, CredentialKind::Token, &token);
+        assert_eq!(one.len(), 32);
+        assert_eq!(one, fingerprint(KEY, CredentialKind::Token, &token));
+        assert_ne!(one, fingerprint(KEY, CredentialKind::Cert, &token));
+        let rotated = crate::auth::sha256_hex(b"token-alice-2");
+        assert_ne!(one, fingerprint(KEY, CredentialKind::Token, &rotated));
+        assert_ne!(
+            one,
+            fingerprint(b"another key", CredentialKind::Token, &token)
+        );
+        // Not the configured hash itself.
+        assert!(!token.contains(&one));
     }
 }

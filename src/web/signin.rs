@@ -1,8 +1,11 @@
 //! Signing in and out. With auth on, a person signs in with a principal's
 //! bearer token (posted in a form, checked once, never kept or logged) or,
 //! under mTLS, with the client certificate the browser presented; either
-//! way the session names the principal. With auth off there is nobody to
-//! be: signing in only starts a session, whose CSRF token guards the forms.
+//! way the session names the principal and keeps a fingerprint of that
+//! credential. Wrong ones are counted per address (see `throttle`). With
+//! auth off there is nobody to be: signing in only starts a session, whose
+//! CSRF token guards the forms. Signing out ends the principal's sessions
+//! on every server (see `sessions`).
 
 use axum::extract::{Form, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -12,8 +15,10 @@ use serde::Deserialize;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::html::Html;
-use super::session::{self, Session};
+use super::session;
+use super::throttle::{self, Verdict};
 use super::{refusal, Visitor, Web};
+use crate::auth::{sha256_hex, CredentialKind};
 
 #[derive(Deserialize)]
 pub struct Next {
@@ -64,7 +69,7 @@ fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode) -> Respo
     h.raw("<form method=\"post\" action=\"/signin\"><input type=\"hidden\" name=\"next\" value=\"")
         .text(next)
         .raw("\">");
-    match &web.0.auth {
+    match &web.0.settings.auth {
         Some(auth) => {
             h.raw(
                 "<label for=\"token\">Your aaa token</label>\
@@ -125,7 +130,7 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
         );
     }
     let peer = crate::auth::remote_addr(&parts.extensions);
-    let principal = match &web.0.auth {
+    let (principal, fingerprint) = match &web.0.settings.auth {
         None => {
             if !peer.is_some_and(|p| p.ip().is_loopback()) {
                 return refusal(
@@ -133,18 +138,36 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                     "With auth off the web inbox answers only on loopback.",
                 );
             }
-            String::new()
+            (String::new(), String::new())
         }
         Some(auth) => {
+            if let Verdict::Closed { retry_after_s } = web.0.throttle.check(peer) {
+                let message = format!(
+                    "Too many wrong sign-ins from your address: try again in {retry_after_s} s."
+                );
+                let mut response = form(&web, &next, Some(&message), StatusCode::TOO_MANY_REQUESTS);
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, retry_after_s.into());
+                return response;
+            }
             let cert = parts
                 .extensions
                 .get::<TlsConnectInfo<TcpConnectInfo>>()
                 .and_then(|info| info.peer_certs())
                 .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
             let token = input.token.trim();
-            let found = match (token.is_empty(), cert) {
-                (false, _) => auth.authenticate(Some(token), None),
-                (true, Some(der)) => auth.authenticate(None, Some(&der)),
+            let (found, kind, hash) = match (token.is_empty(), cert) {
+                (false, _) => (
+                    auth.authenticate(Some(token), None),
+                    CredentialKind::Token,
+                    sha256_hex(token.as_bytes()),
+                ),
+                (true, Some(der)) => (
+                    auth.authenticate(None, Some(&der)),
+                    CredentialKind::Cert,
+                    sha256_hex(&der),
+                ),
                 (true, None) => {
                     return form(
                         &web,
@@ -155,12 +178,26 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                 }
             };
             match found {
-                Ok(principal) => principal.name,
+                Ok(principal) => (
+                    principal.name,
+                    session::fingerprint(&web.0.settings.key, kind, &hash),
+                ),
                 Err(_) => {
-                    tracing::warn!(
-                        peer = peer.map(|p| p.to_string()),
-                        "web sign-in refused: unknown credentials"
-                    );
+                    if let Some(first) = web.0.throttle.failed(peer) {
+                        // One line a window: a flood of guesses writes one
+                        // a minute, with the last window's counts.
+                        let peer = peer.map(|p| p.to_string());
+                        let (wrong, refused) = first.before.unwrap_or_default();
+                        tracing::warn!(
+                            peer,
+                            previous_minute_wrong = wrong,
+                            previous_minute_refused = refused,
+                            "web sign-in refused: unknown credentials; more from this address \
+                             within a minute are counted, not logged, and after {} its \
+                             sign-ins wait for the minute to end (429)",
+                            throttle::FAILURES,
+                        );
+                    }
                     return form(
                         &web,
                         &next,
@@ -171,13 +208,26 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
             }
         }
     };
+    let now = web.0.settings.clock.now_ms();
+    let session = match web.0.sessions.issue(&principal, &fingerprint, now).await {
+        Ok(session) => session,
+        Err(e) => {
+            tracing::warn!("web sign-in: cannot read the principal's sign-out: {e}");
+            return refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The server cannot start a session right now (its store is unavailable): \
+                 try again in a moment.",
+            );
+        }
+    };
     if !principal.is_empty() {
         tracing::info!(principal, "web sign-in");
     }
-    let now = crate::engine::now_ms();
-    let session = Session::issue(&web.0.key, &principal, now);
     (
-        [(header::SET_COOKIE, session.set_cookie(web.0.tls, now))],
+        [(
+            header::SET_COOKIE,
+            session.set_cookie(web.0.settings.tls, now),
+        )],
         Redirect::to(&next),
     )
         .into_response()
@@ -191,8 +241,20 @@ pub async fn sign_out(
     if let Some(refused) = visitor.refuse_without_csrf(&web, &form.csrf) {
         return refused;
     }
+    let now = web.0.settings.clock.now_ms();
+    if let Err(e) = web.0.sessions.sign_out(&visitor.session, now).await {
+        tracing::warn!("web sign-out: cannot record it: {e}");
+        return refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The sign-out could not be recorded (the server's store is unavailable), so the \
+             session still stands: try again in a moment.",
+        );
+    }
     (
-        [(header::SET_COOKIE, session::clear_cookie(web.0.tls))],
+        [(
+            header::SET_COOKIE,
+            session::clear_cookie(web.0.settings.tls),
+        )],
         Redirect::to("/signin"),
     )
         .into_response()

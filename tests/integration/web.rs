@@ -27,16 +27,21 @@ use crate::support::*;
 /// ops (admin: starts runs, serves the tool), alice and bob (approver and
 /// reader), wanda (approver only). Each token is "token-NAME".
 fn auth_toml() -> String {
+    auth_toml_of(&[
+        ("ops", "[\"admin\"]", "token-ops"),
+        ("alice", "[\"approver\", \"reader\"]", "token-alice"),
+        ("bob", "[\"approver\", \"reader\"]", "token-bob"),
+        ("wanda", "[\"approver\"]", "token-wanda"),
+    ])
+}
+
+/// An auth config of these principals: (name, roles as TOML, token).
+fn auth_toml_of(principals: &[(&str, &str, &str)]) -> String {
     let mut text = String::new();
-    for (name, roles) in [
-        ("ops", "[\"admin\"]"),
-        ("alice", "[\"approver\", \"reader\"]"),
-        ("bob", "[\"approver\", \"reader\"]"),
-        ("wanda", "[\"approver\"]"),
-    ] {
+    for (name, roles, token) in principals {
         text.push_str(&format!(
             "[[principal]]\nname = \"{name}\"\nroles = {roles}\ntoken_sha256 = \"{}\"\n\n",
-            sha256_hex(format!("token-{name}").as_bytes())
+            sha256_hex(token.as_bytes())
         ));
     }
     text
@@ -847,10 +852,93 @@ async fn get(client: &HttpClient, url: &str, cookie: &str) -> (http::response::P
         .header("cookie", cookie)
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let response = client.request(request).await.expect("GET");
+    send(client, request).await
+}
+
+/// Sends `request`: the answer's head and its body as text.
+async fn send(
+    client: &HttpClient,
+    request: http::Request<Full<Bytes>>,
+) -> (http::response::Parts, String) {
+    let response = client.request(request).await.expect("an HTTP answer");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body").to_bytes();
     (parts, String::from_utf8(body.to_vec()).expect("UTF-8"))
+}
+
+/// A form posted to `url` as the site's own page posts it, with the
+/// session `cookie` ("" for none) and `Host: host` (`None`: the URL's).
+fn form_post(
+    url: &str,
+    host: Option<&str>,
+    cookie: &str,
+    body: &str,
+) -> http::Request<Full<Bytes>> {
+    let mut request = http::Request::post(url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("sec-fetch-site", "same-origin");
+    if let Some(host) = host {
+        request = request.header("host", host);
+    }
+    if !cookie.is_empty() {
+        request = request.header("cookie", cookie);
+    }
+    request
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A GET of `url` with the session `cookie` ("" for none) and `Host: host`.
+fn get_at(url: &str, host: &str, cookie: &str) -> http::Request<Full<Bytes>> {
+    let mut request = http::Request::get(url).header("host", host);
+    if !cookie.is_empty() {
+        request = request.header("cookie", cookie);
+    }
+    request.body(Full::new(Bytes::new())).unwrap()
+}
+
+/// Signs in with `token` over plain HTTP: the answer, and the session
+/// cookie (`name=value`) when it set one.
+async fn sign_in_with(
+    client: &HttpClient,
+    base: &str,
+    token: &str,
+) -> (http::response::Parts, String, Option<String>) {
+    let body = format!("token={token}&next=/");
+    let (parts, page) = send(
+        client,
+        form_post(&format!("{base}/signin"), None, "", &body),
+    )
+    .await;
+    let cookie = parts
+        .headers
+        .get("set-cookie")
+        .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string());
+    (parts, page, cookie)
+}
+
+/// The session cookie of a sign-in with `token` that must succeed.
+async fn signed_in(client: &HttpClient, base: &str, token: &str) -> String {
+    let (parts, page, cookie) = sign_in_with(client, base, token).await;
+    assert_eq!(parts.status, 303, "sign-in with {token}: {page}");
+    cookie.expect("a session cookie")
+}
+
+/// The CSRF token of the forms of a page.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no CSRF token in the page:\n{page}"));
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest.split('"').next().unwrap().to_string()
+}
+
+/// Asserts that `cookie` no longer opens the inbox: the sign-in page instead.
+async fn assert_signed_out(client: &HttpClient, base: &str, cookie: &str, what: &str) {
+    let (parts, page) = get(client, &format!("{base}/"), cookie).await;
+    assert_eq!(parts.status, 303, "{what}: {page}");
+    let to = parts.headers["location"].to_str().unwrap();
+    assert!(to.starts_with("/signin"), "{what}: redirected to {to}");
 }
 
 /// The `data-key`s of the inbox rows in a page.
@@ -1002,4 +1090,394 @@ fn a_public_url_that_is_not_an_http_url_is_refused_at_start() {
         assert!(stderr.contains("--public-url"), "{bad}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
     }
+}
+
+// ------------------------------------------- sessions, hosts, sign-in limits
+
+/// A run of wire_money waiting for its approval: (run id, call id).
+async fn a_waiting_call(clients: &mut Clients) -> (String, String) {
+    register_wire_money(clients, 1).await;
+    let run_id = clients
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    let events = clients
+        .wait_for_event(&run_id, "aaa.approval.requested")
+        .await;
+    let call_id = crate::support::call_id(events.last().unwrap());
+    (run_id, call_id)
+}
+
+#[tokio::test]
+async fn a_session_ends_when_its_token_is_rotated_or_removed_and_when_it_signs_out() {
+    // The auth config each (re)start reads: the test changes it between
+    // restarts, as an operator edits the file and restarts the server.
+    let principals = Arc::new(std::sync::Mutex::new(auth_toml()));
+    let file = principals.clone();
+    let mut server = TestServer::start_with(move |config| {
+        let text = file.lock().unwrap().clone();
+        let auth = AuthConfig::parse(&text, Path::new(".")).expect("auth config");
+        config.auth = Some(Arc::new(auth));
+    })
+    .await;
+    let (run_id, call_id) = {
+        let mut ops = Clients::with_token(&server, "token-ops").await;
+        a_waiting_call(&mut ops).await
+    };
+    let client = http_client();
+    let alice = signed_in(&client, &base(&server), "token-alice").await;
+    let bob = signed_in(&client, &base(&server), "token-bob").await;
+    let (parts, page) = get(&client, &format!("{}/", base(&server)), &alice).await;
+    assert_eq!(parts.status, 200, "{page}");
+    let alices_csrf = csrf_of(&page);
+
+    // alice's token is rotated and bob is removed; the server restarts.
+    *principals.lock().unwrap() = auth_toml_of(&[
+        ("ops", "[\"admin\"]", "token-ops"),
+        ("alice", "[\"approver\", \"reader\"]", "token-alice-2"),
+    ]);
+    server.restart().await;
+    let at = base(&server);
+    assert_signed_out(
+        &client,
+        &at,
+        &alice,
+        "alice's session after her token was rotated",
+    )
+    .await;
+    assert_signed_out(&client, &at, &bob, "bob's session after he was removed").await;
+    // Nor does the old session decide anything.
+    let deny = format!("{at}/calls/{run_id}/{call_id}/deny");
+    let digest = sha256_hex(REFERENCE_ARGS.as_bytes());
+    let body = format!("csrf={alices_csrf}&sha256={digest}&reason=stale");
+    let (parts, page) = send(&client, form_post(&deny, None, &alice, &body)).await;
+    assert_eq!(parts.status, 401, "a denial with the old session: {page}");
+    let events = ops_history(&server, &run_id).await;
+    assert_eq!(count(&events, "aaa.approval.denied"), 0, "{events:?}");
+    let (parts, _, cookie) = sign_in_with(&client, &at, "token-alice").await;
+    assert_eq!(parts.status, 401, "the old token signs in no more");
+    assert!(cookie.is_none());
+
+    // Sign-out ends the session on the server, not only in the browser,
+    // and across a restart.
+    let alice = signed_in(&client, &at, "token-alice-2").await;
+    let (parts, page) = get(&client, &format!("{at}/"), &alice).await;
+    assert_eq!(parts.status, 200, "{page}");
+    let csrf = csrf_of(&page);
+    // A page left open (another tab) follows the inbox live.
+    let request = http::Request::get(format!("{at}/live/approvals"))
+        .header("cookie", &alice)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.expect("GET /live/approvals");
+    assert_eq!(response.status(), 200);
+    let mut live = response.into_body();
+    let first = live.frame().await.expect("a first event").expect("a frame");
+    let first = String::from_utf8(first.into_data().unwrap().to_vec()).unwrap();
+    assert!(first.contains("event: count"), "{first}");
+    let signout = format!("{at}/signout");
+    let (parts, page) = send(
+        &client,
+        form_post(&signout, None, &alice, &format!("csrf={csrf}")),
+    )
+    .await;
+    assert_eq!(parts.status, 303, "{page}");
+    assert_signed_out(&client, &at, &alice, "the session after sign-out").await;
+    // A new request would be its next update: the stream ends instead.
+    let mut ops = Clients::with_token(&server, "token-ops").await;
+    let other = ops
+        .runs
+        .start_run(scripted_reference_run())
+        .await
+        .expect("StartRun")
+        .into_inner()
+        .run_id;
+    ops.wait_for_event(&other, "aaa.approval.requested").await;
+    let rest = tokio::time::timeout(WAIT, live.collect())
+        .await
+        .expect("the live stream did not end after sign-out")
+        .expect("the stream's body")
+        .to_bytes();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(!rest.contains("event: requested"), "{rest}");
+    let (parts, page) = send(
+        &client,
+        form_post(&deny, None, &alice, &body.replace(&alices_csrf, &csrf)),
+    )
+    .await;
+    assert_eq!(parts.status, 401, "a denial after sign-out: {page}");
+    server.restart().await;
+    let at = base(&server);
+    assert_signed_out(
+        &client,
+        &at,
+        &alice,
+        "the session after sign-out and a restart",
+    )
+    .await;
+    // Signing in again makes a new session.
+    let again = signed_in(&client, &at, "token-alice-2").await;
+    let (parts, page) = get(&client, &format!("{at}/"), &again).await;
+    assert_eq!(parts.status, 200, "{page}");
+    let events = ops_history(&server, &run_id).await;
+    assert_eq!(count(&events, "aaa.approval.denied"), 0, "{events:?}");
+    server.shutdown().await;
+}
+
+async fn ops_history(server: &TestServer, run_id: &str) -> Vec<aaa::proto::Event> {
+    Clients::with_token(server, "token-ops")
+        .await
+        .history(run_id)
+        .await
+}
+
+/// On one PostgreSQL (the test passes without doing anything otherwise):
+/// signing out on one server ends the session on the other at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn signing_out_on_one_server_of_a_cluster_ends_the_session_on_another() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let auth = Arc::new(AuthConfig::parse(&auth_toml(), Path::new(".")).expect("auth config"));
+    let member = |standby: bool| {
+        let (url, auth) = (url.clone(), auth.clone());
+        TestServer::start_with(move |config| {
+            config.auth = Some(auth.clone());
+            config.store_url = Some(url.clone());
+            config.standby = standby;
+        })
+    };
+    let owner = member(false).await;
+    let standby = member(true).await;
+    let client = http_client();
+    let alice = signed_in(&client, &base(&owner), "token-alice").await;
+    let (parts, page) = get(&client, &format!("{}/", base(&standby)), &alice).await;
+    assert_eq!(parts.status, 200, "the session on the other server: {page}");
+    let csrf = csrf_of(&page);
+    let signout = format!("{}/signout", base(&standby));
+    let (parts, page) = send(
+        &client,
+        form_post(&signout, None, &alice, &format!("csrf={csrf}")),
+    )
+    .await;
+    assert_eq!(parts.status, 303, "{page}");
+    assert_signed_out(
+        &client,
+        &base(&owner),
+        &alice,
+        "on the server it was made on",
+    )
+    .await;
+    assert_signed_out(
+        &client,
+        &base(&standby),
+        &alice,
+        "on the server it signed out on",
+    )
+    .await;
+    // Signing in again makes a session that stands; a second sign-out
+    // (the store keeps each record once: sign-outs are numbered) ends it
+    // on both servers too.
+    let again = signed_in(&client, &base(&owner), "token-alice").await;
+    let (parts, page) = get(&client, &format!("{}/", base(&standby)), &again).await;
+    assert_eq!(
+        parts.status, 200,
+        "a new session after the sign-out: {page}"
+    );
+    let csrf = csrf_of(&page);
+    let (parts, page) = send(
+        &client,
+        form_post(
+            &format!("{}/signout", base(&owner)),
+            None,
+            &again,
+            &format!("csrf={csrf}"),
+        ),
+    )
+    .await;
+    assert_eq!(parts.status, 303, "the second sign-out: {page}");
+    for server in [&owner, &standby] {
+        assert_signed_out(&client, &base(server), &again, "after the second sign-out").await;
+    }
+    standby.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_auth_off_a_request_naming_another_host_is_refused() {
+    // DNS rebinding: a page at evil.test whose name now resolves to
+    // 127.0.0.1 reaches the server with `Host: evil.test`.
+    let server = TestServer::start().await;
+    let mut clients = Clients::new(server.channel().await, None);
+    let (run_id, call_id) = a_waiting_call(&mut clients).await;
+    let base = base(&server);
+    let port = server.addr().port();
+    let client = http_client();
+    let call = format!("{base}/calls/{run_id}/{call_id}");
+
+    let evil = format!("evil.test:{port}");
+    for host in ["evil.test", evil.as_str()] {
+        let (parts, page) = send(
+            &client,
+            form_post(&format!("{base}/signin"), Some(host), "", "next=/"),
+        )
+        .await;
+        assert_eq!(parts.status, 421, "Continue under {host}: {page}");
+        assert!(
+            parts.headers.get("set-cookie").is_none(),
+            "no session for {host}"
+        );
+        assert!(
+            page.contains(&format!("localhost:{port}")) && page.contains("--allow-host"),
+            "the page names the accepted hosts and the flag: {page}"
+        );
+        for url in [
+            format!("{base}/"),
+            call.clone(),
+            format!("{base}/live/approvals"),
+        ] {
+            let (parts, page) = send(&client, get_at(&url, host, "")).await;
+            assert_eq!(parts.status, 421, "GET {url} as {host}: {page}");
+        }
+    }
+
+    // A session made under a loopback name does not approve under evil.test.
+    let cookie = cookie(&client, &base).await;
+    let (parts, page) = send(
+        &client,
+        get_at(&call, &format!("localhost:{port}"), &cookie),
+    )
+    .await;
+    assert_eq!(parts.status, 200, "{page}");
+    let csrf = csrf_of(&page);
+    let digest = sha256_hex(REFERENCE_ARGS.as_bytes());
+    let approve = format!("{call}/approve");
+    let body = format!("csrf={csrf}&sha256={digest}");
+    let (parts, page) = send(&client, form_post(&approve, Some(&evil), &cookie, &body)).await;
+    assert_eq!(parts.status, 421, "Approve as evil.test: {page}");
+    let events = clients.history(&run_id).await;
+    assert_eq!(count(&events, "aaa.approval.granted"), 0, "{events:?}");
+
+    // The loopback names with the server's port are this server.
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let (parts, page) = send(&client, get_at(&format!("{base}/"), &host, &cookie)).await;
+        assert_eq!(parts.status, 200, "GET / as {host}: {page}");
+    }
+    let (parts, page) = send(
+        &client,
+        form_post(&approve, Some(&format!("localhost:{port}")), &cookie, &body),
+    )
+    .await;
+    assert_eq!(parts.status, 303, "Approve as localhost: {page}");
+    clients
+        .wait_for_event(&run_id, "aaa.approval.granted")
+        .await;
+    server.shutdown().await;
+
+    // --allow-host adds a name.
+    let dir = tempfile::tempdir().unwrap();
+    let child = ChildServer::start_args(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--allow-host", "aaa.test"],
+    )
+    .await;
+    let base = format!("http://{}", child.addr());
+    let port = child.addr().port();
+    let (parts, page) = send(
+        &client,
+        get_at(&format!("{base}/"), &format!("aaa.test:{port}"), ""),
+    )
+    .await;
+    assert_eq!(parts.status, 303, "an allowed name: {page}");
+    let (parts, page) = send(&client, get_at(&format!("{base}/"), "evil.test", "")).await;
+    assert_eq!(parts.status, 421, "{page}");
+    assert!(page.contains("aaa.test"), "{page}");
+    child.stop();
+}
+
+/// An HTTP client whose connections come from `address` (any of
+/// 127.0.0.0/8 is this machine): another client address.
+fn http_client_from(address: [u8; 4]) -> HttpClient {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_local_address(Some(std::net::IpAddr::from(address)));
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_tokens_are_throttled_per_address_with_one_log_line_per_burst() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("auth.toml");
+    std::fs::write(&config, auth_toml()).unwrap();
+    let server = ChildServer::start_args(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--auth-config",
+            config.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let base = format!("http://{}", server.addr());
+    let mallory = http_client();
+    let mut refused = 0;
+    for attempt in 1..=30 {
+        let (parts, page, cookie) =
+            sign_in_with(&mallory, &base, &format!("guess-{attempt}")).await;
+        assert!(cookie.is_none());
+        if attempt <= 5 {
+            assert_eq!(parts.status, 401, "wrong token {attempt}: {page}");
+            continue;
+        }
+        assert_eq!(parts.status, 429, "wrong token {attempt}: {page}");
+        let retry: u64 = parts.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&retry), "Retry-After: {retry}");
+        assert!(page.contains("Too many"), "{page}");
+        refused += 1;
+    }
+    assert_eq!(refused, 25);
+    // The right token is refused from that address too (a guess that hit
+    // would otherwise be told so), but not from another.
+    let (parts, _, _) = sign_in_with(&mallory, &base, "token-alice").await;
+    assert_eq!(parts.status, 429);
+    let alice = http_client_from([127, 0, 0, 2]);
+    let cookie = signed_in(&alice, &base, "token-alice").await;
+    let (parts, page) = get(&alice, &format!("{base}/"), &cookie).await;
+    assert_eq!(parts.status, 200, "{page}");
+    // One line for the burst, not one per attempt.
+    server.wait_for_log_line("web sign-in refused").await;
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("web sign-in refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    server.stop();
+}
+
+#[tokio::test]
+async fn a_throttled_address_signs_in_again_once_its_minute_is_over() {
+    let server = start_with_auth().await;
+    let base = base(&server);
+    let client = http_client();
+    for attempt in 1..=5 {
+        let (parts, page, _) = sign_in_with(&client, &base, "token-mallory").await;
+        assert_eq!(parts.status, 401, "wrong token {attempt}: {page}");
+    }
+    let (parts, page, _) = sign_in_with(&client, &base, "token-alice").await;
+    assert_eq!(parts.status, 429, "{page}");
+    server.clock().advance(std::time::Duration::from_secs(60));
+    signed_in(&client, &base, "token-alice").await;
+    server.shutdown().await;
 }
