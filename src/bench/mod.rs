@@ -301,7 +301,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     std::fs::write(&args.out, text + "\n")
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!();
-    table.print();
+    table.print(args.smoke);
     println!("\nfigures written to {}", args.out.display());
 
     if !problems.is_empty() {

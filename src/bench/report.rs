@@ -1,5 +1,7 @@
 //! The report: every figure as a table row, the targets beside the
-//! figures they judge (PASS / FAIL), and the JSON written with `--out`.
+//! figures they judge (PASS / FAIL, or with `--smoke`, where speed is not
+//! judged, PASS / "miss (not checked here)"), and the JSON written with
+//! `--out`.
 
 use serde::Serialize;
 
@@ -49,7 +51,10 @@ impl Table {
         self.rows.iter().filter(|r| r.pass == Some(false)).count()
     }
 
-    pub fn print(&self) {
+    /// Prints the table. `smoke`: speed targets are not judged on this
+    /// run (tiny counts, a busy CI machine), so a miss reads as one, not as
+    /// a failure: FAIL in a log means something is wrong.
+    pub fn print(&self, smoke: bool) {
         let header = ["scenario", "metric", "value", "target", "ok"];
         let cells: Vec<[String; 5]> = self
             .rows
@@ -57,6 +62,7 @@ impl Table {
             .map(|r| {
                 let ok = match r.pass {
                     Some(true) => "PASS",
+                    Some(false) if smoke => "miss (not checked here)",
                     Some(false) => "FAIL",
                     None if r.target.is_empty() => "",
                     None => "n/a",
