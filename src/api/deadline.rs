@@ -18,8 +18,10 @@ use std::time::Duration;
 use tonic::codegen::http;
 use tonic::Status;
 
-/// How much earlier than tonic's our timer fires. tonic's starts a moment
-/// before ours (its layer is outside), so ours must be shorter to win.
+/// How much earlier than tonic's our deadline is. Ours is fixed in `call`,
+/// which tonic's layer makes before it starts its own timer, and tonic
+/// polls the call before its timer, so ours wins even with none; the
+/// margin only keeps the two out of one tick of the timer wheel.
 const AHEAD: Duration = Duration::from_millis(2);
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -64,11 +66,14 @@ where
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(parse);
+        // Fixed now, not when the future is first polled (which a busy
+        // runtime may do later than tonic starts its timer).
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t.saturating_sub(AHEAD));
         let answer = self.inner.call(request);
-        match timeout {
+        match deadline {
             None => Box::pin(answer),
-            Some(timeout) => Box::pin(async move {
-                match tokio::time::timeout(timeout.saturating_sub(AHEAD), answer).await {
+            Some(deadline) => Box::pin(async move {
+                match tokio::time::timeout_at(deadline, answer).await {
                     Ok(answered) => answered,
                     Err(_) => Ok(Status::deadline_exceeded(
                         "the caller's deadline (grpc-timeout) passed before the call finished; \

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use cel_interpreter::objects::{Key, Map};
 use cel_interpreter::{Context, ExecutionError, Value as Cel};
-use cel_parser::ast::{operators, CallExpr, EntryExpr, Expr, IdedExpr};
+use cel_parser::ast::{operators, CallExpr, EntryExpr, Expr, IdedEntryExpr, IdedExpr};
 
 /// Longest expression, in bytes.
 pub const MAX_SOURCE_BYTES: usize = 4096;
@@ -318,25 +318,22 @@ fn children(node: &IdedExpr) -> Vec<&IdedExpr> {
             &*c.result,
         ],
         Expr::List(list) => list.elements.iter().collect(),
-        Expr::Map(map) => map
-            .entries
-            .iter()
-            .flat_map(|e| match &e.expr {
-                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
-                EntryExpr::StructField(f) => vec![&f.value],
-            })
-            .collect(),
-        Expr::Struct(s) => s
-            .entries
-            .iter()
-            .flat_map(|e| match &e.expr {
-                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
-                EntryExpr::StructField(f) => vec![&f.value],
-            })
-            .collect(),
+        Expr::Map(map) => entries(&map.entries),
+        Expr::Struct(s) => entries(&s.entries),
         Expr::Select(select) => vec![&*select.operand],
         Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Vec::new(),
     }
+}
+
+/// The expressions of a map's or a struct's entries.
+fn entries(entries: &[IdedEntryExpr]) -> Vec<&IdedExpr> {
+    entries
+        .iter()
+        .flat_map(|e| match &e.expr {
+            EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+            EntryExpr::StructField(f) => vec![&f.value],
+        })
+        .collect()
 }
 
 /// The tree with each comprehension's loop condition made

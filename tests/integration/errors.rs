@@ -325,9 +325,14 @@ async fn a_made_up_token_for_a_real_attempt_is_refused() {
 /// A caller's deadline that passes while the server works is answered
 /// DEADLINE_EXCEEDED, as the gRPC spec and the SDKs' retry rules expect,
 /// not CANCELLED "Timeout expired" (issue 41, item 4). A long poll with
-/// nothing to do outlasts a 300 ms deadline.
+/// nothing to do outlasts a 300 ms deadline. The call is made over plain
+/// HTTP/2: a tonic client enforces the deadline itself too, and its own
+/// timer, answering CANCELLED, races the server's answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deadline_that_passes_at_the_server_is_deadline_exceeded() {
+    use http_body_util::{BodyExt, Full};
+    use prost::Message;
+
     let server = TestServer::start().await;
     let mut clients = Clients::new(server.channel().await, None);
     clients
@@ -339,14 +344,42 @@ async fn a_deadline_that_passes_at_the_server_is_deadline_exceeded() {
         })
         .await
         .expect("RegisterWorker");
-    let mut poll = tonic::Request::new(aaa::proto::PollTaskRequest {
+    let poll = aaa::proto::PollTaskRequest {
         identity: "w".into(),
         tools: vec!["wire_money".into()],
         models: vec![],
         wait_s: 4.0,
-    });
-    poll.set_timeout(std::time::Duration::from_millis(300));
-    let status = expect_err(clients.workers.poll_task(poll).await);
-    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend((poll.len() as u32).to_be_bytes());
+    framed.extend(poll);
+    let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    let request = http::Request::post(format!(
+        "http://{}/aaa.v1.WorkerService/PollTask",
+        server.addr()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", "300m")
+    .body(Full::new(bytes::Bytes::from(framed)))
+    .unwrap();
+    let response = sender.send_request(request).await.expect("an answer");
+    let (parts, body) = response.into_parts();
+    let trailers = body.collect().await.expect("the body").trailers().cloned();
+    let status = parts
+        .headers
+        .get("grpc-status")
+        .or_else(|| trailers.as_ref().and_then(|t| t.get("grpc-status")))
+        .map(|v| v.to_str().unwrap().to_string());
+    // 4: DEADLINE_EXCEEDED (1 would be CANCELLED).
+    assert_eq!(status.as_deref(), Some("4"), "{parts:?} {trailers:?}");
     server.shutdown().await;
 }
