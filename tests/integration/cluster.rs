@@ -542,8 +542,14 @@ async fn a_standby_forwards_grants_and_loads_them_with_their_uses_when_it_takes_
 
 /// Servers started with `--spread-shards` on one database.
 async fn spread_member(url: &str) -> TestServer {
+    spread_member_with(url, None).await
+}
+
+/// [`spread_member`] with this auth config (or none).
+async fn spread_member_with(url: &str, auth: Option<Arc<AuthConfig>>) -> TestServer {
     let url = url.to_string();
     TestServer::start_with(move |config| {
+        config.auth = auth.clone();
         config.store_url = Some(url.clone());
         config.spread_shards = true;
         config.lease = Duration::from_secs(1);
@@ -1241,33 +1247,18 @@ async fn spread_shards_bind_a_worker_identity_to_one_principal() {
         return;
     };
     let auth = Arc::new(AuthConfig::parse(&auth_toml(false), Path::new(".")).expect("auth"));
-    let start = || {
-        let (url, auth) = (url.clone(), auth.clone());
-        TestServer::start_with(move |config| {
-            config.auth = Some(auth.clone());
-            config.store_url = Some(url.clone());
-            config.spread_shards = true;
-            config.lease = Duration::from_secs(1);
-        })
-    };
-    let (a, b) = (start().await, start().await);
+    let a = spread_member_with(&url, Some(auth.clone())).await;
+    let b = spread_member_with(&url, Some(auth)).await;
     // Both hold shards: each serves registrations itself.
-    let mut reader = Clients::with_token(&a, &token("reader")).await;
-    let give_up = Instant::now() + Duration::from_secs(30);
-    loop {
-        let cluster = reader
-            .cluster
-            .get_cluster(aaa::proto::GetClusterRequest {})
-            .await
-            .expect("GetCluster")
-            .into_inner();
-        let live: Vec<_> = cluster.members.iter().filter(|m| m.alive).collect();
-        if live.len() == 2 && live.iter().all(|m| m.shards > 0) {
-            break;
-        }
-        assert!(Instant::now() < give_up, "never spread: {cluster:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut names = Vec::new();
+    for server in [&a, &b] {
+        let mut reader = Clients::with_token(server, &token("reader")).await;
+        let cluster = reader.cluster.get_cluster(aaa::proto::GetClusterRequest {});
+        names.push(cluster.await.expect("GetCluster").into_inner().this_server);
     }
+    let reader = Clients::with_token(&a, &token("reader")).await;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_until_spread_by(reader.cluster, &names).await;
     let mut worker = Clients::with_token(&a, &token("worker")).await;
     let mut other = Clients::with_token(&b, &token("other-worker")).await;
     let mut both_ok = Vec::new();

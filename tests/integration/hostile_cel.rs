@@ -13,7 +13,7 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::auth::token;
-use crate::policy::{register_tools, start};
+use crate::policy::{register_tools, run_calling, start};
 use crate::support::*;
 
 /// Three comprehensions deep over one list: 300 elements make 27 million
@@ -113,16 +113,7 @@ async fn a_runaway_rule_stops_at_its_budget_and_the_call_waits_for_a_person() {
     let server = start(dir.path(), &policy).await;
     register_tools(&server).await;
     let mut runner = Clients::with_token(&server, &token("runner")).await;
-    let run_id = runner
-        .runs
-        .start_run(scripted_run("lookup", &three_hundred()))
-        .await
-        .expect("StartRun")
-        .into_inner()
-        .run_id;
-    let events = runner
-        .follow_until(&run_id, true, |e| e.r#type == "aaa.approval.requested")
-        .await;
+    let (run_id, events) = run_calling(&mut runner, "lookup", &three_hundred()).await;
     let requested = data(find(&events, "aaa.approval.requested"));
     assert_eq!(requested["policy"]["rule"], "runaway", "{requested}");
     let error = requested["policy"]["error"].as_str().unwrap();

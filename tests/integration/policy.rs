@@ -114,7 +114,7 @@ pub async fn register_tools(server: &TestServer) {
 
 /// Starts a run that calls `tool` with `arguments`; returns its id and
 /// its events once the call is decided or waits (or the run ended).
-async fn run_calling(
+pub async fn run_calling(
     runner: &mut Clients,
     tool: &str,
     arguments: &str,

@@ -868,9 +868,26 @@ pub async fn cluster_members(
 /// Asks `server` (bounded by `WAIT`) until the live members are exactly
 /// `members`, each holding shards, and every shard is held.
 pub async fn wait_until_spread(server: &impl Server, members: &[&str]) {
+    let cluster = server.cluster().await;
+    wait_until_spread_by(cluster, members).await
+}
+
+/// [`wait_until_spread`] through this cluster client (one with a
+/// principal's token, when auth is on).
+pub async fn wait_until_spread_by<T>(mut client: ClusterServiceClient<T>, members: &[&str])
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
     let give_up = std::time::Instant::now() + WAIT;
     loop {
-        let cluster = cluster_of(server).await;
+        let cluster = client
+            .get_cluster(aaa::proto::GetClusterRequest {})
+            .await
+            .expect("GetCluster")
+            .into_inner();
         let live: Vec<_> = cluster.members.iter().filter(|m| m.alive).collect();
         let spread = live.len() == members.len()
             && live
