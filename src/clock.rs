@@ -27,6 +27,13 @@ struct Offset {
     advanced: watch::Sender<u64>,
 }
 
+/// Wall time now, in Unix milliseconds: for what is compared across
+/// servers and clients (signatures, grant expiry shown to a user), never
+/// for the engine's own times (those come from its [`Clock`]).
+pub fn now_ms() -> i64 {
+    Clock::system().now_ms()
+}
+
 impl Clock {
     /// Real time.
     pub fn system() -> Clock {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::auth::AuthConfig;
 use crate::clock::Clock;
-use crate::openai::ModelsConfig;
+use crate::providers::ModelsConfig;
 use crate::policy::PolicyHandle;
 use crate::subscriptions::WebhookConfig;
 
@@ -117,6 +117,24 @@ pub struct Config {
 }
 
 impl Config {
+    /// What the engine reads of this configuration.
+    pub fn engine_settings(&self) -> crate::engine::Settings {
+        crate::engine::Settings {
+            clock: self.clock.clone(),
+            metrics: self.metrics.clone(),
+            tracer: self.tracer.clone(),
+            poll_wait_cap: self.poll_wait_cap,
+            default_heartbeat_timeout: self.default_heartbeat_timeout,
+            run_cache_size: self.run_cache_size,
+            separation_of_duties: (self.auth.as_ref()).is_some_and(|auth| auth.separation_of_duties),
+            models: self.models.clone(),
+            policy: self.policy.clone(),
+            retention: self.retention,
+            tombstone: self.tombstone,
+            archive_dir: self.archive_dir.clone(),
+        }
+    }
+
     /// Defaults for a server keeping its data in `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Config {

@@ -50,6 +50,7 @@ pub mod openai;
 pub mod otel;
 pub mod policy;
 pub mod proto;
+pub mod providers;
 pub mod seconds;
 pub mod server;
 pub mod store;

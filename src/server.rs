@@ -170,9 +170,10 @@ async fn serve_store(
             Verifier::new(
                 store.token_key(),
                 cluster.address.clone(),
-                crate::engine::now_ms(),
+                crate::clock::now_ms(),
             ),
             forward_limit,
+            crate::api::status::refused,
         ))
         .layer(malformed::layer());
 
@@ -404,7 +405,7 @@ impl LocalServices {
         }
         let started = Engine::start(
             cluster.store().clone(),
-            config.clone(),
+            config.engine_settings(),
             shards,
             stopping.child_token(),
         )

@@ -11,9 +11,10 @@ use tonic::{Request, Response, Status};
 
 use super::runs::page_size;
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
+use crate::domain::check;
 use crate::cluster::{Cluster, Owner};
 use crate::domain::may_decide;
-use crate::engine::event::*;
+use crate::domain::event::*;
 use crate::engine::{Batch, BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
@@ -237,9 +238,9 @@ impl ApprovalService for ApprovalApi {
         } else {
             &request.reason
         };
-        convert::check_size(if grant { "comment" } else { "reason" }, text, 4 * 1024)?;
-        convert::check_size("approver", &request.approver, 256)?;
-        convert::check_size("request_id", &request.request_id, convert::MAX_NAME_BYTES)?;
+        check::check_size(if grant { "comment" } else { "reason" }, text, 4 * 1024)?;
+        check::check_size("approver", &request.approver, 256)?;
+        check::check_size("request_id", &request.request_id, check::MAX_NAME_BYTES)?;
         let engine = self.engine.as_ref().ok_or_else(super::not_serving)?;
         let decide = |part: Vec<BatchItem>| {
             let batch = Batch {
@@ -364,7 +365,7 @@ fn batch_items(items: &[proto::DecisionItem]) -> Result<Vec<BatchItem>, Error> {
         if item.call_id.is_empty() {
             return Err(Error::invalid(&format!("items[{i}].call_id"), "required"));
         }
-        convert::check_size(&format!("items[{i}].call_id"), &item.call_id, 256)?;
+        check::check_size(&format!("items[{i}].call_id"), &item.call_id, 256)?;
         let digest = &item.arguments_sha256;
         if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Error::invalid(

@@ -3,18 +3,17 @@
 
 use serde_json::Value;
 
-use crate::engine::event::{
+use crate::domain::event::{
     Budget, ErrorData, ModelChoice, Nudging, OpenAiChoice, ProposedCall, RetrySpec, ScriptStep,
     ToolSpec,
 };
 use crate::engine::state::Message;
 use crate::engine::{self, Error, MAX_EVENT_BYTES};
+use crate::domain::check::{check_size, name, MAX_NAME_BYTES};
 use crate::proto;
 use crate::seconds;
 use crate::store::{ApprovalRecord, EventRecord, RunId, RunRecord};
 
-/// Longest name (tool, model, event type, label key, request id).
-pub const MAX_NAME_BYTES: usize = 256;
 const DEFAULT_MAX_MODEL_CALLS: u32 = 50;
 
 pub fn timestamp(ms: i64) -> Option<prost_types::Timestamp> {
@@ -35,17 +34,6 @@ fn run_id_text(bytes: &[u8]) -> String {
     RunId::from_slice(bytes).map_or_else(String::new, |id| id.to_string())
 }
 
-pub fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Error> {
-    if text.len() > limit {
-        return Err(Error::PayloadTooLarge {
-            field: field.to_string(),
-            size: text.len(),
-            limit,
-        });
-    }
-    Ok(())
-}
-
 /// Label keys are names; values are text up to a name's size.
 pub fn labels(
     field: &str,
@@ -54,24 +42,6 @@ pub fn labels(
     for (key, value) in labels {
         name(field, key)?;
         check_size(&format!("{field}[{key}]"), value, MAX_NAME_BYTES)?;
-    }
-    Ok(())
-}
-
-/// A name: non-empty, at most 256 bytes, letters, digits and `_-.:/`.
-pub fn name(field: &str, text: &str) -> Result<(), Error> {
-    if text.is_empty() {
-        return Err(Error::invalid(field, "required"));
-    }
-    check_size(field, text, MAX_NAME_BYTES)?;
-    if let Some(bad) = text
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || "_-.:/".contains(*c)))
-    {
-        return Err(Error::invalid(
-            field,
-            format!("'{text}' contains '{bad}'; use letters, digits and _ - . : /"),
-        ));
     }
     Ok(())
 }
@@ -423,7 +393,7 @@ pub fn tool_definition_out(spec: &ToolSpec) -> proto::ToolDefinition {
     proto::ToolDefinition {
         name: spec.name.clone(),
         description: spec.description.clone(),
-        parameters_json: crate::engine::event::canonical_json(&spec.parameters),
+        parameters_json: crate::domain::event::canonical_json(&spec.parameters),
         requires_approval: spec.requires_approval,
         retry: Some(proto::RetryPolicy {
             max_attempts: spec.retry.max_attempts,
@@ -566,7 +536,7 @@ pub fn message(message: &Message) -> proto::Message {
                 .map(|call| proto::ToolCall {
                     call_id: call.call_id.clone(),
                     name: call.name.clone(),
-                    arguments_json: crate::engine::event::canonical_json(&call.arguments),
+                    arguments_json: crate::domain::event::canonical_json(&call.arguments),
                 })
                 .collect();
         }
@@ -593,7 +563,7 @@ pub fn task(task: engine::Task) -> proto::Task {
     let kind = match task.work {
         engine::Work::Tool { name, arguments } => proto::task::Kind::Tool(proto::ToolTask {
             name,
-            arguments_json: crate::engine::event::canonical_json(&arguments),
+            arguments_json: crate::domain::event::canonical_json(&arguments),
         }),
         engine::Work::Model {
             model,

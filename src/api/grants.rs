@@ -5,6 +5,7 @@
 use tonic::{Request, Response, Status};
 
 use super::{convert, peer_name, principal};
+use crate::domain::check;
 use crate::clock::Clock;
 use crate::domain::GrantRecord;
 use crate::engine::grants::{in_force, Grantor, NewGrant};
@@ -98,8 +99,8 @@ impl GrantService for GrantApi {
         let engine = self.engine()?;
         let by = grantor(&request);
         let r = request.into_inner();
-        convert::check_size("condition", &r.condition, 4 * 1024)?;
-        convert::check_size("tool", &r.tool, 256)?;
+        check::check_size("condition", &r.condition, 4 * 1024)?;
+        check::check_size("tool", &r.tool, 256)?;
         let scope = r.scope.unwrap_or_default();
         let new = NewGrant {
             tool: r.tool,

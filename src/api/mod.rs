@@ -24,7 +24,7 @@ pub use subscriptions::SubscriptionApi;
 pub use workers::WorkerApi;
 
 use crate::auth::Principal;
-use crate::engine::event::Actor;
+use crate::domain::event::Actor;
 use crate::engine::Error;
 
 /// Items a stream buffers for a slow client before its reader waits.

@@ -7,8 +7,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
+use crate::domain::check;
 use crate::auth::{self, Principal, Refusal};
-use crate::engine::event::{is_decision, is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
+use crate::domain::event::{is_decision, is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
 use crate::engine::{Engine, Error, Reads, Reviewer};
 use crate::proto::{self, run_service_server::RunService};
 use crate::store::{EventRecord, RunId, RunQuery, RunRecord};
@@ -281,7 +282,7 @@ impl RunService for RunApi {
         if request.r#type.is_empty() {
             return Err(Error::invalid("type", "required").into());
         }
-        convert::name("type", &request.r#type)?;
+        check::name("type", &request.r#type)?;
         if is_reserved(&request.r#type) {
             return Err(Error::ReservedEventType(request.r#type).into());
         }

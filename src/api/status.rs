@@ -5,8 +5,8 @@
 //! and reach clients without their details; auth refusals (`refused`) are
 //! logged by the auth layer.
 //!
-//! Every client value an error carries (ids, names, fields) is clipped to a
-//! short prefix with its length: an error must stay a few hundred bytes, or
+//! Every client value an error carries (ids, names, fields) is clipped
+//! (`domain::clip`): an error must stay a few hundred bytes, or
 //! clients refuse the trailer it travels in (grpcio's limit is 8 KiB).
 
 use std::collections::HashMap;
@@ -15,35 +15,14 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::Refusal;
+use crate::domain::clip::{clip, prefix};
 use crate::engine::Error;
 use crate::proto::ErrorReason;
 
 pub const DOMAIN: &str = "aaa.v1";
 
-/// Longest client value an error quotes whole, in bytes.
-const WHOLE_BYTES: usize = 96;
-/// How much of a longer one it quotes. A clipped value is itself shorter
-/// than [`WHOLE_BYTES`], so clipping twice changes nothing.
-const CLIP_BYTES: usize = 64;
 /// Longest message a status carries, in bytes.
 const MAX_MESSAGE_BYTES: usize = 512;
-
-/// `value`, or its first [`CLIP_BYTES`] (on a char boundary) and its length.
-pub fn clip(value: &str) -> String {
-    if value.len() <= WHOLE_BYTES {
-        return value.to_string();
-    }
-    format!("{}... ({} bytes)", prefix(value, CLIP_BYTES), value.len())
-}
-
-/// The longest prefix of `value` of at most `max` bytes.
-fn prefix(value: &str, max: usize) -> &str {
-    let mut end = max.min(value.len());
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    &value[..end]
-}
 
 /// A status with an ErrorInfo; the message is cut at [`MAX_MESSAGE_BYTES`]
 /// and metadata values clipped, whatever the caller built them from.
@@ -215,6 +194,12 @@ pub fn refused(refusal: &Refusal) -> Status {
 impl From<Refusal> for Status {
     fn from(refusal: Refusal) -> Self {
         refused(&refusal)
+    }
+}
+
+impl From<crate::domain::check::Invalid> for Status {
+    fn from(invalid: crate::domain::check::Invalid) -> Self {
+        to_status(invalid.into())
     }
 }
 

@@ -12,6 +12,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::runs::page_size;
 use super::{convert, malformed, status, STREAM_BUFFER};
+use crate::domain::check;
 use crate::engine::{Engine, Error};
 use crate::proto::subscription_service_server::SubscriptionService;
 use crate::proto::{self, subscribe_request, subscribe_response, ErrorReason};
@@ -80,7 +81,7 @@ impl From<subscriptions::Error> for Status {
 /// Checks the opening request: the group's definition, where a new group
 /// starts, and the member's cap on unacked deliveries.
 fn open(open: proto::SubscriptionOpen) -> Result<(Definition, Start, u32), Error> {
-    convert::name("open.group", &open.group)?;
+    check::name("open.group", &open.group)?;
     if open.event_types.is_empty() {
         return Err(Error::invalid(
             "open.event_types",
@@ -181,7 +182,7 @@ impl SubscriptionService for SubscriptionApi {
         request: Request<proto::ListDeadLettersRequest>,
     ) -> Result<Response<proto::ListDeadLettersResponse>, Status> {
         let request = request.into_inner();
-        convert::name("group", &request.group)?;
+        check::name("group", &request.group)?;
         let after = match request.page_token.as_str() {
             "" => 0,
             token => token.parse().map_err(|_| {
@@ -220,7 +221,7 @@ impl SubscriptionService for SubscriptionApi {
         request: Request<proto::ReplayDeadLettersRequest>,
     ) -> Result<Response<proto::ReplayDeadLettersResponse>, Status> {
         let request = request.into_inner();
-        convert::name("group", &request.group)?;
+        check::name("group", &request.group)?;
         let replayed = self
             .subscriptions
             .replay(&request.group, request.positions)

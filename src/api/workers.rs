@@ -5,8 +5,9 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{convert, peer_name, principal};
+use crate::domain::check;
 use crate::auth::{Principal, Refusal, Served};
-use crate::engine::event::WorkerId;
+use crate::domain::event::WorkerId;
 use crate::engine::{Engine, Error, QueueKey, Report};
 use crate::proto::{self, worker_service_server::WorkerService};
 use crate::seconds;
@@ -34,7 +35,7 @@ impl WorkerService for WorkerApi {
             .map(|(i, tool)| convert::tool_definition(i, tool))
             .collect::<Result<Vec<_>, Error>>()?;
         for (i, model) in request.models.iter().enumerate() {
-            convert::name(&format!("models[{i}]"), model)?;
+            check::name(&format!("models[{i}]"), model)?;
         }
         let tool_names = tools.iter().map(|t| t.name.as_str());
         let model_names = request.models.iter().map(String::as_str);
@@ -145,10 +146,10 @@ pub(crate) fn poll_of(
     caller: Option<&Principal>,
 ) -> Result<(Vec<QueueKey>, Duration), Status> {
     for (i, tool) in poll.tools.iter().enumerate() {
-        convert::name(&format!("tools[{i}]"), tool)?;
+        check::name(&format!("tools[{i}]"), tool)?;
     }
     for (i, model) in poll.models.iter().enumerate() {
-        convert::name(&format!("models[{i}]"), model)?;
+        check::name(&format!("models[{i}]"), model)?;
     }
     let tool_names = poll.tools.iter().map(String::as_str);
     let model_names = poll.models.iter().map(String::as_str);

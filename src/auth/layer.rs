@@ -30,14 +30,23 @@ pub struct AuthLayer {
     /// The largest request body read to verify a forwarded call (the
     /// message limit and its framing).
     max_request: usize,
+    /// The status a refusal is answered with: the api's one mapping, handed
+    /// in, so that auth needs nothing of the api.
+    answer: fn(&Refusal) -> tonic::Status,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Option<Arc<AuthConfig>>, verifier: Verifier, max_request: usize) -> Self {
+    pub fn new(
+        auth: Option<Arc<AuthConfig>>,
+        verifier: Verifier,
+        max_request: usize,
+        answer: fn(&Refusal) -> tonic::Status,
+    ) -> Self {
         AuthLayer {
             auth,
             verifier: Arc::new(verifier),
             max_request,
+            answer,
         }
     }
 }
@@ -95,7 +104,7 @@ where
                     }
                     Box::pin(self.inner.call(request))
                 }
-                Err(refusal) => refuse(&refusal, &request),
+                Err(refusal) => refuse(layer, &refusal, &request),
             };
         }
         // A forwarded call: its signature covers its body, which is read
@@ -120,7 +129,7 @@ where
                             "its request could not be read whole within the message limit",
                         );
                         let request = http::Request::from_parts(parts, ());
-                        return refuse(&refusal, &request).await;
+                        return refuse(&layer, &refusal, &request).await;
                     }
                 }
             };
@@ -138,7 +147,7 @@ where
                         }
                     }
                 }
-                Err(refusal) => return refuse(&refusal, &request).await,
+                Err(refusal) => return refuse(&layer, &refusal, &request).await,
             }
             inner.call(request).await
         })
@@ -153,6 +162,7 @@ enum Caller {
 
 /// Answers a refused call, and logs why.
 fn refuse<B, E: Send + 'static>(
+    layer: &AuthLayer,
     refusal: &Refusal,
     request: &http::Request<B>,
 ) -> BoxFuture<http::Response<Body>, E> {
@@ -161,7 +171,7 @@ fn refuse<B, E: Send + 'static>(
         peer = peer(request),
         "refused: {refusal}"
     );
-    let status = crate::api::status::refused(refusal);
+    let status = (layer.answer)(refusal);
     Box::pin(async move { Ok(status.into_http()) })
 }
 
@@ -175,7 +185,7 @@ fn forwarded_caller(
 ) -> Result<Caller, Refusal> {
     let method = request.uri().path();
     // Wall time: signatures are compared across servers' clocks.
-    let now_ms = crate::engine::now_ms();
+    let now_ms = crate::clock::now_ms();
     let name = layer
         .verifier
         .verify(request.headers(), method, body, now_ms)?

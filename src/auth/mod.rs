@@ -256,7 +256,7 @@ pub fn authorize_scrape(principal: &Principal) -> Result<(), Refusal> {
 /// May `principal` append an event of `event_type` with Signal? Decisions
 /// need approver; application events need runner.
 pub fn authorize_signal(principal: &Principal, event_type: &str) -> Result<(), Refusal> {
-    let needed: &[Role] = if crate::engine::event::is_decision(event_type) {
+    let needed: &[Role] = if crate::domain::event::is_decision(event_type) {
         &[Approver]
     } else {
         &[Runner]
@@ -462,7 +462,7 @@ impl AuthConfig {
             ] {
                 for name in names {
                     // The names RegisterWorker would take.
-                    crate::api::convert::name(field, name)
+                    crate::domain::check::name(field, name)
                         .map_err(|e| ConfigError(format!("{at}: {e}")))?;
                 }
             }

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::render::{self, Output, Style};
 use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
-use crate::engine::event::ScriptStep;
+use crate::domain::event::ScriptStep;
 use crate::proto::{
     model_spec, scripted_step, stream_events_response, Budget, CancelRunRequest, GetRunRequest,
     ListRunsRequest, ModelSpec, OpenAiModel, Run, RunStatus, ScriptedModel, ScriptedStep,

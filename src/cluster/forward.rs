@@ -560,7 +560,7 @@ async fn send(
                 "the owner of the runs, {} at {}, did not answer ({}){}",
                 owner.server,
                 owner.address,
-                crate::api::status::clip(&crate::causes::with_causes(&e)),
+                crate::domain::clip::clip(&crate::causes::with_causes(&e)),
                 if refused {
                     ""
                 } else {

@@ -11,7 +11,7 @@ use super::forward::Slot;
 use crate::api::convert;
 use crate::api::workers::{named, poll_of};
 use crate::auth::Principal;
-use crate::engine::event::WorkerId;
+use crate::domain::event::WorkerId;
 use crate::engine::{Engine, Poller, QueueKey};
 use crate::proto::peer_poll_request::Step as Asked;
 use crate::proto::peer_poll_response::Step as Answer;

@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::{Cluster, Owner};
-use crate::engine::event::WorkerId;
+use crate::domain::event::WorkerId;
 use crate::engine::{Engine, Poller, QueueKey};
 use crate::proto::cluster_service_client::ClusterServiceClient;
 use crate::proto::peer_poll_request::Step as Asked;

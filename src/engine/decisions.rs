@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::event::{
+use crate::domain::event::{
     is_decision, NewEvent, APPROVAL_DENIED, APPROVAL_EDITED, APPROVAL_GRANTED, APPROVAL_VOTED,
 };
 use super::requests::request_scope;

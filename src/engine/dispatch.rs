@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::event::WorkerId;
+use crate::domain::event::WorkerId;
 use super::state::Action;
 use super::Task;
 use crate::store::RunId;

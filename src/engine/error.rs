@@ -1,6 +1,9 @@
 //! Why the engine refuses a request. Mapped to gRPC statuses once, in
 //! `api::status`.
 
+use crate::domain::check::Invalid;
+use crate::domain::token::InvalidToken;
+
 /// A refusal; none of them changes a run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -83,9 +86,9 @@ impl Error {
 
 impl Error {
     /// The same error with every client value clipped to a short prefix
-    /// (see `api::status::clip`), for messages that stay small.
+    /// (see `domain::clip`), for messages that stay small.
     pub fn clipped(self) -> Self {
-        use crate::api::status::clip;
+        use crate::domain::clip::clip;
         match self {
             Error::RunNotFound(run) => Error::RunNotFound(clip(&run)),
             Error::RunExpired { run, expired_ms } => Error::RunExpired {
@@ -130,6 +133,21 @@ impl Error {
             },
             other => other,
         }
+    }
+}
+
+impl From<Invalid> for Error {
+    fn from(invalid: Invalid) -> Self {
+        match invalid {
+            Invalid::Field { field, message } => Error::InvalidField { field, message },
+            Invalid::TooLarge { field, size, limit } => Error::PayloadTooLarge { field, size, limit },
+        }
+    }
+}
+
+impl From<InvalidToken> for Error {
+    fn from(_: InvalidToken) -> Self {
+        Error::InvalidToken
     }
 }
 

@@ -22,7 +22,7 @@
 //!   decide: `escalate_after_s` may grow or go, never shrink or come;
 //!   `escalate_to` may drop groups, never add one.
 
-use super::event::{Nudging, ToolSpec};
+use crate::domain::event::{Nudging, ToolSpec};
 
 /// The gate fields of a tool's definition.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -191,7 +191,7 @@ fn added<'a>(new: &'a [String], old: &[String]) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::event::RetrySpec;
+    use crate::domain::event::RetrySpec;
 
     fn groups(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| n.to_string()).collect()

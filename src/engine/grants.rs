@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::policy::{Budget, CallFacts, Condition};
 use crate::store::{labels_match, SharedStore, StoreError};
 
-use super::event::{sha256_hex, GrantStamp};
+use crate::domain::event::{sha256_hex, GrantStamp};
 use super::state::{GrantAsk, RunState};
 use super::{Engine, Error};
 use crate::store::WriteBatch;
@@ -447,8 +447,7 @@ impl Engine {
                 started_by: &state.started_by,
                 arguments_sha256: std::cell::OnceCell::new(),
                 now_ms,
-                separation_of_duties: (self.inner.config.auth.as_ref())
-                    .is_some_and(|auth| auth.separation_of_duties),
+                separation_of_duties: self.inner.settings.separation_of_duties,
             },
             budget,
         )

@@ -8,21 +8,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
+use crate::domain::token::TaskKind;
 use crate::seconds;
 use crate::store::RunId;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseKind {
-    Tool,
-    Model,
-}
 
 #[derive(Debug, Clone)]
 struct Lease {
     attempt: u32,
     /// Identity of the worker holding the attempt.
     worker: String,
-    kind: LeaseKind,
+    kind: TaskKind,
     timeout: Duration,
     expires: Instant,
 }
@@ -33,7 +28,7 @@ pub struct Expired {
     pub run: RunId,
     pub call_id: String,
     pub attempt: u32,
-    pub kind: LeaseKind,
+    pub kind: TaskKind,
     pub worker: String,
 }
 
@@ -56,7 +51,7 @@ impl Leases {
         call_id: &str,
         attempt: u32,
         worker: &str,
-        kind: LeaseKind,
+        kind: TaskKind,
         timeout: Duration,
     ) {
         let lease = self.lease(attempt, worker, kind, timeout);
@@ -66,7 +61,7 @@ impl Leases {
             .insert((run, call_id.to_string()), lease);
     }
 
-    fn lease(&self, attempt: u32, worker: &str, kind: LeaseKind, timeout: Duration) -> Lease {
+    fn lease(&self, attempt: u32, worker: &str, kind: TaskKind, timeout: Duration) -> Lease {
         Lease {
             attempt,
             worker: worker.to_string(),
@@ -85,7 +80,7 @@ impl Leases {
         call_id: &str,
         attempt: u32,
         worker: &str,
-        kind: LeaseKind,
+        kind: TaskKind,
         timeout: Duration,
     ) -> bool {
         let lease = self.lease(attempt, worker, kind, timeout);

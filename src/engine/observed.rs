@@ -3,7 +3,7 @@
 //! means is counted only once its batch is durable: a batch that fails to
 //! commit counts nothing, so the gauges stay in step with the log.
 
-use super::event::*;
+use crate::domain::event::*;
 use super::state::{Phase, RunState};
 use crate::metrics::{
     Decision, Expiry, Families, ModelOutcome, ModelTokens, StatusLabel, ToolLabel, ToolOutcome,

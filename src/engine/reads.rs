@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::event::{RunStarted, RUN_STARTED};
+use crate::domain::event::{RunStarted, RUN_STARTED};
 use super::facts::{FactsCache, RunFacts};
 use super::heads::Heads;
 use super::Error;
@@ -138,7 +138,7 @@ impl Reads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::event::{Budget, ModelChoice};
+    use crate::domain::event::{Budget, ModelChoice};
     use crate::store::embedded::EmbeddedStore;
 
     fn started(run: RunId, data: &str) -> EventRecord {

@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 
-use super::event::*;
-use super::leases::LeaseKind;
+use crate::domain::event::*;
+use crate::domain::token::TaskKind;
 use super::{Error, Report};
 use crate::store::EventRecord;
 
@@ -32,14 +32,14 @@ enum Outcome {
 
 pub fn compare(
     events: &[EventRecord],
-    kind: LeaseKind,
+    kind: TaskKind,
     call_id: &str,
     attempt: u32,
     report: &Report,
 ) -> Result<Recorded, Error> {
     let outcome = match kind {
-        LeaseKind::Tool => tool_outcome(events, call_id, attempt)?,
-        LeaseKind::Model => model_outcome(events, call_id, attempt)?,
+        TaskKind::Tool => tool_outcome(events, call_id, attempt)?,
+        TaskKind::Model => model_outcome(events, call_id, attempt)?,
     };
     let Some(outcome) = outcome else {
         return Ok(Recorded::Nothing);

@@ -103,8 +103,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let store: SharedStore = Arc::new(EmbeddedStore::open(dir.path(), 1 << 20).expect("open"));
         let shutdown = CancellationToken::new();
-        let config = crate::Config::new(dir.path());
-        let engine = Engine::start(store.clone(), config, Shards::all(), shutdown.clone())
+        let settings = crate::Config::new(dir.path()).engine_settings();
+        let engine = Engine::start(store.clone(), settings, Shards::all(), shutdown.clone())
             .await
             .expect("engine");
         let commit = |answer: &'static [u8]| {

@@ -92,7 +92,7 @@ impl Engine {
     /// The retention task: sweeps until shutdown.
     pub(super) async fn run_retention(self) {
         let clock = self.clock().clone();
-        let interval = sweep_interval(self.inner.config.retention);
+        let interval = sweep_interval(self.inner.settings.retention);
         let mut advances = clock.advances();
         loop {
             advances.mark_seen();
@@ -120,7 +120,7 @@ impl Engine {
     /// Deletes (and archives) every run whose retention has passed, drops
     /// tombstones that ran out, and compacts.
     pub async fn sweep(&self) -> Result<Swept, Error> {
-        let retention = self.inner.config.retention;
+        let retention = self.inner.settings.retention;
         let default_ms = match retention {
             Retention::Forever => None,
             Retention::Ms(ms) => Some(ms),
@@ -143,7 +143,7 @@ impl Engine {
         let mut groups: Option<Vec<(String, u64)>> = None;
         let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
         let until = now.saturating_add(
-            tombstone_for(retention, self.inner.config.tombstone).as_millis() as i64,
+            tombstone_for(retention, self.inner.settings.tombstone).as_millis() as i64,
         );
         let mut failed = Vec::new();
         loop {
@@ -246,7 +246,7 @@ impl Engine {
                 .await?
                 .map_or(0, |e| e.position),
         };
-        let archived = match &self.inner.config.archive_dir {
+        let archived = match &self.inner.settings.archive_dir {
             Some(dir) => {
                 let events = self.inner.store.run_events(run, 0, usize::MAX).await?;
                 if !events.is_empty() {

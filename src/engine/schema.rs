@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value;
 
-use super::event::canonical_json;
+use crate::domain::event::canonical_json;
 
 /// Compiled schemas kept: one per registered tool, in practice.
 const CACHED: usize = 256;

@@ -10,14 +10,12 @@
 use serde_json::{json, Value};
 
 use super::error::Error;
-use super::event::*;
+use crate::domain::event::*;
 use crate::domain::may_decide;
 use crate::policy::{Decide, Requirements, Verdict};
 use crate::seconds;
 use crate::store::{EventRecord, RunId, RunRecord};
 
-/// Attempts a model call gets before the run fails.
-pub const MODEL_MAX_ATTEMPTS: u32 = 3;
 /// Timer names (the durable timer key carries them).
 pub const DEADLINE_TIMER: &str = "deadline";
 const APPROVAL_TIMER: &str = "approval/";

@@ -17,7 +17,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use serde::Deserialize;
 
-use super::event::*;
+use crate::domain::event::*;
 use super::state::{Phase, RunState};
 use crate::otel::{context, TraceContext, Tracer};
 use crate::store::EventRecord;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::event::{canonical_json, ErrorData, OpenAiChoice, ProposedCall, ToolSpec};
-use crate::engine::event::{ReplyFacts, Usage};
+use crate::domain::event::{canonical_json, ErrorData, OpenAiChoice, ProposedCall, ToolSpec};
+use crate::domain::event::{ReplyFacts, Usage};
 use crate::engine::state::Message;
 
 /// Longest provider message quoted in an error, in bytes.
@@ -283,7 +283,7 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::event::{AssistantMessage, ToolCallData};
+    use crate::domain::event::{AssistantMessage, ToolCallData};
 
     fn choice() -> OpenAiChoice {
         OpenAiChoice {

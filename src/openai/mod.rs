@@ -7,7 +7,7 @@
 //! server's `--models` file and never reach the log.
 
 pub mod chat;
-pub mod config;
+
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,9 +17,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::sync::Semaphore;
 
-pub use config::{ModelsConfig, Provider, RetryPolicy, Secret};
+pub use crate::providers::{ModelsConfig, Provider, RetryPolicy, Secret};
 
-use crate::engine::event::{canonical_json, ErrorData, ModelChoice, WorkerId};
+use crate::domain::event::{canonical_json, ErrorData, ModelChoice, WorkerId};
 use crate::engine::{Engine, Error, QueueKey, Report, Task, Work};
 use chat::Outcome;
 

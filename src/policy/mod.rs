@@ -26,7 +26,7 @@ use cel_interpreter::Value as Cel;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::event::Nudging;
+use crate::domain::event::Nudging;
 pub use cel::Budget;
 
 /// What a rule's `when` may name.
@@ -344,9 +344,9 @@ impl Rule {
     }
 }
 
-/// A name as everywhere else in aaa (`api::convert::name`), with its error as text.
+/// A name as everywhere else in aaa (`domain::check::name`), with its error as text.
 fn name(field: &str, text: &str) -> Result<(), String> {
-    crate::api::convert::name(field, text).map_err(|e| e.to_string())
+    crate::domain::check::name(field, text).map_err(|e| e.to_string())
 }
 
 fn owner_of(field: &str) -> &'static str {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{pattern_matches, Error};
-use crate::engine::now_ms;
+use crate::clock::now_ms;
 use crate::store::{DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, WriteBatch};
 
 /// Matching events a group keeps in memory; reading the log waits below it.

@@ -4,7 +4,7 @@
 //! decide functions take `&self`, so they cannot change the state), and
 //! whatever the engine decides its own fold accepts.
 
-use aaa::engine::event::{
+use aaa::domain::event::{
     canonical_json, Actor, Budget, ModelChoice, NewEvent, ProposedCall, RetrySpec, RunStarted,
     ScriptStep, ToolSpec,
 };
@@ -268,7 +268,7 @@ proptest! {
         fold(&mut state, started).unwrap();
         let outcome = if failed {
             ToolOutcome::Failure {
-                error: aaa::engine::event::ErrorData::new(&error_type, "boom"),
+                error: aaa::domain::event::ErrorData::new(&error_type, "boom"),
                 retryable: true,
             }
         } else {

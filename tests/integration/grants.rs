@@ -334,7 +334,7 @@ async fn a_condition_and_a_digest_limit_what_a_grant_grants() {
     ];
     let mut ids = Vec::new();
     for step in plan {
-        let digest = aaa::engine::event::sha256_hex(&serde_json::from_str(step).unwrap());
+        let digest = aaa::domain::event::sha256_hex(&serde_json::from_str(step).unwrap());
         let grant = create_grant(
             &mut clients,
             create(|g| {

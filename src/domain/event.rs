@@ -7,6 +7,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Attempts one model call gets before the run fails (a worker-served or
+/// scripted model; the built-in model's provider sets its own).
+pub const MODEL_MAX_ATTEMPTS: u32 = 3;
+
 pub const RUN_STARTED: &str = "aaa.run.started";
 pub const RUN_COMPLETED: &str = "aaa.run.completed";
 pub const RUN_FAILED: &str = "aaa.run.failed";
@@ -254,7 +258,7 @@ impl ModelChoice {
     pub fn max_attempts(&self) -> u32 {
         match self {
             ModelChoice::Openai(choice) => choice.max_attempts.max(1),
-            _ => super::state::MODEL_MAX_ATTEMPTS,
+            _ => MODEL_MAX_ATTEMPTS,
         }
     }
 }

@@ -1,0 +1,56 @@
+//! Checks of client text every road shares: names (tools, models, event
+//! types, label keys, request ids) and sizes. A refusal names the field.
+
+/// Longest name (tool, model, event type, label key, request id).
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Client input that is refused before anything is done with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+    #[error("{field} is {size} bytes, more than the limit of {limit} bytes")]
+    TooLarge {
+        field: String,
+        size: usize,
+        limit: usize,
+    },
+}
+
+impl Invalid {
+    pub fn field(field: &str, message: impl Into<String>) -> Self {
+        Invalid::Field {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+pub fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Invalid> {
+    if text.len() > limit {
+        return Err(Invalid::TooLarge {
+            field: field.to_string(),
+            size: text.len(),
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// A name: non-empty, at most 256 bytes, letters, digits and `_-.:/`.
+pub fn name(field: &str, text: &str) -> Result<(), Invalid> {
+    if text.is_empty() {
+        return Err(Invalid::field(field, "required"));
+    }
+    check_size(field, text, MAX_NAME_BYTES)?;
+    if let Some(bad) = text
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-.:/".contains(*c)))
+    {
+        return Err(Invalid::field(
+            field,
+            format!("'{text}' contains '{bad}'; use letters, digits and _ - . : /"),
+        ));
+    }
+    Ok(())
+}
