@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::auth::AuthConfig;
 use crate::clock::Clock;
-use crate::providers::ModelsConfig;
 use crate::policy::PolicyHandle;
+use crate::providers::ModelsConfig;
 use crate::subscriptions::WebhookConfig;
 
 /// sled's page cache, in MiB. With 100,000 runs parked the server's RSS
@@ -126,7 +126,8 @@ impl Config {
             poll_wait_cap: self.poll_wait_cap,
             default_heartbeat_timeout: self.default_heartbeat_timeout,
             run_cache_size: self.run_cache_size,
-            separation_of_duties: (self.auth.as_ref()).is_some_and(|auth| auth.separation_of_duties),
+            separation_of_duties: (self.auth.as_ref())
+                .is_some_and(|auth| auth.separation_of_duties),
             models: self.models.clone(),
             policy: self.policy.clone(),
             retention: self.retention,

@@ -11,10 +11,10 @@ use tonic::{Request, Response, Status};
 
 use super::runs::page_size;
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
-use crate::domain::check;
 use crate::cluster::{Cluster, Owner};
-use crate::domain::may_decide;
+use crate::domain::check;
 use crate::domain::event::*;
+use crate::domain::may_decide;
 use crate::engine::{Batch, BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;

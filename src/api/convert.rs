@@ -3,13 +3,13 @@
 
 use serde_json::Value;
 
+use crate::domain::check::{check_size, name, MAX_NAME_BYTES};
 use crate::domain::event::{
     Budget, ErrorData, ModelChoice, Nudging, OpenAiChoice, ProposedCall, RetrySpec, ScriptStep,
     ToolSpec,
 };
 use crate::engine::state::Message;
 use crate::engine::{self, Error, MAX_EVENT_BYTES};
-use crate::domain::check::{check_size, name, MAX_NAME_BYTES};
 use crate::proto;
 use crate::seconds;
 use crate::store::{ApprovalRecord, EventRecord, RunId, RunRecord};

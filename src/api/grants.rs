@@ -5,8 +5,8 @@
 use tonic::{Request, Response, Status};
 
 use super::{convert, peer_name, principal};
-use crate::domain::check;
 use crate::clock::Clock;
+use crate::domain::check;
 use crate::domain::GrantRecord;
 use crate::engine::grants::{in_force, Grantor, NewGrant};
 use crate::engine::{Engine, Error, Reads};

@@ -7,8 +7,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{client_actor, convert, principal, status::to_status, unavailable, STREAM_BUFFER};
-use crate::domain::check;
 use crate::auth::{self, Principal, Refusal};
+use crate::domain::check;
 use crate::domain::event::{is_decision, is_reserved, RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED};
 use crate::engine::{Engine, Error, Reads, Reviewer};
 use crate::proto::{self, run_service_server::RunService};

@@ -5,8 +5,8 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::{convert, peer_name, principal};
-use crate::domain::check;
 use crate::auth::{Principal, Refusal, Served};
+use crate::domain::check;
 use crate::domain::event::WorkerId;
 use crate::engine::{Engine, Error, QueueKey, Report};
 use crate::proto::{self, worker_service_server::WorkerService};

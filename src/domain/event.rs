@@ -50,6 +50,63 @@ pub fn is_decision(event_type: &str) -> bool {
     )
 }
 
+/// One event of a run's log, its data decoded once, here: every type the
+/// engine owns with its data, and the application events, which the engine
+/// records without reading.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Typed {
+    RunStarted(RunStarted),
+    LlmRequested(LlmRequested),
+    LlmCompleted(LlmCompleted),
+    LlmFailed(LlmFailed),
+    ToolRequested(ToolRequested),
+    ToolStarted(ToolStarted),
+    ToolRetrying(ToolRetrying),
+    ToolCompleted(ToolCompleted),
+    ToolFailed(ToolFailed),
+    ApprovalRequested(ApprovalRequested),
+    ApprovalReminded(ApprovalReminded),
+    ApprovalEscalated(ApprovalEscalated),
+    ApprovalVoted(ApprovalVoted),
+    ApprovalEdited(ApprovalEdited),
+    ApprovalGranted(ApprovalGranted),
+    ApprovalDenied(ApprovalDenied),
+    ApprovalExpired(ApprovalExpired),
+    RunCompleted(RunCompleted),
+    RunFailed(RunFailed),
+    RunCancelled(RunCancelled),
+    Application,
+}
+
+impl Typed {
+    /// The event of type `event_type` whose data is `data_json`.
+    pub fn decode(event_type: &str, data_json: &str) -> Result<Typed, serde_json::Error> {
+        Ok(match event_type {
+            RUN_STARTED => Typed::RunStarted(serde_json::from_str(data_json)?),
+            LLM_REQUESTED => Typed::LlmRequested(serde_json::from_str(data_json)?),
+            LLM_COMPLETED => Typed::LlmCompleted(serde_json::from_str(data_json)?),
+            LLM_FAILED => Typed::LlmFailed(serde_json::from_str(data_json)?),
+            TOOL_REQUESTED => Typed::ToolRequested(serde_json::from_str(data_json)?),
+            TOOL_STARTED => Typed::ToolStarted(serde_json::from_str(data_json)?),
+            TOOL_RETRYING => Typed::ToolRetrying(serde_json::from_str(data_json)?),
+            TOOL_COMPLETED => Typed::ToolCompleted(serde_json::from_str(data_json)?),
+            TOOL_FAILED => Typed::ToolFailed(serde_json::from_str(data_json)?),
+            APPROVAL_REQUESTED => Typed::ApprovalRequested(serde_json::from_str(data_json)?),
+            APPROVAL_REMINDED => Typed::ApprovalReminded(serde_json::from_str(data_json)?),
+            APPROVAL_ESCALATED => Typed::ApprovalEscalated(serde_json::from_str(data_json)?),
+            APPROVAL_VOTED => Typed::ApprovalVoted(serde_json::from_str(data_json)?),
+            APPROVAL_EDITED => Typed::ApprovalEdited(serde_json::from_str(data_json)?),
+            APPROVAL_GRANTED => Typed::ApprovalGranted(serde_json::from_str(data_json)?),
+            APPROVAL_DENIED => Typed::ApprovalDenied(serde_json::from_str(data_json)?),
+            APPROVAL_EXPIRED => Typed::ApprovalExpired(serde_json::from_str(data_json)?),
+            RUN_COMPLETED => Typed::RunCompleted(serde_json::from_str(data_json)?),
+            RUN_FAILED => Typed::RunFailed(serde_json::from_str(data_json)?),
+            RUN_CANCELLED => Typed::RunCancelled(serde_json::from_str(data_json)?),
+            _ => Typed::Application,
+        })
+    }
+}
+
 /// Who caused an event (the wire ActorKind numbers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Actor {

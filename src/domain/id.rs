@@ -80,7 +80,6 @@ impl fmt::Debug for RunId {
     }
 }
 
-
 /// 32 random bytes for a new secret (the task-token key): two v4 UUIDs,
 /// 244 bits from the thread's CSPRNG.
 pub fn random_key() -> [u8; 32] {

@@ -368,7 +368,6 @@ pub fn own_expiry(run: &RunRecord) -> Option<Option<i64>> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,6 @@
 
 use std::fmt;
 
-
 /// How many shards runs are spread over, by [`RunId::shard`]: the unit of
 /// ownership a server holds on a shared database (see
 /// `store::postgres::ownership`). Fixed: a run never changes shard.
@@ -224,5 +223,4 @@ mod tests {
         assert_eq!(group_shard("audit"), 168);
         assert_eq!(group_shard("billing.approvals"), 26);
     }
-
 }

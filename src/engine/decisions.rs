@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::domain::event::{
-    is_decision, NewEvent, APPROVAL_DENIED, APPROVAL_EDITED, APPROVAL_GRANTED, APPROVAL_VOTED,
-};
 use super::requests::request_scope;
 use super::state::{DecisionOutcome, Reviewer, RunState};
 use super::{stripe, Engine, Error, RUN_LOCK_STRIPES};
+use crate::domain::event::{
+    is_decision, NewEvent, APPROVAL_DENIED, APPROVAL_EDITED, APPROVAL_GRANTED, APPROVAL_VOTED,
+};
 use crate::store::{RunId, WriteBatch};
 
 /// Signal's answer (also kept as the answer of an idempotent retry).

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::domain::event::WorkerId;
 use super::state::Action;
 use super::Task;
+use crate::domain::event::WorkerId;
 use crate::store::RunId;
 
 /// What a queue serves.

@@ -81,7 +81,11 @@ impl Engine {
     }
 
     /// Reads a run's state under its lock without changing it.
-    pub(super) async fn read_run<T>(&self, run: RunId, read: impl FnOnce(&RunState) -> T) -> Result<T, Error> {
+    pub(super) async fn read_run<T>(
+        &self,
+        run: RunId,
+        read: impl FnOnce(&RunState) -> T,
+    ) -> Result<T, Error> {
         let _guard = self.lock_run(run).await;
         let state = self.load(run).await?;
         let answer = read(&state);
@@ -307,7 +311,12 @@ impl Engine {
 
     /// Starts a ready tool call for a poll waiting on its queue, if there is
     /// one; otherwise leaves it to be offered after the commit.
-    pub(super) fn start_for_waiting_poll(&self, state: &RunState, task: TaskRef, staged: &mut Staged) {
+    pub(super) fn start_for_waiting_poll(
+        &self,
+        state: &RunState,
+        task: TaskRef,
+        staged: &mut Staged,
+    ) {
         let call = match task.key {
             QueueKey::Tool(_) => state.startable(&task.call_id, staged.now),
             QueueKey::Model(_) | QueueKey::BuiltinModel => None,
@@ -473,4 +482,3 @@ pub(super) fn approval_record(state: &RunState, call: &state::Call) -> ApprovalR
         approvers: call.approvers.clone(),
     }
 }
-

@@ -140,7 +140,9 @@ impl From<Invalid> for Error {
     fn from(invalid: Invalid) -> Self {
         match invalid {
             Invalid::Field { field, message } => Error::InvalidField { field, message },
-            Invalid::TooLarge { field, size, limit } => Error::PayloadTooLarge { field, size, limit },
+            Invalid::TooLarge { field, size, limit } => {
+                Error::PayloadTooLarge { field, size, limit }
+            }
         }
     }
 }

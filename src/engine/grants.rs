@@ -19,9 +19,9 @@ use std::sync::Arc;
 use crate::policy::{Budget, CallFacts, Condition};
 use crate::store::{labels_match, SharedStore, StoreError};
 
-use crate::domain::event::{sha256_hex, GrantStamp};
 use super::state::{GrantAsk, RunState};
 use super::{Engine, Error};
+use crate::domain::event::{sha256_hex, GrantStamp};
 use crate::store::WriteBatch;
 
 /// A grant and what the engine needs to apply it.

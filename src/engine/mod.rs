@@ -21,10 +21,10 @@ mod observed;
 mod reads;
 mod recorded;
 mod requests;
-mod runs;
-mod settings;
 pub mod retention;
+mod runs;
 pub mod schema;
+mod settings;
 pub mod state;
 mod tasks;
 mod timers;
@@ -40,21 +40,21 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::event::*;
+use crate::domain::token::{TaskKind, Token};
 pub use decisions::{Batch, BatchItem, ItemOutcome, SignalAnswer};
 use dispatch::{Dispatcher, Reservation, TaskRef};
 pub use dispatch::{Poller, QueueKey};
 use driver::{locks, stripe};
 pub use error::Error;
-use crate::domain::event::*;
-use crate::domain::token::{TaskKind, Token};
 pub use facts::RunFacts;
 use leases::Leases;
 pub use reads::Reads;
-pub use settings::Settings;
 use requests::request_scope;
+pub use settings::Settings;
 pub use state::Reviewer;
-pub use tasks::Held;
 use state::{Action, Message, RunState, ToolOutcome};
+pub use tasks::Held;
 
 use crate::policy::{CallFacts, Verdict};
 use crate::store::{ApprovalRecord, EventRecord, RunId, Shards, SharedStore, WriteBatch};
@@ -151,9 +151,6 @@ pub enum Report {
     },
 }
 
-
-
-
 /// Handle to the engine. Cheap to clone.
 /// Worker identities whose owner is kept in memory.
 const IDENTITIES_CACHED: usize = 4096;
@@ -195,7 +192,6 @@ struct Inner {
     /// turns it false, so that no commit of this engine follows its close.
     open: tokio::sync::RwLock<bool>,
 }
-
 
 impl Engine {
     /// Starts the engine on an open store: recovers in-flight work and starts
@@ -389,9 +385,7 @@ impl Engine {
         }
         Ok(())
     }
-
 }
-
 
 #[cfg(test)]
 mod tests {

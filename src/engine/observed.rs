@@ -3,8 +3,8 @@
 //! means is counted only once its batch is durable: a batch that fails to
 //! commit counts nothing, so the gauges stay in step with the log.
 
-use crate::domain::event::*;
 use super::state::{Phase, RunState};
+use crate::domain::event::*;
 use crate::metrics::{
     Decision, Expiry, Families, ModelOutcome, ModelTokens, StatusLabel, ToolLabel, ToolOutcome,
 };

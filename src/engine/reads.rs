@@ -13,10 +13,10 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::event::{RunStarted, RUN_STARTED};
 use super::facts::{FactsCache, RunFacts};
 use super::heads::Heads;
 use super::Error;
+use crate::domain::event::{RunStarted, RUN_STARTED};
 use crate::store::{EventRecord, HeadsMoved, RunId, SharedStore};
 
 #[derive(Clone)]

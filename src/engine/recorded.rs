@@ -5,9 +5,9 @@
 
 use serde_json::Value;
 
+use super::{Error, Report};
 use crate::domain::event::*;
 use crate::domain::token::TaskKind;
-use super::{Error, Report};
 use crate::store::EventRecord;
 
 /// How a report compares with what the log holds for its attempt.

@@ -55,7 +55,11 @@ impl Engine {
 
     /// Starts a run; with a request id, its commit records the run as the
     /// request's answer.
-    pub(super) async fn start_new_run(&self, start: StartRun, actor: Actor) -> Result<RunId, Error> {
+    pub(super) async fn start_new_run(
+        &self,
+        start: StartRun,
+        actor: Actor,
+    ) -> Result<RunId, Error> {
         let tools = self.resolve_tools(&start.tools).await?;
         let model = self.resolve_model(start.model)?;
         let now = self.now_ms();

@@ -315,8 +315,8 @@ pub enum ToolOutcome {
     Failure { error: ErrorData, retryable: bool },
 }
 
-fn decode<T: serde::de::DeserializeOwned>(event: &EventRecord) -> Result<T, Error> {
-    serde_json::from_str(&event.data_json).map_err(|e| {
+fn decode(event: &EventRecord) -> Result<Typed, Error> {
+    Typed::decode(&event.event_type, &event.data_json).map_err(|e| {
         Error::Internal(format!(
             "event {} of a run has undecodable {} data: {e}",
             event.seq, event.event_type
@@ -332,7 +332,9 @@ impl RunState {
                 "run {id} does not begin with {RUN_STARTED}"
             )));
         }
-        let spec: RunStarted = decode(first)?;
+        let Typed::RunStarted(spec) = decode(first)? else {
+            unreachable!("the type was checked above");
+        };
         let mut messages = Vec::new();
         if !spec.system.is_empty() {
             messages.push(Message::System(spec.system.clone()));
@@ -517,448 +519,520 @@ impl RunState {
         self.updated_ms = event.time_ms;
         let now = event.time_ms;
         let mut actions = Vec::new();
-        match event.event_type.as_str() {
-            LLM_REQUESTED => {
-                let e: LlmRequested = decode(event)?;
-                if e.attempt == 1 {
-                    self.model_calls += 1;
-                }
-                let requested_ms = match &self.model_call {
-                    Some(call) if call.call_id == e.call_id => call.requested_ms,
-                    _ => now,
-                };
-                self.model_call = Some(PendingModelCall {
-                    call_id: e.call_id.clone(),
-                    attempt: e.attempt,
-                    requested_ms,
-                });
-                match &self.spec.model {
-                    ModelChoice::Worker(model) => actions.push(Action::DispatchModel {
-                        call_id: e.call_id,
-                        model: model.clone(),
-                    }),
-                    ModelChoice::Openai(_) => {
-                        actions.push(Action::DispatchBuiltinModel { call_id: e.call_id })
-                    }
-                    ModelChoice::Scripted(steps) => {
-                        let reply = match steps.get(self.model_calls as usize - 1) {
-                            Some(step) => self.scripted_reply(e.call_id, step.clone()),
-                            None => NewEvent::engine(
-                                RUN_FAILED,
-                                RunFailed {
-                                    error: ErrorData::new(
-                                        "ScriptExhausted",
-                                        format!(
-                                            "the scripted model has {} steps and was called again",
-                                            steps.len()
-                                        ),
-                                    ),
-                                },
+        match decode(event)? {
+            Typed::LlmRequested(e) => self.model_requested(e, now, &mut actions)?,
+            Typed::LlmCompleted(e) => self.model_replied(e, &mut actions)?,
+            Typed::LlmFailed(e) => self.model_failed(e, &mut actions)?,
+            Typed::ToolRequested(e) => self.tool_requested(e, now, &mut actions)?,
+            Typed::ApprovalRequested(e) => self.approval_requested(e, event, &mut actions)?,
+            Typed::ApprovalReminded(e) => self.approval_reminded(e, event, &mut actions)?,
+            Typed::ApprovalEscalated(e) => self.approval_escalated(e, &mut actions)?,
+            Typed::ApprovalVoted(e) => self.approval_voted(e, now, &mut actions)?,
+            Typed::ApprovalEdited(e) => self.approval_edited(e, event, &mut actions)?,
+            Typed::ToolStarted(e) => self.tool_started(e, now)?,
+            Typed::ToolRetrying(e) => self.tool_retrying(e, now, &mut actions)?,
+            Typed::ToolCompleted(e) => self.tool_completed(e, &mut actions)?,
+            Typed::ToolFailed(e) => self.tool_failed(e, &mut actions)?,
+            Typed::ApprovalGranted(e) => {
+                self.approval_resolved(e.call_id, Decision::Granted, String::new(), &mut actions)?
+            }
+            Typed::ApprovalDenied(e) => {
+                self.approval_resolved(e.call_id, Decision::Denied, e.reason, &mut actions)?
+            }
+            Typed::ApprovalExpired(e) => {
+                self.approval_resolved(e.call_id, Decision::Expired, e.reason, &mut actions)?
+            }
+            Typed::RunCompleted(e) => self.run_ended(Status::Completed(e.value), &mut actions),
+            Typed::RunFailed(e) => self.run_ended(Status::Failed(e.error), &mut actions),
+            Typed::RunCancelled(e) => self.run_ended(Status::Cancelled(e.reason), &mut actions),
+            // Application events are recorded, not interpreted.
+            Typed::RunStarted(_) | Typed::Application => {}
+        }
+        Ok(actions)
+    }
+
+    fn model_requested(
+        &mut self,
+        e: LlmRequested,
+        now: i64,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        if e.attempt == 1 {
+            self.model_calls += 1;
+        }
+        let requested_ms = match &self.model_call {
+            Some(call) if call.call_id == e.call_id => call.requested_ms,
+            _ => now,
+        };
+        self.model_call = Some(PendingModelCall {
+            call_id: e.call_id.clone(),
+            attempt: e.attempt,
+            requested_ms,
+        });
+        match &self.spec.model {
+            ModelChoice::Worker(model) => actions.push(Action::DispatchModel {
+                call_id: e.call_id,
+                model: model.clone(),
+            }),
+            ModelChoice::Openai(_) => {
+                actions.push(Action::DispatchBuiltinModel { call_id: e.call_id })
+            }
+            ModelChoice::Scripted(steps) => {
+                let reply = match steps.get(self.model_calls as usize - 1) {
+                    Some(step) => self.scripted_reply(e.call_id, step.clone()),
+                    None => NewEvent::engine(
+                        RUN_FAILED,
+                        RunFailed {
+                            error: ErrorData::new(
+                                "ScriptExhausted",
+                                format!(
+                                    "the scripted model has {} steps and was called again",
+                                    steps.len()
+                                ),
                             ),
-                        };
-                        actions.push(Action::Emit(reply));
-                    }
-                }
-            }
-            LLM_COMPLETED => {
-                let e: LlmCompleted = decode(event)?;
-                self.model_call = None;
-                if let Some(usage) = e.usage {
-                    self.usage.add(usage);
-                }
-                if !e.message.tool_calls.is_empty() && self.tokens_spent() {
-                    // Nobody could read the calls' results: stop here.
-                    actions.push(Action::Emit(self.tokens_exceeded()));
-                    self.messages.push(Message::Assistant(e.message));
-                    return Ok(actions);
-                }
-                if e.message.tool_calls.is_empty() {
-                    actions.push(Action::Emit(NewEvent::engine(
-                        RUN_COMPLETED,
-                        RunCompleted {
-                            value: json!({ "text": e.message.content }),
                         },
-                    )));
-                }
-                for call in &e.message.tool_calls {
-                    let requires_approval = self
-                        .tool_spec(&call.name)
-                        .is_some_and(|spec| spec.requires_approval);
-                    actions.push(Action::Emit(NewEvent::engine(
-                        TOOL_REQUESTED,
-                        ToolRequested {
-                            call_id: call.call_id.clone(),
-                            name: call.name.clone(),
-                            arguments: call.arguments.clone(),
-                            requires_approval,
-                            edited_from: String::new(),
-                        },
-                    )));
-                }
-                self.messages.push(Message::Assistant(e.message));
-            }
-            LLM_FAILED => {
-                let e: LlmFailed = decode(event)?;
-                self.model_call = None;
-                // A reply cut short or filtered ends the run with its own type.
-                let error = match e.error.error_type.as_str() {
-                    "ModelOutputTruncated" | "ModelContentFiltered" => e.error,
-                    _ => ErrorData::new(
-                        "ModelFailed",
-                        format!("{}: {}", e.error.error_type, e.error.message),
                     ),
                 };
-                actions.push(Action::Emit(NewEvent::engine(
-                    RUN_FAILED,
-                    RunFailed { error },
-                )));
+                actions.push(Action::Emit(reply));
             }
-            TOOL_REQUESTED => {
-                let e: ToolRequested = decode(event)?;
-                let spec = self.tool_spec(&e.name).cloned();
-                let mut call = Call {
-                    call_id: e.call_id.clone(),
-                    name: e.name.clone(),
-                    arguments: e.arguments.clone(),
-                    spec: spec.clone(),
-                    phase: Phase::Ready,
-                    attempt: 0,
-                    worker: String::new(),
-                    decision: None,
-                    approval_timer_ms: None,
-                    requested_ms: now,
-                    approval_seq: 0,
-                    approval_position: 0,
-                    started_ms: 0,
-                    approvals_required: spec.as_ref().map_or(1, |s| s.approvals_required.max(1)),
-                    votes: Vec::new(),
-                    answers: e.call_id.clone(),
-                    edited_from: e.edited_from.clone(),
-                    edit_note: String::new(),
-                    approvers: spec.as_ref().map_or(Vec::new(), |s| s.approvers.clone()),
-                    editor_grant: None,
-                    nudges: Nudges::default(),
-                };
-                if !e.edited_from.is_empty() {
-                    let edit = self
-                        .pending_edit
-                        .take_if(|edit| edit.new_call_id == e.call_id)
-                        .ok_or_else(|| {
-                            Error::Internal(format!(
-                                "run {}: call {} names {} as edited, but no edit of it precedes",
-                                self.id, e.call_id, e.edited_from
-                            ))
-                        })?;
-                    call.answers = edit.answers;
-                    call.edit_note = edit.note;
-                    call.editor_grant = edit.grant;
-                }
-                match spec {
-                    None => {
-                        call.phase = Phase::Done;
-                        actions.push(fail_unstarted(
-                            e.call_id,
-                            "UnknownTool",
-                            format!("this run has no tool named '{}'", e.name),
-                        ));
-                    }
-                    Some(spec) => {
-                        let gated = e.requires_approval || spec.requires_approval;
-                        if gated {
-                            call.phase = Phase::AwaitingApproval;
-                        }
-                        // Arguments that do not fit the tool's schema never
-                        // reach a human or a worker; the model reads why. The
-                        // phase above still follows the log: the failure
-                        // recorded next ends the call (a log written before
-                        // schemas were checked goes on as it did).
-                        let violations = super::schema::violations(&spec.parameters, &e.arguments);
-                        if !e.arguments.is_object() {
-                            // A model's arguments that are not a JSON object
-                            // (or not JSON at all) go back to the model.
-                            actions.push(fail_unstarted(
-                                e.call_id,
-                                "InvalidArguments",
-                                format!(
-                                    "the arguments of {} are not a JSON object: {}",
-                                    e.name,
-                                    output_text(&e.arguments)
-                                ),
-                            ));
-                        } else if !violations.is_empty() {
-                            actions.push(fail_unstarted(
-                                e.call_id,
-                                "InvalidArguments",
-                                format!(
-                                    "the arguments do not match {}'s parameters schema: {}",
-                                    e.name,
-                                    violations.join("; ")
-                                ),
-                            ));
-                        } else {
-                            actions.push(Action::Review { call_id: e.call_id });
-                        }
-                    }
-                }
-                self.calls.push(call);
-            }
-            APPROVAL_REQUESTED => {
-                let e: ApprovalRequested = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                call.approval_seq = event.seq;
-                call.approval_position = event.position;
-                // What the request needs is the event's (a policy rule may
-                // have set it); a call the tool does not gate waits too.
-                call.phase = Phase::AwaitingApproval;
-                call.approvals_required = e.approvals_required.max(1);
-                call.approvers = e.approvers.clone();
-                let timeout = e
-                    .approval_timeout_s
-                    .unwrap_or_else(|| call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s));
-                if timeout > 0.0 {
-                    let due_ms = seconds::after_ms(now, timeout);
-                    call.approval_timer_ms = Some(due_ms);
-                    actions.push(Action::ArmTimer {
-                        due_ms,
-                        name: format!("{APPROVAL_TIMER}{}", e.call_id),
-                    });
-                }
-                let nudging = &e.nudging;
-                call.nudges = Nudges {
-                    remind_after_s: nudging.remind_after_s,
-                    reminders: nudging.reminders,
-                    escalate_after_s: nudging.escalate_after_s,
-                    escalate_to: nudging.escalate_to.clone(),
-                    ..Nudges::default()
-                };
-                if nudging.remind_after_s > 0.0 && nudging.reminders > 0 {
-                    let due_ms = seconds::after_ms(now, nudging.remind_after_s);
-                    call.nudges.remind_timer_ms = Some(due_ms);
-                    actions.push(Action::ArmTimer {
-                        due_ms,
-                        name: format!("{REMIND_TIMER}{}", e.call_id),
-                    });
-                }
-                if nudging.escalate_after_s > 0.0 {
-                    let due_ms = seconds::after_ms(now, nudging.escalate_after_s);
-                    call.nudges.escalate_timer_ms = Some(due_ms);
-                    actions.push(Action::ArmTimer {
-                        due_ms,
-                        name: format!("{ESCALATE_TIMER}{}", e.call_id),
-                    });
-                }
-                actions.push(Action::ApprovalPending {
-                    call_id: e.call_id.clone(),
-                });
-                // An edit granted in the same step: the editor's vote for
-                // the arguments they wrote, if the call's groups allow it.
-                if let Some(grant) = call.editor_grant.take() {
-                    if may_decide(grant.groups.as_deref(), &call.approvers) {
-                        let digest = e.arguments_sha256.clone();
-                        let vote = vote_event(call, grant.approver, Some(digest), None);
-                        actions.push(Action::Emit(vote.by(grant.actor)));
-                    }
-                }
-            }
-            APPROVAL_REMINDED => {
-                let e: ApprovalReminded = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                let nudges = &mut call.nudges;
-                nudges.reminded = e.reminder;
-                // The timer that fired was deleted with this event; the
-                // next reminder, if any, is armed.
-                nudges.remind_timer_ms = None;
-                if nudges.reminded < nudges.reminders {
-                    let due_ms = seconds::after_ms(now, nudges.remind_after_s);
-                    nudges.remind_timer_ms = Some(due_ms);
-                    actions.push(Action::ArmTimer {
-                        due_ms,
-                        name: format!("{REMIND_TIMER}{}", e.call_id),
-                    });
-                }
-            }
-            APPROVAL_ESCALATED => {
-                let e: ApprovalEscalated = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                call.nudges.escalate_timer_ms = None;
-                call.approvers = e.approvers;
-                // The index row shows who may decide now.
-                actions.push(Action::ApprovalPending { call_id: e.call_id });
-            }
-            APPROVAL_VOTED => {
-                let e: ApprovalVoted = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                call.votes.push(Vote {
-                    approver: e.approver,
-                    time_ms: now,
-                    comment: e.comment.unwrap_or_default(),
-                });
-                // The index row shows the votes so far.
-                actions.push(Action::ApprovalPending { call_id: e.call_id });
-            }
-            APPROVAL_EDITED => {
-                let e: ApprovalEdited = decode(event)?;
-                let editor = self.actor_of(event);
-                let call = self.call_mut(&e.call_id)?;
-                call.decision = Some(Decision::Edited);
+        }
+        Ok(())
+    }
+
+    fn model_replied(&mut self, e: LlmCompleted, actions: &mut Vec<Action>) -> Result<(), Error> {
+        self.model_call = None;
+        if let Some(usage) = e.usage {
+            self.usage.add(usage);
+        }
+        if !e.message.tool_calls.is_empty() && self.tokens_spent() {
+            // Nobody could read the calls' results: stop here.
+            actions.push(Action::Emit(self.tokens_exceeded()));
+            self.messages.push(Message::Assistant(e.message));
+            return Ok(());
+        }
+        if e.message.tool_calls.is_empty() {
+            actions.push(Action::Emit(NewEvent::engine(
+                RUN_COMPLETED,
+                RunCompleted {
+                    value: json!({ "text": e.message.content }),
+                },
+            )));
+        }
+        for call in &e.message.tool_calls {
+            let requires_approval = self
+                .tool_spec(&call.name)
+                .is_some_and(|spec| spec.requires_approval);
+            actions.push(Action::Emit(NewEvent::engine(
+                TOOL_REQUESTED,
+                ToolRequested {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    requires_approval,
+                    edited_from: String::new(),
+                },
+            )));
+        }
+        self.messages.push(Message::Assistant(e.message));
+        Ok(())
+    }
+
+    fn model_failed(&mut self, e: LlmFailed, actions: &mut Vec<Action>) -> Result<(), Error> {
+        self.model_call = None;
+        // A reply cut short or filtered ends the run with its own type.
+        let error = match e.error.error_type.as_str() {
+            "ModelOutputTruncated" | "ModelContentFiltered" => e.error,
+            _ => ErrorData::new(
+                "ModelFailed",
+                format!("{}: {}", e.error.error_type, e.error.message),
+            ),
+        };
+        actions.push(Action::Emit(NewEvent::engine(
+            RUN_FAILED,
+            RunFailed { error },
+        )));
+        Ok(())
+    }
+
+    fn tool_requested(
+        &mut self,
+        e: ToolRequested,
+        now: i64,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let spec = self.tool_spec(&e.name).cloned();
+        let mut call = Call {
+            call_id: e.call_id.clone(),
+            name: e.name.clone(),
+            arguments: e.arguments.clone(),
+            spec: spec.clone(),
+            phase: Phase::Ready,
+            attempt: 0,
+            worker: String::new(),
+            decision: None,
+            approval_timer_ms: None,
+            requested_ms: now,
+            approval_seq: 0,
+            approval_position: 0,
+            started_ms: 0,
+            approvals_required: spec.as_ref().map_or(1, |s| s.approvals_required.max(1)),
+            votes: Vec::new(),
+            answers: e.call_id.clone(),
+            edited_from: e.edited_from.clone(),
+            edit_note: String::new(),
+            approvers: spec.as_ref().map_or(Vec::new(), |s| s.approvers.clone()),
+            editor_grant: None,
+            nudges: Nudges::default(),
+        };
+        if !e.edited_from.is_empty() {
+            let edit = self
+                .pending_edit
+                .take_if(|edit| edit.new_call_id == e.call_id)
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "run {}: call {} names {} as edited, but no edit of it precedes",
+                        self.id, e.call_id, e.edited_from
+                    ))
+                })?;
+            call.answers = edit.answers;
+            call.edit_note = edit.note;
+            call.editor_grant = edit.grant;
+        }
+        match spec {
+            None => {
                 call.phase = Phase::Done;
-                call.cancel_wait_timers(&mut actions);
-                actions.push(Action::ApprovalResolved {
-                    call_id: e.call_id.clone(),
+                actions.push(fail_unstarted(
+                    e.call_id,
+                    "UnknownTool",
+                    format!("this run has no tool named '{}'", e.name),
+                ));
+            }
+            Some(spec) => {
+                let gated = e.requires_approval || spec.requires_approval;
+                if gated {
+                    call.phase = Phase::AwaitingApproval;
+                }
+                // Arguments that do not fit the tool's schema never
+                // reach a human or a worker; the model reads why. The
+                // phase above still follows the log: the failure
+                // recorded next ends the call (a log written before
+                // schemas were checked goes on as it did).
+                let violations = super::schema::violations(&spec.parameters, &e.arguments);
+                if !e.arguments.is_object() {
+                    // A model's arguments that are not a JSON object
+                    // (or not JSON at all) go back to the model.
+                    actions.push(fail_unstarted(
+                        e.call_id,
+                        "InvalidArguments",
+                        format!(
+                            "the arguments of {} are not a JSON object: {}",
+                            e.name,
+                            output_text(&e.arguments)
+                        ),
+                    ));
+                } else if !violations.is_empty() {
+                    actions.push(fail_unstarted(
+                        e.call_id,
+                        "InvalidArguments",
+                        format!(
+                            "the arguments do not match {}'s parameters schema: {}",
+                            e.name,
+                            violations.join("; ")
+                        ),
+                    ));
+                } else {
+                    actions.push(Action::Review { call_id: e.call_id });
+                }
+            }
+        }
+        self.calls.push(call);
+        Ok(())
+    }
+
+    fn approval_requested(
+        &mut self,
+        e: ApprovalRequested,
+        event: &EventRecord,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let now = event.time_ms;
+        let call = self.call_mut(&e.call_id)?;
+        call.approval_seq = event.seq;
+        call.approval_position = event.position;
+        // What the request needs is the event's (a policy rule may
+        // have set it); a call the tool does not gate waits too.
+        call.phase = Phase::AwaitingApproval;
+        call.approvals_required = e.approvals_required.max(1);
+        call.approvers = e.approvers.clone();
+        let timeout = e
+            .approval_timeout_s
+            .unwrap_or_else(|| call.spec.as_ref().map_or(0.0, |s| s.approval_timeout_s));
+        if timeout > 0.0 {
+            let due_ms = seconds::after_ms(now, timeout);
+            call.approval_timer_ms = Some(due_ms);
+            actions.push(Action::ArmTimer {
+                due_ms,
+                name: format!("{APPROVAL_TIMER}{}", e.call_id),
+            });
+        }
+        let nudging = &e.nudging;
+        call.nudges = Nudges {
+            remind_after_s: nudging.remind_after_s,
+            reminders: nudging.reminders,
+            escalate_after_s: nudging.escalate_after_s,
+            escalate_to: nudging.escalate_to.clone(),
+            ..Nudges::default()
+        };
+        if nudging.remind_after_s > 0.0 && nudging.reminders > 0 {
+            let due_ms = seconds::after_ms(now, nudging.remind_after_s);
+            call.nudges.remind_timer_ms = Some(due_ms);
+            actions.push(Action::ArmTimer {
+                due_ms,
+                name: format!("{REMIND_TIMER}{}", e.call_id),
+            });
+        }
+        if nudging.escalate_after_s > 0.0 {
+            let due_ms = seconds::after_ms(now, nudging.escalate_after_s);
+            call.nudges.escalate_timer_ms = Some(due_ms);
+            actions.push(Action::ArmTimer {
+                due_ms,
+                name: format!("{ESCALATE_TIMER}{}", e.call_id),
+            });
+        }
+        actions.push(Action::ApprovalPending {
+            call_id: e.call_id.clone(),
+        });
+        // An edit granted in the same step: the editor's vote for
+        // the arguments they wrote, if the call's groups allow it.
+        if let Some(grant) = call.editor_grant.take() {
+            if may_decide(grant.groups.as_deref(), &call.approvers) {
+                let digest = e.arguments_sha256.clone();
+                let vote = vote_event(call, grant.approver, Some(digest), None);
+                actions.push(Action::Emit(vote.by(grant.actor)));
+            }
+        }
+        Ok(())
+    }
+
+    fn approval_reminded(
+        &mut self,
+        e: ApprovalReminded,
+        event: &EventRecord,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let now = event.time_ms;
+        let call = self.call_mut(&e.call_id)?;
+        let nudges = &mut call.nudges;
+        nudges.reminded = e.reminder;
+        // The timer that fired was deleted with this event; the
+        // next reminder, if any, is armed.
+        nudges.remind_timer_ms = None;
+        if nudges.reminded < nudges.reminders {
+            let due_ms = seconds::after_ms(now, nudges.remind_after_s);
+            nudges.remind_timer_ms = Some(due_ms);
+            actions.push(Action::ArmTimer {
+                due_ms,
+                name: format!("{REMIND_TIMER}{}", e.call_id),
+            });
+        }
+        Ok(())
+    }
+
+    fn approval_escalated(
+        &mut self,
+        e: ApprovalEscalated,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let call = self.call_mut(&e.call_id)?;
+        call.nudges.escalate_timer_ms = None;
+        call.approvers = e.approvers;
+        // The index row shows who may decide now.
+        actions.push(Action::ApprovalPending { call_id: e.call_id });
+        Ok(())
+    }
+
+    fn approval_voted(
+        &mut self,
+        e: ApprovalVoted,
+        now: i64,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let call = self.call_mut(&e.call_id)?;
+        call.votes.push(Vote {
+            approver: e.approver,
+            time_ms: now,
+            comment: e.comment.unwrap_or_default(),
+        });
+        // The index row shows the votes so far.
+        actions.push(Action::ApprovalPending { call_id: e.call_id });
+        Ok(())
+    }
+
+    fn approval_edited(
+        &mut self,
+        e: ApprovalEdited,
+        event: &EventRecord,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let editor = self.actor_of(event);
+        let call = self.call_mut(&e.call_id)?;
+        call.decision = Some(Decision::Edited);
+        call.phase = Phase::Done;
+        call.cancel_wait_timers(actions);
+        actions.push(Action::ApprovalResolved {
+            call_id: e.call_id.clone(),
+        });
+        let note = edit_note(&e.new_arguments, &e.reason);
+        self.pending_edit = Some(PendingEdit {
+            new_call_id: e.new_call_id.clone(),
+            answers: call.answers.clone(),
+            note,
+            grant: e.grant.then(|| EditorGrant {
+                actor: editor,
+                approver: e.approver.clone(),
+                groups: e.approver_groups.clone(),
+            }),
+        });
+        actions.push(Action::Emit(NewEvent::engine(
+            TOOL_REQUESTED,
+            ToolRequested {
+                call_id: e.new_call_id,
+                name: e.name,
+                arguments: e.new_arguments,
+                requires_approval: true,
+                edited_from: e.call_id,
+            },
+        )));
+        Ok(())
+    }
+
+    fn tool_started(&mut self, e: ToolStarted, now: i64) -> Result<(), Error> {
+        let call = self.call_mut(&e.call_id)?;
+        call.phase = Phase::Running;
+        call.attempt = e.attempt;
+        call.worker = e.worker;
+        call.started_ms = now;
+        Ok(())
+    }
+
+    fn tool_retrying(
+        &mut self,
+        e: ToolRetrying,
+        now: i64,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let call = self.call_mut(&e.call_id)?;
+        let until_ms = seconds::after_ms(now, e.delay_s);
+        call.phase = Phase::Backoff { until_ms };
+        actions.push(Action::ArmTimer {
+            due_ms: until_ms,
+            name: format!("{RETRY_TIMER}{}", e.call_id),
+        });
+        Ok(())
+    }
+
+    fn tool_completed(&mut self, e: ToolCompleted, actions: &mut Vec<Action>) -> Result<(), Error> {
+        let call = self.call_mut(&e.call_id)?;
+        call.phase = Phase::Done;
+        let message = Message::Tool {
+            call_id: call.answers.clone(),
+            name: call.name.clone(),
+            content: format!("{}{}", call.edit_note, output_text(&e.output)),
+            error: None,
+        };
+        self.messages.push(message);
+        self.next_turn(actions);
+        Ok(())
+    }
+
+    fn tool_failed(&mut self, e: ToolFailed, actions: &mut Vec<Action>) -> Result<(), Error> {
+        let call = self.call_mut(&e.call_id)?;
+        call.phase = Phase::Done;
+        let message = Message::Tool {
+            call_id: call.answers.clone(),
+            name: call.name.clone(),
+            content: format!(
+                "{}{}: {}",
+                call.edit_note, e.error.error_type, e.error.message
+            ),
+            error: Some(e.error),
+        };
+        self.messages.push(message);
+        self.next_turn(actions);
+        Ok(())
+    }
+
+    /// A request's decision: granted, denied, or expired unanswered.
+    fn approval_resolved(
+        &mut self,
+        call_id: String,
+        decision: Decision,
+        reason: String,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), Error> {
+        let call = self.call_mut(&call_id)?;
+        call.decision = Some(decision);
+        call.cancel_wait_timers(actions);
+        actions.push(Action::ApprovalResolved {
+            call_id: call_id.clone(),
+        });
+        match decision {
+            Decision::Granted => {
+                call.phase = Phase::Ready;
+                actions.push(Action::DispatchTool {
+                    call_id,
+                    tool: call.name.clone(),
                 });
-                let note = edit_note(&e.new_arguments, &e.reason);
-                self.pending_edit = Some(PendingEdit {
-                    new_call_id: e.new_call_id.clone(),
-                    answers: call.answers.clone(),
-                    note,
-                    grant: e.grant.then(|| EditorGrant {
-                        actor: editor,
-                        approver: e.approver.clone(),
-                        groups: e.approver_groups.clone(),
-                    }),
-                });
+            }
+            Decision::Denied => {
+                let message = if reason.is_empty() {
+                    "denied by a human".to_string()
+                } else {
+                    reason
+                };
                 actions.push(Action::Emit(NewEvent::engine(
-                    TOOL_REQUESTED,
-                    ToolRequested {
-                        call_id: e.new_call_id,
-                        name: e.name,
-                        arguments: e.new_arguments,
-                        requires_approval: true,
-                        edited_from: e.call_id,
+                    TOOL_FAILED,
+                    ToolFailed {
+                        call_id,
+                        attempt: 0,
+                        error: ErrorData::new("ApprovalDenied", message),
                     },
                 )));
             }
-            APPROVAL_GRANTED | APPROVAL_DENIED | APPROVAL_EXPIRED => {
-                let (call_id, decision, reason) = match event.event_type.as_str() {
-                    APPROVAL_GRANTED => {
-                        let e: ApprovalGranted = decode(event)?;
-                        (e.call_id, Decision::Granted, String::new())
-                    }
-                    APPROVAL_DENIED => {
-                        let e: ApprovalDenied = decode(event)?;
-                        (e.call_id, Decision::Denied, e.reason)
-                    }
-                    _ => {
-                        let e: ApprovalExpired = decode(event)?;
-                        (e.call_id, Decision::Expired, e.reason)
-                    }
-                };
-                let call = self.call_mut(&call_id)?;
-                call.decision = Some(decision);
-                call.cancel_wait_timers(&mut actions);
-                actions.push(Action::ApprovalResolved {
-                    call_id: call_id.clone(),
-                });
-                match decision {
-                    Decision::Granted => {
-                        call.phase = Phase::Ready;
-                        actions.push(Action::DispatchTool {
-                            call_id,
-                            tool: call.name.clone(),
-                        });
-                    }
-                    Decision::Denied => {
-                        let message = if reason.is_empty() {
-                            "denied by a human".to_string()
-                        } else {
-                            reason
-                        };
-                        actions.push(Action::Emit(NewEvent::engine(
-                            TOOL_FAILED,
-                            ToolFailed {
-                                call_id,
-                                attempt: 0,
-                                error: ErrorData::new("ApprovalDenied", message),
-                            },
-                        )));
-                    }
-                    // The run ends right after (deadline or cancel).
-                    Decision::Expired => call.phase = Phase::Done,
-                    Decision::Edited => unreachable!("aaa.approval.edited is folded above"),
-                }
-            }
-            TOOL_STARTED => {
-                let e: ToolStarted = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                call.phase = Phase::Running;
-                call.attempt = e.attempt;
-                call.worker = e.worker;
-                call.started_ms = now;
-            }
-            TOOL_RETRYING => {
-                let e: ToolRetrying = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                let until_ms = seconds::after_ms(now, e.delay_s);
-                call.phase = Phase::Backoff { until_ms };
-                actions.push(Action::ArmTimer {
-                    due_ms: until_ms,
-                    name: format!("{RETRY_TIMER}{}", e.call_id),
-                });
-            }
-            TOOL_COMPLETED => {
-                let e: ToolCompleted = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                call.phase = Phase::Done;
-                let message = Message::Tool {
-                    call_id: call.answers.clone(),
-                    name: call.name.clone(),
-                    content: format!("{}{}", call.edit_note, output_text(&e.output)),
-                    error: None,
-                };
-                self.messages.push(message);
-                self.next_turn(&mut actions);
-            }
-            TOOL_FAILED => {
-                let e: ToolFailed = decode(event)?;
-                let call = self.call_mut(&e.call_id)?;
-                call.phase = Phase::Done;
-                let message = Message::Tool {
-                    call_id: call.answers.clone(),
-                    name: call.name.clone(),
-                    content: format!(
-                        "{}{}: {}",
-                        call.edit_note, e.error.error_type, e.error.message
-                    ),
-                    error: Some(e.error),
-                };
-                self.messages.push(message);
-                self.next_turn(&mut actions);
-            }
-            RUN_COMPLETED | RUN_FAILED | RUN_CANCELLED => {
-                self.status = match event.event_type.as_str() {
-                    RUN_COMPLETED => Status::Completed(decode::<RunCompleted>(event)?.value),
-                    RUN_FAILED => Status::Failed(decode::<RunFailed>(event)?.error),
-                    _ => Status::Cancelled(decode::<RunCancelled>(event)?.reason),
-                };
-                self.model_call = None;
-                if let Some(due_ms) = self.spec.deadline_at_ms {
-                    actions.push(Action::CancelTimer {
-                        due_ms,
-                        name: DEADLINE_TIMER.to_string(),
-                    });
-                }
-                for call in &mut self.calls {
-                    call.cancel_wait_timers(&mut actions);
-                    if let Phase::Backoff { until_ms } = call.phase {
-                        actions.push(Action::CancelTimer {
-                            due_ms: until_ms,
-                            name: format!("{RETRY_TIMER}{}", call.call_id),
-                        });
-                    }
-                    if call.phase == Phase::AwaitingApproval {
-                        actions.push(Action::ApprovalResolved {
-                            call_id: call.call_id.clone(),
-                        });
-                    }
-                    if call.phase != Phase::Done {
-                        call.phase = Phase::Done;
-                    }
-                }
-            }
-            // Application events are recorded, not interpreted.
-            _ => {}
+            // The run ends right after (deadline or cancel).
+            Decision::Expired => call.phase = Phase::Done,
+            Decision::Edited => unreachable!("aaa.approval.edited is folded above"),
         }
-        Ok(actions)
+        Ok(())
+    }
+
+    /// The run ended: completed, failed or cancelled.
+    fn run_ended(&mut self, status: Status, actions: &mut Vec<Action>) {
+        self.status = status;
+        self.model_call = None;
+        if let Some(due_ms) = self.spec.deadline_at_ms {
+            actions.push(Action::CancelTimer {
+                due_ms,
+                name: DEADLINE_TIMER.to_string(),
+            });
+        }
+        for call in &mut self.calls {
+            call.cancel_wait_timers(actions);
+            if let Phase::Backoff { until_ms } = call.phase {
+                actions.push(Action::CancelTimer {
+                    due_ms: until_ms,
+                    name: format!("{RETRY_TIMER}{}", call.call_id),
+                });
+            }
+            if call.phase == Phase::AwaitingApproval {
+                actions.push(Action::ApprovalResolved {
+                    call_id: call.call_id.clone(),
+                });
+            }
+            if call.phase != Phase::Done {
+                call.phase = Phase::Done;
+            }
+        }
     }
 
     /// What a standing grant would stand in for, given the policy's

@@ -258,7 +258,11 @@ impl Engine {
     }
 
     /// Turns a queued call into an attempt, if the run still wants it.
-    pub(super) async fn claim(&self, task: TaskRef, worker: &WorkerId) -> Result<Option<Task>, Error> {
+    pub(super) async fn claim(
+        &self,
+        task: TaskRef,
+        worker: &WorkerId,
+    ) -> Result<Option<Task>, Error> {
         let now = self.now_ms();
         match task.key {
             QueueKey::Tool(_) => {

@@ -80,7 +80,12 @@ impl Engine {
         self.inner.timers_changed.notify_one();
     }
 
-    pub(super) async fn fire_timer(&self, run: RunId, name: &str, due_ms: i64) -> Result<(), Error> {
+    pub(super) async fn fire_timer(
+        &self,
+        run: RunId,
+        name: &str,
+        due_ms: i64,
+    ) -> Result<(), Error> {
         let now = self.now_ms();
         let result = self
             .update(run, |state, batch| {

@@ -17,8 +17,8 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use serde::Deserialize;
 
-use crate::domain::event::*;
 use super::state::{Phase, RunState};
+use crate::domain::event::*;
 use crate::otel::{context, TraceContext, Tracer};
 use crate::store::EventRecord;
 

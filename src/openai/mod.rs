@@ -8,7 +8,6 @@
 
 pub mod chat;
 
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
