@@ -556,3 +556,24 @@ impl Engine {
 
     // ---- timers and leases ----
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_principal_a_task_was_handed_to_holds_its_token() {
+        let token = Token {
+            kind: TaskKind::Tool,
+            run: RunId::new(),
+            attempt: 2,
+            principal: "payments.worker".into(),
+            call_id: "call".into(),
+        };
+        assert!(check_holder(&token, "payments.worker").is_ok());
+        assert!(matches!(
+            check_holder(&token, "other-worker"),
+            Err(Error::Refused(_))
+        ));
+    }
+}
