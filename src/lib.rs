@@ -33,7 +33,6 @@
 pub mod api;
 pub mod archive;
 pub mod auth;
-pub mod bench;
 pub mod causes;
 pub mod cli;
 pub mod clock;
