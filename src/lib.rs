@@ -48,6 +48,7 @@ pub mod migrate;
 pub mod openai;
 pub mod otel;
 pub mod policy;
+pub mod present;
 pub mod proto;
 pub mod seconds;
 pub mod server;

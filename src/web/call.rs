@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::events;
 use super::html::{self, Html};
 use super::{page, refusal, status_page, Visitor, Web};
+use crate::present;
 use crate::proto::{Approval, Event, SignalRequest};
 
 /// Events of a run read for its call's conversation.
@@ -76,7 +77,7 @@ pub async fn page_handler(
         |a| a.tool.clone(),
     );
     h.raw("<p class=\"crumbs\"><a href=\"/\">Inbox</a> / <a href=\"")
-        .text(&html::run_path(&run_id))
+        .text(&present::run_path(&run_id))
         .raw("\">run ")
         .text(&super::inbox::clip(&run_id, 13))
         .raw("</a></p><h1><span class=\"tool\">")
@@ -243,7 +244,7 @@ pub async fn page_handler(
         None => conversation(&mut h, &events, requested.map_or(u64::MAX, |e| e.seq)),
     }
     h.raw("<p><a href=\"")
-        .text(&html::run_path(&run_id))
+        .text(&present::run_path(&run_id))
         .raw("\">The run's timeline</a></p></section>");
     page(
         &web,
@@ -285,7 +286,7 @@ fn outcome(events: &[Event], call_id: &str) -> String {
 
 fn decision_forms(h: &mut Html, web: &Web, visitor: &Visitor, a: &Approval, definition: &Value) {
     let csrf = visitor.csrf(web);
-    let action = html::call_path(&a.run_id, &a.call_id);
+    let action = present::call_path(&a.run_id, &a.call_id);
     let hidden = |h: &mut Html| {
         h.raw("<input type=\"hidden\" name=\"csrf\" value=\"")
             .text(&csrf)
@@ -517,7 +518,7 @@ async fn decide(
             };
             let to = format!(
                 "{}{}",
-                html::call_path(run_id, call),
+                present::call_path(run_id, call),
                 html::query(&[("decided", decided)])
             );
             Redirect::to(&to).into_response()

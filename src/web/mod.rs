@@ -335,17 +335,3 @@ pub fn http_status(code: tonic::Code) -> StatusCode {
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
-
-/// The absolute link of a call's page under `base` (`--public-url`).
-pub fn call_url(base: &str, run_id: &str, call_id: &str) -> String {
-    format!(
-        "{}{}",
-        base.trim_end_matches('/'),
-        html::call_path(run_id, call_id)
-    )
-}
-
-/// The absolute link of a run's page under `base`.
-pub fn run_url(base: &str, run_id: &str) -> String {
-    format!("{}{}", base.trim_end_matches('/'), html::run_path(run_id))
-}
