@@ -9,7 +9,7 @@
 
 use axum::extract::{Form, Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
-use http::StatusCode;
+use http::{StatusCode, Uri};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -403,96 +403,60 @@ pub struct Decision {
     grant: String,
 }
 
-pub async fn approve(
+/// A decision posted from a call's page: approve, deny or edit. The
+/// router sends only those three paths here; the last segment says which.
+/// Each is one Signal as the signed-in person, bound to the digest of the
+/// arguments the page showed.
+pub async fn decide(
     State(web): State<Web>,
     visitor: Visitor,
     Path((run_id, call_id)): Path<(String, String)>,
+    uri: Uri,
     Form(form): Form<Decision>,
 ) -> Response {
-    let mut data = json!({"call_id": call_id, "arguments_sha256": form.sha256});
-    if !form.comment.trim().is_empty() {
-        data["comment"] = json!(form.comment.trim());
-    }
-    decide(
-        &web,
-        &visitor,
-        &form,
-        &run_id,
-        &call_id,
-        "aaa.approval.granted",
-        data,
-    )
-    .await
-}
-
-pub async fn deny(
-    State(web): State<Web>,
-    visitor: Visitor,
-    Path((run_id, call_id)): Path<(String, String)>,
-    Form(form): Form<Decision>,
-) -> Response {
-    let data =
-        json!({"call_id": call_id, "arguments_sha256": form.sha256, "reason": form.reason.trim()});
-    decide(
-        &web,
-        &visitor,
-        &form,
-        &run_id,
-        &call_id,
-        "aaa.approval.denied",
-        data,
-    )
-    .await
-}
-
-pub async fn edit(
-    State(web): State<Web>,
-    visitor: Visitor,
-    Path((run_id, call_id)): Path<(String, String)>,
-    Form(form): Form<Decision>,
-) -> Response {
-    let arguments: Value = match serde_json::from_str(&form.arguments) {
-        Ok(arguments) => arguments,
-        Err(e) => {
+    let (event_type, data) = match uri.path().rsplit('/').next() {
+        Some("approve") => {
+            let mut data = json!({"call_id": call_id, "arguments_sha256": form.sha256});
+            if !form.comment.trim().is_empty() {
+                data["comment"] = json!(form.comment.trim());
+            }
+            ("aaa.approval.granted", data)
+        }
+        Some("deny") => (
+            "aaa.approval.denied",
+            json!({"call_id": call_id, "arguments_sha256": form.sha256, "reason": form.reason.trim()}),
+        ),
+        Some("edit") => {
+            let arguments: Value = match serde_json::from_str(&form.arguments) {
+                Ok(arguments) => arguments,
+                Err(e) => {
+                    return refusal(
+                        StatusCode::BAD_REQUEST,
+                        &format!("The edited arguments are not JSON: {e}"),
+                    )
+                }
+            };
+            let data = json!({
+                "call_id": call_id,
+                "arguments": arguments,
+                "arguments_sha256": form.sha256,
+                "reason": form.reason.trim(),
+                "grant": form.grant == "1",
+            });
+            ("aaa.approval.edited", data)
+        }
+        _ => {
             return refusal(
-                StatusCode::BAD_REQUEST,
-                &format!("The edited arguments are not JSON: {e}"),
+                StatusCode::NOT_FOUND,
+                "A call is decided at .../approve, .../deny or .../edit.",
             )
         }
     };
-    let data = json!({
-        "call_id": call_id,
-        "arguments": arguments,
-        "arguments_sha256": form.sha256,
-        "reason": form.reason.trim(),
-        "grant": form.grant == "1",
-    });
-    decide(
-        &web,
-        &visitor,
-        &form,
-        &run_id,
-        &call_id,
-        "aaa.approval.edited",
-        data,
-    )
-    .await
-}
-
-async fn decide(
-    web: &Web,
-    visitor: &Visitor,
-    form: &Decision,
-    run_id: &str,
-    call_id: &str,
-    event_type: &str,
-    data: Value,
-) -> Response {
-    if let Some(refused) = visitor.refuse_without_csrf(web, &form.csrf) {
+    if let Some(refused) = visitor.refuse_without_csrf(&web, &form.csrf) {
         return refused;
     }
     let request = SignalRequest {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         r#type: event_type.to_string(),
         data_json: data.to_string(),
         request_id: String::new(),
@@ -513,12 +477,12 @@ async fn decide(
             };
             // After an edit, the page of the call that takes its place.
             let call = match answer.new_call_id.as_str() {
-                "" => call_id,
+                "" => &call_id,
                 new => new,
             };
             let to = format!(
                 "{}{}",
-                present::call_path(run_id, call),
+                present::call_path(&run_id, call),
                 html::query(&[("decided", decided)])
             );
             Redirect::to(&to).into_response()
