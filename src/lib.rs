@@ -33,7 +33,6 @@
 pub mod api;
 pub mod archive;
 pub mod auth;
-pub mod bench;
 pub mod causes;
 pub mod cli;
 pub mod clock;
@@ -49,6 +48,7 @@ pub mod migrate;
 pub mod openai;
 pub mod otel;
 pub mod policy;
+pub mod present;
 pub mod proto;
 pub mod providers;
 pub mod seconds;

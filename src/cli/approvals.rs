@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::decisions::{self, deny_data, edit_data, grant_data, signal, DENIED, EDITED, GRANTED};
 use super::render::{self, Output, Style};
 use super::{label, Connection, Error, Format, Page, EXIT_CODES};
+use crate::present;
 use crate::proto::{
     watch_approvals_response, Approval, ListApprovalsRequest, WatchApprovalsRequest,
 };
@@ -152,7 +153,7 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
     );
     request.newest_first = args.newest_first;
     let base = args.public_url.as_deref().unwrap_or(&connection.server);
-    let link = |a: &Approval| crate::web::call_url(base, &a.run_id, &a.call_id);
+    let link = |a: &Approval| crate::present::call_url(base, &a.run_id, &a.call_id);
     let client = connection.connect().await?;
     let page = client
         .approvals()
@@ -187,7 +188,7 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
             a.run_id.clone(),
             a.call_id.clone(),
             a.tool.clone(),
-            render::short_time(&a.requested_at),
+            present::short_time(&a.requested_at),
         ];
         if votes {
             row.push(format!("{}/{}", a.votes.len(), a.approvals_required.max(1)));

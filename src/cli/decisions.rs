@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::render::Output;
 use super::{Client, Connection, Error, Format};
+use crate::present;
 use crate::proto::{
     BatchDecision, DecideApprovalsRequest, DecideApprovalsResponse, DecisionItem, DecisionStatus,
     SignalRequest, SignalResponse,
@@ -384,11 +385,7 @@ fn report_batch(answer: &DecideApprovalsResponse, out: &Output) -> Result<(), Er
     let status_word = |status: i32| {
         DecisionStatus::try_from(status).map_or_else(
             |_| status.to_string(),
-            |s| {
-                s.as_str_name()
-                    .trim_start_matches("DECISION_STATUS_")
-                    .to_lowercase()
-            },
+            |s| present::word(s.as_str_name(), "DECISION_STATUS_"),
         )
     };
     let decided = answer

@@ -4,6 +4,7 @@ use serde_json::{json, Value};
 
 use super::render::{self, Output};
 use super::{label, Connection, Error, Format, EXIT_CODES};
+use crate::present;
 use crate::proto::{CreateGrantRequest, Grant, GrantScope, ListGrantsRequest, RevokeGrantRequest};
 
 #[derive(clap::Args)]
@@ -101,7 +102,7 @@ pub(super) async fn run(args: &GrantsArgs) -> Result<(), Error> {
     match &args.command {
         GrantsCommand::Create(create) => {
             let expires_ms = match (create.expires_in, create.expires_at) {
-                (Some(after), _) => Some(crate::engine::now_ms().saturating_add(after)),
+                (Some(after), _) => Some(crate::clock::now_ms().saturating_add(after)),
                 (None, at) => at,
             };
             let request = CreateGrantRequest {
@@ -155,7 +156,7 @@ pub(super) async fn run(args: &GrantsArgs) -> Result<(), Error> {
                             Some(left) => format!("{}/{}", g.uses, g.uses + left),
                             None => g.uses.to_string(),
                         },
-                        render::short_time(&g.expires_at),
+                        present::short_time(&g.expires_at),
                         state(g).to_string(),
                         g.created_by.clone(),
                         g.reason.clone(),

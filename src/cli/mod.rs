@@ -9,8 +9,6 @@ mod decisions;
 mod grants;
 mod policy;
 mod render;
-// The web pages write times and run statuses as the CLI does.
-pub(crate) use render::{parse_status, short_time, status_word};
 mod runs;
 
 use std::io::Write;

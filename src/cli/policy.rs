@@ -97,7 +97,7 @@ fn dry_run(args: &TestArgs) -> Result<(), Error> {
         .filter(Value::is_object)
         .ok_or_else(|| Error::Usage("--arguments: not a JSON object".into()))?;
     let now_ms = match &args.at {
-        None => crate::engine::now_ms(),
+        None => crate::clock::now_ms(),
         Some(at) => {
             super::grants::rfc3339_ms(at).map_err(|e| Error::Usage(format!("--at: {e}")))?
         }

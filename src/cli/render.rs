@@ -12,9 +12,10 @@ use prost_types::Timestamp;
 use serde_json::{json, Value};
 
 use super::Error;
+use crate::present::{short_time, status_word, word};
 use crate::proto::{
     watch_approvals_response::Item, ActorKind, Approval, ApprovalOutcome, ApprovalResolution,
-    ErrorDetail, Event, Run, RunStatus, Vote, WatchApprovalsResponse,
+    ErrorDetail, Event, Run, Vote, WatchApprovalsResponse,
 };
 
 /// Colors of the text output.
@@ -126,39 +127,11 @@ fn time_json(timestamp: &Option<Timestamp>) -> Value {
     timestamp.map_or(Value::Null, |t| Value::String(t.to_string()))
 }
 
-/// "2025-06-01 12:03:04" (UTC) for tables: to the second.
-pub fn short_time(timestamp: &Option<Timestamp>) -> String {
-    let full = time(timestamp);
-    let seconds = full.split(['.', 'Z']).next().unwrap_or_default();
-    seconds.replacen('T', " ", 1)
-}
-
 /// "a=1, b=2": labels sorted by key.
 pub fn labels(labels: &HashMap<String, String>) -> String {
     let mut pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     pairs.sort();
     pairs.join(", ")
-}
-
-/// The enum value's name without its prefix, lowercase:
-/// RUN_STATUS_WAITING_FOR_APPROVAL -> "waiting_for_approval".
-fn word(name: &str, prefix: &str) -> String {
-    name.trim_start_matches(prefix).to_lowercase()
-}
-
-pub fn status_word(status: i32) -> String {
-    RunStatus::try_from(status).map_or_else(
-        |_| status.to_string(),
-        |s| word(s.as_str_name(), "RUN_STATUS_"),
-    )
-}
-
-/// The inverse of [`status_word`], for `--status`.
-pub fn parse_status(text: &str) -> Result<RunStatus, String> {
-    match RunStatus::from_str_name(&format!("RUN_STATUS_{}", text.to_uppercase())) {
-        Some(status) if status != RunStatus::Unspecified => Ok(status),
-        _ => Err("expected running, waiting_for_approval, completed, failed or cancelled".into()),
-    }
 }
 
 fn outcome_word(outcome: i32) -> String {

@@ -7,6 +7,7 @@ use serde_json::json;
 use super::render::{self, Output, Style};
 use super::{label, Client, Connection, Error, Format, Page, EXIT_CODES};
 use crate::domain::event::ScriptStep;
+use crate::present;
 use crate::proto::{
     model_spec, scripted_step, stream_events_response, Budget, CancelRunRequest, GetRunRequest,
     ListRunsRequest, ModelSpec, OpenAiModel, Run, RunStatus, ScriptedModel, ScriptedStep,
@@ -108,7 +109,7 @@ struct StartArgs {
 struct ListArgs {
     /// Only runs in this status: running, waiting_for_approval, completed,
     /// failed or cancelled.
-    #[arg(long, value_parser = render::parse_status)]
+    #[arg(long, value_parser = present::parse_status)]
     status: Option<RunStatus>,
     /// Only runs carrying this label (repeatable; all must match).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
@@ -341,8 +342,8 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
     let rows = page.runs.iter().map(|run| {
         vec![
             run.run_id.clone(),
-            render::status_word(run.status),
-            render::short_time(&run.created_at),
+            present::status_word(run.status),
+            present::short_time(&run.created_at),
             run.task.clone(),
         ]
     });
@@ -371,7 +372,7 @@ async fn show(connection: &Connection, args: &ShowArgs) -> Result<(), Error> {
     }
     let mut rows = vec![
         ("run", run.run_id.clone()),
-        ("status", render::status_word(run.status)),
+        ("status", present::status_word(run.status)),
         ("task", run.task.clone()),
         ("model", run.model.clone()),
         ("tools", run.tools.join(", ")),

@@ -514,7 +514,7 @@ fn sign(
         return;
     };
     let call = forwarded::Call { method, to, body };
-    forwarded::sign(headers, &cluster.key, &name, &call, crate::engine::now_ms());
+    forwarded::sign(headers, &cluster.key, &name, &call, crate::clock::now_ms());
 }
 
 /// The metadata of a call this server makes to the server at `to` for

@@ -72,12 +72,6 @@ const LOST_LEASE_RETRY: Duration = Duration::from_secs(1);
 /// standing grants other servers may have made or revoked.
 const GRANTS_READ_EVERY: Duration = Duration::from_secs(1);
 
-/// Wall time in Unix milliseconds, for what is not the engine's to time
-/// (subscriptions, the bench); the engine reads its configured clock.
-pub fn now_ms() -> i64 {
-    crate::clock::Clock::system().now_ms()
-}
-
 /// A tool reference in StartRun, resolved against the registry.
 #[derive(Debug, Clone)]
 pub struct ToolRef {

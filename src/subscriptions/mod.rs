@@ -21,7 +21,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{self, now_ms};
+use crate::clock::now_ms;
+use crate::engine;
 use crate::metrics::{GroupLabel, Metrics};
 use crate::store::{
     DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, StoreError, WriteBatch,

@@ -281,9 +281,9 @@ pub fn body(
     let run_id = RunId::from_slice(&event.run_id).map(|r| r.to_string());
     let links = match (public_url, &run_id) {
         (Some(base), Some(run)) => {
-            let mut links = serde_json::json!({ "run": crate::web::run_url(base, run) });
+            let mut links = serde_json::json!({ "run": crate::present::run_url(base, run) });
             if let Some(call) = data["call_id"].as_str() {
-                links["call"] = crate::web::call_url(base, run, call).into();
+                links["call"] = crate::present::call_url(base, run, call).into();
             }
             Some(links)
         }

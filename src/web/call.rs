@@ -9,13 +9,14 @@
 
 use axum::extract::{Form, Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
-use http::StatusCode;
+use http::{StatusCode, Uri};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::events;
 use super::html::{self, Html};
 use super::{page, refusal, status_page, Visitor, Web};
+use crate::present;
 use crate::proto::{Approval, Event, SignalRequest};
 
 /// Events of a run read for its call's conversation.
@@ -69,14 +70,14 @@ pub async fn page_handler(
             &format!("Run '{run_id}' has no call '{call_id}'."),
         );
     }
-    let now = crate::engine::now_ms();
+    let now = crate::clock::now_ms();
     let mut h = Html::new();
     let tool = pending.as_ref().map_or_else(
         || events::plain(&tool_requested.map(events::data).unwrap_or_default()["name"]),
         |a| a.tool.clone(),
     );
     h.raw("<p class=\"crumbs\"><a href=\"/\">Inbox</a> / <a href=\"")
-        .text(&html::run_path(&run_id))
+        .text(&present::run_path(&run_id))
         .raw("\">run ")
         .text(&super::inbox::clip(&run_id, 13))
         .raw("</a></p><h1><span class=\"tool\">")
@@ -243,7 +244,7 @@ pub async fn page_handler(
         None => conversation(&mut h, &events, requested.map_or(u64::MAX, |e| e.seq)),
     }
     h.raw("<p><a href=\"")
-        .text(&html::run_path(&run_id))
+        .text(&present::run_path(&run_id))
         .raw("\">The run's timeline</a></p></section>");
     page(
         &web,
@@ -285,7 +286,7 @@ fn outcome(events: &[Event], call_id: &str) -> String {
 
 fn decision_forms(h: &mut Html, web: &Web, visitor: &Visitor, a: &Approval, definition: &Value) {
     let csrf = visitor.csrf(web);
-    let action = html::call_path(&a.run_id, &a.call_id);
+    let action = present::call_path(&a.run_id, &a.call_id);
     let hidden = |h: &mut Html| {
         h.raw("<input type=\"hidden\" name=\"csrf\" value=\"")
             .text(&csrf)
@@ -402,96 +403,60 @@ pub struct Decision {
     grant: String,
 }
 
-pub async fn approve(
+/// A decision posted from a call's page: approve, deny or edit. The
+/// router sends only those three paths here; the last segment says which.
+/// Each is one Signal as the signed-in person, bound to the digest of the
+/// arguments the page showed.
+pub async fn decide(
     State(web): State<Web>,
     visitor: Visitor,
     Path((run_id, call_id)): Path<(String, String)>,
+    uri: Uri,
     Form(form): Form<Decision>,
 ) -> Response {
-    let mut data = json!({"call_id": call_id, "arguments_sha256": form.sha256});
-    if !form.comment.trim().is_empty() {
-        data["comment"] = json!(form.comment.trim());
-    }
-    decide(
-        &web,
-        &visitor,
-        &form,
-        &run_id,
-        &call_id,
-        "aaa.approval.granted",
-        data,
-    )
-    .await
-}
-
-pub async fn deny(
-    State(web): State<Web>,
-    visitor: Visitor,
-    Path((run_id, call_id)): Path<(String, String)>,
-    Form(form): Form<Decision>,
-) -> Response {
-    let data =
-        json!({"call_id": call_id, "arguments_sha256": form.sha256, "reason": form.reason.trim()});
-    decide(
-        &web,
-        &visitor,
-        &form,
-        &run_id,
-        &call_id,
-        "aaa.approval.denied",
-        data,
-    )
-    .await
-}
-
-pub async fn edit(
-    State(web): State<Web>,
-    visitor: Visitor,
-    Path((run_id, call_id)): Path<(String, String)>,
-    Form(form): Form<Decision>,
-) -> Response {
-    let arguments: Value = match serde_json::from_str(&form.arguments) {
-        Ok(arguments) => arguments,
-        Err(e) => {
+    let (event_type, data) = match uri.path().rsplit('/').next() {
+        Some("approve") => {
+            let mut data = json!({"call_id": call_id, "arguments_sha256": form.sha256});
+            if !form.comment.trim().is_empty() {
+                data["comment"] = json!(form.comment.trim());
+            }
+            ("aaa.approval.granted", data)
+        }
+        Some("deny") => (
+            "aaa.approval.denied",
+            json!({"call_id": call_id, "arguments_sha256": form.sha256, "reason": form.reason.trim()}),
+        ),
+        Some("edit") => {
+            let arguments: Value = match serde_json::from_str(&form.arguments) {
+                Ok(arguments) => arguments,
+                Err(e) => {
+                    return refusal(
+                        StatusCode::BAD_REQUEST,
+                        &format!("The edited arguments are not JSON: {e}"),
+                    )
+                }
+            };
+            let data = json!({
+                "call_id": call_id,
+                "arguments": arguments,
+                "arguments_sha256": form.sha256,
+                "reason": form.reason.trim(),
+                "grant": form.grant == "1",
+            });
+            ("aaa.approval.edited", data)
+        }
+        _ => {
             return refusal(
-                StatusCode::BAD_REQUEST,
-                &format!("The edited arguments are not JSON: {e}"),
+                StatusCode::NOT_FOUND,
+                "A call is decided at .../approve, .../deny or .../edit.",
             )
         }
     };
-    let data = json!({
-        "call_id": call_id,
-        "arguments": arguments,
-        "arguments_sha256": form.sha256,
-        "reason": form.reason.trim(),
-        "grant": form.grant == "1",
-    });
-    decide(
-        &web,
-        &visitor,
-        &form,
-        &run_id,
-        &call_id,
-        "aaa.approval.edited",
-        data,
-    )
-    .await
-}
-
-async fn decide(
-    web: &Web,
-    visitor: &Visitor,
-    form: &Decision,
-    run_id: &str,
-    call_id: &str,
-    event_type: &str,
-    data: Value,
-) -> Response {
-    if let Some(refused) = visitor.refuse_without_csrf(web, &form.csrf) {
+    if let Some(refused) = visitor.refuse_without_csrf(&web, &form.csrf) {
         return refused;
     }
     let request = SignalRequest {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         r#type: event_type.to_string(),
         data_json: data.to_string(),
         request_id: String::new(),
@@ -512,12 +477,12 @@ async fn decide(
             };
             // After an edit, the page of the call that takes its place.
             let call = match answer.new_call_id.as_str() {
-                "" => call_id,
+                "" => &call_id,
                 new => new,
             };
             let to = format!(
                 "{}{}",
-                html::call_path(run_id, call),
+                present::call_path(&run_id, call),
                 html::query(&[("decided", decided)])
             );
             Redirect::to(&to).into_response()

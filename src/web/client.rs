@@ -59,7 +59,7 @@ impl Caller {
             &self.key,
             &self.name,
             &call,
-            crate::engine::now_ms(),
+            crate::clock::now_ms(),
         );
         Request::from_parts(
             MetadataMap::from_headers(headers),

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::html::{self, Html};
+use crate::present;
 use crate::proto::{ActorKind, Event};
 
 /// The event's data as JSON (`Null` if it does not parse).
@@ -157,7 +158,7 @@ pub fn item(event: &Event) -> Html {
     if event.r#type == "aaa.approval.requested" {
         let call = plain(&data(event)["call_id"]);
         h.raw("<a class=\"open\" href=\"")
-            .text(&html::call_path(&event.run_id, &call))
+            .text(&present::call_path(&event.run_id, &call))
             .raw("\">open the call</a>");
     }
     h.raw("</li>");

@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use crate::present::{segment, short_time};
+
 /// An HTML fragment being built.
 #[derive(Default)]
 pub struct Html(String);
@@ -55,33 +57,6 @@ impl Html {
     }
 }
 
-/// A path segment (a run or call id, a tool name) percent-encoded for a
-/// URL; the result still goes through [`Html::text`] in an attribute.
-pub fn segment(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(byte as char)
-            }
-            _ => {
-                let _ = write!(out, "%{byte:02X}");
-            }
-        }
-    }
-    out
-}
-
-/// The link of a call's page, relative to the site's root.
-pub fn call_path(run_id: &str, call_id: &str) -> String {
-    format!("/calls/{}/{}", segment(run_id), segment(call_id))
-}
-
-/// The link of a run's page.
-pub fn run_path(run_id: &str) -> String {
-    format!("/runs/{}", segment(run_id))
-}
-
 /// A query string of the given pairs, each value percent-encoded; pairs
 /// with an empty value are left out. Starts with `?` unless empty.
 pub fn query(pairs: &[(&str, &str)]) -> String {
@@ -108,7 +83,7 @@ pub fn pretty_json(text: &str) -> String {
 /// "2026-12-03 09:12:04 UTC"; "" when unset.
 pub fn time(timestamp: &Option<prost_types::Timestamp>) -> String {
     match timestamp {
-        Some(_) => format!("{} UTC", crate::cli::short_time(timestamp)),
+        Some(_) => format!("{} UTC", short_time(timestamp)),
         None => String::new(),
     }
 }
@@ -149,10 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn segments_and_queries_are_percent_encoded() {
-        assert_eq!(segment("call-1"), "call-1");
-        assert_eq!(segment("a/b c\"<"), "a%2Fb%20c%22%3C");
-        assert_eq!(call_path("r 1", "c/2"), "/calls/r%201/c%2F2");
+    fn queries_are_percent_encoded() {
         assert_eq!(
             query(&[("tool", "wire money"), ("run", "")]),
             "?tool=wire%20money"

@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::html::{self, Html};
 use super::{page, status_page, Visitor, Web};
+use crate::present;
 use crate::proto::{Approval, ListApprovalsRequest, WatchApprovalsRequest};
 
 /// Calls on one page of the inbox.
@@ -126,7 +127,7 @@ pub async fn page_handler(
         Ok(listed) => listed,
         Err(status) => return status_page(&status),
     };
-    let now = crate::engine::now_ms();
+    let now = crate::clock::now_ms();
     let mut h = Html::new();
     h.raw("<h1>Inbox</h1>");
     filter_form(&mut h, &filters);
@@ -179,7 +180,7 @@ pub async fn page_handler(
     let mut live = format!("/live/approvals{}", filters.query(""));
     if tail {
         live.push(if live.contains('?') { '&' } else { '?' });
-        live.push_str(&format!("since={}", html::segment(&since)));
+        live.push_str(&format!("since={}", present::segment(&since)));
     }
     let mut response = page(&web, Some(&visitor), "Inbox", &live, &h);
     let elapsed = started.elapsed().as_secs_f64() * 1000.0;
@@ -233,7 +234,7 @@ pub fn row(a: &Approval, now_ms: i64) -> Html {
         .raw("/")
         .text(&a.call_id)
         .raw("\"><a class=\"open\" href=\"")
-        .text(&html::call_path(&a.run_id, &a.call_id))
+        .text(&present::call_path(&a.run_id, &a.call_id))
         .raw("\"><span class=\"tool\">")
         .text(&a.tool)
         .raw("</span> <span class=\"args\">")

@@ -78,7 +78,7 @@ pub async fn approvals(
                     if !new || !(live || filters.wants(&a.run_id, &a.call_id)) {
                         continue;
                     }
-                    let row = row(&a, crate::engine::now_ms());
+                    let row = row(&a, crate::clock::now_ms());
                     send(
                         &out,
                         event(

@@ -98,9 +98,9 @@ pub fn router(settings: Settings) -> Router {
         .route("/signin", get(signin::page).post(signin::submit))
         .route("/signout", post(signin::sign_out))
         .route("/calls/{run}/{call}", get(call::page_handler))
-        .route("/calls/{run}/{call}/approve", post(call::approve))
-        .route("/calls/{run}/{call}/deny", post(call::deny))
-        .route("/calls/{run}/{call}/edit", post(call::edit))
+        .route("/calls/{run}/{call}/approve", post(call::decide))
+        .route("/calls/{run}/{call}/deny", post(call::decide))
+        .route("/calls/{run}/{call}/edit", post(call::decide))
         .route("/runs", get(runs::list))
         .route("/runs/{run}", get(runs::timeline))
         .route("/live/approvals", get(live::approvals))
@@ -334,18 +334,4 @@ pub fn http_status(code: tonic::Code) -> StatusCode {
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
-}
-
-/// The absolute link of a call's page under `base` (`--public-url`).
-pub fn call_url(base: &str, run_id: &str, call_id: &str) -> String {
-    format!(
-        "{}{}",
-        base.trim_end_matches('/'),
-        html::call_path(run_id, call_id)
-    )
-}
-
-/// The absolute link of a run's page under `base`.
-pub fn run_url(base: &str, run_id: &str) -> String {
-    format!("{}{}", base.trim_end_matches('/'), html::run_path(run_id))
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::events;
 use super::html::{self, Html};
 use super::{page, refusal, status_page, Visitor, Web};
-use crate::cli::{parse_status, status_word};
+use crate::present::{self, parse_status, status_word};
 use crate::proto::{ListRunsRequest, RunStatus};
 
 /// The statuses the list filters on, as the query string names them.
@@ -65,7 +65,7 @@ pub async fn list(
     for run in &listed.runs {
         let word = status_word(run.status);
         h.raw("<li class=\"run\"><a href=\"")
-            .text(&html::run_path(&run.run_id))
+            .text(&present::run_path(&run.run_id))
             .raw("\">")
             .text(&super::inbox::clip(&run.task, 120))
             .raw("</a><p class=\"meta\"><span class=\"status ")
@@ -138,7 +138,7 @@ pub async fn timeline(
         h.raw("<h2>Waiting for a decision</h2><ul class=\"pending\">");
         for a in &run.pending_approvals {
             h.raw("<li><a href=\"")
-                .text(&html::call_path(&a.run_id, &a.call_id))
+                .text(&present::call_path(&a.run_id, &a.call_id))
                 .raw("\">")
                 .text(&a.tool)
                 .raw(" ")
@@ -154,7 +154,7 @@ pub async fn timeline(
     h.raw("<h2>Timeline</h2><ol class=\"timeline\" id=\"timeline\"");
     if !ended {
         h.raw(" data-events=\"/live/runs/")
-            .text(&html::segment(&run.run_id))
+            .text(&present::segment(&run.run_id))
             .raw("?after=")
             .num(last)
             .raw("\"");

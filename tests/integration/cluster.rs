@@ -879,7 +879,7 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
         &key,
         "127.0.0.1:9",
         &call,
-        aaa::engine::now_ms(),
+        aaa::clock::now_ms(),
     );
     let step = |step| PeerPollRequest { step: Some(step) };
     let (requests, outgoing) = tokio::sync::mpsc::channel(3);

@@ -11,7 +11,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::stats::{closed_loop, Problems, Summary};
-use crate::store::postgres;
+use aaa::store::postgres;
 
 /// The database the bench was pointed at, and the scratch schemas it made
 /// there.

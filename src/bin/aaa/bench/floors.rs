@@ -16,7 +16,7 @@ use tonic_health::pb::HealthCheckRequest;
 use super::proc::CpuPerCall;
 use super::server::{Pool, ScratchDir};
 use super::stats::{closed_loop, one_at_a_time, Problems, Summary};
-use crate::store::{EventRecord, RunId, WriteBatch};
+use aaa::store::{EventRecord, RunId, WriteBatch};
 
 #[derive(Debug, Serialize)]
 pub struct Rtt {
@@ -86,9 +86,9 @@ pub async fn store_appends(
     store_url: Option<String>,
 ) -> anyhow::Result<StoreAppends> {
     let dir = ScratchDir::new("store")?;
-    let mut config = crate::Config::new(dir.path());
+    let mut config = aaa::Config::new(dir.path());
     config.store_url = store_url;
-    let store = crate::store::open(&config).await?;
+    let store = aaa::store::open(&config).await?;
     let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
     let writer_store = store.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {
@@ -103,7 +103,7 @@ pub async fn store_appends(
                 id: uuid::Uuid::now_v7().as_bytes().to_vec(),
                 event_type: "bench.note".into(),
                 data_json: format!(r#"{{"n":{round}}}"#),
-                time_ms: crate::engine::now_ms(),
+                time_ms: aaa::clock::now_ms(),
                 actor_kind: 3,
                 actor_name: "aaa-bench".into(),
                 actor_principal: String::new(),

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::client::{self, HOLD, LABEL};
 use super::server::{self, ChildServer, Pool};
 use super::stats::{closed_loop, millis, Problems, Summary, OP_TIMEOUT};
-use crate::proto::{watch_approvals_response, ListApprovalsRequest, WatchApprovalsRequest};
+use aaa::proto::{watch_approvals_response, ListApprovalsRequest, WatchApprovalsRequest};
 
 /// Concurrent StartRun calls while parking.
 const STARTERS: usize = 64;
@@ -217,7 +217,7 @@ async fn scrape_metrics(addr: &str, own_server: bool, out: &mut Parked) {
 }
 
 /// The body of `GET /metrics` (HTTP/1.1 on the gRPC port). One plain
-/// request by hand: `crate::https::client` would need a trust store for a
+/// request by hand: `aaa::https::client` would need a trust store for a
 /// loopback read over plain HTTP.
 async fn get_metrics(addr: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -13,7 +13,7 @@ use super::appends::park_runs;
 use super::client;
 use super::server::{self, ChildServer, Pool, RunClient};
 use super::stats::{closed_loop, millis, one_at_a_time, Problems, Summary, OP_TIMEOUT};
-use crate::proto::{stream_events_response, GetRunRequest, StreamEventsRequest};
+use aaa::proto::{stream_events_response, GetRunRequest, StreamEventsRequest};
 
 /// Signals in flight while the history is written (they queue on the
 /// run's lock in the server; more in flight only hides the round trips).

@@ -35,7 +35,7 @@ use super::proc;
 use super::server::{wait_serving, ChildServer, Pool};
 use super::stats::{millis, one_at_a_time, Problems, Summary, OP_TIMEOUT};
 use super::CONNECTIONS;
-use crate::proto::{
+use aaa::proto::{
     complete_task_request, CompleteTaskRequest, GetClusterRequest, PollTaskRequest, SignalRequest,
 };
 
@@ -242,7 +242,7 @@ async fn measure_size(
     if routed {
         let known = everywhere.route().await?;
         // Writes of a shard whose owner the bench does not know go round.
-        forwarded_share *= 1.0 - known as f64 / crate::domain::SHARDS as f64;
+        forwarded_share *= 1.0 - known as f64 / aaa::domain::SHARDS as f64;
     }
     let cpu_before = cpu_seconds(members);
     let database_before = database_cpu();

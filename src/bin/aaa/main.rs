@@ -1,5 +1,9 @@
 //! The `aaa` command: parses flags, then runs the server, the bench, or one
-//! of the client commands of `aaa::cli`.
+//! of the client commands of `aaa::cli`. The bench (`bench/`) is part of
+//! this command only: it reaches the server through the library's public
+//! API, like any other client.
+
+mod bench;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,7 +44,7 @@ enum Command {
     /// Benchmark a server: approval cycles, appends, fan-out, parked runs.
     ///
     /// Example: aaa bench --smoke
-    Bench(aaa::bench::BenchArgs),
+    Bench(bench::BenchArgs),
     #[command(flatten)]
     Client(aaa::cli::Command),
 }
@@ -284,7 +288,7 @@ fn main() -> ExitCode {
             Command::Client(command) => aaa::cli::run(command).await,
             Command::Serve(args) => serve(args).await,
             Command::Migrate(args) => migrate(args).await,
-            Command::Bench(args) => match aaa::bench::run(args).await {
+            Command::Bench(args) => match bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("aaa bench: {e:#}");

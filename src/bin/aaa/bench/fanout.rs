@@ -15,7 +15,7 @@ use super::appends::park_runs;
 use super::client;
 use super::server::Pool;
 use super::stats::{Problems, Summary, OP_TIMEOUT};
-use crate::proto::{stream_events_response, StreamEventsRequest};
+use aaa::proto::{stream_events_response, StreamEventsRequest};
 
 /// Followers per HTTP/2 connection (the server allows 200 streams on one).
 const FOLLOWERS_PER_CONNECTION: usize = 100;
@@ -53,7 +53,7 @@ pub async fn run(
     let run_id = park_runs(&pool, session, 1).await?.remove(0);
     let response = pool
         .runs()
-        .get_run(crate::proto::GetRunRequest {
+        .get_run(aaa::proto::GetRunRequest {
             run_id: run_id.clone(),
         })
         .await?;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::server::{Pool, RunClient};
 use super::stages::{Stamps, Step};
 use super::stats::{Problems, OP_TIMEOUT};
-use crate::proto::{
+use aaa::proto::{
     complete_task_request, model_spec, scripted_step, stream_events_response,
     watch_approvals_response, CompleteTaskRequest, Event, ModelSpec, PollTaskRequest,
     RegisterWorkerRequest, ScriptedModel, ScriptedStep, ScriptedToolCall, ScriptedToolCalls,
@@ -351,7 +351,7 @@ pub async fn cancel_all(pool: &Pool, run_ids: &[String]) -> Problems {
     for run_id in run_ids {
         let (mut runs, run_id) = (pool.runs(), run_id.clone());
         calls.spawn(async move {
-            let request = crate::proto::CancelRunRequest {
+            let request = aaa::proto::CancelRunRequest {
                 run_id,
                 reason: "aaa bench done".into(),
             };

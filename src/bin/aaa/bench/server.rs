@@ -17,10 +17,10 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use crate::proto::approval_service_client::ApprovalServiceClient;
-use crate::proto::cluster_service_client::ClusterServiceClient;
-use crate::proto::run_service_client::RunServiceClient;
-use crate::proto::worker_service_client::WorkerServiceClient;
+use aaa::proto::approval_service_client::ApprovalServiceClient;
+use aaa::proto::cluster_service_client::ClusterServiceClient;
+use aaa::proto::run_service_client::RunServiceClient;
+use aaa::proto::worker_service_client::WorkerServiceClient;
 
 /// How long a child may take to print its address, or to answer SERVING.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -277,7 +277,7 @@ impl Pool {
     pub async fn route(&self) -> anyhow::Result<usize> {
         let view = self
             .cluster()
-            .get_cluster(crate::proto::GetClusterRequest {})
+            .get_cluster(aaa::proto::GetClusterRequest {})
             .await?
             .into_inner();
         let owners: Vec<Option<Channel>> = view
@@ -300,7 +300,7 @@ impl Pool {
 
     /// The channel to `run_id`'s owner when routing, else the next one.
     fn channel_of(&self, run_id: &str) -> Channel {
-        let shard = crate::store::RunId::parse(run_id).map(|run| run.shard());
+        let shard = aaa::store::RunId::parse(run_id).map(|run| run.shard());
         let owners = self.owners.read().expect("poisoned");
         let owner = shard.and_then(|shard| owners.get(usize::from(shard))?.clone());
         drop(owners);
