@@ -22,7 +22,7 @@ import { RECONNECT_MIN_MS, RoundRobin, hostPort, type Member, type ShardOwners }
 /** The address used when none is given and env AAA_SERVER is not set. */
 export const DEFAULT_ADDRESS = "127.0.0.1:50051";
 
-/** Options of {@link connect}. */
+/** Options of `connect`. */
 export interface ConnectOptions {
   /** How long `connect` waits for the server to answer before throwing `Unavailable`; default 10 000 ms. */
   timeoutMs?: number;
