@@ -6,23 +6,7 @@ import (
 	"google.golang.org/grpc"
 )
 
-func TestShardOfARun(t *testing.T) {
-	for runID, want := range map[string]int{
-		"0190a3c4-5b6d-7e8f-9a0b-1c2d3e4f5a00": 0,
-		"0190a3c4-5b6d-7e8f-9a0b-1c2d3e4f5a7f": 127,
-		"0190a3c4-5b6d-7e8f-9a0b-1c2d3e4f5aFF": 255,
-		"0190a3c4-5b6d-7e8f-9a0b-1c2d3e4f5ab3": 0xb3,
-	} {
-		if got, ok := shardOf(runID); !ok || got != want {
-			t.Errorf("shardOf(%q) = %d, %v; want %d", runID, got, ok, want)
-		}
-	}
-	for _, runID := range []string{"", "a", "run-xz", "r1-"} {
-		if shard, ok := shardOf(runID); ok {
-			t.Errorf("shardOf(%q) = %d, want no shard", runID, shard)
-		}
-	}
-}
+// The shard of a run id: see TestVectorsShardOfARun.
 
 func TestOwnerOfARunIsOneOfTheClientsAddresses(t *testing.T) {
 	owners := make([]string, shardCount)

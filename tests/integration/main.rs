@@ -34,6 +34,7 @@ mod storage;
 mod stream;
 mod subscriptions;
 mod traces;
+mod vectors;
 mod watch;
 mod web;
 mod worker_auth;

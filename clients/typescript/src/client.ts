@@ -26,30 +26,15 @@
 
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import {
-  ConnectError,
-  createClient,
-  createContextKey,
-  createContextValues,
-  type CallOptions,
-  type Client as ServiceClient,
-  type ContextValues,
-  type Interceptor,
-  type StreamResponse,
-  type Transport,
-  type UnaryResponse,
-} from "@connectrpc/connect";
-import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { ApprovalService, BatchDecision } from "./gen/aaa/v1/approval_pb.js";
-import { ClusterService } from "./gen/aaa/v1/cluster_pb.js";
-import { GrantService, type CreateGrantRequestSchema } from "./gen/aaa/v1/grant_pb.js";
-import { PolicyService } from "./gen/aaa/v1/policy_pb.js";
-import type { DescMessage, DescMethodStreaming, DescMethodUnary, MessageInitShape } from "@bufbuild/protobuf";
+import type { Http2SessionManager } from "@connectrpc/connect-node";
+import { BatchDecision } from "./gen/aaa/v1/approval_pb.js";
+import type { CreateGrantRequestSchema } from "./gen/aaa/v1/grant_pb.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { RunService, type ModelSpecSchema, type ScriptedStepSchema, type StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
-import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
-import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
-import { AaaError, Cancelled, Code, MemberTooSlow, Timeout, Unavailable, toAaaError } from "./errors.js";
+import type { ModelSpecSchema, ScriptedStepSchema, StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
+import { Backoff, anySignal, cancelledBy } from "./backoff.js";
+import { Connection, type CallControl, type ConnectOptions } from "./connection.js";
+import { AaaError, Code, MemberTooSlow, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { stringify, type JsonObject } from "./json.js";
 import { traceparent } from "./otel.js";
 import {
@@ -85,44 +70,10 @@ import {
 } from "./types.js";
 import { Worker, type WorkerOptions } from "./worker.js";
 import { Outbox, deliveryFromProto, handle, openRequest, type DeliveryHandler, type SubscribeOptions } from "./subscriptions.js";
-
-/** The address used when none is given and env AAA_SERVER is not set. */
-export const DEFAULT_ADDRESS = "127.0.0.1:50051";
+import { toOwnerOf } from "./route.js";
 
 /** The longest wait between two joins of a group whose stream ended (ms). */
 const REJOIN_MAX_DELAY_MS = 5000;
-
-/** Options of {@link connect}. */
-export interface ConnectOptions {
-  /** How long `connect` waits for the server to answer before throwing `Unavailable`; default 10 000 ms. */
-  timeoutMs?: number;
-  /** How long calls keep retrying while the server is unavailable; default 30 000 ms. */
-  retryMs?: number;
-  /** Sent as `authorization: Bearer TOKEN` with every call; defaults to env AAA_TOKEN. */
-  token?: string;
-  /** Connect over TLS (also implied by an https:// address). */
-  tls?: TlsOptions;
-}
-
-/** TLS settings of a connection, PEM text (or Buffers). */
-export interface TlsOptions {
-  /** CA certificates to trust instead of the system's, for a private CA. */
-  ca?: string | Buffer;
-  /** A client certificate chain (mTLS), with its `key`. */
-  cert?: string | Buffer;
-  /** The client certificate's private key. */
-  key?: string | Buffer;
-  /** The name the server certificate must carry, when it differs from the address's host. */
-  servername?: string;
-}
-
-/** Options every call of the SDK takes. */
-export interface CallControl {
-  /** Abort the call (it rejects with `Cancelled`). */
-  signal?: AbortSignal;
-  /** Give up after this many milliseconds (it rejects with `Timeout`). */
-  timeoutMs?: number;
-}
 
 /** A tool a run may call: its name, and optionally a gate, approval timeout or number of approvers for this run only. */
 export interface ToolRef {
@@ -296,257 +247,6 @@ function anyConnected(managers: readonly Http2SessionManager[]): Promise<"open" 
   });
 }
 
-/** A server of a {@link RoundRobin}: its address, its connection, its transport, and when to try it again. */
-interface Member {
-  /** "host:port", as given (without its http:// or https://). */
-  readonly address: string;
-  readonly sessions: Http2SessionManager;
-  readonly transport: Transport;
-  /** A connection attempt made by the picker is under way. */
-  probing: boolean;
-  /** Not tried again before this time (ms since the epoch). */
-  retryAt: number;
-  /** The wait after its next failed attempt (ms). */
-  delay: number;
-}
-
-/** The headers argument of a {@link Transport}'s methods. */
-type HeaderArg = Parameters<Transport["unary"]>[3];
-
-/** The first and the longest wait before connecting again to a server that did not answer (ms). */
-const RECONNECT_MIN_MS = 100;
-const RECONNECT_MAX_MS = 2000;
-
-/**
- * The transport of a client of several servers: each call goes to the next server (round robin)
- * whose connection is up, as with gRPC's `round_robin` policy. A server whose connection is not up
- * is connected in the background, again after 100 ms doubling up to 2 s while it fails, and takes
- * calls again once it answers. When none is up, calls go round all of them and fail or wait for the
- * connection; the client's retries do the rest. A write of one run (a call made with
- * {@link toOwnerOf}) goes to the run's owner instead, when {@link ShardOwners} knows it.
- */
-class RoundRobin implements Transport {
-  private next = 0;
-  /** Which of the servers owns which runs. */
-  readonly owners: ShardOwners;
-
-  constructor(
-    private readonly members: readonly Member[],
-    private readonly closed: AbortSignal,
-  ) {
-    this.owners = new ShardOwners(this, members, closed);
-  }
-
-  unary<I extends DescMessage, O extends DescMessage>(
-    method: DescMethodUnary<I, O>,
-    signal: AbortSignal | undefined,
-    timeoutMs: number | undefined,
-    header: HeaderArg,
-    input: MessageInitShape<I>,
-    contextValues?: ContextValues,
-  ): Promise<UnaryResponse<I, O>> {
-    const runId = contextValues?.get(RUN_WRITTEN);
-    const owner = runId ? this.owners.ownerOf(runId) : undefined;
-    if (owner === undefined) return this.pick().unary(method, signal, timeoutMs, header, input, contextValues);
-    return owner.transport.unary(method, signal, timeoutMs, header, input, contextValues).catch((err: unknown) => {
-      // The owner may have stopped or handed the run over: read who owns it again.
-      if (ConnectError.from(err).code === Code.Unavailable) this.owners.markStale();
-      throw err;
-    });
-  }
-
-  stream<I extends DescMessage, O extends DescMessage>(
-    method: DescMethodStreaming<I, O>,
-    signal: AbortSignal | undefined,
-    timeoutMs: number | undefined,
-    header: HeaderArg,
-    input: AsyncIterable<MessageInitShape<I>>,
-    contextValues?: ContextValues,
-  ): Promise<StreamResponse<I, O>> {
-    return this.pick().stream(method, signal, timeoutMs, header, input, contextValues);
-  }
-
-  /** The transport of the next server that is up, else of the next one not known down, else the next. */
-  private pick(): Transport {
-    const now = Date.now();
-    const up = this.members.map((m) => {
-      const state = m.sessions.state();
-      const isUp = state === "open" || state === "idle" || state === "verifying";
-      if (!isUp && !m.probing && now >= m.retryAt && !this.closed.aborted) this.probe(m);
-      return isUp;
-    });
-    const usable = up.some(Boolean) ? up : this.members.map((m) => !m.probing && m.sessions.state() !== "error");
-    const n = this.members.length;
-    const inTurn = Array.from({ length: n }, (_, i) => (this.next + i) % n);
-    const k = inTurn.find((j) => usable[j]) ?? this.next;
-    this.next = (k + 1) % n;
-    return this.members[k].transport;
-  }
-
-  /** Connects a server that is not up in the background. */
-  private probe(m: Member): void {
-    m.probing = true;
-    void m.sessions.connect().then((state) => {
-      m.probing = false;
-      if (state === "error") {
-        m.retryAt = Date.now() + m.delay;
-        m.delay = Math.min(m.delay * 2, RECONNECT_MAX_MS);
-      } else {
-        m.retryAt = 0;
-        m.delay = RECONNECT_MIN_MS;
-      }
-    });
-  }
-}
-
-/** The run a unary call writes to, set by {@link toOwnerOf}; "" for other calls. */
-const RUN_WRITTEN = createContextKey("", { description: "the run an aaa call writes to" });
-
-/**
- * `options` for a call that writes to run `runId` (Signal, CancelRun, a task's HeartbeatTask,
- * CompleteTask and FailTask): a client of several servers sends it to the run's owner.
- */
-export function toOwnerOf(runId: string, options: CallOptions): CallOptions {
-  return { ...options, contextValues: createContextValues().set(RUN_WRITTEN, runId) };
-}
-
-/** The shard of a run: the last byte of its id (the UUID's last two hex digits); undefined for another id. */
-export function shardOf(runId: string): number | undefined {
-  const last = runId.slice(-2);
-  return /^[0-9a-f]{2}$/i.test(last) ? parseInt(last, 16) : undefined;
-}
-
-/**
- * For each shard's owner (GetCluster's `shard_owners`: "host:port", "" while unowned), its index
- * in the client's `addresses`, compared as given but without an http:// or https:// prefix;
- * undefined where the shard is unowned or its owner is not one of them.
- */
-export function ownerIndexes(shardOwners: readonly string[], addresses: readonly string[]): (number | undefined)[] {
-  const indexOf = new Map(addresses.map((address, i) => [hostPort(address), i]));
-  return shardOwners.map((owner) => (owner === "" ? undefined : indexOf.get(owner)));
-}
-
-/** An address as GetCluster names servers: without the http:// or https:// the SDK accepts, and a trailing "/". */
-function hostPort(address: string): string {
-  return address.replace(/^https?:\/\//, "").replace(/\/$/, "");
-}
-
-/** How long a routed call uses the map of the runs' owners before it is read again in the background (ms). */
-const OWNERS_MAX_AGE_MS = 5000;
-/** How long a read of the map (GetCluster) may take (ms). */
-const OWNERS_READ_TIMEOUT_MS = 5000;
-
-/**
- * Which of the client's servers owns each shard of runs, from GetCluster, so that a run's writes go
- * straight to its owner: any server takes them, but one that does not own the run forwards them,
- * which costs the cluster CPU and the call a hop. The map is only a hint: a stale one costs that
- * hop, nothing else. It is read at connect, again in the background when a routed call finds it
- * older than 5 s, and at the next routed call after one failed with UNAVAILABLE. Separate servers
- * with embedded stores each claim every shard, so with store "embedded" nothing is routed.
- */
-class ShardOwners {
-  /** GetCluster's store ("embedded" or "postgres"); "" until a server answered. */
-  store = "";
-  /** The owner of each shard among the members; empty (no routing) until a shared store's map is read. */
-  private owners: (Member | undefined)[] = [];
-  /** When the map was last read (ms since the epoch); 0: read it at the next routed call. */
-  private readAt = 0;
-  private reading: Promise<void> | undefined;
-  private readonly cluster: ServiceClient<typeof ClusterService>;
-
-  constructor(
-    roundRobin: Transport,
-    private readonly members: readonly Member[],
-    private readonly closed: AbortSignal,
-  ) {
-    this.cluster = createClient(ClusterService, roundRobin);
-  }
-
-  /** Whether runs' writes are routed: a map of a shared store was read. */
-  get routing(): boolean {
-    return this.owners.length > 0;
-  }
-
-  /** The server that owns the run, when known and one of the client's; reads the map again if it is old. */
-  ownerOf(runId: string): Member | undefined {
-    if (this.store === "embedded") return undefined;
-    if (Date.now() - this.readAt > OWNERS_MAX_AGE_MS) void this.read();
-    const shard = shardOf(runId);
-    return shard === undefined ? undefined : this.owners[shard];
-  }
-
-  /**
-   * Forgets the map until it is read again (which the next routed call starts): meanwhile writes go
-   * round robin, so the retry of a call whose owner died reaches a live server (which waits for the
-   * next owner) rather than the dead one again.
-   */
-  markStale(): void {
-    this.readAt = 0;
-    this.owners = [];
-  }
-
-  /** Reads the map from any server, one read at a time; a failed read keeps the map it had (none at first). */
-  read(timeoutMs = OWNERS_READ_TIMEOUT_MS): Promise<void> {
-    this.reading ??= this.fetch(timeoutMs).finally(() => (this.reading = undefined));
-    return this.reading;
-  }
-
-  private async fetch(timeoutMs: number): Promise<void> {
-    this.readAt = Date.now();
-    try {
-      const cluster = await this.cluster.getCluster({}, { signal: this.closed, timeoutMs });
-      const shared = cluster.store !== "embedded";
-      const indexes = shared ? ownerIndexes(cluster.shardOwners, this.members.map((m) => m.address)) : [];
-      this.owners = indexes.map((i) => (i === undefined ? undefined : this.members[i]));
-      this.store = cluster.store;
-    } catch {
-      // Calls go on as they did (round robin, or to the owners read before), perhaps with a hop.
-    }
-  }
-}
-
-/** Exponential backoff (50 ms doubling up to `maxDelayMs`) within a time budget (`Infinity`: no end). */
-export class Backoff {
-  private delay = 50;
-  private deadline = 0;
-
-  constructor(
-    private readonly budgetMs: number,
-    private readonly maxDelayMs = 1000,
-  ) {
-    this.reset();
-  }
-
-  /** Start over: full budget, short delay. */
-  reset(): void {
-    this.delay = 50;
-    this.deadline = Date.now() + this.budgetMs;
-  }
-
-  /** Sleeps before the next try; false when the budget is spent. Throws `Cancelled` if `signal` aborts. */
-  async wait(signal?: AbortSignal): Promise<boolean> {
-    if (Date.now() + this.delay > this.deadline) return false;
-    try {
-      await sleep(this.delay, undefined, { signal });
-    } catch {
-      throw cancelledBy(signal);
-    }
-    this.delay = Math.min(this.delay * 2, this.maxDelayMs);
-    return true;
-  }
-}
-
-function cancelledBy(signal: AbortSignal | undefined): AaaError {
-  const reason: unknown = signal?.reason;
-  if (reason instanceof AaaError) return reason;
-  return new Cancelled(reason instanceof Error ? reason.message : "the call was aborted", { code: Code.Canceled, cause: reason });
-}
-
-/** Signals combined: aborted when any of them is. */
-function anySignal(...signals: (AbortSignal | undefined)[]): AbortSignal {
-  return AbortSignal.any(signals.filter((s): s is AbortSignal => s !== undefined));
-}
-
 /** The error of an SDK call that was given `timeoutMs` and ran out. */
 function timeoutError(what: string, ms: number): Timeout {
   return new Timeout(`${what} did not finish within ${ms} ms`, { code: Code.DeadlineExceeded });
@@ -556,110 +256,16 @@ function timeoutError(what: string, ms: number): Timeout {
  * A connection to an aaa server. Create it with {@link connect}; close it with
  * {@link Client.close}.
  */
-export class Client {
-  /** The server address ("host:port" or URL); those of an array joined by commas. */
-  readonly address: string;
-  /** The server addresses: one, unless an array was given. */
-  readonly addresses: readonly string[];
-  /** How long calls retry while the server is unavailable (ms). */
-  readonly retryMs: number;
+export class Client extends Connection {
   /** List and watch pending approvals. */
   readonly approvals: Approvals;
-  /**
-   * The generated service clients (@connectrpc/connect), for anything the SDK
-   * does not wrap. They throw `ConnectError`; {@link toAaaError} converts.
-   */
-  readonly services: {
-    readonly run: ServiceClient<typeof RunService>;
-    readonly approval: ServiceClient<typeof ApprovalService>;
-    readonly worker: ServiceClient<typeof WorkerService>;
-    readonly subscription: ServiceClient<typeof SubscriptionService>;
-    readonly policy: ServiceClient<typeof PolicyService>;
-    readonly grant: ServiceClient<typeof GrantService>;
-  };
-  /** The HTTP/2 connection manager (exposed for `connect` and tests); of the first address when there are several. */
-  readonly sessions: Http2SessionManager;
-  /** The HTTP/2 connection manager of each address, in the order of {@link addresses}. */
-  readonly allSessions: readonly Http2SessionManager[];
-  /** With several addresses: which of them owns which runs (read by {@link connect}). */
-  private readonly shardOwners: ShardOwners | undefined;
-  private readonly closing = new AbortController();
 
   /** Creates a client without waiting for the server; prefer {@link connect}. */
   constructor(address?: string | readonly string[], options: ConnectOptions = {}) {
-    this.addresses =
-      address === undefined || typeof address === "string" ? [address || process.env.AAA_SERVER || DEFAULT_ADDRESS] : [...address];
-    if (this.addresses.length === 0) throw new TypeError("no server address given");
-    this.address = this.addresses.join(",");
-    this.retryMs = options.retryMs ?? 30_000;
-    const scheme = options.tls ? "https" : "http";
-    const pings = { pingIntervalMs: 30_000, pingTimeoutMs: 10_000 };
-    const token = options.token ?? process.env.AAA_TOKEN;
-    const bearer: Interceptor = (next) => (request) => {
-      request.header.set("authorization", `Bearer ${token}`);
-      return next(request);
-    };
-    const interceptors = token ? [bearer] : [];
-    const members = this.addresses.map((server): Member => {
-      const baseUrl = /^https?:\/\//.test(server) ? server : `${scheme}://${server}`;
-      const sessions = new Http2SessionManager(baseUrl, pings, options.tls);
-      const transport = createGrpcTransport({ baseUrl, sessionManager: sessions, interceptors });
-      return { address: hostPort(server), sessions, transport, probing: false, retryAt: 0, delay: RECONNECT_MIN_MS };
-    });
-    this.allSessions = members.map((m) => m.sessions);
-    this.sessions = this.allSessions[0];
-    const roundRobin = members.length === 1 ? undefined : new RoundRobin(members, this.closing.signal);
-    this.shardOwners = roundRobin?.owners;
-    const transport = roundRobin ?? members[0].transport;
-    this.services = {
-      run: createClient(RunService, transport),
-      approval: createClient(ApprovalService, transport),
-      worker: createClient(WorkerService, transport),
-      subscription: createClient(SubscriptionService, transport),
-      policy: createClient(PolicyService, transport),
-      grant: createClient(GrantService, transport),
-    };
+    super(address, options);
     this.approvals = new Approvals(this);
   }
 
-  /** Aborted when the client is closed; every call of the SDK listens to it. */
-  get closeSignal(): AbortSignal {
-    return this.closing.signal;
-  }
-
-  /** Closes the connection; calls and streams still in flight reject with `Cancelled`. Stop workers first. */
-  close(): void {
-    if (!this.closing.signal.aborted) {
-      this.closing.abort(new Cancelled("the client was closed", { code: Code.Canceled }));
-    }
-    for (const sessions of this.allSessions) sessions.abort();
-  }
-
-  /**
-   * Makes a unary call of a generated service client, retrying UNAVAILABLE
-   * for up to `retryMs`, and throws typed errors. `retry: false` makes one try.
-   */
-  async call<T>(
-    method: (options: CallOptions) => Promise<T>,
-    control: CallControl & { retry?: boolean } = {},
-  ): Promise<T> {
-    const backoff = new Backoff(control.retry === false ? 0 : this.retryMs);
-    const signal = anySignal(this.closing.signal, control.signal);
-    const deadline = control.timeoutMs === undefined ? undefined : Date.now() + control.timeoutMs;
-    for (;;) {
-      const timeoutMs = deadline === undefined ? undefined : Math.max(1, deadline - Date.now());
-      try {
-        return await method({ signal, timeoutMs });
-      } catch (err) {
-        if (signal.aborted) throw cancelledBy(signal);
-        const error = toAaaError(err);
-        if (error instanceof Unavailable && !(deadline !== undefined && Date.now() >= deadline)) {
-          if (await backoff.wait(signal)) continue;
-        }
-        throw error;
-      }
-    }
-  }
 
   /**
    * Joins a consumer group and calls `handler` for each delivery, until
@@ -684,7 +290,7 @@ export class Client {
    */
   async subscribe(eventTypes: string | string[], handler: DeliveryHandler, options: SubscribeOptions): Promise<void> {
     const backoff = new Backoff(Infinity, REJOIN_MAX_DELAY_MS);
-    const leave = anySignal(this.closing.signal, options.signal);
+    const leave = anySignal(this.closeSignal, options.signal);
     for (;;) {
       const stream = new AbortController();
       const signal = anySignal(stream.signal, leave);

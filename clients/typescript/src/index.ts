@@ -15,21 +15,18 @@
 export {
   Approvals,
   Client,
-  DEFAULT_ADDRESS,
   Run,
   connect,
   type Budget,
-  type CallControl,
-  type ConnectOptions,
   type CreateGrantOptions,
   type DecideApprovalsOptions,
   type EventsOptions,
   type ListGrantsOptions,
   type StartRunOptions,
-  type TlsOptions,
   type ToolRef,
   type WatchOptions,
 } from "./client.js";
+export { DEFAULT_ADDRESS, type CallControl, type ConnectOptions, type TlsOptions } from "./connection.js";
 export {
   Tool,
   Worker,

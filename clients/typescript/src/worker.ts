@@ -36,10 +36,12 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { CompleteTaskRequestSchema, FailTaskRequestSchema, Task } from "./gen/aaa/v1/worker_pb.js";
 import type { ToolDefinitionSchema } from "./gen/aaa/v1/types_pb.js";
 import type { CallOptions } from "@connectrpc/connect";
-import { Backoff, toOwnerOf, type Client } from "./client.js";
+import { Backoff } from "./backoff.js";
+import type { Connection } from "./connection.js";
 import { FailedPrecondition, InvalidArgument, NonRetryable, NotFound, Timeout, Unavailable, toAaaError } from "./errors.js";
 import { parseObject, stringify, type JsonObject } from "./json.js";
 import { inTaskSpan, type FailSpan } from "./otel.js";
+import { toOwnerOf } from "./route.js";
 import { Reply, modelRequestFromProto, optionalDate, replyToProto, type ModelRequest, type ToolInfo } from "./types.js";
 
 /** The attempt a tool or model handler is running. */
@@ -283,7 +285,7 @@ export class Worker {
   /** Creates a worker; prefer `client.worker(options)`. */
   constructor(
     /** The connection it uses. */
-    readonly client: Client,
+    readonly client: Connection,
     options: WorkerOptions,
   ) {
     this.tools = new Map((options.tools ?? []).map((t) => [t.name, t]));

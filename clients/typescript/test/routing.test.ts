@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { connect, type Client, type Run } from "../src/index.js";
-import { ownerIndexes, shardOf } from "../src/client.js";
+import { ownerIndexes } from "../src/route.js";
 import { ON_POSTGRES, WAIT_MS, exited, paymentSetup, startServer, uid, type Server } from "./helpers.js";
 
 /** From the client's map of the runs' owners (a private field): its store, and whether it routes. */
@@ -23,13 +23,7 @@ async function callsAnswered(address: string): Promise<Map<string, number>> {
   return calls;
 }
 
-test("a run's shard is the last byte of its id", () => {
-  assert.equal(shardOf("01a23f28-6ad7-775d-8ccf-c1ea6885cd39"), 0x39);
-  assert.equal(shardOf("01a23f28-6ad7-775d-8ccf-c1ea6885cdff"), 255);
-  assert.equal(shardOf("01A23F28-6AD7-775D-8CCF-C1EA6885CD0A"), 10);
-  assert.equal(shardOf("01a23f28-6ad7-775d-8ccf-c1ea6885cd00"), 0);
-  for (const notAnId of ["", "7", "run-xyz"]) assert.equal(shardOf(notAnId), undefined);
-});
+// A run's shard (the last byte of its id): see vectors.test.ts.
 
 test("a shard's owner is matched to the client's address of it, as given or after its scheme", () => {
   const addresses = ["10.0.0.1:50051", "http://10.0.0.2:50051", "https://aaa-3.example:443/", "[::1]:50051"];

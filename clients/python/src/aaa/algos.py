@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from .tools import Tool, ToolRegistry
+from ._tool import Tool, ToolRegistry
 
 __all__ = ["ToolLoop"]
 

@@ -18,47 +18,27 @@ their cursor after a dropped connection, with no gap and no duplicate.
 Given a list of addresses (the servers of a cluster), the client spreads its
 calls over them (gRPC's ``round_robin``) and leaves out those that do not
 answer, until they do again; a run's writes go to the server that owns the
-run when the client knows which (see ``_RunOwners``).
+run when the client knows which (see ``_route.RunOwners``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import json
-import logging
-import os
-import socket
-import string
-import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar, Union
+from typing import Any, AsyncGenerator, Callable, Iterable, Mapping, Sequence, Union
 
 import grpc
 import grpc.aio
 
 from . import _otel
-from ._proto.aaa.v1 import (
-    approval_pb2,
-    approval_pb2_grpc,
-    cluster_pb2,
-    cluster_pb2_grpc,
-    policy_pb2,
-    policy_pb2_grpc,
-    grant_pb2,
-    grant_pb2_grpc,
-    run_pb2,
-    run_pb2_grpc,
-    subscription_pb2,
-    subscription_pb2_grpc,
-    worker_pb2_grpc,
-)
+from ._backoff import Backoff, transient
+from ._connection import DEFAULT_ADDRESS, Connection  # DEFAULT_ADDRESS: aaa.client's, as before
+from ._proto.aaa.v1 import approval_pb2, grant_pb2, policy_pb2, run_pb2, subscription_pb2
 from .errors import AaaError, Unavailable, from_rpc_error
 from .models import OpenAI, Reply
-from .subscriptions import _START_FROM, Handler, _follow_group
-from .tools import Tool
+from .subscriptions import START_FROM, Handler, follow_group
+from ._tool import Tool
 from .types import (
     TERMINAL_EVENT_TYPES,
     Approval,
@@ -77,248 +57,14 @@ from .types import (
     ToolRef,
     dumps,
 )
+from .worker import Worker
 
-if TYPE_CHECKING:
-    from .worker import Worker
-
-log = logging.getLogger("aaa.client")
-
-#: The address used when none is given and AAA_SERVER is not set.
-DEFAULT_ADDRESS = "127.0.0.1:50051"
-
-T = TypeVar("T")
 ToolLike = Union[Tool, ToolRef, str]
 ModelLike = Union[str, OpenAI, Sequence[Reply]]
 #: A call for ``decide_approvals``: an ``Approval`` or ``(run_id, call_id, arguments_sha256)``.
 DecisionItemLike = Union[Approval, tuple[str, str, str]]
 
 _BATCH_DECISIONS = {"grant": approval_pb2.BATCH_DECISION_GRANT, "deny": approval_pb2.BATCH_DECISION_DENY}
-
-_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.keepalive_time_ms", 30000),
-    ("grpc.keepalive_timeout_ms", 10000),
-]
-
-
-#: The service config of a channel to several servers: each call goes to the next one that answers.
-_ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-
-
-#: How old the map of run owners may get before a write of a run refreshes it (in the background).
-_OWNERS_MAX_AGE_S = 5.0
-#: How long one GetCluster that reads the owners waits.
-_GET_CLUSTER_TIMEOUT_S = 5.0
-
-
-def _host_port(address: str) -> tuple[str, str]:
-    """The host and port of "host:port" or "[ipv6]:port"."""
-    host, sep, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"a server address in a list must be host:port, not {address!r}")
-    return host, port
-
-
-def _cluster_target(addresses: Sequence[str]) -> str:
-    """The gRPC target of several servers: "ipv4:IP:PORT,..." or "ipv6:[IP]:PORT,...".
-
-    gRPC has no target naming several hosts, only several IP addresses of one family, so host
-    names are resolved here, once. A name that does not resolve is left out; an error if none
-    does. IPv4 is used when every server has an IPv4 address, else IPv6 when every one has one.
-    """
-    by_family: dict[int, list[str]] = {4: [], 6: []}
-    servers: list[set[int]] = []  # the families of each server that resolved
-    for address in addresses:
-        host, port = _host_port(address)
-        try:
-            ips = [ipaddress.ip_address(host)]
-        except ValueError:
-            try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except socket.gaierror:
-                continue
-            ips = [ipaddress.ip_address(str(info[4][0])) for info in infos]
-        servers.append({ip.version for ip in ips})
-        for ip in ips:
-            endpoint = f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
-            if endpoint not in by_family[ip.version]:
-                by_family[ip.version].append(endpoint)
-    if not servers:
-        raise Unavailable(
-            f"none of the server addresses {', '.join(addresses)} resolves", code=grpc.StatusCode.UNAVAILABLE
-        )
-    for version in (4, 6):
-        if all(version in families for families in servers):
-            return f"ipv{version}:" + ",".join(by_family[version])
-    raise ValueError(f"the servers {', '.join(addresses)} mix IPv4-only and IPv6-only hosts; gRPC cannot reach both")
-
-
-class _Backoff:
-    """Exponential backoff (50 ms doubling up to ``cap_s``) within a time budget (None: no end)."""
-
-    def __init__(self, budget_s: float | None, cap_s: float = 1.0) -> None:
-        self.budget_s = budget_s
-        self.cap_s = cap_s
-        self.reset()
-
-    def reset(self) -> None:
-        """Start over: full budget, short delay."""
-        self.delay = 0.05
-        self.deadline = None if self.budget_s is None else asyncio.get_running_loop().time() + self.budget_s
-
-    async def wait(self) -> bool:
-        """Sleep before the next try; False when the budget is spent."""
-        loop = asyncio.get_running_loop()
-        if self.deadline is not None and loop.time() + self.delay > self.deadline:
-            return False
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.cap_s)
-        return True
-
-
-def _transient(err: grpc.RpcError) -> bool:
-    """True for errors worth retrying: the server was unreachable or went away."""
-    return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNAVAILABLE
-
-
-class _BearerDetails:
-    """Adds ``authorization: Bearer TOKEN`` to a call's metadata."""
-
-    def __init__(self, token: str) -> None:
-        self._value = f"Bearer {token}"
-
-    def _details(self, details: Any) -> Any:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        metadata.add("authorization", self._value)
-        return details._replace(metadata=metadata)
-
-
-# grpc.aio files each interceptor under one call kind only: one class per kind.
-class _BearerUnaryUnary(_BearerDetails, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _BearerUnaryStream(_BearerDetails, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _BearerStreamUnary(_BearerDetails, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-
-class _BearerStreamStream(_BearerDetails, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-
-def _bearer(token: str) -> list[Any]:
-    kinds = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
-    return [kind(token) for kind in kinds]
-
-
-def _shard(run_id: str) -> int | None:
-    """The shard of a run: the last byte of its id (the UUID's last two hex digits); None for an id
-    that does not end in two hex digits (the server will refuse it)."""
-    last_byte = run_id[-2:]
-    if len(last_byte) != 2 or not all(c in string.hexdigits for c in last_byte):
-        return None
-    return int(last_byte, 16)
-
-
-class _RunOwners:
-    """Which server of the client's list owns each run, so that a run's writes go straight to it.
-
-    Any server of a cluster takes any call, but one that does not own the run forwards its writes
-    (Signal, CancelRun, a task's reports) to the owner: a hop that costs both servers CPU and the
-    call time. GetCluster names the owner of each shard of runs; a write whose owner is one of the
-    client's addresses goes on a channel to that server, anything else on the round robin. The map
-    is a hint only: a stale one sends a write to a server that forwards it, as without the map.
-
-    Only with several addresses on a shared store: separate embedded servers in one list each
-    claim every shard, and would be sent runs they do not have.
-    """
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        #: False with one address, and once GetCluster says the store is embedded.
-        self.enabled = len(client.addresses) > 1
-        self.owners: list[str] = []  # shard -> owner's address, "" while no server holds it
-        self.read_at: float | None = None  # time.monotonic() of the read; None: unread or stale
-        self._refresh: asyncio.Task[None] | None = None
-        self._stubs: dict[str, SimpleNamespace] = {}  # address -> its channel and stubs
-
-    def owner_address(self, run_id: str) -> str | None:
-        """The address of the run's owner when it is one of the client's, else None."""
-        shard = _shard(run_id)
-        if shard is None or shard >= len(self.owners):
-            return None
-        owner = self.owners[shard]
-        # Only the servers the client was given: an advertised address may not be reachable from
-        # here, and the client's TLS settings and authority are for those.
-        return owner if owner in self.client.addresses else None
-
-    def stubs_for(self, run_id: str) -> SimpleNamespace | None:
-        """The stubs on a channel to the run's owner, or None to use the round robin.
-
-        Starts a refresh of the map when it is older than _OWNERS_MAX_AGE_S, without waiting for it.
-        """
-        if not self.enabled:
-            return None
-        if self.read_at is None or time.monotonic() - self.read_at > _OWNERS_MAX_AGE_S:
-            if self._refresh is None or self._refresh.done():
-                self._refresh = asyncio.create_task(self.read(), name="aaa-read-run-owners")
-        address = self.owner_address(run_id)
-        if address is None:
-            return None
-        if address not in self._stubs:
-            channel = self.client._open_channel(address)
-            self._stubs[address] = SimpleNamespace(
-                channel=channel,
-                run=run_pb2_grpc.RunServiceStub(channel),
-                worker=worker_pb2_grpc.WorkerServiceStub(channel),
-            )
-        return self._stubs[address]
-
-    def mark_stale(self) -> None:
-        """A write sent to an owner failed UNAVAILABLE: the run may have moved. Forget the map until
-        it is read again, so that the retry goes round robin to a live server (which waits for the
-        next owner) rather than to the dead owner again."""
-        self.read_at = None
-        self.owners = []
-
-    async def read(self) -> None:
-        """Read the map from GetCluster (any server of the list); on failure keep the one there is."""
-        try:
-            cluster = await self.client._call(
-                self.client._cluster.GetCluster,
-                cluster_pb2.GetClusterRequest(),
-                timeout=_GET_CLUSTER_TIMEOUT_S,
-                retry=False,
-            )
-        except AaaError as err:
-            log.debug("could not read the owners of the runs: %s", err)
-            return
-        if cluster.store == "embedded":
-            self.enabled = False  # servers that share no store: each names itself the owner of all
-            return
-        self.owners = list(cluster.shard_owners)
-        self.read_at = time.monotonic()
-
-    async def close(self) -> None:
-        """Stop a refresh in flight and close the channels to the owners."""
-        if self._refresh is not None:
-            self._refresh.cancel()
-            await asyncio.gather(self._refresh, return_exceptions=True)
-        for stubs in self._stubs.values():
-            await stubs.channel.close(grace=None)
-        self._stubs.clear()
 
 
 async def connect(
@@ -356,7 +102,7 @@ async def connect(
     return client
 
 
-class Client:
+class Client(Connection):
     """A connection to an aaa server (or to the servers of a cluster). Create it with
     ``await aaa.connect(...)``; close it with ``await client.close()`` or ``async with client:``.
 
@@ -376,100 +122,14 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         retry_s: float = 30.0,
     ) -> None:
-        if address is None or isinstance(address, str):
-            self.addresses = [address or os.environ.get("AAA_SERVER") or DEFAULT_ADDRESS]
-        else:
-            self.addresses = list(address)
-            if not self.addresses:
-                raise ValueError("connect needs at least one server address")
-        self.address = ",".join(self.addresses)
-        self.retry_s = retry_s
-        token = token or os.environ.get("AAA_TOKEN")
-        self._interceptors = _bearer(token) if token else None
-        self._credentials = credentials
-        self._options = list(_CHANNEL_OPTIONS)
-        if len(self.addresses) == 1:
-            self._channel = self._open_channel(self.addresses[0])
-        else:
-            # One authority for all, the channels to the runs' owners too: the first address
-            # (the name TLS checks the certificates for).
-            self._options.append(("grpc.default_authority", self.addresses[0]))
-            target = _cluster_target(self.addresses)
-            self._channel = self._open_channel(target, [("grpc.service_config", _ROUND_ROBIN)])
-        self.stubs = SimpleNamespace(
-            run=run_pb2_grpc.RunServiceStub(self._channel),
-            approval=approval_pb2_grpc.ApprovalServiceStub(self._channel),
-            worker=worker_pb2_grpc.WorkerServiceStub(self._channel),
-            subscription=subscription_pb2_grpc.SubscriptionServiceStub(self._channel),
-            policy=policy_pb2_grpc.PolicyServiceStub(self._channel),
-            grant=grant_pb2_grpc.GrantServiceStub(self._channel),
-        )
-        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
-        self._owners = _RunOwners(self)
+        super().__init__(address, token=token, credentials=credentials, retry_s=retry_s)
         self.approvals = Approvals(self)
-
-    def _open_channel(self, target: str, extra_options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-        """A channel with the client's token, TLS settings and options."""
-        options = self._options + list(extra_options)
-        if self._credentials is None:
-            return grpc.aio.insecure_channel(target, options=options, interceptors=self._interceptors)
-        return grpc.aio.secure_channel(target, self._credentials, options=options, interceptors=self._interceptors)
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    async def close(self) -> None:
-        """Close the connection; calls still in flight are cancelled."""
-        await self._owners.close()
-        await self._channel.close(grace=None)
-
-    def _for_run(
-        self, run_id: str, method: Callable[[SimpleNamespace], Callable[..., Awaitable[T]]]
-    ) -> Callable[..., Awaitable[T]]:
-        """The stub method for a write of one run, to use where the stub method would be (e.g. in
-        ``_call``). ``method`` picks it from a set of stubs, e.g. ``lambda stubs: stubs.run.Signal``.
-
-        Each call of it goes to the run's owner when the client knows it (see ``_RunOwners``), else
-        on the round robin. The channels share the token, TLS settings and options, and the caller's
-        retries and deadlines apply as to any call; a retry picks the owner again.
-        """
-
-        async def call(request: Any, **kwargs: Any) -> T:
-            owner_stubs = self._owners.stubs_for(run_id)
-            if owner_stubs is None:
-                return await method(self.stubs)(request, **kwargs)
-            try:
-                return await method(owner_stubs)(request, **kwargs)
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._owners.mark_stale()  # the owner is down or lost the run: it may have moved
-                raise
-
-        return call
-
-    async def _call(
-        self,
-        method: Callable[..., Awaitable[T]],
-        request: Any,
-        *,
-        timeout: float | None = None,
-        retry: bool = True,
-        metadata: Any = None,
-    ) -> T:
-        """Make a unary call, retrying UNAVAILABLE, and raise typed errors."""
-        backoff = _Backoff(self.retry_s if retry else 0.0)
-        while True:
-            try:
-                if metadata:
-                    return await method(request, timeout=timeout, metadata=metadata)
-                return await method(request, timeout=timeout)
-            except grpc.aio.AioRpcError as err:
-                if _transient(err) and await backoff.wait():
-                    continue
-                raise from_rpc_error(err) from err
 
     async def start_run(
         self,
@@ -729,8 +389,8 @@ class Client:
             opening.start_from = subscription_pb2.START_FROM_AFTER_POSITION
             opening.start_after_position = start_after_position
         else:
-            opening.start_from = _START_FROM[start_from]
-        await _follow_group(self, opening, handler)
+            opening.start_from = START_FROM[start_from]
+        await follow_group(self, opening, handler)
 
     def worker(
         self,
@@ -746,8 +406,6 @@ class Client:
 
         See ``aaa.Worker`` for the arguments.
         """
-        from .worker import Worker
-
         return Worker(
             self,
             tools=tools,
@@ -831,7 +489,7 @@ class Run:
         loop) when done; ``contextlib.aclosing`` closes it at once.
         """
         cursor = after_seq
-        backoff = _Backoff(self.client.retry_s)
+        backoff = Backoff(self.client.retry_s)
         while True:
             request = run_pb2.StreamEventsRequest(
                 run_id=self.id, after_seq=cursor, follow=follow, type_prefix=type_prefix, stop_at_end=stop_at_end
@@ -852,7 +510,7 @@ class Run:
                         return
                 return
             except grpc.aio.AioRpcError as err:
-                if _transient(err) and await backoff.wait():
+                if transient(err) and await backoff.wait():
                     continue
                 raise from_rpc_error(err) from err
             finally:
@@ -1064,7 +722,7 @@ class Approvals:
         """
         position = after_position
         snapshot_seen: set[tuple[str, str]] = set()
-        backoff = _Backoff(self.client.retry_s)
+        backoff = Backoff(self.client.retry_s)
         while True:
             request = approval_pb2.WatchApprovalsRequest(
                 tool=tool, run_id=run_id, labels=dict(labels or {}), heartbeat_s=heartbeat_s, decidable=decidable
@@ -1099,7 +757,7 @@ class Approvals:
                         position = item.position
                 return
             except grpc.aio.AioRpcError as err:
-                if _transient(err) and await backoff.wait():
+                if transient(err) and await backoff.wait():
                     continue
                 raise from_rpc_error(err) from err
             finally:

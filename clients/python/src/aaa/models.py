@@ -18,13 +18,11 @@ same helpers, plus ``echo()``, are the steps of the built-in scripted model:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ._proto.aaa.v1 import run_pb2, types_pb2, worker_pb2
+from ._tool import Tool
 from .types import ErrorDetail, dumps, loads
-
-if TYPE_CHECKING:
-    from .tools import Tool
 
 _ROLES = {
     types_pb2.ROLE_SYSTEM: "system",

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, Union
+from typing import Any, Awaitable, Callable, Mapping, Sequence, Union
 
 import grpc
 
+from .algos import ToolLoop
 from .client import Client, Run, connect
 from .subscriptions import Delivery
 from .types import Budget, Event, Outcome
 from .worker import Worker
-
-if TYPE_CHECKING:
-    from .algos import ToolLoop
 
 __all__ = ["Budget", "Engine", "EventStore", "Outcome"]
 
@@ -189,8 +187,6 @@ class Engine:
             input: ``{"task": str}``, optionally with ``"budget": Budget(...)``,
                 ``"labels": {...}``, ``"system": str`` and ``"request_id": str``.
         """
-        from .algos import ToolLoop
-
         if not isinstance(algo, ToolLoop):
             raise TypeError(f"engine.start runs a ToolLoop(registry), not {algo!r}")
         if not isinstance(input, Mapping):

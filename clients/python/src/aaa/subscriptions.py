@@ -27,20 +27,20 @@ import inspect
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Union
 
 import grpc.aio
 
+from ._backoff import Backoff
+from ._connection import Connection
 from ._proto.aaa.v1 import subscription_pb2
 from .errors import AaaError, MemberTooSlow, Unavailable, from_rpc_error
 from .types import Event, _time
 
-if TYPE_CHECKING:
-    from .client import Client
-
 log = logging.getLogger("aaa.subscriptions")
 
-_START_FROM = {
+#: ``Client.subscribe``'s ``start_from`` values.
+START_FROM = {
     "now": subscription_pb2.START_FROM_NOW,
     "beginning": subscription_pb2.START_FROM_BEGINNING,
 }
@@ -89,12 +89,10 @@ def _rejoin(err: AaaError) -> bool:
     return isinstance(err, (Unavailable, MemberTooSlow))
 
 
-async def _follow_group(client: Client, opening: subscription_pb2.SubscriptionOpen, handler: Handler) -> None:
+async def follow_group(client: Connection, opening: subscription_pb2.SubscriptionOpen, handler: Handler) -> None:
     """Join the group of ``opening`` and handle its deliveries, joining again after
     every end that passes, until cancelled (the loop of ``Client.subscribe``)."""
-    from .client import _Backoff
-
-    backoff = _Backoff(None, cap_s=REJOIN_CAP_S)
+    backoff = Backoff(None, cap_s=REJOIN_CAP_S)
     while True:
         # Acks and nacks from the handlers' tasks, written by the call in order.
         outgoing: asyncio.Queue[subscription_pb2.SubscribeRequest] = asyncio.Queue()

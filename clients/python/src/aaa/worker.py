@@ -39,20 +39,19 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import grpc
 import grpc.aio
 
 from . import _otel
+from ._backoff import Backoff
+from ._connection import Connection
 from ._proto.aaa.v1 import types_pb2, worker_pb2
 from .errors import AaaError, FailedPrecondition, InvalidArgument, NotFound, from_rpc_error
 from .models import ModelRequest, as_reply
-from .tools import Tool
+from ._tool import Tool
 from .types import dumps
-
-if TYPE_CHECKING:
-    from .client import Client
 
 log = logging.getLogger("aaa.worker")
 
@@ -99,7 +98,7 @@ class Worker:
     or ``await worker.start()`` / ``await worker.stop()``.
 
     Args:
-        client: the connection to use.
+        client: the connection to use (an ``aaa.Client``).
         tools: ``@tool`` functions to serve.
         models: model name -> handler (a callable from ``ModelRequest`` to a reply).
         identity: the worker's name in events; defaults to "python-HOST-PID". With auth on it
@@ -113,7 +112,7 @@ class Worker:
 
     def __init__(
         self,
-        client: Client,
+        client: Connection,
         *,
         tools: Iterable[Tool] = (),
         models: Mapping[str, Callable[..., Any]] | None = None,
@@ -321,13 +320,11 @@ class Worker:
     async def _send_report(
         self, task: worker_pb2.Task, request: worker_pb2.CompleteTaskRequest | worker_pb2.FailTaskRequest
     ) -> None:
-        from .client import _Backoff
-
         complete = isinstance(request, worker_pb2.CompleteTaskRequest)
         method = self.client._for_run(
             task.run_id, lambda stubs: stubs.worker.CompleteTask if complete else stubs.worker.FailTask
         )
-        backoff = _Backoff(None)  # _report bounds the whole
+        backoff = Backoff(None)  # _report bounds the whole
         while True:
             try:
                 response = await method(request, timeout=REPORT_TRY_TIMEOUT_S)

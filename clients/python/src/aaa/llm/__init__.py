@@ -9,15 +9,13 @@ the SDK's ``text(...)`` and ``tool_call(...)`` (also as ``aaa.llm.fake.text`` / 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..models import ModelRequest, Reply, text, tool_call
+from ..runtime import Engine
+from ..worker import Worker
 from . import fake
 from .fake import FakeLLMClient
-
-if TYPE_CHECKING:
-    from ..runtime import Engine
-    from ..worker import Worker
 
 __all__ = ["FakeLLMClient", "LLMHandler", "ModelRequest", "Reply", "fake", "text", "tool_call"]
 
