@@ -7,8 +7,8 @@
 //! `cargo test --test integration vectors::write -- --ignored` fills them in.
 //! No server is started here.
 
+use aaa::domain::event::{canonical_json, sha256_hex};
 use aaa::domain::{RunId, SHARDS};
-use aaa::engine::event::{canonical_json, sha256_hex};
 use serde_json::{json, Value};
 
 const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/formats.json");
