@@ -1,24 +1,29 @@
 //! aaa: a durable run server for AI agents with a server-enforced approval gate.
 //!
+//! The house in floors, from the edges down. A floor imports only the
+//! floors beneath it; nothing below the edges imports `api`, `web` or `cli`.
+//!
 //! ```text
-//! http (plain HTTP beside gRPC on the same port: /metrics, the web inbox)
-//!   -> web (the approval inbox's pages; they act through the gRPC API
-//!           below as the signed-in person, over a loopback channel)
-//! auth (one layer in front of every service: who is calling, may it?)
-//! api (tonic services: wire types <-> domain, one error mapping)
-//!   -> engine (per-run pure fold + driver: tool loop, approval gate,
-//!              policy and standing grants, leases, durable timers,
-//!              task dispatch)
-//!     -> store (a trait in domain terms; backends: embedded = sled + a
-//!               segment log with group commit and fdatasync, postgres)
-//!   -> subscriptions (consumer groups: a dispatcher task per group follows
-//!                     the durable global log; cursors and dead letters go
-//!                     through the store's group commit)
-//! openai (the built-in OpenAI-compatible model: an in-process consumer of
-//!         the engine's model tasks, calling providers over HTTP)
-//! engine::retention (a sweep that deletes finished runs past their
-//!         retention, archives them first (archive), and asks the store to
-//!         compact: the embedded log gives disk back a segment at a time)
+//! edges       api (tonic services: wire types <-> domain, validation, one
+//!             error mapping), web (the approval inbox), cli (the aaa command),
+//!             present (what web and cli show alike), http (plain HTTP beside
+//!             gRPC), server (wiring: each part gets its own settings from
+//!             Config), migrate; the bench lives in the executable only
+//! components  cluster (shards, forwarding by routes declared in the proto),
+//!             subscriptions (consumer groups, webhooks), openai (the built-in
+//!             model: an in-process consumer of the engine's model tasks)
+//! core        engine: state (the pure fold over typed events, one module per
+//!             concern: model, tool, approval, run), driver (lock, cache,
+//!             stage, fold, commit, act), runs, tasks (workers, tokens), timers,
+//!             gate, grants, decisions, requests, retention
+//!             store (a trait in domain terms, fenced writes; backends:
+//!             embedded = sled + a segment log with group commit and fdatasync,
+//!             postgres), policy (the policy file and its bounded CEL), auth
+//!             (principals and roles; one layer in front of every service),
+//!             providers (the --models file)
+//! below       metrics, otel
+//! ground      domain (ids, shards, records, the event catalogue decoded once,
+//!             the token format, name checks, clipping), clock, seconds, causes
 //! ```
 //!
 //! The durability contract: an RPC that appended events answers only after
