@@ -19,10 +19,13 @@
 //!   an error, and the caller fails safe (the call waits for a person).
 //!   Steps make the outcome the same on every machine; the clock bounds
 //!   what steps do not count (one comparison of two long lists).
-//! - **Its own threads**: parsing and evaluation run on [`THREADS`]
-//!   threads with a large stack, never on the runtime's; a caller on the
-//!   runtime hands its other tasks over while it waits (`block_in_place`),
-//!   so other runs go on. A panic of the interpreter is caught there.
+//! - **Its own threads**: parsing, and the evaluation of any expression
+//!   with a comprehension or deeper than [`INLINE_DEPTH`], run on
+//!   [`THREADS`] threads with a large stack, never on the runtime's; a
+//!   caller on the runtime hands its other tasks over while it waits
+//!   (`block_in_place`), so other runs go on. A shallow expression without
+//!   a loop is evaluated where it is asked (its cost is bounded by its size
+//!   and its input's). A panic of the interpreter is caught either way.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -48,6 +51,11 @@ pub const STEP_BUDGET: u64 = 100_000;
 pub const TIME_BUDGET: Duration = Duration::from_millis(50);
 /// Threads that parse and evaluate.
 pub const THREADS: usize = 2;
+/// Deepest tree evaluated on the caller's thread when it has no
+/// comprehension: its cost is bounded by its size and its input's, and
+/// its recursion fits a runtime thread's stack (2 MiB) in a debug build
+/// (see the test `shallow_expressions_fit_a_runtime_threads_stack`).
+pub const INLINE_DEPTH: usize = 32;
 /// Their stack: deep enough for any tree a 4 KiB source can make, even if
 /// the scan and the parser disagreed about a bracket.
 const STACK_BYTES: usize = 256 << 20;
@@ -62,6 +70,9 @@ pub struct Expression {
     tree: IdedExpr,
     /// Names bound by comprehensions, with the variables read.
     variables: Vec<String>,
+    /// Cheap and shallow enough to evaluate on the caller's thread: no
+    /// comprehension, and at most [`INLINE_DEPTH`] deep.
+    inline: bool,
 }
 
 impl Expression {
@@ -97,9 +108,11 @@ impl Expression {
                 .into_iter()
                 .map(String::from)
                 .collect();
+            let inline = depth <= INLINE_DEPTH && !has_comprehension(&tree);
             Ok(Expression {
                 tree: metered(tree),
                 variables,
+                inline,
             })
         })?
     }
@@ -194,46 +207,56 @@ pub fn first_true(
     variables: Variables,
     budget: &Arc<Budget>,
 ) -> Result<Option<usize>, (usize, String)> {
+    // Most rules compare a few fields: handing them to a CEL thread would
+    // cost more than evaluating them.
+    if expressions.iter().all(|e| e.inline) {
+        return evaluate(&expressions, variables, budget);
+    }
     let budget = budget.clone();
-    let evaluated = on_cel_thread(move || {
-        let mut context = Context::default();
-        for (name, value) in variables {
-            context.add_variable_from_value(name, value);
+    on_cel_thread(move || evaluate(&expressions, variables, &budget)).map_err(|why| (0, why))?
+}
+
+fn evaluate(
+    expressions: &[Arc<Expression>],
+    variables: Variables,
+    budget: &Arc<Budget>,
+) -> Result<Option<usize>, (usize, String)> {
+    let mut context = Context::default();
+    for (name, value) in variables {
+        context.add_variable_from_value(name, value);
+    }
+    let meter = budget.clone();
+    context.add_function(
+        STEP,
+        move |accumulated: Cel| -> Result<bool, ExecutionError> {
+            let building = match &accumulated {
+                Cel::List(items) => items.len() as u64,
+                _ => 0,
+            };
+            meter
+                .charge(1 + building)
+                .map(|()| true)
+                .map_err(|why| ExecutionError::function_error("budget", why))
+        },
+    );
+    for (i, expression) in expressions.iter().enumerate() {
+        if let Some(why) = budget.spent() {
+            return Err((i, why));
         }
-        let meter = budget.clone();
-        context.add_function(
-            STEP,
-            move |accumulated: Cel| -> Result<bool, ExecutionError> {
-                let building = match &accumulated {
-                    Cel::List(items) => items.len() as u64,
-                    _ => 0,
-                };
-                meter
-                    .charge(1 + building)
-                    .map(|()| true)
-                    .map_err(|why| ExecutionError::function_error("budget", why))
-            },
-        );
-        for (i, expression) in expressions.iter().enumerate() {
-            if let Some(why) = budget.spent() {
-                return Err((i, why));
-            }
-            let one = AssertUnwindSafe(|| context.resolve(&expression.tree));
-            let outcome = std::panic::catch_unwind(one);
-            if budget.exceeded.load(Ordering::Relaxed) {
-                return Err((i, budget.spent().unwrap_or_else(|| budget.over_steps())));
-            }
-            match outcome {
-                Ok(Ok(Cel::Bool(true))) => return Ok(Some(i)),
-                Ok(Ok(Cel::Bool(false))) => {}
-                Ok(Ok(other)) => return Err((i, format!("gave {other:?}, not a bool"))),
-                Ok(Err(e)) => return Err((i, e.to_string())),
-                Err(_) => return Err((i, "the CEL interpreter failed on this input".into())),
-            }
+        let one = AssertUnwindSafe(|| context.resolve(&expression.tree));
+        let outcome = std::panic::catch_unwind(one);
+        if budget.exceeded.load(Ordering::Relaxed) {
+            return Err((i, budget.spent().unwrap_or_else(|| budget.over_steps())));
         }
-        Ok(None)
-    });
-    evaluated.map_err(|why| (0, why))?
+        match outcome {
+            Ok(Ok(Cel::Bool(true))) => return Ok(Some(i)),
+            Ok(Ok(Cel::Bool(false))) => {}
+            Ok(Ok(other)) => return Err((i, format!("gave {other:?}, not a bool"))),
+            Ok(Err(e)) => return Err((i, e.to_string())),
+            Err(_) => return Err((i, "the CEL interpreter failed on this input".into())),
+        }
+    }
+    Ok(None)
 }
 
 /// The deepest bracket nesting of `source`, outside strings and comments.
@@ -287,6 +310,18 @@ fn string_end(bytes: &[u8], start: usize, quote: u8, raw: bool) -> usize {
         i += 1;
     }
     i
+}
+
+/// Does the tree loop (`all`, `exists`, `exists_one`, `map`, `filter`)?
+fn has_comprehension(tree: &IdedExpr) -> bool {
+    let mut stack = vec![tree];
+    while let Some(node) = stack.pop() {
+        if matches!(node.expr, Expr::Comprehension(_)) {
+            return true;
+        }
+        stack.extend(children(node));
+    }
+    false
 }
 
 /// The depth of a parsed tree, walked with a stack of its own.
@@ -493,6 +528,47 @@ mod tests {
     ) -> Result<Option<usize>, (usize, String)> {
         let expression = Arc::new(Expression::parse(source).expect("parses"));
         first_true(vec![expression], vec![("args", value(&args))], budget)
+    }
+
+    /// The deepest expressions evaluated on the caller's thread run on a
+    /// thread with a runtime worker's stack (tokio's 2 MiB), in whatever
+    /// build the tests are (a debug build's frames are the largest).
+    #[test]
+    fn shallow_expressions_fit_a_runtime_threads_stack() {
+        let adds = format!(
+            "{} == {}",
+            vec!["args.x"; INLINE_DEPTH - 2].join(" + "),
+            INLINE_DEPTH - 2
+        );
+        let brackets = format!(
+            "size({}args.x{}) == 1",
+            "[".repeat(INLINE_DEPTH - 4),
+            "]".repeat(INLINE_DEPTH - 4)
+        );
+        let parens = format!(
+            "{}args.x{} == 1",
+            "(-".repeat(INLINE_DEPTH - 3),
+            ")".repeat(INLINE_DEPTH - 3)
+        );
+        for source in [adds, brackets, parens] {
+            let expression = Expression::parse(&source).expect("parses");
+            assert!(expression.inline, "{source} is evaluated inline");
+            let expression = Arc::new(expression);
+            let evaluated = std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn(move || {
+                    let args = value(&serde_json::json!({"x": 1}));
+                    evaluate(&[expression], vec![("args", args)], &Budget::new())
+                })
+                .expect("a thread starts")
+                .join()
+                .expect("no overflow");
+            assert!(evaluated.is_ok(), "{source}: {evaluated:?}");
+        }
+        let deeper = format!("{} == 1", vec!["args.x"; INLINE_DEPTH + 4].join(" + "));
+        assert!(!Expression::parse(&deeper).expect("parses").inline);
+        let looping = "args.l.all(x, x > 0)";
+        assert!(!Expression::parse(looping).expect("parses").inline);
     }
 
     #[test]
