@@ -2,11 +2,13 @@
 //! each aaa service: while this server's engine serves every shard it
 //! calls the service. Otherwise (a standby, a server taking over, one that
 //! lost the runs, or one holding a share of spread shards) it answers
-//! [`READS`] itself from the database, serves a call for a run of a shard
-//! it serves (the run named by the request, see [`KEYED`]) and a call that
-//! names no run, and forwards every other call as it came, HTTP/2 frames
-//! and all, to the owner of the run's shard, and passes the answer back:
-//! unary calls, server streams and Subscribe's two-way stream alike.
+//! reads itself from the database, serves a call for a run of a shard it
+//! serves (the run named by the request) and a call that names no run, and
+//! forwards every other call as it came, HTTP/2 frames and all, to the
+//! owner of the run's shard, and passes the answer back: unary calls,
+//! server streams and Subscribe's two-way stream alike. Which calls are
+//! reads and which field names a call's run is each rpc's `aaa.v1.route`
+//! option in proto/ (see [`routes`]).
 //!
 //! The caller was authenticated here; the owner learns who it is from a
 //! signed header (see `auth::forwarded`) instead of its credentials, so the
@@ -34,33 +36,21 @@ use tonic::codegen::http::{self, header, HeaderMap, Request, Response};
 use tonic::server::NamedService;
 use tonic::Status;
 
+use super::routes::{self, Kind, Route};
 use super::{unavailable, Cluster, Owner, ANY_SHARD};
 use crate::auth::remote_addr;
 use crate::auth::{forwarded, ForwardedPeer, Principal};
-use crate::domain::group_shard;
 
 /// How many servers a call has passed through.
 const HOPS: &str = "aaa-forward-hops";
 /// A call forwarded this often is refused rather than sent on: the runs
 /// are moving, and the caller retries.
 const MAX_HOPS: u32 = 2;
-/// The calls every server answers from the database, owner or not.
-const READS: [&str; 6] = [
-    "/aaa.v1.RunService/GetRun",
-    "/aaa.v1.RunService/ListRuns",
-    "/aaa.v1.RunService/StreamEvents",
-    "/aaa.v1.ApprovalService/ListApprovals",
-    "/aaa.v1.ApprovalService/WatchApprovals",
-    "/aaa.v1.GrantService/ListGrants",
-];
 /// How long a forwarded call waits for a shard between owners: a dead
 /// owner's lease (3 s by default) and the next server's look.
 const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// How often it reads who owns the shard meanwhile.
 const LOOK_AGAIN: Duration = Duration::from_millis(200);
-/// The one call forwarded here whose request is a stream (it is not
-/// buffered or resent).
-const SUBSCRIBE: &str = forwarded::REQUEST_STREAMS[0];
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
@@ -80,8 +70,21 @@ pub struct Routed<S> {
     max_request: usize,
 }
 
-impl<S> Routed<S> {
+impl<S: NamedService> Routed<S> {
     pub fn new(local: Slot<S>, cluster: Arc<Cluster>, max_request: usize) -> Self {
+        // A LOCAL rpc is served by the server asked, engine or not; a
+        // Routed service has no engine's service on a standby to serve it.
+        let prefix = format!("/{}/", S::NAME);
+        if let Some(local) = routes::ROUTES
+            .iter()
+            .find(|r| r.kind == Kind::Local && r.method.starts_with(&prefix))
+        {
+            panic!(
+                "{} is ROUTE_KIND_LOCAL, but its service is routed: register {} unwrapped",
+                local.method,
+                S::NAME
+            );
+        }
         Routed {
             local,
             reads: None,
@@ -90,8 +93,8 @@ impl<S> Routed<S> {
         }
     }
 
-    /// Answers the service's [`READS`] with `reads` while this server does
-    /// not serve every shard.
+    /// Answers the service's reads ([`Kind::Read`]) with `reads` while this
+    /// server does not serve every shard.
     pub fn with_reads(self, reads: Option<S>) -> Self {
         Routed { reads, ..self }
     }
@@ -133,25 +136,25 @@ where
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let serving = self.cluster.serving();
         let local = self.local.read().expect("poisoned").clone();
-        let path = request.uri().path();
-        let keyed = KEYED
-            .iter()
-            .find(|(method, _)| *method == path)
-            .map(|k| k.1);
+        // A path proto/ does not have (the service answers UNIMPLEMENTED)
+        // goes where a call that names no run goes.
+        let route = routes::find(request.uri().path());
+        let kind = route.map_or(Kind::AnyOwner, |route| route.kind);
         match local {
             // Serving every shard, it serves every call.
             Some(mut local) if serving.is_all() => {
                 return Box::pin(async move { local.call(request).await });
             }
             // A call that names no run (a worker's registration or poll, a
-            // grant, a group) is served by any server with an engine.
-            Some(mut local) if keyed.is_none() && !serving.is_empty() && !READS.contains(&path) => {
+            // grant, a batch of decisions) is served by any server with an
+            // engine.
+            Some(mut local) if kind == Kind::AnyOwner && !serving.is_empty() => {
                 return Box::pin(async move { local.call(request).await });
             }
             _ => {}
         }
         if let Some(reads) = &self.reads {
-            if READS.contains(&path) {
+            if kind == Kind::Read {
                 let mut reads = reads.clone();
                 return Box::pin(async move { reads.call(request).await });
             }
@@ -160,7 +163,7 @@ where
         let cluster = self.cluster.clone();
         let max_request = self.max_request;
         Box::pin(async move {
-            Ok(route(&cluster, &local, request, keyed, max_request)
+            Ok(route_call(&cluster, &local, request, route, max_request)
                 .await
                 .unwrap_or_else(|status| status.into_http()))
         })
@@ -170,11 +173,11 @@ where
 /// Serves a call here if its run's shard is served here, or forwards it to
 /// the shard's owner (a call that names no run: to the owner of
 /// [`ANY_SHARD`]).
-async fn route<S>(
+async fn route_call<S>(
     cluster: &Cluster,
     local: &Slot<S>,
     request: Request<Body>,
-    keyed: Option<Key>,
+    route: Option<&Route>,
     max_request: usize,
 ) -> Result<Response<Body>, Status>
 where
@@ -186,12 +189,12 @@ where
     S::Future: Send + 'static,
 {
     let (mut parts, body) = request.into_parts();
-    if parts.uri.path() == SUBSCRIBE {
-        // A two-way stream, served by the owner of its group's shard: its
-        // first message (the open) names the group; the rest is passed on
-        // as it comes, never buffered or resent.
+    if let Some(route) = route.filter(|route| route.request_stream) {
+        // A request stream (Subscribe's, served by the owner of its group's
+        // shard): its first message (the open) names the key; the rest is
+        // passed on as it comes, never buffered or resent.
         let (first, rest) = first_message(body, max_request).await?;
-        let shard = subscribed_group(&first).map_or(ANY_SHARD, |group| group_shard(&group));
+        let shard = shard_of(route, &first, &parts.extensions).unwrap_or(ANY_SHARD);
         let body = Body::new(Prepended {
             first: Some(first),
             rest,
@@ -223,8 +226,8 @@ where
         .map_err(|e| Status::out_of_range(format!("the request could not be read whole: {e}")))?
         .to_bytes();
     let serving = cluster.serving();
-    let shard = keyed
-        .and_then(|key| shard_of(key, &bytes, &parts.extensions))
+    let shard = route
+        .and_then(|route| shard_of(route, &bytes, &parts.extensions))
         .or_else(|| serving.iter().next())
         .unwrap_or(ANY_SHARD);
     if !cluster.serves_soon(shard).await {
@@ -262,65 +265,18 @@ fn taking_over() -> Status {
     unavailable("this server is taking these runs over; retry shortly", "")
 }
 
-/// What names the run a call is for.
-#[derive(Clone, Copy)]
-enum Key {
-    /// The run id, field 1.
-    Run,
-    /// A task token, field 1, which names the run (see `engine::Token`).
-    Token,
-    /// StartRun's request id, field 6, with the caller: a run started with
-    /// one is made in its shard (see `domain::request_shard`).
-    RequestId,
-    /// A consumer group's name, field 1: its shard's owner serves it.
-    Group,
-}
-
-/// The calls that name a run, and how.
-const KEYED: [(&str, Key); 9] = [
-    (SUBSCRIBE, Key::Group),
-    ("/aaa.v1.SubscriptionService/ListDeadLetters", Key::Group),
-    ("/aaa.v1.SubscriptionService/ReplayDeadLetters", Key::Group),
-    ("/aaa.v1.RunService/StartRun", Key::RequestId),
-    ("/aaa.v1.RunService/Signal", Key::Run),
-    ("/aaa.v1.RunService/CancelRun", Key::Run),
-    ("/aaa.v1.WorkerService/HeartbeatTask", Key::Token),
-    ("/aaa.v1.WorkerService/CompleteTask", Key::Token),
-    ("/aaa.v1.WorkerService/FailTask", Key::Token),
-];
-
-/// The shard of the run a buffered gRPC request names; `None` if it names
-/// none (StartRun without a request id: any server's shard will do) or
-/// none that parses (the service then answers the error).
-fn shard_of(key: Key, framed: &[u8], extensions: &http::Extensions) -> Option<u8> {
-    /// The one string field of a request that routing reads.
-    #[derive(prost::Message)]
-    struct Keyed {
-        #[prost(string, tag = "1")]
-        first: String,
-        #[prost(string, tag = "6")]
-        sixth: String,
-    }
+/// The shard of the run (or group) a buffered gRPC request, or a request
+/// stream's first message, names (see [`Route::shard`]).
+fn shard_of(route: &Route, framed: &[u8], extensions: &http::Extensions) -> Option<u8> {
     // A gRPC message: a compression flag, a 4-byte length, the message.
     let message = framed.get(5..)?;
     if framed.first() != Some(&0) {
         return None;
     }
-    let keyed = <Keyed as prost::Message>::decode(message).ok()?;
-    let run = match key {
-        Key::Run => keyed.first.as_str(),
-        // `kind.mac.run.attempt.principal.call`
-        Key::Token => keyed.first.split('.').nth(2)?,
-        Key::Group => return Some(group_shard(&keyed.first)),
-        Key::RequestId if keyed.sixth.is_empty() => return None,
-        Key::RequestId => {
-            let principal = extensions
-                .get::<Principal>()
-                .map_or("", |p| p.name.as_str());
-            return Some(crate::domain::request_shard(principal, &keyed.sixth));
-        }
-    };
-    crate::store::RunId::parse(run).map(|run| run.shard())
+    let caller = extensions
+        .get::<Principal>()
+        .map_or("", |p| p.name.as_str());
+    route.shard(message, caller)
 }
 
 /// Reads a request stream's first gRPC message whole (flag, length,
@@ -349,19 +305,6 @@ async fn first_message(mut body: Body, max_request: usize) -> Result<(Bytes, Bod
             // It ended first: the service answers what it got.
             None => return Ok((first.freeze(), body)),
         }
-    }
-}
-
-/// The group a Subscribe stream's first message opens, if it is an open.
-fn subscribed_group(first: &[u8]) -> Option<String> {
-    use crate::proto::{subscribe_request, SubscribeRequest};
-    if first.first() != Some(&0) {
-        return None;
-    }
-    let request = <SubscribeRequest as prost::Message>::decode(first.get(5..)?).ok()?;
-    match request.kind? {
-        subscribe_request::Kind::Open(open) => Some(open.group),
-        _ => None,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod balance;
 pub mod forward;
 pub mod offers;
 pub mod peers;
+pub mod routes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

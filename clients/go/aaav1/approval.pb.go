@@ -1455,7 +1455,7 @@ var File_aaa_v1_approval_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\n" +
-	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\x04\n" +
+	"\x15aaa/v1/approval.proto\x12\x06aaa.v1\x1a\x14aaa/v1/routing.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\x04\n" +
 	"\bApproval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x12\n" +
@@ -1578,11 +1578,11 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x18DECISION_STATUS_MISMATCH\x10\x03\x12\x1d\n" +
 	"\x19DECISION_STATUS_NOT_FOUND\x10\x04\x12\x1b\n" +
 	"\x17DECISION_STATUS_REFUSED\x10\x05\x12\x1f\n" +
-	"\x1bDECISION_STATUS_NOT_APPLIED\x10\x062\x86\x02\n" +
-	"\x0fApprovalService\x12L\n" +
-	"\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\x12Q\n" +
-	"\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse0\x01\x12R\n" +
-	"\x0fDecideApprovals\x12\x1e.aaa.v1.DecideApprovalsRequest\x1a\x1f.aaa.v1.DecideApprovalsResponseBt\n" +
+	"\x1bDECISION_STATUS_NOT_APPLIED\x10\x062\x9e\x02\n" +
+	"\x0fApprovalService\x12T\n" +
+	"\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\"\x06ҷ\x18\x02\b\x01\x12Y\n" +
+	"\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse\"\x06ҷ\x18\x02\b\x010\x01\x12Z\n" +
+	"\x0fDecideApprovals\x12\x1e.aaa.v1.DecideApprovalsRequest\x1a\x1f.aaa.v1.DecideApprovalsResponse\"\x06ҷ\x18\x02\b\x06Bt\n" +
 	"\n" +
 	"com.aaa.v1B\rApprovalProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -1662,6 +1662,7 @@ func file_aaa_v1_approval_proto_init() {
 	if File_aaa_v1_approval_proto != nil {
 		return
 	}
+	file_aaa_v1_routing_proto_init()
 	file_aaa_v1_approval_proto_msgTypes[4].OneofWrappers = []any{}
 	file_aaa_v1_approval_proto_msgTypes[5].OneofWrappers = []any{
 		(*WatchApprovalsResponse_Requested)(nil),

@@ -499,7 +499,7 @@ var File_aaa_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x13aaa/v1/worker.proto\"\x9e\x01\n" +
+	"\x14aaa/v1/cluster.proto\x12\x06aaa.v1\x1a\x14aaa/v1/routing.proto\x1a\x13aaa/v1/worker.proto\"\x9e\x01\n" +
 	"\x0fPeerPollRequest\x12-\n" +
 	"\x04poll\x18\x01 \x01(\v2\x17.aaa.v1.PollTaskRequestH\x00R\x04poll\x12\x18\n" +
 	"\x06accept\x18\x02 \x01(\bH\x00R\x06accept\x12\x1c\n" +
@@ -528,11 +528,11 @@ const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\"\n" +
 	"\rlease_left_ms\x18\x06 \x01(\x03R\vleaseLeftMs\x12\x1e\n" +
 	"\vgone_for_ms\x18\a \x01(\x03R\tgoneForMs\x12\x13\n" +
-	"\x05up_ms\x18\b \x01(\x03R\x04upMs2\x98\x01\n" +
-	"\x0eClusterService\x12C\n" +
+	"\x05up_ms\x18\b \x01(\x03R\x04upMs2\xa8\x01\n" +
+	"\x0eClusterService\x12K\n" +
 	"\n" +
-	"GetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\x12A\n" +
-	"\bPeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse(\x010\x01Bs\n" +
+	"GetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\"\x06ҷ\x18\x02\b\a\x12I\n" +
+	"\bPeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse\"\x06ҷ\x18\x02\b\a(\x010\x01Bs\n" +
 	"\n" +
 	"com.aaa.v1B\fClusterProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -578,6 +578,7 @@ func file_aaa_v1_cluster_proto_init() {
 	if File_aaa_v1_cluster_proto != nil {
 		return
 	}
+	file_aaa_v1_routing_proto_init()
 	file_aaa_v1_worker_proto_init()
 	file_aaa_v1_cluster_proto_msgTypes[0].OneofWrappers = []any{
 		(*PeerPollRequest_Poll)(nil),

@@ -610,7 +610,7 @@ var File_aaa_v1_grant_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_grant_proto_rawDesc = "" +
 	"\n" +
-	"\x12aaa/v1/grant.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n" +
+	"\x12aaa/v1/grant.proto\x12\x06aaa.v1\x1a\x14aaa/v1/routing.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n" +
 	"\n" +
 	"GrantScope\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
@@ -666,12 +666,12 @@ const file_aaa_v1_grant_proto_rawDesc = "" +
 	"\rrevoke_reason\x18\x10 \x01(\tR\frevokeReason\x12\x16\n" +
 	"\x06active\x18\x11 \x01(\bR\x06activeB\f\n" +
 	"\n" +
-	"_uses_left2\xe3\x01\n" +
-	"\fGrantService\x12F\n" +
-	"\vCreateGrant\x12\x1a.aaa.v1.CreateGrantRequest\x1a\x1b.aaa.v1.CreateGrantResponse\x12F\n" +
-	"\vRevokeGrant\x12\x1a.aaa.v1.RevokeGrantRequest\x1a\x1b.aaa.v1.RevokeGrantResponse\x12C\n" +
+	"_uses_left2\xfb\x01\n" +
+	"\fGrantService\x12N\n" +
+	"\vCreateGrant\x12\x1a.aaa.v1.CreateGrantRequest\x1a\x1b.aaa.v1.CreateGrantResponse\"\x06ҷ\x18\x02\b\x06\x12N\n" +
+	"\vRevokeGrant\x12\x1a.aaa.v1.RevokeGrantRequest\x1a\x1b.aaa.v1.RevokeGrantResponse\"\x06ҷ\x18\x02\b\x06\x12K\n" +
 	"\n" +
-	"ListGrants\x12\x19.aaa.v1.ListGrantsRequest\x1a\x1a.aaa.v1.ListGrantsResponseBq\n" +
+	"ListGrants\x12\x19.aaa.v1.ListGrantsRequest\x1a\x1a.aaa.v1.ListGrantsResponse\"\x06ҷ\x18\x02\b\x01Bq\n" +
 	"\n" +
 	"com.aaa.v1B\n" +
 	"GrantProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
@@ -730,6 +730,7 @@ func file_aaa_v1_grant_proto_init() {
 	if File_aaa_v1_grant_proto != nil {
 		return
 	}
+	file_aaa_v1_routing_proto_init()
 	file_aaa_v1_grant_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -215,7 +215,7 @@ var File_aaa_v1_policy_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x13aaa/v1/policy.proto\x12\x06aaa.v1\"\x12\n" +
+	"\x13aaa/v1/policy.proto\x12\x06aaa.v1\x1a\x14aaa/v1/routing.proto\"\x12\n" +
 	"\x10GetPolicyRequest\"m\n" +
 	"\x11GetPolicyResponse\x12\x16\n" +
 	"\x06loaded\x18\x01 \x01(\bR\x06loaded\x12\x16\n" +
@@ -224,10 +224,10 @@ const file_aaa_v1_policy_proto_rawDesc = "" +
 	"\x04file\x18\x04 \x01(\tR\x04file\"\x15\n" +
 	"\x13ReloadPolicyRequest\"I\n" +
 	"\x14ReloadPolicyResponse\x121\n" +
-	"\x06policy\x18\x01 \x01(\v2\x19.aaa.v1.GetPolicyResponseR\x06policy2\x9c\x01\n" +
-	"\rPolicyService\x12@\n" +
-	"\tGetPolicy\x12\x18.aaa.v1.GetPolicyRequest\x1a\x19.aaa.v1.GetPolicyResponse\x12I\n" +
-	"\fReloadPolicy\x12\x1b.aaa.v1.ReloadPolicyRequest\x1a\x1c.aaa.v1.ReloadPolicyResponseBr\n" +
+	"\x06policy\x18\x01 \x01(\v2\x19.aaa.v1.GetPolicyResponseR\x06policy2\xac\x01\n" +
+	"\rPolicyService\x12H\n" +
+	"\tGetPolicy\x12\x18.aaa.v1.GetPolicyRequest\x1a\x19.aaa.v1.GetPolicyResponse\"\x06ҷ\x18\x02\b\a\x12Q\n" +
+	"\fReloadPolicy\x12\x1b.aaa.v1.ReloadPolicyRequest\x1a\x1c.aaa.v1.ReloadPolicyResponse\"\x06ҷ\x18\x02\b\aBr\n" +
 	"\n" +
 	"com.aaa.v1B\vPolicyProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -268,6 +268,7 @@ func file_aaa_v1_policy_proto_init() {
 	if File_aaa_v1_policy_proto != nil {
 		return
 	}
+	file_aaa_v1_routing_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

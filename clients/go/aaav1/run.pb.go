@@ -1778,7 +1778,7 @@ var File_aaa_v1_run_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x10aaa/v1/run.proto\x12\x06aaa.v1\x1a\x15aaa/v1/approval.proto\x1a\x12aaa/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x04\n" +
+	"\x10aaa/v1/run.proto\x12\x06aaa.v1\x1a\x15aaa/v1/approval.proto\x1a\x14aaa/v1/routing.proto\x1a\x12aaa/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x11.aaa.v1.RunStatusR\x06status\x12\x12\n" +
@@ -1912,15 +1912,18 @@ const file_aaa_v1_run_proto_rawDesc = "" +
 	"\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x02\x12\x18\n" +
 	"\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n" +
-	"\x14RUN_STATUS_CANCELLED\x10\x052\x8b\x03\n" +
+	"\x14RUN_STATUS_CANCELLED\x10\x052\xd7\x03\n" +
 	"\n" +
-	"RunService\x12=\n" +
-	"\bStartRun\x12\x17.aaa.v1.StartRunRequest\x1a\x18.aaa.v1.StartRunResponse\x127\n" +
-	"\x06GetRun\x12\x15.aaa.v1.GetRunRequest\x1a\x16.aaa.v1.GetRunResponse\x12=\n" +
-	"\bListRuns\x12\x17.aaa.v1.ListRunsRequest\x1a\x18.aaa.v1.ListRunsResponse\x12K\n" +
-	"\fStreamEvents\x12\x1b.aaa.v1.StreamEventsRequest\x1a\x1c.aaa.v1.StreamEventsResponse0\x01\x127\n" +
-	"\x06Signal\x12\x15.aaa.v1.SignalRequest\x1a\x16.aaa.v1.SignalResponse\x12@\n" +
-	"\tCancelRun\x12\x18.aaa.v1.CancelRunRequest\x1a\x19.aaa.v1.CancelRunResponseBo\n" +
+	"RunService\x12Q\n" +
+	"\bStartRun\x12\x17.aaa.v1.StartRunRequest\x1a\x18.aaa.v1.StartRunResponse\"\x12ҷ\x18\x0e\b\x04\x12\n" +
+	"request_id\x12?\n" +
+	"\x06GetRun\x12\x15.aaa.v1.GetRunRequest\x1a\x16.aaa.v1.GetRunResponse\"\x06ҷ\x18\x02\b\x01\x12E\n" +
+	"\bListRuns\x12\x17.aaa.v1.ListRunsRequest\x1a\x18.aaa.v1.ListRunsResponse\"\x06ҷ\x18\x02\b\x01\x12S\n" +
+	"\fStreamEvents\x12\x1b.aaa.v1.StreamEventsRequest\x1a\x1c.aaa.v1.StreamEventsResponse\"\x06ҷ\x18\x02\b\x010\x01\x12G\n" +
+	"\x06Signal\x12\x15.aaa.v1.SignalRequest\x1a\x16.aaa.v1.SignalResponse\"\x0eҷ\x18\n" +
+	"\b\x02\x12\x06run_id\x12P\n" +
+	"\tCancelRun\x12\x18.aaa.v1.CancelRunRequest\x1a\x19.aaa.v1.CancelRunResponse\"\x0eҷ\x18\n" +
+	"\b\x02\x12\x06run_idBo\n" +
 	"\n" +
 	"com.aaa.v1B\bRunProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -2022,6 +2025,7 @@ func file_aaa_v1_run_proto_init() {
 		return
 	}
 	file_aaa_v1_approval_proto_init()
+	file_aaa_v1_routing_proto_init()
 	file_aaa_v1_types_proto_init()
 	file_aaa_v1_run_proto_msgTypes[4].OneofWrappers = []any{
 		(*ModelSpec_Worker)(nil),

@@ -1085,7 +1085,7 @@ var File_aaa_v1_subscription_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_subscription_proto_rawDesc = "" +
 	"\n" +
-	"\x19aaa/v1/subscription.proto\x12\x06aaa.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x12aaa/v1/types.proto\"\x8f\x01\n" +
+	"\x19aaa/v1/subscription.proto\x12\x06aaa.v1\x1a\x14aaa/v1/routing.proto\x1a\x12aaa/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x01\n" +
 	"\x10SubscribeRequest\x12.\n" +
 	"\x04open\x18\x01 \x01(\v2\x18.aaa.v1.SubscriptionOpenH\x00R\x04open\x12\x1f\n" +
 	"\x03ack\x18\x02 \x01(\v2\v.aaa.v1.AckH\x00R\x03ack\x12\"\n" +
@@ -1174,11 +1174,12 @@ const file_aaa_v1_subscription_proto_rawDesc = "" +
 	"\x16START_FROM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14START_FROM_BEGINNING\x10\x01\x12\x12\n" +
 	"\x0eSTART_FROM_NOW\x10\x02\x12\x1d\n" +
-	"\x19START_FROM_AFTER_POSITION\x10\x032\x89\x02\n" +
-	"\x13SubscriptionService\x12D\n" +
-	"\tSubscribe\x12\x18.aaa.v1.SubscribeRequest\x1a\x19.aaa.v1.SubscribeResponse(\x010\x01\x12R\n" +
-	"\x0fListDeadLetters\x12\x1e.aaa.v1.ListDeadLettersRequest\x1a\x1f.aaa.v1.ListDeadLettersResponse\x12X\n" +
-	"\x11ReplayDeadLetters\x12 .aaa.v1.ReplayDeadLettersRequest\x1a!.aaa.v1.ReplayDeadLettersResponseBx\n" +
+	"\x19START_FROM_AFTER_POSITION\x10\x032\xbb\x02\n" +
+	"\x13SubscriptionService\x12X\n" +
+	"\tSubscribe\x12\x18.aaa.v1.SubscribeRequest\x1a\x19.aaa.v1.SubscribeResponse\"\x12ҷ\x18\x0e\b\x05\x12\n" +
+	"open.group(\x010\x01\x12a\n" +
+	"\x0fListDeadLetters\x12\x1e.aaa.v1.ListDeadLettersRequest\x1a\x1f.aaa.v1.ListDeadLettersResponse\"\rҷ\x18\t\b\x05\x12\x05group\x12g\n" +
+	"\x11ReplayDeadLetters\x12 .aaa.v1.ReplayDeadLettersRequest\x1a!.aaa.v1.ReplayDeadLettersResponse\"\rҷ\x18\t\b\x05\x12\x05groupBx\n" +
 	"\n" +
 	"com.aaa.v1B\x11SubscriptionProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -1249,6 +1250,7 @@ func file_aaa_v1_subscription_proto_init() {
 	if File_aaa_v1_subscription_proto != nil {
 		return
 	}
+	file_aaa_v1_routing_proto_init()
 	file_aaa_v1_types_proto_init()
 	file_aaa_v1_subscription_proto_msgTypes[0].OneofWrappers = []any{
 		(*SubscribeRequest_Open)(nil),

@@ -990,7 +990,7 @@ var File_aaa_v1_worker_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x13aaa/v1/worker.proto\x12\x06aaa.v1\x1a\x12aaa/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"y\n" +
+	"\x13aaa/v1/worker.proto\x12\x06aaa.v1\x1a\x14aaa/v1/routing.proto\x1a\x12aaa/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"y\n" +
 	"\x15RegisterWorkerRequest\x12\x1a\n" +
 	"\bidentity\x18\x01 \x01(\tR\bidentity\x12,\n" +
 	"\x05tools\x18\x02 \x03(\v2\x16.aaa.v1.ToolDefinitionR\x05tools\x12\x16\n" +
@@ -1048,13 +1048,13 @@ const file_aaa_v1_worker_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\v2\x13.aaa.v1.ErrorDetailR\x05error\x12#\n" +
 	"\rnon_retryable\x18\x03 \x01(\bR\fnonRetryable\"=\n" +
 	"\x10FailTaskResponse\x12)\n" +
-	"\x10already_recorded\x18\x01 \x01(\bR\x0falreadyRecorded2\xf7\x02\n" +
-	"\rWorkerService\x12O\n" +
-	"\x0eRegisterWorker\x12\x1d.aaa.v1.RegisterWorkerRequest\x1a\x1e.aaa.v1.RegisterWorkerResponse\x12=\n" +
-	"\bPollTask\x12\x17.aaa.v1.PollTaskRequest\x1a\x18.aaa.v1.PollTaskResponse\x12L\n" +
-	"\rHeartbeatTask\x12\x1c.aaa.v1.HeartbeatTaskRequest\x1a\x1d.aaa.v1.HeartbeatTaskResponse\x12I\n" +
-	"\fCompleteTask\x12\x1b.aaa.v1.CompleteTaskRequest\x1a\x1c.aaa.v1.CompleteTaskResponse\x12=\n" +
-	"\bFailTask\x12\x17.aaa.v1.FailTaskRequest\x1a\x18.aaa.v1.FailTaskResponseBr\n" +
+	"\x10already_recorded\x18\x01 \x01(\bR\x0falreadyRecorded2\xb4\x03\n" +
+	"\rWorkerService\x12W\n" +
+	"\x0eRegisterWorker\x12\x1d.aaa.v1.RegisterWorkerRequest\x1a\x1e.aaa.v1.RegisterWorkerResponse\"\x06ҷ\x18\x02\b\x06\x12E\n" +
+	"\bPollTask\x12\x17.aaa.v1.PollTaskRequest\x1a\x18.aaa.v1.PollTaskResponse\"\x06ҷ\x18\x02\b\x06\x12[\n" +
+	"\rHeartbeatTask\x12\x1c.aaa.v1.HeartbeatTaskRequest\x1a\x1d.aaa.v1.HeartbeatTaskResponse\"\rҷ\x18\t\b\x03\x12\x05token\x12X\n" +
+	"\fCompleteTask\x12\x1b.aaa.v1.CompleteTaskRequest\x1a\x1c.aaa.v1.CompleteTaskResponse\"\rҷ\x18\t\b\x03\x12\x05token\x12L\n" +
+	"\bFailTask\x12\x17.aaa.v1.FailTaskRequest\x1a\x18.aaa.v1.FailTaskResponse\"\rҷ\x18\t\b\x03\x12\x05tokenBr\n" +
 	"\n" +
 	"com.aaa.v1B\vWorkerProtoP\x01Z\x1eaaa.dev/clients/go/aaav1;aaav1\xa2\x02\x03AXX\xaa\x02\x06Aaa.V1\xca\x02\x06Aaa\\V1\xe2\x02\x12Aaa\\V1\\GPBMetadata\xea\x02\aAaa::V1b\x06proto3"
 
@@ -1126,6 +1126,7 @@ func file_aaa_v1_worker_proto_init() {
 	if File_aaa_v1_worker_proto != nil {
 		return
 	}
+	file_aaa_v1_routing_proto_init()
 	file_aaa_v1_types_proto_init()
 	file_aaa_v1_worker_proto_msgTypes[4].OneofWrappers = []any{
 		(*Task_Tool)(nil),

@@ -4,13 +4,14 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import { file_aaa_v1_routing } from "./routing_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file aaa/v1/policy.proto.
  */
 export const file_aaa_v1_policy: GenFile = /*@__PURE__*/
-  fileDesc("ChNhYWEvdjEvcG9saWN5LnByb3RvEgZhYWEudjEiEgoQR2V0UG9saWN5UmVxdWVzdCJQChFHZXRQb2xpY3lSZXNwb25zZRIOCgZsb2FkZWQYASABKAgSDgoGc2hhMjU2GAIgASgJEg0KBXJ1bGVzGAMgAygJEgwKBGZpbGUYBCABKAkiFQoTUmVsb2FkUG9saWN5UmVxdWVzdCJBChRSZWxvYWRQb2xpY3lSZXNwb25zZRIpCgZwb2xpY3kYASABKAsyGS5hYWEudjEuR2V0UG9saWN5UmVzcG9uc2UynAEKDVBvbGljeVNlcnZpY2USQAoJR2V0UG9saWN5EhguYWFhLnYxLkdldFBvbGljeVJlcXVlc3QaGS5hYWEudjEuR2V0UG9saWN5UmVzcG9uc2USSQoMUmVsb2FkUG9saWN5EhsuYWFhLnYxLlJlbG9hZFBvbGljeVJlcXVlc3QaHC5hYWEudjEuUmVsb2FkUG9saWN5UmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChNhYWEvdjEvcG9saWN5LnByb3RvEgZhYWEudjEiEgoQR2V0UG9saWN5UmVxdWVzdCJQChFHZXRQb2xpY3lSZXNwb25zZRIOCgZsb2FkZWQYASABKAgSDgoGc2hhMjU2GAIgASgJEg0KBXJ1bGVzGAMgAygJEgwKBGZpbGUYBCABKAkiFQoTUmVsb2FkUG9saWN5UmVxdWVzdCJBChRSZWxvYWRQb2xpY3lSZXNwb25zZRIpCgZwb2xpY3kYASABKAsyGS5hYWEudjEuR2V0UG9saWN5UmVzcG9uc2UyrAEKDVBvbGljeVNlcnZpY2USSAoJR2V0UG9saWN5EhguYWFhLnYxLkdldFBvbGljeVJlcXVlc3QaGS5hYWEudjEuR2V0UG9saWN5UmVzcG9uc2UiBtK3GAIIBxJRCgxSZWxvYWRQb2xpY3kSGy5hYWEudjEuUmVsb2FkUG9saWN5UmVxdWVzdBocLmFhYS52MS5SZWxvYWRQb2xpY3lSZXNwb25zZSIG0rcYAggHYgZwcm90bzM", [file_aaa_v1_routing]);
 
 /**
  * @generated from message aaa.v1.GetPolicyRequest

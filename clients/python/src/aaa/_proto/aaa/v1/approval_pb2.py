@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61\x61\x61/v1/approval.proto\x12\x06\x61\x61\x61.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n\x08\x41pproval\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x05 \x01(\t\x12\x30\n\x0crequested_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06labels\x18\x08 \x03(\x0b\x32\x1c.aaa.v1.Approval.LabelsEntry\x12\x0b\n\x03seq\x18\t \x01(\x04\x12\x10\n\x08position\x18\n \x01(\x04\x12\x0c\n\x04task\x18\x0b \x01(\t\x12\x1a\n\x12\x61pprovals_required\x18\x0c \x01(\r\x12\x1b\n\x05votes\x18\r \x03(\x0b\x32\x0c.aaa.v1.Vote\x12\x13\n\x0b\x65\x64ited_from\x18\x0e \x01(\t\x12\x11\n\tapprovers\x18\x0f \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x04Vote\x12\x10\n\x08\x61pprover\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63omment\x18\x03 \x01(\t\"\xed\x01\n\x14ListApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x38\n\x06labels\x18\x03 \x03(\x0b\x32(.aaa.v1.ListApprovalsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x11\n\tdecidable\x18\x06 \x01(\x08\x12\x14\n\x0cnewest_first\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x15ListApprovalsResponse\x12#\n\tapprovals\x18\x01 \x03(\x0b\x32\x10.aaa.v1.Approval\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf7\x01\n\x15WatchApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x39\n\x06labels\x18\x03 \x03(\x0b\x32).aaa.v1.WatchApprovalsRequest.LabelsEntry\x12\x1b\n\x0e\x61\x66ter_position\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bheartbeat_s\x18\x05 \x01(\x01\x12\x11\n\tdecidable\x18\x06 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_after_position\"\x90\x02\n\x16WatchApprovalsResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12%\n\trequested\x18\x02 \x01(\x0b\x32\x10.aaa.v1.ApprovalH\x00\x12.\n\x08resolved\x18\x03 \x01(\x0b\x32\x1a.aaa.v1.ApprovalResolutionH\x00\x12\x35\n\x11snapshot_complete\x18\x04 \x01(\x0b\x32\x18.aaa.v1.SnapshotCompleteH\x00\x12&\n\theartbeat\x18\x05 \x01(\x0b\x32\x11.aaa.v1.HeartbeatH\x00\x12&\n\x05voted\x18\x06 \x01(\x0b\x32\x15.aaa.v1.ApprovalVotedH\x00\x42\x06\n\x04item\"\x92\x01\n\rApprovalVoted\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x1a\n\x04vote\x18\x04 \x01(\x0b\x32\x0c.aaa.v1.Vote\x12\r\n\x05votes\x18\x05 \x01(\r\x12\x1a\n\x12\x61pprovals_required\x18\x06 \x01(\r\x12\x0b\n\x03seq\x18\x07 \x01(\x04\"\xc9\x01\n\x12\x41pprovalResolution\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12(\n\x07outcome\x18\x04 \x01(\x0e\x32\x17.aaa.v1.ApprovalOutcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12(\n\x04time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0breplaced_by\x18\x08 \x01(\t\"\xc5\x01\n\x16\x44\x65\x63ideApprovalsRequest\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.aaa.v1.DecisionItem\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x15.aaa.v1.BatchDecision\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\x12\x16\n\x0e\x61ll_or_nothing\x18\x05 \x01(\x08\x12\x10\n\x08\x61pprover\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"I\n\x0c\x44\x65\x63isionItem\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x03 \x01(\t\"B\n\x17\x44\x65\x63ideApprovalsResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.aaa.v1.DecisionResult\"\xa5\x01\n\x0e\x44\x65\x63isionResult\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.aaa.v1.DecisionStatus\x12\x10\n\x08\x64\x65\x63ision\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x14\n\x0c\x65rror_reason\x18\x06 \x01(\t\x12\x15\n\rerror_message\x18\x07 \x01(\t\"#\n\x10SnapshotComplete\x12\x0f\n\x07pending\x18\x01 \x01(\r\"\x0b\n\tHeartbeat*\xa9\x01\n\x0f\x41pprovalOutcome\x12 \n\x1c\x41PPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41PPROVAL_OUTCOME_GRANTED\x10\x01\x12\x1b\n\x17\x41PPROVAL_OUTCOME_DENIED\x10\x02\x12\x1c\n\x18\x41PPROVAL_OUTCOME_EXPIRED\x10\x03\x12\x1b\n\x17\x41PPROVAL_OUTCOME_EDITED\x10\x04*b\n\rBatchDecision\x12\x1e\n\x1a\x42\x41TCH_DECISION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42\x41TCH_DECISION_GRANT\x10\x01\x12\x17\n\x13\x42\x41TCH_DECISION_DENY\x10\x02*\xee\x01\n\x0e\x44\x65\x63isionStatus\x12\x1f\n\x1b\x44\x45\x43ISION_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44\x45\x43ISION_STATUS_DECIDED\x10\x01\x12#\n\x1f\x44\x45\x43ISION_STATUS_ALREADY_DECIDED\x10\x02\x12\x1c\n\x18\x44\x45\x43ISION_STATUS_MISMATCH\x10\x03\x12\x1d\n\x19\x44\x45\x43ISION_STATUS_NOT_FOUND\x10\x04\x12\x1b\n\x17\x44\x45\x43ISION_STATUS_REFUSED\x10\x05\x12\x1f\n\x1b\x44\x45\x43ISION_STATUS_NOT_APPLIED\x10\x06\x32\x86\x02\n\x0f\x41pprovalService\x12L\n\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\x12Q\n\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse0\x01\x12R\n\x0f\x44\x65\x63ideApprovals\x12\x1e.aaa.v1.DecideApprovalsRequest\x1a\x1f.aaa.v1.DecideApprovalsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61\x61\x61/v1/approval.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n\x08\x41pproval\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x05 \x01(\t\x12\x30\n\x0crequested_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06labels\x18\x08 \x03(\x0b\x32\x1c.aaa.v1.Approval.LabelsEntry\x12\x0b\n\x03seq\x18\t \x01(\x04\x12\x10\n\x08position\x18\n \x01(\x04\x12\x0c\n\x04task\x18\x0b \x01(\t\x12\x1a\n\x12\x61pprovals_required\x18\x0c \x01(\r\x12\x1b\n\x05votes\x18\r \x03(\x0b\x32\x0c.aaa.v1.Vote\x12\x13\n\x0b\x65\x64ited_from\x18\x0e \x01(\t\x12\x11\n\tapprovers\x18\x0f \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x04Vote\x12\x10\n\x08\x61pprover\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63omment\x18\x03 \x01(\t\"\xed\x01\n\x14ListApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x38\n\x06labels\x18\x03 \x03(\x0b\x32(.aaa.v1.ListApprovalsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x11\n\tdecidable\x18\x06 \x01(\x08\x12\x14\n\x0cnewest_first\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x15ListApprovalsResponse\x12#\n\tapprovals\x18\x01 \x03(\x0b\x32\x10.aaa.v1.Approval\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf7\x01\n\x15WatchApprovalsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x39\n\x06labels\x18\x03 \x03(\x0b\x32).aaa.v1.WatchApprovalsRequest.LabelsEntry\x12\x1b\n\x0e\x61\x66ter_position\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bheartbeat_s\x18\x05 \x01(\x01\x12\x11\n\tdecidable\x18\x06 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_after_position\"\x90\x02\n\x16WatchApprovalsResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12%\n\trequested\x18\x02 \x01(\x0b\x32\x10.aaa.v1.ApprovalH\x00\x12.\n\x08resolved\x18\x03 \x01(\x0b\x32\x1a.aaa.v1.ApprovalResolutionH\x00\x12\x35\n\x11snapshot_complete\x18\x04 \x01(\x0b\x32\x18.aaa.v1.SnapshotCompleteH\x00\x12&\n\theartbeat\x18\x05 \x01(\x0b\x32\x11.aaa.v1.HeartbeatH\x00\x12&\n\x05voted\x18\x06 \x01(\x0b\x32\x15.aaa.v1.ApprovalVotedH\x00\x42\x06\n\x04item\"\x92\x01\n\rApprovalVoted\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x1a\n\x04vote\x18\x04 \x01(\x0b\x32\x0c.aaa.v1.Vote\x12\r\n\x05votes\x18\x05 \x01(\r\x12\x1a\n\x12\x61pprovals_required\x18\x06 \x01(\r\x12\x0b\n\x03seq\x18\x07 \x01(\x04\"\xc9\x01\n\x12\x41pprovalResolution\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12(\n\x07outcome\x18\x04 \x01(\x0e\x32\x17.aaa.v1.ApprovalOutcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12(\n\x04time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0breplaced_by\x18\x08 \x01(\t\"\xc5\x01\n\x16\x44\x65\x63ideApprovalsRequest\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.aaa.v1.DecisionItem\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x15.aaa.v1.BatchDecision\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\x12\x16\n\x0e\x61ll_or_nothing\x18\x05 \x01(\x08\x12\x10\n\x08\x61pprover\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"I\n\x0c\x44\x65\x63isionItem\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x03 \x01(\t\"B\n\x17\x44\x65\x63ideApprovalsResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.aaa.v1.DecisionResult\"\xa5\x01\n\x0e\x44\x65\x63isionResult\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0e\x32\x16.aaa.v1.DecisionStatus\x12\x10\n\x08\x64\x65\x63ision\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x14\n\x0c\x65rror_reason\x18\x06 \x01(\t\x12\x15\n\rerror_message\x18\x07 \x01(\t\"#\n\x10SnapshotComplete\x12\x0f\n\x07pending\x18\x01 \x01(\r\"\x0b\n\tHeartbeat*\xa9\x01\n\x0f\x41pprovalOutcome\x12 \n\x1c\x41PPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41PPROVAL_OUTCOME_GRANTED\x10\x01\x12\x1b\n\x17\x41PPROVAL_OUTCOME_DENIED\x10\x02\x12\x1c\n\x18\x41PPROVAL_OUTCOME_EXPIRED\x10\x03\x12\x1b\n\x17\x41PPROVAL_OUTCOME_EDITED\x10\x04*b\n\rBatchDecision\x12\x1e\n\x1a\x42\x41TCH_DECISION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42\x41TCH_DECISION_GRANT\x10\x01\x12\x17\n\x13\x42\x41TCH_DECISION_DENY\x10\x02*\xee\x01\n\x0e\x44\x65\x63isionStatus\x12\x1f\n\x1b\x44\x45\x43ISION_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44\x45\x43ISION_STATUS_DECIDED\x10\x01\x12#\n\x1f\x44\x45\x43ISION_STATUS_ALREADY_DECIDED\x10\x02\x12\x1c\n\x18\x44\x45\x43ISION_STATUS_MISMATCH\x10\x03\x12\x1d\n\x19\x44\x45\x43ISION_STATUS_NOT_FOUND\x10\x04\x12\x1b\n\x17\x44\x45\x43ISION_STATUS_REFUSED\x10\x05\x12\x1f\n\x1b\x44\x45\x43ISION_STATUS_NOT_APPLIED\x10\x06\x32\x9e\x02\n\x0f\x41pprovalService\x12T\n\rListApprovals\x12\x1c.aaa.v1.ListApprovalsRequest\x1a\x1d.aaa.v1.ListApprovalsResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x12Y\n\x0eWatchApprovals\x12\x1d.aaa.v1.WatchApprovalsRequest\x1a\x1e.aaa.v1.WatchApprovalsResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x30\x01\x12Z\n\x0f\x44\x65\x63ideApprovals\x12\x1e.aaa.v1.DecideApprovalsRequest\x1a\x1f.aaa.v1.DecideApprovalsResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,46 +39,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_APPROVALOUTCOME']._serialized_start=2361
-  _globals['_APPROVALOUTCOME']._serialized_end=2530
-  _globals['_BATCHDECISION']._serialized_start=2532
-  _globals['_BATCHDECISION']._serialized_end=2630
-  _globals['_DECISIONSTATUS']._serialized_start=2633
-  _globals['_DECISIONSTATUS']._serialized_end=2871
-  _globals['_APPROVAL']._serialized_start=67
-  _globals['_APPROVAL']._serialized_end=507
-  _globals['_APPROVAL_LABELSENTRY']._serialized_start=462
-  _globals['_APPROVAL_LABELSENTRY']._serialized_end=507
-  _globals['_VOTE']._serialized_start=509
-  _globals['_VOTE']._serialized_end=592
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=595
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=832
-  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_start=462
-  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_end=507
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=834
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=919
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=922
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=1169
-  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_start=462
-  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_end=507
-  _globals['_WATCHAPPROVALSRESPONSE']._serialized_start=1172
-  _globals['_WATCHAPPROVALSRESPONSE']._serialized_end=1444
-  _globals['_APPROVALVOTED']._serialized_start=1447
-  _globals['_APPROVALVOTED']._serialized_end=1593
-  _globals['_APPROVALRESOLUTION']._serialized_start=1596
-  _globals['_APPROVALRESOLUTION']._serialized_end=1797
-  _globals['_DECIDEAPPROVALSREQUEST']._serialized_start=1800
-  _globals['_DECIDEAPPROVALSREQUEST']._serialized_end=1997
-  _globals['_DECISIONITEM']._serialized_start=1999
-  _globals['_DECISIONITEM']._serialized_end=2072
-  _globals['_DECIDEAPPROVALSRESPONSE']._serialized_start=2074
-  _globals['_DECIDEAPPROVALSRESPONSE']._serialized_end=2140
-  _globals['_DECISIONRESULT']._serialized_start=2143
-  _globals['_DECISIONRESULT']._serialized_end=2308
-  _globals['_SNAPSHOTCOMPLETE']._serialized_start=2310
-  _globals['_SNAPSHOTCOMPLETE']._serialized_end=2345
-  _globals['_HEARTBEAT']._serialized_start=2347
-  _globals['_HEARTBEAT']._serialized_end=2358
-  _globals['_APPROVALSERVICE']._serialized_start=2874
-  _globals['_APPROVALSERVICE']._serialized_end=3136
+  _globals['_APPROVALSERVICE'].methods_by_name['ListApprovals']._loaded_options = None
+  _globals['_APPROVALSERVICE'].methods_by_name['ListApprovals']._serialized_options = b'\322\267\030\002\010\001'
+  _globals['_APPROVALSERVICE'].methods_by_name['WatchApprovals']._loaded_options = None
+  _globals['_APPROVALSERVICE'].methods_by_name['WatchApprovals']._serialized_options = b'\322\267\030\002\010\001'
+  _globals['_APPROVALSERVICE'].methods_by_name['DecideApprovals']._loaded_options = None
+  _globals['_APPROVALSERVICE'].methods_by_name['DecideApprovals']._serialized_options = b'\322\267\030\002\010\006'
+  _globals['_APPROVALOUTCOME']._serialized_start=2383
+  _globals['_APPROVALOUTCOME']._serialized_end=2552
+  _globals['_BATCHDECISION']._serialized_start=2554
+  _globals['_BATCHDECISION']._serialized_end=2652
+  _globals['_DECISIONSTATUS']._serialized_start=2655
+  _globals['_DECISIONSTATUS']._serialized_end=2893
+  _globals['_APPROVAL']._serialized_start=89
+  _globals['_APPROVAL']._serialized_end=529
+  _globals['_APPROVAL_LABELSENTRY']._serialized_start=484
+  _globals['_APPROVAL_LABELSENTRY']._serialized_end=529
+  _globals['_VOTE']._serialized_start=531
+  _globals['_VOTE']._serialized_end=614
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=617
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=854
+  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_start=484
+  _globals['_LISTAPPROVALSREQUEST_LABELSENTRY']._serialized_end=529
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=856
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=941
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=944
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=1191
+  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_start=484
+  _globals['_WATCHAPPROVALSREQUEST_LABELSENTRY']._serialized_end=529
+  _globals['_WATCHAPPROVALSRESPONSE']._serialized_start=1194
+  _globals['_WATCHAPPROVALSRESPONSE']._serialized_end=1466
+  _globals['_APPROVALVOTED']._serialized_start=1469
+  _globals['_APPROVALVOTED']._serialized_end=1615
+  _globals['_APPROVALRESOLUTION']._serialized_start=1618
+  _globals['_APPROVALRESOLUTION']._serialized_end=1819
+  _globals['_DECIDEAPPROVALSREQUEST']._serialized_start=1822
+  _globals['_DECIDEAPPROVALSREQUEST']._serialized_end=2019
+  _globals['_DECISIONITEM']._serialized_start=2021
+  _globals['_DECISIONITEM']._serialized_end=2094
+  _globals['_DECIDEAPPROVALSRESPONSE']._serialized_start=2096
+  _globals['_DECIDEAPPROVALSRESPONSE']._serialized_end=2162
+  _globals['_DECISIONRESULT']._serialized_start=2165
+  _globals['_DECISIONRESULT']._serialized_end=2330
+  _globals['_SNAPSHOTCOMPLETE']._serialized_start=2332
+  _globals['_SNAPSHOTCOMPLETE']._serialized_end=2367
+  _globals['_HEARTBEAT']._serialized_start=2369
+  _globals['_HEARTBEAT']._serialized_end=2380
+  _globals['_APPROVALSERVICE']._serialized_start=2896
+  _globals['_APPROVALSERVICE']._serialized_end=3182
 # @@protoc_insertion_point(module_scope)

@@ -22,26 +22,31 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 from aaa._proto.aaa.v1 import worker_pb2 as aaa_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61\x61\x61/v1/cluster.proto\x12\x06\x61\x61\x61.v1\x1a\x13\x61\x61\x61/v1/worker.proto\"|\n\x0fPeerPollRequest\x12\'\n\x04poll\x18\x01 \x01(\x0b\x32\x17.aaa.v1.PollTaskRequestH\x00\x12\x10\n\x06\x61\x63\x63\x65pt\x18\x02 \x01(\x08H\x00\x12\x12\n\x08returned\x18\x03 \x01(\x08H\x00\x12\x12\n\x08withdraw\x18\x04 \x01(\x08H\x00\x42\x06\n\x04step\"\\\n\x10PeerPollResponse\x12\x11\n\x07offered\x18\x01 \x01(\x08H\x00\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0c.aaa.v1.TaskH\x00\x12\x0f\n\x05\x65nded\x18\x03 \x01(\x08H\x00\x42\x06\n\x04step\"\x13\n\x11GetClusterRequest\"\x9e\x01\n\x12GetClusterResponse\x12\x13\n\x0bthis_server\x18\x01 \x01(\t\x12\r\n\x05store\x18\x02 \x01(\t\x12&\n\x07members\x18\x03 \x03(\x0b\x32\x15.aaa.v1.ClusterMember\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\x16\n\x0eunowned_shards\x18\x05 \x01(\r\x12\x14\n\x0cshard_owners\x18\x06 \x03(\t\"\x99\x01\n\rClusterMember\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rlease_left_ms\x18\x06 \x01(\x03\x12\x13\n\x0bgone_for_ms\x18\x07 \x01(\x03\x12\r\n\x05up_ms\x18\x08 \x01(\x03\x32\x98\x01\n\x0e\x43lusterService\x12\x43\n\nGetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\x12\x41\n\x08PeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61\x61\x61/v1/cluster.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x13\x61\x61\x61/v1/worker.proto\"|\n\x0fPeerPollRequest\x12\'\n\x04poll\x18\x01 \x01(\x0b\x32\x17.aaa.v1.PollTaskRequestH\x00\x12\x10\n\x06\x61\x63\x63\x65pt\x18\x02 \x01(\x08H\x00\x12\x12\n\x08returned\x18\x03 \x01(\x08H\x00\x12\x12\n\x08withdraw\x18\x04 \x01(\x08H\x00\x42\x06\n\x04step\"\\\n\x10PeerPollResponse\x12\x11\n\x07offered\x18\x01 \x01(\x08H\x00\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0c.aaa.v1.TaskH\x00\x12\x0f\n\x05\x65nded\x18\x03 \x01(\x08H\x00\x42\x06\n\x04step\"\x13\n\x11GetClusterRequest\"\x9e\x01\n\x12GetClusterResponse\x12\x13\n\x0bthis_server\x18\x01 \x01(\t\x12\r\n\x05store\x18\x02 \x01(\t\x12&\n\x07members\x18\x03 \x03(\x0b\x32\x15.aaa.v1.ClusterMember\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\x16\n\x0eunowned_shards\x18\x05 \x01(\r\x12\x14\n\x0cshard_owners\x18\x06 \x03(\t\"\x99\x01\n\rClusterMember\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rlease_left_ms\x18\x06 \x01(\x03\x12\x13\n\x0bgone_for_ms\x18\x07 \x01(\x03\x12\r\n\x05up_ms\x18\x08 \x01(\x03\x32\xa8\x01\n\x0e\x43lusterService\x12K\n\nGetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\"\x06\xd2\xb7\x18\x02\x08\x07\x12I\n\x08PeerPoll\x12\x17.aaa.v1.PeerPollRequest\x1a\x18.aaa.v1.PeerPollResponse\"\x06\xd2\xb7\x18\x02\x08\x07(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'aaa.v1.cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PEERPOLLREQUEST']._serialized_start=53
-  _globals['_PEERPOLLREQUEST']._serialized_end=177
-  _globals['_PEERPOLLRESPONSE']._serialized_start=179
-  _globals['_PEERPOLLRESPONSE']._serialized_end=271
-  _globals['_GETCLUSTERREQUEST']._serialized_start=273
-  _globals['_GETCLUSTERREQUEST']._serialized_end=292
-  _globals['_GETCLUSTERRESPONSE']._serialized_start=295
-  _globals['_GETCLUSTERRESPONSE']._serialized_end=453
-  _globals['_CLUSTERMEMBER']._serialized_start=456
-  _globals['_CLUSTERMEMBER']._serialized_end=609
-  _globals['_CLUSTERSERVICE']._serialized_start=612
-  _globals['_CLUSTERSERVICE']._serialized_end=764
+  _globals['_CLUSTERSERVICE'].methods_by_name['GetCluster']._loaded_options = None
+  _globals['_CLUSTERSERVICE'].methods_by_name['GetCluster']._serialized_options = b'\322\267\030\002\010\007'
+  _globals['_CLUSTERSERVICE'].methods_by_name['PeerPoll']._loaded_options = None
+  _globals['_CLUSTERSERVICE'].methods_by_name['PeerPoll']._serialized_options = b'\322\267\030\002\010\007'
+  _globals['_PEERPOLLREQUEST']._serialized_start=75
+  _globals['_PEERPOLLREQUEST']._serialized_end=199
+  _globals['_PEERPOLLRESPONSE']._serialized_start=201
+  _globals['_PEERPOLLRESPONSE']._serialized_end=293
+  _globals['_GETCLUSTERREQUEST']._serialized_start=295
+  _globals['_GETCLUSTERREQUEST']._serialized_end=314
+  _globals['_GETCLUSTERRESPONSE']._serialized_start=317
+  _globals['_GETCLUSTERRESPONSE']._serialized_end=475
+  _globals['_CLUSTERMEMBER']._serialized_start=478
+  _globals['_CLUSTERMEMBER']._serialized_end=631
+  _globals['_CLUSTERSERVICE']._serialized_start=634
+  _globals['_CLUSTERSERVICE']._serialized_end=802
 # @@protoc_insertion_point(module_scope)

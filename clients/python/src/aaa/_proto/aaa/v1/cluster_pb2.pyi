@@ -1,3 +1,4 @@
+from aaa._proto.aaa.v1 import routing_pb2 as _routing_pb2
 from aaa._proto.aaa.v1 import worker_pb2 as _worker_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor

@@ -1,5 +1,6 @@
 import datetime
 
+from aaa._proto.aaa.v1 import routing_pb2 as _routing_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor

@@ -22,23 +22,28 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61\x61\x61/v1/policy.proto\x12\x06\x61\x61\x61.v1\"\x12\n\x10GetPolicyRequest\"P\n\x11GetPolicyResponse\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\r\n\x05rules\x18\x03 \x03(\t\x12\x0c\n\x04\x66ile\x18\x04 \x01(\t\"\x15\n\x13ReloadPolicyRequest\"A\n\x14ReloadPolicyResponse\x12)\n\x06policy\x18\x01 \x01(\x0b\x32\x19.aaa.v1.GetPolicyResponse2\x9c\x01\n\rPolicyService\x12@\n\tGetPolicy\x12\x18.aaa.v1.GetPolicyRequest\x1a\x19.aaa.v1.GetPolicyResponse\x12I\n\x0cReloadPolicy\x12\x1b.aaa.v1.ReloadPolicyRequest\x1a\x1c.aaa.v1.ReloadPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61\x61\x61/v1/policy.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\"\x12\n\x10GetPolicyRequest\"P\n\x11GetPolicyResponse\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\r\n\x05rules\x18\x03 \x03(\t\x12\x0c\n\x04\x66ile\x18\x04 \x01(\t\"\x15\n\x13ReloadPolicyRequest\"A\n\x14ReloadPolicyResponse\x12)\n\x06policy\x18\x01 \x01(\x0b\x32\x19.aaa.v1.GetPolicyResponse2\xac\x01\n\rPolicyService\x12H\n\tGetPolicy\x12\x18.aaa.v1.GetPolicyRequest\x1a\x19.aaa.v1.GetPolicyResponse\"\x06\xd2\xb7\x18\x02\x08\x07\x12Q\n\x0cReloadPolicy\x12\x1b.aaa.v1.ReloadPolicyRequest\x1a\x1c.aaa.v1.ReloadPolicyResponse\"\x06\xd2\xb7\x18\x02\x08\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'aaa.v1.policy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETPOLICYREQUEST']._serialized_start=31
-  _globals['_GETPOLICYREQUEST']._serialized_end=49
-  _globals['_GETPOLICYRESPONSE']._serialized_start=51
-  _globals['_GETPOLICYRESPONSE']._serialized_end=131
-  _globals['_RELOADPOLICYREQUEST']._serialized_start=133
-  _globals['_RELOADPOLICYREQUEST']._serialized_end=154
-  _globals['_RELOADPOLICYRESPONSE']._serialized_start=156
-  _globals['_RELOADPOLICYRESPONSE']._serialized_end=221
-  _globals['_POLICYSERVICE']._serialized_start=224
-  _globals['_POLICYSERVICE']._serialized_end=380
+  _globals['_POLICYSERVICE'].methods_by_name['GetPolicy']._loaded_options = None
+  _globals['_POLICYSERVICE'].methods_by_name['GetPolicy']._serialized_options = b'\322\267\030\002\010\007'
+  _globals['_POLICYSERVICE'].methods_by_name['ReloadPolicy']._loaded_options = None
+  _globals['_POLICYSERVICE'].methods_by_name['ReloadPolicy']._serialized_options = b'\322\267\030\002\010\007'
+  _globals['_GETPOLICYREQUEST']._serialized_start=53
+  _globals['_GETPOLICYREQUEST']._serialized_end=71
+  _globals['_GETPOLICYRESPONSE']._serialized_start=73
+  _globals['_GETPOLICYRESPONSE']._serialized_end=153
+  _globals['_RELOADPOLICYREQUEST']._serialized_start=155
+  _globals['_RELOADPOLICYREQUEST']._serialized_end=176
+  _globals['_RELOADPOLICYRESPONSE']._serialized_start=178
+  _globals['_RELOADPOLICYRESPONSE']._serialized_end=243
+  _globals['_POLICYSERVICE']._serialized_start=246
+  _globals['_POLICYSERVICE']._serialized_end=418
 # @@protoc_insertion_point(module_scope)

@@ -23,12 +23,13 @@ _sym_db = _symbol_database.Default()
 
 
 from aaa._proto.aaa.v1 import approval_pb2 as aaa_dot_v1_dot_approval__pb2
+from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 from aaa._proto.aaa.v1 import types_pb2 as aaa_dot_v1_dot_types__pb2
 from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61\x61\x61/v1/run.proto\x12\x06\x61\x61\x61.v1\x1a\x15\x61\x61\x61/v1/approval.proto\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x06status\x18\x02 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05tools\x18\x05 \x03(\t\x12\'\n\x06labels\x18\x06 \x03(\x0b\x32\x17.aaa.v1.Run.LabelsEntry\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65\x61\x64line_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\n \x01(\x04\x12\x13\n\x0bresult_json\x18\x0b \x01(\t\x12\"\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x13.aaa.v1.ErrorDetail\x12+\n\x11pending_approvals\x18\r \x03(\x0b\x32\x10.aaa.v1.Approval\x12!\n\x05usage\x18\x0e \x01(\x0b\x32\x12.aaa.v1.TokenUsage\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\nTokenUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\"I\n\x06\x42udget\x12\x12\n\ndeadline_s\x18\x01 \x01(\x01\x12\x17\n\x0fmax_model_calls\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\x04\"j\n\x07ToolRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11requires_approval\x18\x02 \x01(\x08\x12\x1a\n\x12\x61pproval_timeout_s\x18\x03 \x01(\x01\x12\x1a\n\x12\x61pprovals_required\x18\x04 \x01(\r\"w\n\tModelSpec\x12\x10\n\x06worker\x18\x01 \x01(\tH\x00\x12)\n\x08scripted\x18\x02 \x01(\x0b\x32\x15.aaa.v1.ScriptedModelH\x00\x12%\n\x06openai\x18\x03 \x01(\x0b\x32\x13.aaa.v1.OpenAiModelH\x00\x42\x06\n\x04kind\"l\n\x0bOpenAiModel\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x04 \x01(\rB\x0e\n\x0c_temperature\"4\n\rScriptedModel\x12#\n\x05steps\x18\x01 \x03(\x0b\x32\x14.aaa.v1.ScriptedStep\"\x80\x01\n\x0cScriptedStep\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12/\n\ntool_calls\x18\x02 \x01(\x0b\x32\x19.aaa.v1.ScriptedToolCallsH\x00\x12&\n\x04\x65\x63ho\x18\x03 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x42\x07\n\x05reply\"<\n\x11ScriptedToolCalls\x12\'\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x18.aaa.v1.ScriptedToolCall\"8\n\x10ScriptedToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\x89\x02\n\x0fStartRunRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12 \n\x05model\x18\x02 \x01(\x0b\x32\x11.aaa.v1.ModelSpec\x12\x1e\n\x05tools\x18\x03 \x03(\x0b\x32\x0f.aaa.v1.ToolRef\x12\x1e\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x0e.aaa.v1.Budget\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.aaa.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0e\n\x06system\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x10StartRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"*\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.aaa.v1.Run\"\xbf\x01\n\x0fListRunsRequest\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x33\n\x06labels\x18\x02 \x03(\x0b\x32#.aaa.v1.ListRunsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.aaa.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"r\n\x13StreamEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x13\n\x0btype_prefix\x18\x04 \x01(\t\x12\x13\n\x0bstop_at_end\x18\x05 \x01(\x08\"e\n\x14StreamEventsResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\r.aaa.v1.EventH\x00\x12%\n\tcaught_up\x18\x02 \x01(\x0b\x32\x10.aaa.v1.CaughtUpH\x00\x42\x06\n\x04item\"\x1c\n\x08\x43\x61ughtUp\x12\x10\n\x08last_seq\x18\x01 \x01(\x04\"T\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xa6\x01\n\x0eSignalResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x17\n\x0f\x61lready_decided\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\r\n\x05votes\x18\x04 \x01(\r\x12\x1a\n\x12\x61pprovals_required\x18\x05 \x01(\r\x12\x13\n\x0bnew_call_id\x18\x06 \x01(\t\x12\x1c\n\x14new_arguments_sha256\x18\x07 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x11\x43\x61ncelRunResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04*\xaf\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x01\x12#\n\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x02\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x05\x32\x8b\x03\n\nRunService\x12=\n\x08StartRun\x12\x17.aaa.v1.StartRunRequest\x1a\x18.aaa.v1.StartRunResponse\x12\x37\n\x06GetRun\x12\x15.aaa.v1.GetRunRequest\x1a\x16.aaa.v1.GetRunResponse\x12=\n\x08ListRuns\x12\x17.aaa.v1.ListRunsRequest\x1a\x18.aaa.v1.ListRunsResponse\x12K\n\x0cStreamEvents\x12\x1b.aaa.v1.StreamEventsRequest\x1a\x1c.aaa.v1.StreamEventsResponse0\x01\x12\x37\n\x06Signal\x12\x15.aaa.v1.SignalRequest\x1a\x16.aaa.v1.SignalResponse\x12@\n\tCancelRun\x12\x18.aaa.v1.CancelRunRequest\x1a\x19.aaa.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61\x61\x61/v1/run.proto\x12\x06\x61\x61\x61.v1\x1a\x15\x61\x61\x61/v1/approval.proto\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x03\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x06status\x18\x02 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05tools\x18\x05 \x03(\t\x12\'\n\x06labels\x18\x06 \x03(\x0b\x32\x17.aaa.v1.Run.LabelsEntry\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65\x61\x64line_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\n \x01(\x04\x12\x13\n\x0bresult_json\x18\x0b \x01(\t\x12\"\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x13.aaa.v1.ErrorDetail\x12+\n\x11pending_approvals\x18\r \x03(\x0b\x32\x10.aaa.v1.Approval\x12!\n\x05usage\x18\x0e \x01(\x0b\x32\x12.aaa.v1.TokenUsage\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\nTokenUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x04\"I\n\x06\x42udget\x12\x12\n\ndeadline_s\x18\x01 \x01(\x01\x12\x17\n\x0fmax_model_calls\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\x04\"j\n\x07ToolRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11requires_approval\x18\x02 \x01(\x08\x12\x1a\n\x12\x61pproval_timeout_s\x18\x03 \x01(\x01\x12\x1a\n\x12\x61pprovals_required\x18\x04 \x01(\r\"w\n\tModelSpec\x12\x10\n\x06worker\x18\x01 \x01(\tH\x00\x12)\n\x08scripted\x18\x02 \x01(\x0b\x32\x15.aaa.v1.ScriptedModelH\x00\x12%\n\x06openai\x18\x03 \x01(\x0b\x32\x13.aaa.v1.OpenAiModelH\x00\x42\x06\n\x04kind\"l\n\x0bOpenAiModel\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x04 \x01(\rB\x0e\n\x0c_temperature\"4\n\rScriptedModel\x12#\n\x05steps\x18\x01 \x03(\x0b\x32\x14.aaa.v1.ScriptedStep\"\x80\x01\n\x0cScriptedStep\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12/\n\ntool_calls\x18\x02 \x01(\x0b\x32\x19.aaa.v1.ScriptedToolCallsH\x00\x12&\n\x04\x65\x63ho\x18\x03 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x42\x07\n\x05reply\"<\n\x11ScriptedToolCalls\x12\'\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x18.aaa.v1.ScriptedToolCall\"8\n\x10ScriptedToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\x89\x02\n\x0fStartRunRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12 \n\x05model\x18\x02 \x01(\x0b\x32\x11.aaa.v1.ModelSpec\x12\x1e\n\x05tools\x18\x03 \x03(\x0b\x32\x0f.aaa.v1.ToolRef\x12\x1e\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x0e.aaa.v1.Budget\x12\x33\n\x06labels\x18\x05 \x03(\x0b\x32#.aaa.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0e\n\x06system\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x10StartRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"*\n\x0eGetRunResponse\x12\x18\n\x03run\x18\x01 \x01(\x0b\x32\x0b.aaa.v1.Run\"\xbf\x01\n\x0fListRunsRequest\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.aaa.v1.RunStatus\x12\x33\n\x06labels\x18\x02 \x03(\x0b\x32#.aaa.v1.ListRunsRequest.LabelsEntry\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x10ListRunsResponse\x12\x19\n\x04runs\x18\x01 \x03(\x0b\x32\x0b.aaa.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"r\n\x13StreamEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x13\n\x0btype_prefix\x18\x04 \x01(\t\x12\x13\n\x0bstop_at_end\x18\x05 \x01(\x08\"e\n\x14StreamEventsResponse\x12\x1e\n\x05\x65vent\x18\x01 \x01(\x0b\x32\r.aaa.v1.EventH\x00\x12%\n\tcaught_up\x18\x02 \x01(\x0b\x32\x10.aaa.v1.CaughtUpH\x00\x42\x06\n\x04item\"\x1c\n\x08\x43\x61ughtUp\x12\x10\n\x08last_seq\x18\x01 \x01(\x04\"T\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xa6\x01\n\x0eSignalResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x17\n\x0f\x61lready_decided\x18\x02 \x01(\x08\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\r\n\x05votes\x18\x04 \x01(\r\x12\x1a\n\x12\x61pprovals_required\x18\x05 \x01(\r\x12\x13\n\x0bnew_call_id\x18\x06 \x01(\t\x12\x1c\n\x14new_arguments_sha256\x18\x07 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x11\x43\x61ncelRunResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04*\xaf\x01\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x01\x12#\n\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x02\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\x05\x32\xd7\x03\n\nRunService\x12Q\n\x08StartRun\x12\x17.aaa.v1.StartRunRequest\x1a\x18.aaa.v1.StartRunResponse\"\x12\xd2\xb7\x18\x0e\x08\x04\x12\nrequest_id\x12?\n\x06GetRun\x12\x15.aaa.v1.GetRunRequest\x1a\x16.aaa.v1.GetRunResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x12\x45\n\x08ListRuns\x12\x17.aaa.v1.ListRunsRequest\x1a\x18.aaa.v1.ListRunsResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x12S\n\x0cStreamEvents\x12\x1b.aaa.v1.StreamEventsRequest\x1a\x1c.aaa.v1.StreamEventsResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x30\x01\x12G\n\x06Signal\x12\x15.aaa.v1.SignalRequest\x1a\x16.aaa.v1.SignalResponse\"\x0e\xd2\xb7\x18\n\x08\x02\x12\x06run_id\x12P\n\tCancelRun\x12\x18.aaa.v1.CancelRunRequest\x1a\x19.aaa.v1.CancelRunResponse\"\x0e\xd2\xb7\x18\n\x08\x02\x12\x06run_idb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,60 +42,72 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATUS']._serialized_start=2684
-  _globals['_RUNSTATUS']._serialized_end=2859
-  _globals['_RUN']._serialized_start=134
-  _globals['_RUN']._serialized_end=622
-  _globals['_RUN_LABELSENTRY']._serialized_start=577
-  _globals['_RUN_LABELSENTRY']._serialized_end=622
-  _globals['_TOKENUSAGE']._serialized_start=624
-  _globals['_TOKENUSAGE']._serialized_end=708
-  _globals['_BUDGET']._serialized_start=710
-  _globals['_BUDGET']._serialized_end=783
-  _globals['_TOOLREF']._serialized_start=785
-  _globals['_TOOLREF']._serialized_end=891
-  _globals['_MODELSPEC']._serialized_start=893
-  _globals['_MODELSPEC']._serialized_end=1012
-  _globals['_OPENAIMODEL']._serialized_start=1014
-  _globals['_OPENAIMODEL']._serialized_end=1122
-  _globals['_SCRIPTEDMODEL']._serialized_start=1124
-  _globals['_SCRIPTEDMODEL']._serialized_end=1176
-  _globals['_SCRIPTEDSTEP']._serialized_start=1179
-  _globals['_SCRIPTEDSTEP']._serialized_end=1307
-  _globals['_SCRIPTEDTOOLCALLS']._serialized_start=1309
-  _globals['_SCRIPTEDTOOLCALLS']._serialized_end=1369
-  _globals['_SCRIPTEDTOOLCALL']._serialized_start=1371
-  _globals['_SCRIPTEDTOOLCALL']._serialized_end=1427
-  _globals['_STARTRUNREQUEST']._serialized_start=1430
-  _globals['_STARTRUNREQUEST']._serialized_end=1695
-  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=577
-  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=622
-  _globals['_STARTRUNRESPONSE']._serialized_start=1697
-  _globals['_STARTRUNRESPONSE']._serialized_end=1748
-  _globals['_GETRUNREQUEST']._serialized_start=1750
-  _globals['_GETRUNREQUEST']._serialized_end=1781
-  _globals['_GETRUNRESPONSE']._serialized_start=1783
-  _globals['_GETRUNRESPONSE']._serialized_end=1825
-  _globals['_LISTRUNSREQUEST']._serialized_start=1828
-  _globals['_LISTRUNSREQUEST']._serialized_end=2019
-  _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_start=577
-  _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_end=622
-  _globals['_LISTRUNSRESPONSE']._serialized_start=2021
-  _globals['_LISTRUNSRESPONSE']._serialized_end=2091
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=2093
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=2207
-  _globals['_STREAMEVENTSRESPONSE']._serialized_start=2209
-  _globals['_STREAMEVENTSRESPONSE']._serialized_end=2310
-  _globals['_CAUGHTUP']._serialized_start=2312
-  _globals['_CAUGHTUP']._serialized_end=2340
-  _globals['_SIGNALREQUEST']._serialized_start=2342
-  _globals['_SIGNALREQUEST']._serialized_end=2426
-  _globals['_SIGNALRESPONSE']._serialized_start=2429
-  _globals['_SIGNALRESPONSE']._serialized_end=2595
-  _globals['_CANCELRUNREQUEST']._serialized_start=2597
-  _globals['_CANCELRUNREQUEST']._serialized_end=2647
-  _globals['_CANCELRUNRESPONSE']._serialized_start=2649
-  _globals['_CANCELRUNRESPONSE']._serialized_end=2681
-  _globals['_RUNSERVICE']._serialized_start=2862
-  _globals['_RUNSERVICE']._serialized_end=3257
+  _globals['_RUNSERVICE'].methods_by_name['StartRun']._loaded_options = None
+  _globals['_RUNSERVICE'].methods_by_name['StartRun']._serialized_options = b'\322\267\030\016\010\004\022\nrequest_id'
+  _globals['_RUNSERVICE'].methods_by_name['GetRun']._loaded_options = None
+  _globals['_RUNSERVICE'].methods_by_name['GetRun']._serialized_options = b'\322\267\030\002\010\001'
+  _globals['_RUNSERVICE'].methods_by_name['ListRuns']._loaded_options = None
+  _globals['_RUNSERVICE'].methods_by_name['ListRuns']._serialized_options = b'\322\267\030\002\010\001'
+  _globals['_RUNSERVICE'].methods_by_name['StreamEvents']._loaded_options = None
+  _globals['_RUNSERVICE'].methods_by_name['StreamEvents']._serialized_options = b'\322\267\030\002\010\001'
+  _globals['_RUNSERVICE'].methods_by_name['Signal']._loaded_options = None
+  _globals['_RUNSERVICE'].methods_by_name['Signal']._serialized_options = b'\322\267\030\n\010\002\022\006run_id'
+  _globals['_RUNSERVICE'].methods_by_name['CancelRun']._loaded_options = None
+  _globals['_RUNSERVICE'].methods_by_name['CancelRun']._serialized_options = b'\322\267\030\n\010\002\022\006run_id'
+  _globals['_RUNSTATUS']._serialized_start=2706
+  _globals['_RUNSTATUS']._serialized_end=2881
+  _globals['_RUN']._serialized_start=156
+  _globals['_RUN']._serialized_end=644
+  _globals['_RUN_LABELSENTRY']._serialized_start=599
+  _globals['_RUN_LABELSENTRY']._serialized_end=644
+  _globals['_TOKENUSAGE']._serialized_start=646
+  _globals['_TOKENUSAGE']._serialized_end=730
+  _globals['_BUDGET']._serialized_start=732
+  _globals['_BUDGET']._serialized_end=805
+  _globals['_TOOLREF']._serialized_start=807
+  _globals['_TOOLREF']._serialized_end=913
+  _globals['_MODELSPEC']._serialized_start=915
+  _globals['_MODELSPEC']._serialized_end=1034
+  _globals['_OPENAIMODEL']._serialized_start=1036
+  _globals['_OPENAIMODEL']._serialized_end=1144
+  _globals['_SCRIPTEDMODEL']._serialized_start=1146
+  _globals['_SCRIPTEDMODEL']._serialized_end=1198
+  _globals['_SCRIPTEDSTEP']._serialized_start=1201
+  _globals['_SCRIPTEDSTEP']._serialized_end=1329
+  _globals['_SCRIPTEDTOOLCALLS']._serialized_start=1331
+  _globals['_SCRIPTEDTOOLCALLS']._serialized_end=1391
+  _globals['_SCRIPTEDTOOLCALL']._serialized_start=1393
+  _globals['_SCRIPTEDTOOLCALL']._serialized_end=1449
+  _globals['_STARTRUNREQUEST']._serialized_start=1452
+  _globals['_STARTRUNREQUEST']._serialized_end=1717
+  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=599
+  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=644
+  _globals['_STARTRUNRESPONSE']._serialized_start=1719
+  _globals['_STARTRUNRESPONSE']._serialized_end=1770
+  _globals['_GETRUNREQUEST']._serialized_start=1772
+  _globals['_GETRUNREQUEST']._serialized_end=1803
+  _globals['_GETRUNRESPONSE']._serialized_start=1805
+  _globals['_GETRUNRESPONSE']._serialized_end=1847
+  _globals['_LISTRUNSREQUEST']._serialized_start=1850
+  _globals['_LISTRUNSREQUEST']._serialized_end=2041
+  _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_start=599
+  _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_end=644
+  _globals['_LISTRUNSRESPONSE']._serialized_start=2043
+  _globals['_LISTRUNSRESPONSE']._serialized_end=2113
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=2115
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=2229
+  _globals['_STREAMEVENTSRESPONSE']._serialized_start=2231
+  _globals['_STREAMEVENTSRESPONSE']._serialized_end=2332
+  _globals['_CAUGHTUP']._serialized_start=2334
+  _globals['_CAUGHTUP']._serialized_end=2362
+  _globals['_SIGNALREQUEST']._serialized_start=2364
+  _globals['_SIGNALREQUEST']._serialized_end=2448
+  _globals['_SIGNALRESPONSE']._serialized_start=2451
+  _globals['_SIGNALRESPONSE']._serialized_end=2617
+  _globals['_CANCELRUNREQUEST']._serialized_start=2619
+  _globals['_CANCELRUNREQUEST']._serialized_end=2669
+  _globals['_CANCELRUNRESPONSE']._serialized_start=2671
+  _globals['_CANCELRUNRESPONSE']._serialized_end=2703
+  _globals['_RUNSERVICE']._serialized_start=2884
+  _globals['_RUNSERVICE']._serialized_end=3355
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 import datetime
 
 from aaa._proto.aaa.v1 import approval_pb2 as _approval_pb2
+from aaa._proto.aaa.v1 import routing_pb2 as _routing_pb2
 from aaa._proto.aaa.v1 import types_pb2 as _types_pb2
 from google.protobuf import empty_pb2 as _empty_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2

@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 from aaa._proto.aaa.v1 import types_pb2 as aaa_dot_v1_dot_types__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61\x61\x61/v1/subscription.proto\x12\x06\x61\x61\x61.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x12\x61\x61\x61/v1/types.proto\"~\n\x10SubscribeRequest\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.aaa.v1.SubscriptionOpenH\x00\x12\x1a\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0b.aaa.v1.AckH\x00\x12\x1c\n\x04nack\x18\x03 \x01(\x0b\x32\x0c.aaa.v1.NackH\x00\x42\x06\n\x04kind\"\xa6\x02\n\x10SubscriptionOpen\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0b\x65vent_types\x18\x02 \x03(\t\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.aaa.v1.SubscriptionOpen.LabelsEntry\x12%\n\nstart_from\x18\x04 \x01(\x0e\x32\x11.aaa.v1.StartFrom\x12\x1c\n\x14start_after_position\x18\x05 \x01(\x04\x12\x15\n\rack_timeout_s\x18\x06 \x01(\x01\x12\x16\n\x0emax_deliveries\x18\x07 \x01(\r\x12\x15\n\rmax_in_flight\x18\x08 \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x03\x41\x63k\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\"+\n\x04Nack\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x94\x01\n\x11SubscribeResponse\x12(\n\nsubscribed\x18\x01 \x01(\x0b\x32\x12.aaa.v1.SubscribedH\x00\x12$\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x10.aaa.v1.DeliveryH\x00\x12\'\n\nack_result\x18\x03 \x01(\x0b\x32\x11.aaa.v1.AckResultH\x00\x42\x06\n\x04item\"\x89\x02\n\nSubscribed\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x11\n\tmember_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\x04\x12\x13\n\x0b\x65vent_types\x18\x05 \x03(\t\x12.\n\x06labels\x18\x06 \x03(\x0b\x32\x1e.aaa.v1.Subscribed.LabelsEntry\x12\x15\n\rack_timeout_s\x18\x07 \x01(\x01\x12\x16\n\x0emax_deliveries\x18\x08 \x01(\r\x12\x15\n\rmax_in_flight\x18\t \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\x08\x44\x65livery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x1c\n\x05\x65vent\x18\x02 \x01(\x0b\x32\r.aaa.v1.Event\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x30\n\x0c\x61\x63k_deadline\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08replayed\x18\x05 \x01(\x08\"?\n\tAckResult\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\r\n\x05stale\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"N\n\x16ListDeadLettersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x92\x01\n\nDeadLetter\x12\x1c\n\x05\x65vent\x18\x01 \x01(\x0b\x32\r.aaa.v1.Event\x12\x12\n\ndeliveries\x18\x02 \x01(\r\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12+\n\x07\x64\x65\x61\x64_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\treplaying\x18\x05 \x01(\x08\"\\\n\x17ListDeadLettersResponse\x12(\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x12.aaa.v1.DeadLetter\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x18ReplayDeadLettersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpositions\x18\x02 \x03(\x04\"-\n\x19ReplayDeadLettersResponse\x12\x10\n\x08replayed\x18\x01 \x01(\r*t\n\tStartFrom\x12\x1a\n\x16START_FROM_UNSPECIFIED\x10\x00\x12\x18\n\x14START_FROM_BEGINNING\x10\x01\x12\x12\n\x0eSTART_FROM_NOW\x10\x02\x12\x1d\n\x19START_FROM_AFTER_POSITION\x10\x03\x32\x89\x02\n\x13SubscriptionService\x12\x44\n\tSubscribe\x12\x18.aaa.v1.SubscribeRequest\x1a\x19.aaa.v1.SubscribeResponse(\x01\x30\x01\x12R\n\x0fListDeadLetters\x12\x1e.aaa.v1.ListDeadLettersRequest\x1a\x1f.aaa.v1.ListDeadLettersResponse\x12X\n\x11ReplayDeadLetters\x12 .aaa.v1.ReplayDeadLettersRequest\x1a!.aaa.v1.ReplayDeadLettersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61\x61\x61/v1/subscription.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"~\n\x10SubscribeRequest\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.aaa.v1.SubscriptionOpenH\x00\x12\x1a\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0b.aaa.v1.AckH\x00\x12\x1c\n\x04nack\x18\x03 \x01(\x0b\x32\x0c.aaa.v1.NackH\x00\x42\x06\n\x04kind\"\xa6\x02\n\x10SubscriptionOpen\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0b\x65vent_types\x18\x02 \x03(\t\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.aaa.v1.SubscriptionOpen.LabelsEntry\x12%\n\nstart_from\x18\x04 \x01(\x0e\x32\x11.aaa.v1.StartFrom\x12\x1c\n\x14start_after_position\x18\x05 \x01(\x04\x12\x15\n\rack_timeout_s\x18\x06 \x01(\x01\x12\x16\n\x0emax_deliveries\x18\x07 \x01(\r\x12\x15\n\rmax_in_flight\x18\x08 \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x03\x41\x63k\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\"+\n\x04Nack\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x94\x01\n\x11SubscribeResponse\x12(\n\nsubscribed\x18\x01 \x01(\x0b\x32\x12.aaa.v1.SubscribedH\x00\x12$\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x10.aaa.v1.DeliveryH\x00\x12\'\n\nack_result\x18\x03 \x01(\x0b\x32\x11.aaa.v1.AckResultH\x00\x42\x06\n\x04item\"\x89\x02\n\nSubscribed\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x11\n\tmember_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\x04\x12\x13\n\x0b\x65vent_types\x18\x05 \x03(\t\x12.\n\x06labels\x18\x06 \x03(\x0b\x32\x1e.aaa.v1.Subscribed.LabelsEntry\x12\x15\n\rack_timeout_s\x18\x07 \x01(\x01\x12\x16\n\x0emax_deliveries\x18\x08 \x01(\r\x12\x15\n\rmax_in_flight\x18\t \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\x08\x44\x65livery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x1c\n\x05\x65vent\x18\x02 \x01(\x0b\x32\r.aaa.v1.Event\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x30\n\x0c\x61\x63k_deadline\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08replayed\x18\x05 \x01(\x08\"?\n\tAckResult\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\r\n\x05stale\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"N\n\x16ListDeadLettersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x92\x01\n\nDeadLetter\x12\x1c\n\x05\x65vent\x18\x01 \x01(\x0b\x32\r.aaa.v1.Event\x12\x12\n\ndeliveries\x18\x02 \x01(\r\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12+\n\x07\x64\x65\x61\x64_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\treplaying\x18\x05 \x01(\x08\"\\\n\x17ListDeadLettersResponse\x12(\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x12.aaa.v1.DeadLetter\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x18ReplayDeadLettersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tpositions\x18\x02 \x03(\x04\"-\n\x19ReplayDeadLettersResponse\x12\x10\n\x08replayed\x18\x01 \x01(\r*t\n\tStartFrom\x12\x1a\n\x16START_FROM_UNSPECIFIED\x10\x00\x12\x18\n\x14START_FROM_BEGINNING\x10\x01\x12\x12\n\x0eSTART_FROM_NOW\x10\x02\x12\x1d\n\x19START_FROM_AFTER_POSITION\x10\x03\x32\xbb\x02\n\x13SubscriptionService\x12X\n\tSubscribe\x12\x18.aaa.v1.SubscribeRequest\x1a\x19.aaa.v1.SubscribeResponse\"\x12\xd2\xb7\x18\x0e\x08\x05\x12\nopen.group(\x01\x30\x01\x12\x61\n\x0fListDeadLetters\x12\x1e.aaa.v1.ListDeadLettersRequest\x1a\x1f.aaa.v1.ListDeadLettersResponse\"\r\xd2\xb7\x18\t\x08\x05\x12\x05group\x12g\n\x11ReplayDeadLetters\x12 .aaa.v1.ReplayDeadLettersRequest\x1a!.aaa.v1.ReplayDeadLettersResponse\"\r\xd2\xb7\x18\t\x08\x05\x12\x05groupb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,38 +38,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBSCRIPTIONOPEN_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_SUBSCRIBED_LABELSENTRY']._loaded_options = None
   _globals['_SUBSCRIBED_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_STARTFROM']._serialized_start=1653
-  _globals['_STARTFROM']._serialized_end=1769
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=90
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=216
-  _globals['_SUBSCRIPTIONOPEN']._serialized_start=219
-  _globals['_SUBSCRIPTIONOPEN']._serialized_end=513
-  _globals['_SUBSCRIPTIONOPEN_LABELSENTRY']._serialized_start=468
-  _globals['_SUBSCRIPTIONOPEN_LABELSENTRY']._serialized_end=513
-  _globals['_ACK']._serialized_start=515
-  _globals['_ACK']._serialized_end=541
-  _globals['_NACK']._serialized_start=543
-  _globals['_NACK']._serialized_end=586
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=589
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=737
-  _globals['_SUBSCRIBED']._serialized_start=740
-  _globals['_SUBSCRIBED']._serialized_end=1005
-  _globals['_SUBSCRIBED_LABELSENTRY']._serialized_start=468
-  _globals['_SUBSCRIBED_LABELSENTRY']._serialized_end=513
-  _globals['_DELIVERY']._serialized_start=1008
-  _globals['_DELIVERY']._serialized_end=1154
-  _globals['_ACKRESULT']._serialized_start=1156
-  _globals['_ACKRESULT']._serialized_end=1219
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1221
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1299
-  _globals['_DEADLETTER']._serialized_start=1302
-  _globals['_DEADLETTER']._serialized_end=1448
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1450
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1542
-  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_start=1544
-  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_end=1604
-  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_start=1606
-  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_end=1651
-  _globals['_SUBSCRIPTIONSERVICE']._serialized_start=1772
-  _globals['_SUBSCRIPTIONSERVICE']._serialized_end=2037
+  _globals['_SUBSCRIPTIONSERVICE'].methods_by_name['Subscribe']._loaded_options = None
+  _globals['_SUBSCRIPTIONSERVICE'].methods_by_name['Subscribe']._serialized_options = b'\322\267\030\016\010\005\022\nopen.group'
+  _globals['_SUBSCRIPTIONSERVICE'].methods_by_name['ListDeadLetters']._loaded_options = None
+  _globals['_SUBSCRIPTIONSERVICE'].methods_by_name['ListDeadLetters']._serialized_options = b'\322\267\030\t\010\005\022\005group'
+  _globals['_SUBSCRIPTIONSERVICE'].methods_by_name['ReplayDeadLetters']._loaded_options = None
+  _globals['_SUBSCRIPTIONSERVICE'].methods_by_name['ReplayDeadLetters']._serialized_options = b'\322\267\030\t\010\005\022\005group'
+  _globals['_STARTFROM']._serialized_start=1675
+  _globals['_STARTFROM']._serialized_end=1791
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=112
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=238
+  _globals['_SUBSCRIPTIONOPEN']._serialized_start=241
+  _globals['_SUBSCRIPTIONOPEN']._serialized_end=535
+  _globals['_SUBSCRIPTIONOPEN_LABELSENTRY']._serialized_start=490
+  _globals['_SUBSCRIPTIONOPEN_LABELSENTRY']._serialized_end=535
+  _globals['_ACK']._serialized_start=537
+  _globals['_ACK']._serialized_end=563
+  _globals['_NACK']._serialized_start=565
+  _globals['_NACK']._serialized_end=608
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=611
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=759
+  _globals['_SUBSCRIBED']._serialized_start=762
+  _globals['_SUBSCRIBED']._serialized_end=1027
+  _globals['_SUBSCRIBED_LABELSENTRY']._serialized_start=490
+  _globals['_SUBSCRIBED_LABELSENTRY']._serialized_end=535
+  _globals['_DELIVERY']._serialized_start=1030
+  _globals['_DELIVERY']._serialized_end=1176
+  _globals['_ACKRESULT']._serialized_start=1178
+  _globals['_ACKRESULT']._serialized_end=1241
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1243
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1321
+  _globals['_DEADLETTER']._serialized_start=1324
+  _globals['_DEADLETTER']._serialized_end=1470
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1472
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1564
+  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_start=1566
+  _globals['_REPLAYDEADLETTERSREQUEST']._serialized_end=1626
+  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_start=1628
+  _globals['_REPLAYDEADLETTERSRESPONSE']._serialized_end=1673
+  _globals['_SUBSCRIPTIONSERVICE']._serialized_start=1794
+  _globals['_SUBSCRIPTIONSERVICE']._serialized_end=2109
 # @@protoc_insertion_point(module_scope)

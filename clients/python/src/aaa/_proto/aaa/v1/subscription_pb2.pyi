@@ -1,7 +1,8 @@
 import datetime
 
-from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from aaa._proto.aaa.v1 import routing_pb2 as _routing_pb2
 from aaa._proto.aaa.v1 import types_pb2 as _types_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -22,47 +22,58 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 from aaa._proto.aaa.v1 import types_pb2 as aaa_dot_v1_dot_types__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61\x61\x61/v1/worker.proto\x12\x06\x61\x61\x61.v1\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n\x15RegisterWorkerRequest\x12\x10\n\x08identity\x18\x01 \x01(\t\x12%\n\x05tools\x18\x02 \x03(\x0b\x32\x16.aaa.v1.ToolDefinition\x12\x0e\n\x06models\x18\x03 \x03(\t\"?\n\x16RegisterWorkerResponse\x12%\n\x05tools\x18\x01 \x03(\x0b\x32\x16.aaa.v1.ToolDefinition\"R\n\x0fPollTaskRequest\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\r\n\x05tools\x18\x02 \x03(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\".\n\x10PollTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.aaa.v1.Task\"\xf8\x01\n\x04Task\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x1b\n\x13heartbeat_timeout_s\x18\x05 \x01(\x01\x12/\n\x0b\x64\x65\x61\x64line_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x04tool\x18\x07 \x01(\x0b\x32\x10.aaa.v1.ToolTaskH\x00\x12\"\n\x05model\x18\x08 \x01(\x0b\x32\x11.aaa.v1.ModelTaskH\x00\x12\x13\n\x0btraceparent\x18\t \x01(\tB\x06\n\x04kind\"0\n\x08ToolTask\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"d\n\tModelTask\x12\r\n\x05model\x18\x01 \x01(\t\x12!\n\x08messages\x18\x02 \x03(\x0b\x32\x0f.aaa.v1.Message\x12%\n\x05tools\x18\x03 \x03(\x0b\x32\x16.aaa.v1.ToolDefinition\"H\n\nModelReply\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12)\n\ntool_calls\x18\x02 \x03(\x0b\x32\x15.aaa.v1.ModelToolCall\"5\n\rModelToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"%\n\x14HeartbeatTaskRequest\x12\r\n\x05token\x18\x01 \x01(\t\"1\n\x15HeartbeatTaskResponse\x12\x18\n\x10\x63\x61ncel_requested\x18\x01 \x01(\x08\"j\n\x13\x43ompleteTaskRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\x0boutput_json\x18\x02 \x01(\tH\x00\x12#\n\x05reply\x18\x03 \x01(\x0b\x32\x12.aaa.v1.ModelReplyH\x00\x42\x08\n\x06result\"0\n\x14\x43ompleteTaskResponse\x12\x18\n\x10\x61lready_recorded\x18\x01 \x01(\x08\"[\n\x0f\x46\x61ilTaskRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\"\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x13.aaa.v1.ErrorDetail\x12\x15\n\rnon_retryable\x18\x03 \x01(\x08\",\n\x10\x46\x61ilTaskResponse\x12\x18\n\x10\x61lready_recorded\x18\x01 \x01(\x08\x32\xf7\x02\n\rWorkerService\x12O\n\x0eRegisterWorker\x12\x1d.aaa.v1.RegisterWorkerRequest\x1a\x1e.aaa.v1.RegisterWorkerResponse\x12=\n\x08PollTask\x12\x17.aaa.v1.PollTaskRequest\x1a\x18.aaa.v1.PollTaskResponse\x12L\n\rHeartbeatTask\x12\x1c.aaa.v1.HeartbeatTaskRequest\x1a\x1d.aaa.v1.HeartbeatTaskResponse\x12I\n\x0c\x43ompleteTask\x12\x1b.aaa.v1.CompleteTaskRequest\x1a\x1c.aaa.v1.CompleteTaskResponse\x12=\n\x08\x46\x61ilTask\x12\x17.aaa.v1.FailTaskRequest\x1a\x18.aaa.v1.FailTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61\x61\x61/v1/worker.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x12\x61\x61\x61/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n\x15RegisterWorkerRequest\x12\x10\n\x08identity\x18\x01 \x01(\t\x12%\n\x05tools\x18\x02 \x03(\x0b\x32\x16.aaa.v1.ToolDefinition\x12\x0e\n\x06models\x18\x03 \x03(\t\"?\n\x16RegisterWorkerResponse\x12%\n\x05tools\x18\x01 \x03(\x0b\x32\x16.aaa.v1.ToolDefinition\"R\n\x0fPollTaskRequest\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\r\n\x05tools\x18\x02 \x03(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\".\n\x10PollTaskResponse\x12\x1a\n\x04task\x18\x01 \x01(\x0b\x32\x0c.aaa.v1.Task\"\xf8\x01\n\x04Task\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x1b\n\x13heartbeat_timeout_s\x18\x05 \x01(\x01\x12/\n\x0b\x64\x65\x61\x64line_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x04tool\x18\x07 \x01(\x0b\x32\x10.aaa.v1.ToolTaskH\x00\x12\"\n\x05model\x18\x08 \x01(\x0b\x32\x11.aaa.v1.ModelTaskH\x00\x12\x13\n\x0btraceparent\x18\t \x01(\tB\x06\n\x04kind\"0\n\x08ToolTask\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"d\n\tModelTask\x12\r\n\x05model\x18\x01 \x01(\t\x12!\n\x08messages\x18\x02 \x03(\x0b\x32\x0f.aaa.v1.Message\x12%\n\x05tools\x18\x03 \x03(\x0b\x32\x16.aaa.v1.ToolDefinition\"H\n\nModelReply\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12)\n\ntool_calls\x18\x02 \x03(\x0b\x32\x15.aaa.v1.ModelToolCall\"5\n\rModelToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"%\n\x14HeartbeatTaskRequest\x12\r\n\x05token\x18\x01 \x01(\t\"1\n\x15HeartbeatTaskResponse\x12\x18\n\x10\x63\x61ncel_requested\x18\x01 \x01(\x08\"j\n\x13\x43ompleteTaskRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\x0boutput_json\x18\x02 \x01(\tH\x00\x12#\n\x05reply\x18\x03 \x01(\x0b\x32\x12.aaa.v1.ModelReplyH\x00\x42\x08\n\x06result\"0\n\x14\x43ompleteTaskResponse\x12\x18\n\x10\x61lready_recorded\x18\x01 \x01(\x08\"[\n\x0f\x46\x61ilTaskRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\"\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x13.aaa.v1.ErrorDetail\x12\x15\n\rnon_retryable\x18\x03 \x01(\x08\",\n\x10\x46\x61ilTaskResponse\x12\x18\n\x10\x61lready_recorded\x18\x01 \x01(\x08\x32\xb4\x03\n\rWorkerService\x12W\n\x0eRegisterWorker\x12\x1d.aaa.v1.RegisterWorkerRequest\x1a\x1e.aaa.v1.RegisterWorkerResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x12\x45\n\x08PollTask\x12\x17.aaa.v1.PollTaskRequest\x1a\x18.aaa.v1.PollTaskResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x12[\n\rHeartbeatTask\x12\x1c.aaa.v1.HeartbeatTaskRequest\x1a\x1d.aaa.v1.HeartbeatTaskResponse\"\r\xd2\xb7\x18\t\x08\x03\x12\x05token\x12X\n\x0c\x43ompleteTask\x12\x1b.aaa.v1.CompleteTaskRequest\x1a\x1c.aaa.v1.CompleteTaskResponse\"\r\xd2\xb7\x18\t\x08\x03\x12\x05token\x12L\n\x08\x46\x61ilTask\x12\x17.aaa.v1.FailTaskRequest\x1a\x18.aaa.v1.FailTaskResponse\"\r\xd2\xb7\x18\t\x08\x03\x12\x05tokenb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'aaa.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=84
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=180
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=182
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=245
-  _globals['_POLLTASKREQUEST']._serialized_start=247
-  _globals['_POLLTASKREQUEST']._serialized_end=329
-  _globals['_POLLTASKRESPONSE']._serialized_start=331
-  _globals['_POLLTASKRESPONSE']._serialized_end=377
-  _globals['_TASK']._serialized_start=380
-  _globals['_TASK']._serialized_end=628
-  _globals['_TOOLTASK']._serialized_start=630
-  _globals['_TOOLTASK']._serialized_end=678
-  _globals['_MODELTASK']._serialized_start=680
-  _globals['_MODELTASK']._serialized_end=780
-  _globals['_MODELREPLY']._serialized_start=782
-  _globals['_MODELREPLY']._serialized_end=854
-  _globals['_MODELTOOLCALL']._serialized_start=856
-  _globals['_MODELTOOLCALL']._serialized_end=909
-  _globals['_HEARTBEATTASKREQUEST']._serialized_start=911
-  _globals['_HEARTBEATTASKREQUEST']._serialized_end=948
-  _globals['_HEARTBEATTASKRESPONSE']._serialized_start=950
-  _globals['_HEARTBEATTASKRESPONSE']._serialized_end=999
-  _globals['_COMPLETETASKREQUEST']._serialized_start=1001
-  _globals['_COMPLETETASKREQUEST']._serialized_end=1107
-  _globals['_COMPLETETASKRESPONSE']._serialized_start=1109
-  _globals['_COMPLETETASKRESPONSE']._serialized_end=1157
-  _globals['_FAILTASKREQUEST']._serialized_start=1159
-  _globals['_FAILTASKREQUEST']._serialized_end=1250
-  _globals['_FAILTASKRESPONSE']._serialized_start=1252
-  _globals['_FAILTASKRESPONSE']._serialized_end=1296
-  _globals['_WORKERSERVICE']._serialized_start=1299
-  _globals['_WORKERSERVICE']._serialized_end=1674
+  _globals['_WORKERSERVICE'].methods_by_name['RegisterWorker']._loaded_options = None
+  _globals['_WORKERSERVICE'].methods_by_name['RegisterWorker']._serialized_options = b'\322\267\030\002\010\006'
+  _globals['_WORKERSERVICE'].methods_by_name['PollTask']._loaded_options = None
+  _globals['_WORKERSERVICE'].methods_by_name['PollTask']._serialized_options = b'\322\267\030\002\010\006'
+  _globals['_WORKERSERVICE'].methods_by_name['HeartbeatTask']._loaded_options = None
+  _globals['_WORKERSERVICE'].methods_by_name['HeartbeatTask']._serialized_options = b'\322\267\030\t\010\003\022\005token'
+  _globals['_WORKERSERVICE'].methods_by_name['CompleteTask']._loaded_options = None
+  _globals['_WORKERSERVICE'].methods_by_name['CompleteTask']._serialized_options = b'\322\267\030\t\010\003\022\005token'
+  _globals['_WORKERSERVICE'].methods_by_name['FailTask']._loaded_options = None
+  _globals['_WORKERSERVICE'].methods_by_name['FailTask']._serialized_options = b'\322\267\030\t\010\003\022\005token'
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=106
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=202
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=204
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=267
+  _globals['_POLLTASKREQUEST']._serialized_start=269
+  _globals['_POLLTASKREQUEST']._serialized_end=351
+  _globals['_POLLTASKRESPONSE']._serialized_start=353
+  _globals['_POLLTASKRESPONSE']._serialized_end=399
+  _globals['_TASK']._serialized_start=402
+  _globals['_TASK']._serialized_end=650
+  _globals['_TOOLTASK']._serialized_start=652
+  _globals['_TOOLTASK']._serialized_end=700
+  _globals['_MODELTASK']._serialized_start=702
+  _globals['_MODELTASK']._serialized_end=802
+  _globals['_MODELREPLY']._serialized_start=804
+  _globals['_MODELREPLY']._serialized_end=876
+  _globals['_MODELTOOLCALL']._serialized_start=878
+  _globals['_MODELTOOLCALL']._serialized_end=931
+  _globals['_HEARTBEATTASKREQUEST']._serialized_start=933
+  _globals['_HEARTBEATTASKREQUEST']._serialized_end=970
+  _globals['_HEARTBEATTASKRESPONSE']._serialized_start=972
+  _globals['_HEARTBEATTASKRESPONSE']._serialized_end=1021
+  _globals['_COMPLETETASKREQUEST']._serialized_start=1023
+  _globals['_COMPLETETASKREQUEST']._serialized_end=1129
+  _globals['_COMPLETETASKRESPONSE']._serialized_start=1131
+  _globals['_COMPLETETASKRESPONSE']._serialized_end=1179
+  _globals['_FAILTASKREQUEST']._serialized_start=1181
+  _globals['_FAILTASKREQUEST']._serialized_end=1272
+  _globals['_FAILTASKRESPONSE']._serialized_start=1274
+  _globals['_FAILTASKRESPONSE']._serialized_end=1318
+  _globals['_WORKERSERVICE']._serialized_start=1321
+  _globals['_WORKERSERVICE']._serialized_end=1757
 # @@protoc_insertion_point(module_scope)
