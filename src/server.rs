@@ -432,14 +432,12 @@ impl LocalServices {
         let groups = subscriptions.groups();
         // On a shared store, calls reach the other servers' shards too.
         let shared = config.store_url.is_some().then(|| cluster.clone());
-        let separation_of_duties = separation_of_duties(config);
         let max_message = config.max_message_bytes;
         self.fill(Some(Services {
-            runs: RunServiceServer::new(RunApi::serving(started.clone(), separation_of_duties))
+            runs: RunServiceServer::new(RunApi::serving(started.clone()))
                 .max_decoding_message_size(max_message),
             approvals: ApprovalServiceServer::new(
-                ApprovalApi::serving(started.clone(), separation_of_duties)
-                    .in_cluster(shared.clone()),
+                ApprovalApi::serving(started.clone()).in_cluster(shared.clone()),
             )
             .max_decoding_message_size(max_message),
             grants: GrantServiceServer::new(GrantApi::serving(started.clone()))
@@ -514,7 +512,7 @@ struct ReadServices {
 
 impl ReadServices {
     fn new(config: &Config, reads: Reads) -> ReadServices {
-        let runs = RunApi::reading(reads.clone(), separation_of_duties(config));
+        let runs = RunApi::reading(reads.clone());
         ReadServices {
             runs: RunServiceServer::new(runs).max_decoding_message_size(config.max_message_bytes),
             approvals: ApprovalServiceServer::new(ApprovalApi::reading(reads.clone()))
@@ -523,13 +521,6 @@ impl ReadServices {
                 .max_decoding_message_size(config.max_message_bytes),
         }
     }
-}
-
-fn separation_of_duties(config: &Config) -> bool {
-    config
-        .auth
-        .as_ref()
-        .is_some_and(|auth| auth.separation_of_duties)
 }
 
 /// Makes this server a member of the store's deployment, under a name made

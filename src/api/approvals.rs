@@ -30,7 +30,6 @@ const SNAPSHOT_CHUNK: usize = 512;
 pub struct ApprovalApi {
     reads: Reads,
     engine: Option<Engine>,
-    separation_of_duties: bool,
     /// The cluster, when its shards are spread: a batch's items of other
     /// servers' shards are sent to their owners.
     cluster: Option<std::sync::Arc<Cluster>>,
@@ -38,11 +37,10 @@ pub struct ApprovalApi {
 
 impl ApprovalApi {
     /// The owner's: reads and decisions.
-    pub fn serving(engine: Engine, separation_of_duties: bool) -> ApprovalApi {
+    pub fn serving(engine: Engine) -> ApprovalApi {
         ApprovalApi {
             reads: engine.reads().clone(),
             engine: Some(engine),
-            separation_of_duties,
             cluster: None,
         }
     }
@@ -58,7 +56,6 @@ impl ApprovalApi {
         ApprovalApi {
             reads,
             engine: None,
-            separation_of_duties: false,
             cluster: None,
         }
     }
@@ -216,7 +213,6 @@ impl ApprovalService for ApprovalApi {
         let reviewer = Reviewer {
             actor: client_actor(&request),
             principal: principal(&request).map_or_else(String::new, |p| p.name.clone()),
-            separation_of_duties: self.separation_of_duties,
             groups: principal(&request).map(|p| p.groups.clone()),
         };
         let signer = crate::cluster::forward::caller(request.extensions());

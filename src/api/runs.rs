@@ -23,8 +23,6 @@ const READ_CHUNK: usize = 256;
 pub struct RunApi {
     reads: Reads,
     engine: Option<Engine>,
-    /// The principal that started a run may not decide its approvals.
-    separation_of_duties: bool,
 }
 
 type EventStream =
@@ -44,20 +42,18 @@ fn is_terminal(event_type: &str) -> bool {
 
 impl RunApi {
     /// The owner's: reads and writes, with its engine.
-    pub fn serving(engine: Engine, separation_of_duties: bool) -> RunApi {
+    pub fn serving(engine: Engine) -> RunApi {
         RunApi {
             reads: engine.reads().clone(),
             engine: Some(engine),
-            separation_of_duties,
         }
     }
 
     /// Any other server's: reads only.
-    pub fn reading(reads: Reads, separation_of_duties: bool) -> RunApi {
+    pub fn reading(reads: Reads) -> RunApi {
         RunApi {
             reads,
             engine: None,
-            separation_of_duties,
         }
     }
 
@@ -291,7 +287,6 @@ impl RunService for RunApi {
             actor,
             groups: principal.as_ref().map(|p| p.groups.clone()),
             principal: principal.map_or_else(String::new, |p| p.name),
-            separation_of_duties: self.separation_of_duties,
         };
         let answer = self
             .engine()?

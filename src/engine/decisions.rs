@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+use super::guard::Reviewer;
 use super::requests::request_scope;
-use super::state::{DecisionOutcome, Reviewer, RunState};
+use super::state::{DecisionOutcome, RunState};
 use super::{stripe, Engine, Error, RUN_LOCK_STRIPES};
 use crate::domain::event::{
     is_decision, NewEvent, APPROVAL_DENIED, APPROVAL_EDITED, APPROVAL_GRANTED, APPROVAL_VOTED,
@@ -149,7 +150,7 @@ impl Engine {
             .update(run, |state, batch| {
                 let seq = state.last_seq + 1;
                 let (events, answer) = if is_decision(event_type) {
-                    match state.decide_approval(event_type, &data, &reviewer)? {
+                    match state.decide_approval(event_type, &data, &reviewer, &self.rules())? {
                         DecisionOutcome::AlreadyDecided(d) => (
                             Vec::new(),
                             SignalAnswer {
@@ -287,6 +288,7 @@ impl Engine {
             }
         }
 
+        let rules = self.rules();
         let (event_type, text_key) = match batch.grant {
             true => (APPROVAL_GRANTED, "comment"),
             false => (APPROVAL_DENIED, "reason"),
@@ -320,7 +322,7 @@ impl Engine {
             if !batch.approver.is_empty() {
                 data["approver"] = json!(batch.approver);
             }
-            let outcome = match state.decide_approval(event_type, &data, reviewer) {
+            let outcome = match state.decide_approval(event_type, &data, reviewer, &rules) {
                 Ok(DecisionOutcome::Append(decided)) => {
                     let pending = to_append.entry(item.run).or_default();
                     pending.extend(decided.events);

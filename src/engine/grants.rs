@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::policy::{Budget, CallFacts, Condition};
 use crate::store::{labels_match, SharedStore, StoreError};
 
+use super::guard::{Pending, Rules};
 use super::state::{GrantAsk, RunState};
 use super::{Engine, Error};
 use crate::domain::event::{sha256_hex, GrantStamp};
@@ -87,9 +88,8 @@ pub struct Asked<'a> {
     /// and most calls reviewed meet no such grant.
     pub arguments_sha256: std::cell::OnceCell<String>,
     pub now_ms: i64,
-    /// Separation of duties is on: the run's starter may not decide its
-    /// calls, so neither may a grant the starter made.
-    pub separation_of_duties: bool,
+    /// Who may decide (a grant stands in for its creator).
+    pub rules: Rules,
 }
 
 #[derive(Default)]
@@ -234,22 +234,21 @@ fn matches_but_condition(grant: &Live, asked: &Asked) -> bool {
     g.tool == ask.tool
         && !grant.broken
         && in_force(g, grant.uses(), asked.now_ms)
-        // A grant stands in for one person's grant, never for a vote of
-        // several: a call that needs more waits for people.
-        && ask.approvals_required <= 1
         && (g.run_id.is_empty() || g.run_id == asked.run.to_string())
         && labels_match(&g.labels, asked.labels)
         && (g.started_by.is_empty() || g.started_by == asked.started_by)
-        && !(asked.separation_of_duties
-            && g.groups_enforced
-            && !asked.started_by.is_empty()
-            && g.created_by == asked.started_by)
         && (g.arguments_sha256.is_empty()
             || g.arguments_sha256 == *asked.arguments_sha256.get_or_init(|| sha256_hex(ask.arguments)))
         // Limited like the creator's own decision would be.
-        && crate::domain::may_decide(
-            g.groups_enforced.then_some(g.creator_groups.as_slice()),
-            &ask.approvers,
+        && asked.rules.grant_may_decide(
+            g,
+            &Pending {
+                run: asked.run,
+                call_id: asked.call_id,
+                started_by: asked.started_by,
+                approvers: &ask.approvers,
+                approvals_required: ask.approvals_required,
+            },
         )
 }
 
@@ -447,7 +446,7 @@ impl Engine {
                 started_by: &state.started_by,
                 arguments_sha256: std::cell::OnceCell::new(),
                 now_ms,
-                separation_of_duties: self.inner.settings.separation_of_duties,
+                rules: self.rules(),
             },
             budget,
         )
@@ -487,7 +486,7 @@ mod tests {
             started_by: "",
             arguments_sha256: std::cell::OnceCell::new(),
             now_ms: 0,
-            separation_of_duties: false,
+            rules: Rules::default(),
         };
         grants.take(&asked, &Budget::new()).map(|(_, used)| used)
     }

@@ -15,6 +15,7 @@ pub mod error;
 mod facts;
 mod gate;
 pub mod grants;
+pub mod guard;
 mod heads;
 mod leases;
 mod observed;
@@ -48,11 +49,11 @@ pub use dispatch::{Poller, QueueKey};
 use driver::{locks, stripe};
 pub use error::Error;
 pub use facts::RunFacts;
+pub use guard::{Reviewer, Rules};
 use leases::Leases;
 pub use reads::Reads;
 use requests::request_scope;
 pub use settings::Settings;
-pub use state::Reviewer;
 use state::{Action, Message, RunState, ToolOutcome};
 pub use tasks::Held;
 
@@ -309,6 +310,13 @@ impl Engine {
 
     fn now_ms(&self) -> i64 {
         self.clock().now_ms()
+    }
+
+    /// Who may decide calls in this deployment (see [`guard`]).
+    pub fn rules(&self) -> Rules {
+        Rules {
+            separation_of_duties: self.inner.settings.separation_of_duties,
+        }
     }
 
     pub fn shutdown_token(&self) -> &CancellationToken {

@@ -8,8 +8,9 @@ use aaa::domain::event::{
     canonical_json, Actor, Budget, ModelChoice, NewEvent, ProposedCall, RetrySpec, RunStarted,
     ScriptStep, ToolSpec,
 };
-use aaa::engine::state::{Action, DecisionOutcome, Reviewer, RunState, ToolOutcome};
+use aaa::engine::state::{Action, DecisionOutcome, RunState, ToolOutcome};
 use aaa::engine::Error;
+use aaa::engine::{Reviewer, Rules};
 use aaa::store::{EventRecord, RunId};
 use proptest::prelude::*;
 use serde_json::Value;
@@ -84,7 +85,6 @@ fn bob() -> Reviewer {
     Reviewer {
         actor: Actor::Client("bob".into()),
         principal: String::new(),
-        separation_of_duties: false,
         groups: None,
     }
 }
@@ -223,7 +223,7 @@ proptest! {
     ) {
         let state = waiting_run();
         let ty = ["aaa.approval.granted", "aaa.approval.denied", "aaa.approval.edited"][kind];
-        match state.decide_approval(ty, &data, &bob()) {
+        match state.decide_approval(ty, &data, &bob(), &Rules::default()) {
             Err(error) => {
                 prop_assert!(
                     matches!(
@@ -257,7 +257,7 @@ proptest! {
         let mut state = waiting_run();
         let grant = serde_json::json!({ "call_id": "call-1" });
         let Ok(DecisionOutcome::Append(decided)) =
-            state.decide_approval("aaa.approval.granted", &grant, &bob())
+            state.decide_approval("aaa.approval.granted", &grant, &bob(), &Rules::default())
         else {
             panic!("the grant was refused");
         };

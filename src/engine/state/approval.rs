@@ -3,6 +3,7 @@
 //! against the policy and standing grants.
 
 use super::*;
+use crate::engine::guard::{count_vote, editor_vote_counts, Pending, Reviewer, Rules, Tally};
 
 impl RunState {
     pub(super) fn approval_requested(
@@ -12,6 +13,7 @@ impl RunState {
         actions: &mut Vec<Action>,
     ) -> Result<(), Error> {
         let now = event.time_ms;
+        let (run, started_by) = (self.id, self.started_by.clone());
         let call = self.call_mut(&e.call_id)?;
         call.approval_seq = event.seq;
         call.approval_position = event.position;
@@ -61,9 +63,15 @@ impl RunState {
         // An edit granted in the same step: the editor's vote for
         // the arguments they wrote, if the call's groups allow it.
         if let Some(grant) = call.editor_grant.take() {
-            if may_decide(grant.groups.as_deref(), &call.approvers) {
+            let pending = pending(run, &started_by, call);
+            if editor_vote_counts(grant.groups.as_deref(), &pending) {
+                let tally = count_vote(
+                    &pending,
+                    call.votes.iter().map(|v| v.approver.as_str()),
+                    &grant.approver,
+                )?;
                 let digest = e.arguments_sha256.clone();
-                let vote = vote_event(call, grant.approver, Some(digest), None);
+                let vote = vote_event(call, tally, grant.approver, Some(digest), None);
                 actions.push(Action::Emit(vote.by(grant.actor)));
             }
         }
@@ -384,8 +392,11 @@ impl RunState {
         event_type: &str,
         data: &Value,
         reviewer: &Reviewer,
+        rules: &Rules,
     ) -> Result<DecisionOutcome, Error> {
-        if reviewer.separation_of_duties
+        // Who started the run is known before the call is looked up: the
+        // starter's decisions are refused whatever call they name.
+        if rules.separation_of_duties
             && !reviewer.principal.is_empty()
             && self.started_by == reviewer.principal
         {
@@ -415,14 +426,8 @@ impl RunState {
         if let Some(decision) = call.decision {
             return Ok(DecisionOutcome::AlreadyDecided(decision));
         }
-        if !may_decide(reviewer.groups.as_deref(), &call.approvers) {
-            return Err(crate::auth::Refusal::NotAnApproverForCall {
-                principal: reviewer.principal.clone(),
-                call: call_id.to_string(),
-                groups: call.approvers.clone(),
-            }
-            .into());
-        }
+        let pending = pending(self.id, &self.started_by, call);
+        rules.may_decide(reviewer, &pending)?;
         let parse = |what: &str| {
             let what = what.to_string();
             move |e: serde_json::Error| {
@@ -435,21 +440,18 @@ impl RunState {
                     serde_json::from_value(data.clone()).map_err(parse("grant"))?;
                 check_digest(call, grant.arguments_sha256.as_deref())?;
                 let approver = reviewer.approver(grant.approver.as_deref())?;
-                if call.votes.iter().any(|v| v.approver == approver) {
-                    return Err(Error::AlreadyVoted {
-                        call: call_id.to_string(),
-                        approver,
-                    });
-                }
-                let event = vote_event(call, approver, grant.arguments_sha256, grant.comment);
+                let voters = call.votes.iter().map(|v| v.approver.as_str());
+                let tally = count_vote(&pending, voters, &approver)?;
+                let event =
+                    vote_event(call, tally, approver, grant.arguments_sha256, grant.comment);
                 Decided {
-                    recorded: if event.event_type == APPROVAL_GRANTED {
+                    recorded: if tally.satisfied {
                         APPROVAL_GRANTED
                     } else {
                         APPROVAL_VOTED
                     },
                     events: vec![event.by(reviewer.actor.clone())],
-                    votes: call.votes.len() as u32 + 1,
+                    votes: tally.votes,
                     approvals_required: call.approvals_required,
                     ..Decided::default()
                 }
@@ -570,14 +572,28 @@ impl RunState {
 
 /// A grant by `approver`: the call's `aaa.approval.granted` when it is the
 /// last one the call needs, else an `aaa.approval.voted`.
+/// The guard's pending call of `call`.
+fn pending<'a>(run: RunId, started_by: &'a str, call: &'a Call) -> Pending<'a> {
+    Pending {
+        run,
+        call_id: &call.call_id,
+        started_by,
+        approvers: &call.approvers,
+        approvals_required: call.approvals_required,
+    }
+}
+
+/// The event of a vote the guard counted: the grant when it satisfies the
+/// gate, else a vote towards it.
 pub(super) fn vote_event(
     call: &Call,
+    tally: Tally,
     approver: String,
     arguments_sha256: Option<String>,
     comment: Option<String>,
 ) -> NewEvent {
-    let votes = call.votes.len() as u32 + 1;
-    if votes < call.approvals_required {
+    let votes = tally.votes;
+    if !tally.satisfied {
         return NewEvent::engine(
             APPROVAL_VOTED,
             ApprovalVoted {

@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 
 use super::error::Error;
 use crate::domain::event::*;
-use crate::domain::may_decide;
 use crate::policy::{Decide, Requirements, Verdict};
 use crate::seconds;
 use crate::store::{EventRecord, RunId, RunRecord};
@@ -226,41 +225,6 @@ pub struct GrantAsk<'a> {
     pub arguments: &'a Value,
     pub approvals_required: u32,
     pub approvers: Vec<String>,
-}
-
-/// Who decides an approval request, as the API authenticated them.
-#[derive(Debug, Clone)]
-pub struct Reviewer {
-    pub actor: Actor,
-    /// The authenticated principal; empty with auth off.
-    pub principal: String,
-    /// The run's starter may not decide its calls.
-    pub separation_of_duties: bool,
-    /// With auth on, the principal's approver groups; None with auth off
-    /// (groups are then not enforced).
-    pub groups: Option<Vec<String>>,
-}
-
-impl Reviewer {
-    /// The name a vote counts under: the principal with auth on; with auth
-    /// off the name the decision gives, else the caller's IP address (not
-    /// its port: a process that reconnects is not another approver).
-    fn approver(&self, named: Option<&str>) -> Result<String, Error> {
-        match (self.principal.as_str(), named) {
-            ("", Some(name)) if !name.is_empty() => Ok(name.to_string()),
-            ("", _) => {
-                let caller = self.actor.name();
-                Ok(caller
-                    .parse::<std::net::SocketAddr>()
-                    .map_or_else(|_| caller.to_string(), |addr| addr.ip().to_string()))
-            }
-            (principal, Some(name)) if !name.is_empty() && name != principal => Err(Error::invalid(
-                "data_json.approver",
-                format!("with auth on the approver is the authenticated principal ({principal}), not '{name}'"),
-            )),
-            (principal, _) => Ok(principal.to_string()),
-        }
-    }
 }
 
 /// The model call the run waits for.

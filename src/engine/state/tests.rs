@@ -1,6 +1,7 @@
 //! The fold's own tests: events in, state and actions out.
 
 use super::*;
+use crate::engine::guard::{Reviewer, Rules};
 
 fn wire_money(gated: bool) -> ToolSpec {
     ToolSpec {
@@ -27,7 +28,6 @@ fn reviewer(name: &str) -> Reviewer {
     Reviewer {
         actor: Actor::Client(name.into()),
         principal: String::new(),
-        separation_of_duties: false,
         groups: None,
     }
 }
@@ -224,7 +224,7 @@ fn a_gated_call_waits_for_a_grant_and_then_runs_with_its_arguments() {
 
     let grant = json!({"call_id": "call-1"});
     let DecisionOutcome::Append(decided) = state
-        .decide_approval(APPROVAL_GRANTED, &grant, &reviewer("c"))
+        .decide_approval(APPROVAL_GRANTED, &grant, &reviewer("c"), &Rules::default())
         .unwrap()
     else {
         panic!("first decision must append")
@@ -235,7 +235,7 @@ fn a_gated_call_waits_for_a_grant_and_then_runs_with_its_arguments() {
         tool: "wire_money".into()
     }));
     assert!(matches!(
-        state.decide_approval(APPROVAL_DENIED, &grant, &reviewer("c")),
+        state.decide_approval(APPROVAL_DENIED, &grant, &reviewer("c"), &Rules::default()),
         Ok(DecisionOutcome::AlreadyDecided(Decision::Granted))
     ));
 
@@ -274,7 +274,7 @@ fn a_denial_becomes_an_approval_denied_tool_failure_the_model_reads() {
     let (mut state, mut log, _) = started(true);
     let deny = json!({"call_id": "call-1", "reason": "not this vendor"});
     let DecisionOutcome::Append(decided) = state
-        .decide_approval(APPROVAL_DENIED, &deny, &reviewer("c"))
+        .decide_approval(APPROVAL_DENIED, &deny, &reviewer("c"), &Rules::default())
         .unwrap()
     else {
         panic!("first decision must append")
@@ -351,7 +351,12 @@ fn edits_and_votes_replay_as_they_were_folded() {
     let edit = json!({"call_id": "call-1", "arguments": {"amount": 200, "to": "ACME"},
                       "reason": "cap", "grant": true});
     let DecisionOutcome::Append(decided) = state
-        .decide_approval(APPROVAL_EDITED, &edit, &reviewer("alice"))
+        .decide_approval(
+            APPROVAL_EDITED,
+            &edit,
+            &reviewer("alice"),
+            &Rules::default(),
+        )
         .unwrap()
     else {
         panic!("an edit appends")
@@ -369,11 +374,21 @@ fn edits_and_votes_replay_as_they_were_folded() {
     );
     let again = json!({"call_id": "call-2"});
     assert!(matches!(
-        state.decide_approval(APPROVAL_GRANTED, &again, &reviewer("alice")),
+        state.decide_approval(
+            APPROVAL_GRANTED,
+            &again,
+            &reviewer("alice"),
+            &Rules::default()
+        ),
         Err(Error::AlreadyVoted { .. })
     ));
     let DecisionOutcome::Append(decided) = state
-        .decide_approval(APPROVAL_GRANTED, &again, &reviewer("bob"))
+        .decide_approval(
+            APPROVAL_GRANTED,
+            &again,
+            &reviewer("bob"),
+            &Rules::default(),
+        )
         .unwrap()
     else {
         panic!("bob's vote appends")
