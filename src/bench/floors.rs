@@ -86,9 +86,9 @@ pub async fn store_appends(
     store_url: Option<String>,
 ) -> anyhow::Result<StoreAppends> {
     let dir = ScratchDir::new("store")?;
-    let mut config = crate::Config::new(dir.path());
-    config.store_url = store_url;
-    let store = crate::store::open(&config).await?;
+    let mut settings = crate::store::Settings::new(dir.path());
+    settings.url = store_url;
+    let store = crate::store::open(&settings).await?;
     let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
     let writer_store = store.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {

@@ -29,8 +29,10 @@ pub mod embedded;
 mod hold;
 pub mod postgres;
 mod queue;
+mod settings;
 
 pub use hold::CommitHold;
+pub use settings::{Settings, DEFAULT_CACHE_MIB, DEFAULT_LOG_SEGMENT_KIB};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -445,6 +447,11 @@ impl ApprovalQuery {
     }
 }
 
+/// The wire ActorKind number of a client (StartRun, Signal, CancelRun):
+/// a run whose summary names no starter (one written before summaries
+/// did) was started by the client that appended its first event.
+pub(crate) const CLIENT_ACTOR: i32 = 3;
+
 /// True when `have` holds every label of `wanted` with the same value.
 pub fn labels_match(wanted: &BTreeMap<String, String>, have: &BTreeMap<String, String>) -> bool {
     wanted.iter().all(|(k, v)| have.get(k) == Some(v))
@@ -710,21 +717,21 @@ pub struct Waiting {
     pub waiting: u64,
 }
 
-/// Opens the store the configuration names.
-pub async fn open(config: &crate::Config) -> Result<SharedStore> {
-    match &config.store_url {
+/// Opens the store the settings name.
+pub async fn open(settings: &Settings) -> Result<SharedStore> {
+    match &settings.url {
         None => {
             let store = embedded::EmbeddedStore::open_with(
-                &config.data_dir,
-                config.store_cache_bytes,
-                config.log_segment_bytes,
-                &config.metrics,
-                config.commit_hold.clone(),
+                &settings.data_dir,
+                settings.cache_bytes,
+                settings.log_segment_bytes,
+                &settings.metrics,
+                settings.commit_hold.clone(),
             )?;
             Ok(Arc::new(store))
         }
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            let store = postgres::PostgresStore::open_with_metrics(url, &config.metrics).await?;
+            let store = postgres::PostgresStore::open_with_metrics(url, &settings.metrics).await?;
             Ok(Arc::new(store))
         }
         Some(url) => Err(StoreError::Format(format!(

@@ -775,7 +775,7 @@ impl super::Store for PostgresStore {
                  ELSE coalesce((SELECT CASE WHEN e.actor_kind = $? THEN e.actor_name ELSE '' END \
                  FROM aaa_events e WHERE e.run_id = r.run_id ORDER BY e.seq LIMIT 1), '') END",
                 started_by.clone(),
-                crate::proto::ActorKind::Client as i32,
+                crate::store::CLIENT_ACTOR,
             );
         }
         let sql = format!(
