@@ -299,8 +299,10 @@ async fn commit(
     for (answer, request) in answers.iter_mut().zip(round.iter()) {
         *answer = writes::check(&request.batch).err().map(Err);
     }
-    let head = attempt(client, ownership, round, answers, Mode::OneByOne).await?;
-    Ok(head.expect("a round one by one is committed or down"))
+    // One by one, a refused batch fails alone: the round commits or is down.
+    attempt(client, ownership, round, answers, Mode::OneByOne)
+        .await?
+        .ok_or_else(|| Down("a round one by one was refused whole".into()))
 }
 
 /// How [`attempt`] writes the batches that pass its checks.
