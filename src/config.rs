@@ -11,17 +11,16 @@ use crate::policy::PolicyHandle;
 use crate::providers::ModelsConfig;
 use crate::subscriptions::WebhookConfig;
 
-/// sled's page cache, in MiB. With 100,000 runs parked the server's RSS
-/// was 146-157 MiB with 64 and about 30 MiB less with 32; cycles and appends
-/// measured the same with 40 as with 64 (sled's file stays in the OS cache).
-pub const DEFAULT_STORE_CACHE_MIB: u64 = 40;
+/// sled's page cache, in MiB (`--store-cache-mib`; see
+/// [`crate::store::DEFAULT_CACHE_MIB`]).
+pub const DEFAULT_STORE_CACHE_MIB: u64 = crate::store::DEFAULT_CACHE_MIB;
 
 /// How long finished runs are kept by default (`--retention`).
 pub const DEFAULT_RETENTION: crate::domain::Retention =
     crate::domain::Retention::Ms(30 * 86_400_000);
 
 /// The embedded log's largest segment, in KiB (`--log-segment-kib`).
-pub const DEFAULT_LOG_SEGMENT_KIB: u64 = 32 * 1024;
+pub const DEFAULT_LOG_SEGMENT_KIB: u64 = crate::store::DEFAULT_LOG_SEGMENT_KIB;
 
 /// Open client connections served at once (see [`Config::max_connections`]).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
@@ -169,6 +168,21 @@ impl Config {
             public_url: None,
             commit_hold: None,
             allowed_hosts: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// What the store reads of the configuration, to open it with
+    /// [`crate::store::open`].
+    pub fn store_settings(&self) -> crate::store::Settings {
+        crate::store::Settings {
+            data_dir: self.data_dir.clone(),
+            url: self.store_url.clone(),
+            cache_bytes: self.store_cache_bytes,
+            log_segment_bytes: self.log_segment_bytes,
+            metrics: self.metrics.clone(),
+            commit_hold: self.commit_hold.clone(),
         }
     }
 }

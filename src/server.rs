@@ -123,7 +123,7 @@ async fn serve_store(
         None => tracing::warn!("no auth config: every caller may call every RPC"),
     }
 
-    let store = crate::store::open(&config)
+    let store = crate::store::open(&config.store_settings())
         .await
         .map_err(|source| ServeError::Store {
             place: store_place(&config),

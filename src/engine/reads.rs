@@ -139,7 +139,6 @@ impl Reads {
 mod tests {
     use super::*;
     use crate::domain::event::{Budget, ModelChoice};
-    use crate::store::embedded::EmbeddedStore;
 
     fn started(run: RunId, data: &str) -> EventRecord {
         EventRecord {
@@ -157,7 +156,8 @@ mod tests {
     #[tokio::test]
     async fn a_run_start_in_the_log_gives_its_facts_without_a_summary_read() {
         let dir = tempfile::tempdir().unwrap();
-        let store: SharedStore = Arc::new(EmbeddedStore::open(dir.path(), 1 << 20).unwrap());
+        let settings = crate::store::Settings::new(dir.path());
+        let store: SharedStore = crate::store::open(&settings).await.unwrap();
         let reads = Reads::from_database(store, CancellationToken::new());
         let (run, unreadable) = (RunId::new(), RunId::new());
         let data = serde_json::to_string(&RunStarted {

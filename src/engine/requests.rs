@@ -88,12 +88,11 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::store::{embedded::EmbeddedStore, Shards, SharedStore, WriteBatch};
+    use crate::store::{Settings, Shards, WriteBatch};
 
     /// Another server's try of the request committed between this try's
     /// check and its commit (the runs changed owner): the store refuses
@@ -101,7 +100,9 @@ mod tests {
     #[tokio::test]
     async fn a_try_answered_first_elsewhere_answers_with_that_answer() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store: SharedStore = Arc::new(EmbeddedStore::open(dir.path(), 1 << 20).expect("open"));
+        let store = crate::store::open(&Settings::new(dir.path()))
+            .await
+            .expect("open");
         let shutdown = CancellationToken::new();
         let settings = crate::Config::new(dir.path()).engine_settings();
         let engine = Engine::start(store.clone(), settings, Shards::all(), shutdown.clone())

@@ -522,7 +522,7 @@ mod tests {
     #[tokio::test]
     async fn posts_signed_json_and_retries_a_failure() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(&crate::Config::new(dir.path()))
+        let store = crate::store::open(&crate::store::Settings::new(dir.path()))
             .await
             .unwrap();
         let shutdown = CancellationToken::new();

@@ -1057,9 +1057,9 @@ async fn a_schema_newer_than_the_binary_is_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unsupported_scheme_and_an_unreachable_database_are_refused_without_the_password() {
-    let mut config = aaa::Config::new(std::env::temp_dir());
-    config.store_url = Some("mysql://u:secret@db/aaa".into());
-    let error = aaa::store::open(&config).await.err().expect("refused");
+    let mut settings = aaa::store::Settings::new(std::env::temp_dir());
+    settings.url = Some("mysql://u:secret@db/aaa".into());
+    let error = aaa::store::open(&settings).await.err().expect("refused");
     assert!(error.to_string().contains("u:***@db"), "{error}");
     assert!(!error.to_string().contains("secret"), "{error}");
     // Nothing listens on port 1.

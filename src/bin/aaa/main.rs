@@ -477,7 +477,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         let config = store_config(location);
         let place = aaa::store::redact(location);
         async move {
-            aaa::store::open(&config)
+            aaa::store::open(&config.store_settings())
                 .await
                 .map_err(|e| eprintln!("aaa migrate: cannot open {place}: {e}"))
         }

@@ -1,35 +1,24 @@
-//! Group commit: one thread takes every batch that is waiting, writes them
-//! to the log as one record and fdatasyncs it (see [`super::log`]), applies
-//! the index writes to sled and the spans to the recent ones (see
-//! [`super::spans`]), and only then answers the writers and moves the
-//! durable position. It is also the only caller of sled's flush (STACK.md,
-//! trap 1), at checkpoints: when the log has grown [`CHECKPOINT_BYTES`]
-//! since the last one, the recent spans go to sled, sled is flushed with a
-//! mark saying how far it holds the log, and its file fsynced (flush alone
-//! is not an fsync, trap 2).
+//! The committer thread's state: the log it appends to, sled, the recent
+//! spans, the pending approvals in memory, the positions it gives out and
+//! the bookkeeping of compaction. Its rounds (see [`super::rounds`]),
+//! deletions of runs (see [`super::retention`]) and compaction steps (see
+//! [`super::compact`]) all change it; so does the checkpoint, here. It is
+//! also the only caller of sled's flush (STACK.md, trap 1), at checkpoints:
+//! the recent spans go to sled, sled is flushed with a mark saying how far
+//! it holds the log, and its file fsynced (flush alone is not an fsync,
+//! trap 2).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use prost::Message as _;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use super::log::{self, Log, Mark, Round};
+use super::log::{Log, Mark};
+use super::record::Applied;
 use super::spans::Recent;
-use super::{keys, Result, RunId, StoreError, WriteBatch};
-use crate::store::queue::{self, Message, Request};
-use crate::store::Op;
-
-/// Most batches folded into one round.
-const MAX_ROUND: usize = 4096;
-/// Log growth that triggers a checkpoint. It bounds the replay at startup.
-const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
-/// While the log cannot be written, how often the committer tries on its
-/// own: from this, doubling, up to [`PROBE_MAX`].
-const PROBE_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
-const PROBE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+use super::Result;
 
 pub(super) struct Committer {
     pub tree: sled::Db,
@@ -42,330 +31,58 @@ pub(super) struct Committer {
     pub next_position: u64,
     pub durable: watch::Sender<u64>,
     pub durable_position: Arc<AtomicU64>,
-    /// False while writes fail; see [`Committer::commit_round`].
+    /// False while writes fail (see `super::rounds`).
     pub writable: watch::Sender<bool>,
     /// Why sled failed, once it has: sled keeps an I/O error for good (its
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
     pub metrics: crate::metrics::Metrics,
     /// Dead bytes per log segment, for compaction (see `super::compact`).
-    pub reclaim: super::compact::Reclaim,
+    pub reclaim: Reclaim,
     /// A test's hold on the rounds; `None` in a real server.
     pub hold: Option<crate::store::CommitHold>,
 }
 
-/// The committer's loop, on a thread of its own: it blocks on the disk, so
-/// it stays off the async runtime, and needs no hand-off per round.
-pub(super) fn run(mut committer: Committer, mut messages: mpsc::Receiver<Message>) {
-    let mut round = Vec::new();
-    let mut compactions = Vec::new();
-    let mut closed = None;
-    let mut backoff = PROBE_FIRST;
-    while closed.is_none() {
-        let message = if committer.probing() {
-            // Writes are failing: look for the cause to be gone on our own,
-            // so health says SERVING again even if no client writes (a load
-            // balancer that follows health sends none).
-            match messages.try_recv() {
-                Ok(message) => Some(message),
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(PROBE_MAX);
-                    committer.probe();
-                    continue;
-                }
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-            }
-        } else {
-            backoff = PROBE_FIRST;
-            messages.blocking_recv()
-        };
-        let Some(message) = message else { break };
-        closed = queue::gather(
-            message,
-            &mut messages,
-            &mut round,
-            &mut compactions,
-            MAX_ROUND,
-        );
-        if !round.is_empty() {
-            committer.commit_round(&mut round);
+/// The committer's bookkeeping for compaction (see [`super::compact`]).
+#[derive(Default)]
+pub(super) struct Reclaim {
+    /// Dead event bytes per segment (mirrors the `S` keys).
+    pub dead: HashMap<u64, u64>,
+    /// Segments read and found too live: their dead bytes then, so they are
+    /// read again only once more of them died.
+    pub rejected: HashMap<u64, u64>,
+}
+
+impl Reclaim {
+    pub fn new(dead: HashMap<u64, u64>) -> Reclaim {
+        Reclaim {
+            dead,
+            rejected: HashMap::new(),
         }
-        for reply in compactions.drain(..) {
-            let _ = reply.send(committer.compact());
-        }
-    }
-    // Refuse what comes after: its senders get StoreError::Closed.
-    messages.close();
-    if committer.index_failed.is_some() {
-        // sled cannot write; the log holds everything for the next start.
-    } else if let Err(e) = committer.checkpoint() {
-        tracing::error!("final checkpoint failed (the log keeps the writes): {e}");
-    }
-    // Release our handle on the database before saying we are done, so the
-    // directory can be opened again as soon as the other handles are gone.
-    drop(committer);
-    if let Some(done) = closed {
-        let _ = done.send(());
     }
 }
 
 impl Committer {
     /// What applying a record updates besides sled.
-    pub(super) fn applied(&self) -> log::Applied<'_> {
-        log::Applied {
+    pub(super) fn applied(&self) -> Applied<'_> {
+        Applied {
             recent: &self.recent,
             pending: &self.pending,
         }
     }
 
     /// Writes fail for a cause the log may see go away (not sled's).
-    fn probing(&self) -> bool {
+    pub(super) fn probing(&self) -> bool {
         !*self.writable.borrow() && self.index_failed.is_none()
     }
 
     /// Tries to make the segment whose making failed; says SERVING again
     /// when it could.
-    fn probe(&mut self) {
+    pub(super) fn probe(&mut self) {
         if self.log.prepare_now().is_ok() {
             tracing::info!("the log can be written again");
             self.writable.send_replace(true);
         }
-    }
-}
-
-/// Answers every request of the round: nothing of it was written.
-fn refuse(round: &mut Vec<Request>, cause: &str) {
-    for request in round.drain(..) {
-        let _ = request
-            .reply
-            .send(Err(StoreError::Unavailable(cause.to_string())));
-    }
-}
-
-impl Committer {
-    /// Commits and answers every request of the round.
-    ///
-    /// A round the log could not take (disk full, an I/O error) is refused
-    /// whole, its positions are given out again, and the next round tries
-    /// again: once space is back, writes succeed with no restart. A round
-    /// the log took is durable and acknowledged even if sled then fails; but
-    /// sled keeps such an error for good, so every later round is refused
-    /// until a restart rebuilds sled from the log.
-    fn commit_round(&mut self, round: &mut Vec<Request>) {
-        if let Some(cause) = &self.index_failed {
-            let cause = format!("the index store failed ({cause}); restart the server");
-            refuse(round, &cause);
-            return;
-        }
-        let started = std::time::Instant::now();
-        let first_position = self.next_position;
-        let mut writes = Round::new(first_position);
-        let mut answers = Vec::with_capacity(round.len());
-        let mut heads = HashMap::new();
-        let mut answered = HashSet::new();
-        for request in round.iter_mut() {
-            let staged = self
-                .check_requests(&request.batch, &answered)
-                .and_then(|keys| {
-                    self.check_heads(&request.batch, &mut heads)?;
-                    let (mark, position) = (writes.mark(), self.next_position);
-                    let positions =
-                        self.stage(&mut request.batch, &mut writes)
-                            .inspect_err(|_| {
-                                // Nothing of a refused batch goes to the log.
-                                writes.rollback(mark);
-                                self.next_position = position;
-                            })?;
-                    answered.extend(keys);
-                    Ok(positions)
-                });
-            answers.push(staged);
-        }
-        let last_position = self.next_position - 1;
-        if let Some(hold) = &self.hold {
-            hold.wait();
-        }
-        let at = match self.log.append(&writes) {
-            Ok(at) => at,
-            Err(e) => {
-                self.next_position = first_position;
-                let cause = format!("the log cannot be written: {e}");
-                if self.writable.send_replace(false) {
-                    tracing::error!("{cause}; writes are refused until one succeeds");
-                }
-                refuse(round, &cause);
-                return;
-            }
-        };
-        if !self.writable.send_replace(true) {
-            tracing::info!("the log takes writes again");
-        }
-        let families = self.metrics.families();
-        families
-            .store_commit_seconds
-            .observe(started.elapsed().as_secs_f64());
-        families
-            .store_commit_batch_size
-            .observe((self.next_position - first_position) as f64);
-        families.store_fsyncs.inc();
-        let indexed = (|| -> Result<()> {
-            log::apply(&writes, at, &self.tree, &self.applied())?;
-            if self.log.end() - self.checkpointed > CHECKPOINT_BYTES {
-                self.checkpoint()?;
-            }
-            Ok(())
-        })();
-        if last_position >= first_position {
-            self.durable_position
-                .store(last_position, Ordering::Release);
-            self.durable.send_replace(last_position);
-        }
-        for (request, answer) in round.drain(..).zip(answers) {
-            let _ = request.reply.send(answer);
-        }
-        if let Err(e) = indexed {
-            tracing::error!(
-                "sled failed after the log took a round (which is durable): {e}; \
-                 writes are refused until a restart"
-            );
-            self.writable.send_replace(false);
-            self.index_failed = Some(e.to_string());
-        }
-    }
-
-    /// Assigns positions to the batch's events and adds its writes to the
-    /// round. On an error the caller takes back what it added.
-    fn stage(&mut self, batch: &mut WriteBatch, out: &mut Round) -> Result<Vec<u64>> {
-        let request_run = batch.request_run();
-        let mut positions = Vec::with_capacity(batch.events.len());
-        for event in &mut batch.events {
-            event.position = self.next_position;
-            self.next_position += 1;
-            positions.push(event.position);
-        }
-        // Spans of one run with consecutive seqs (a batch is normally one).
-        let mut rest = &batch.events[..];
-        while let Some(first) = rest.first() {
-            let len = 1 + rest
-                .windows(2)
-                .take_while(|w| w[1].run_id == w[0].run_id && w[1].seq == w[0].seq + 1)
-                .count();
-            let run = RunId::from_slice(&first.run_id).expect("event with a bad run id");
-            out.events(run, &rest[..len]);
-            rest = &rest[len..];
-        }
-        for op in batch.ops.drain(..) {
-            match op {
-                Op::PutRun(run) => {
-                    let id = RunId::from_slice(&run.run_id).expect("run record with a bad id");
-                    out.put(&keys::run_scoped(keys::RUN, id), &run.encode_to_vec());
-                    if let Some(key) = super::retention::expiry_keys(id, &run) {
-                        out.put(&key, &[]);
-                    }
-                }
-                Op::PutApproval(mut approval) => {
-                    let id = RunId::from_slice(&approval.run_id).expect("approval with a bad id");
-                    approval.position = batch
-                        .events
-                        .iter()
-                        .find(|e| e.seq == approval.seq && e.run_id == approval.run_id)
-                        .map_or(approval.position, |e| e.position);
-                    let key = keys::approval(id, &approval.call_id);
-                    out.put(&key, &approval.encode_to_vec());
-                }
-                Op::DeleteApproval { run, call_id } => out.delete(&keys::approval(run, &call_id)),
-                Op::SetActive { run, active: true } => {
-                    out.put(&keys::run_scoped(keys::ACTIVE, run), &[])
-                }
-                Op::SetActive { run, active: false } => {
-                    out.delete(&keys::run_scoped(keys::ACTIVE, run))
-                }
-                Op::PutTimer(t) => out.put(&keys::timer(t.due_ms, t.run, &t.name), &[]),
-                Op::DeleteTimer(t) => out.delete(&keys::timer(t.due_ms, t.run, &t.name)),
-                Op::PutTool { name, definition } => out.put(&keys::tool(&name), &definition),
-                Op::PutRequest {
-                    scope,
-                    request_id,
-                    answer,
-                    run,
-                } => {
-                    let key = keys::request(&scope, &request_id);
-                    if let Some(run) = run.or(request_run) {
-                        out.put(&keys::run_request(run, &key), &[]);
-                    }
-                    out.put(&key, &answer)
-                }
-                Op::PutGroup(group) => out.put(&keys::group(&group.name), &group.encode_to_vec()),
-                Op::PutDeadLetter { group, letter } => out.put(
-                    &keys::dead_letter(&group, letter.position),
-                    &letter.encode_to_vec(),
-                ),
-                Op::DeleteDeadLetter { group, position } => {
-                    out.delete(&keys::dead_letter(&group, position))
-                }
-                Op::PutTokenKey(key) => out.put(&keys::meta("token-key"), &key),
-                Op::PutGrant(grant) => out.put(&keys::grant(&grant.id), &grant.encode_to_vec()),
-                Op::UseGrant(used) => {
-                    out.put(&keys::grant_use(&used.grant, used.run, &used.call_id), &[])
-                }
-                Op::ExpireRun {
-                    run,
-                    expired_ms,
-                    until_ms,
-                } => self.stage_expire(run, expired_ms, until_ms, out)?,
-            }
-        }
-        Ok(positions)
-    }
-
-    /// Refuses a batch that records an answer to a request answered
-    /// already: in sled, or by an earlier batch of the round (`answered`).
-    /// Returns the keys of the records it writes.
-    fn check_requests(
-        &self,
-        batch: &WriteBatch,
-        answered: &HashSet<Vec<u8>>,
-    ) -> Result<Vec<Vec<u8>>> {
-        let mut keys = Vec::new();
-        for (scope, request_id) in batch.request_keys() {
-            let key = keys::request(scope, request_id);
-            if answered.contains(&key) || self.tree.contains_key(&key)? {
-                return Err(StoreError::RequestRecorded {
-                    request_id: request_id.to_string(),
-                });
-            }
-            keys.push(key);
-        }
-        Ok(keys)
-    }
-
-    /// Refuses a batch whose runs moved past the seqs it expects (another
-    /// writer appended first), before any of it is staged. `heads` holds the
-    /// last seqs the round's earlier batches staged.
-    fn check_heads(&self, batch: &WriteBatch, heads: &mut HashMap<RunId, u64>) -> Result<()> {
-        let expected = batch.expected_seqs();
-        for &(run, expected) in &expected {
-            let actual = match heads.get(&run) {
-                Some(&seq) => seq,
-                None => {
-                    super::newest_span(&self.tree, &self.recent, run)?.map_or(0, |s| s.last_seq)
-                }
-            };
-            if actual != expected {
-                return Err(StoreError::Conflict {
-                    run,
-                    expected,
-                    actual,
-                });
-            }
-        }
-        for event in &batch.events {
-            if let Some(run) = RunId::from_slice(&event.run_id) {
-                heads.insert(run, event.seq);
-            }
-        }
-        Ok(())
     }
 
     /// Makes sled hold every applied record durably, spans included, with a

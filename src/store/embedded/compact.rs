@@ -32,10 +32,8 @@
 //! with `AAA_TEST_CRASH_AT=compact:<step>`, which aborts the process there
 //! (steps: `written`, `applied`, `checkpointed`).
 
-use std::collections::HashMap;
-
 use super::committer::Committer;
-use super::log::{self, Round};
+use super::record::{self, Round};
 use super::{keys, spans, Result};
 use crate::store::Compacted;
 
@@ -43,25 +41,6 @@ use crate::store::Compacted;
 const READ_AT: u64 = 4; // 1/4
 /// ...and compacted when its live bytes are at most this share.
 const COMPACT_AT: u64 = 2; // 1/2
-
-/// The committer's bookkeeping for compaction.
-#[derive(Default)]
-pub(super) struct Reclaim {
-    /// Dead event bytes per segment (mirrors the `S` keys).
-    pub dead: HashMap<u64, u64>,
-    /// Segments read and found too live: their dead bytes then, so they are
-    /// read again only once more of them died.
-    rejected: HashMap<u64, u64>,
-}
-
-impl Reclaim {
-    pub fn new(dead: HashMap<u64, u64>) -> Reclaim {
-        Reclaim {
-            dead,
-            rejected: HashMap::new(),
-        }
-    }
-}
 
 /// Aborts the process at a named step when the tests ask for it (see the
 /// module docs): a kill -9 at exactly that point.
@@ -156,7 +135,7 @@ impl Committer {
         let offsets = self.log.append_all(&rounds)?;
         crash_point("written");
         for (round, at) in rounds.iter().zip(offsets) {
-            log::apply(round, at, &self.tree, &self.applied())?;
+            record::apply(round, at, &self.tree, &self.applied())?;
         }
         self.reclaim.dead.remove(&start);
         self.reclaim.rejected.remove(&start);

@@ -2,7 +2,7 @@
 //!
 //! Each round of the committer is one record, written in place into a
 //! segment file and `fdatasync`ed. A record holds the round's events
-//! (encoded once, here, and never copied into sled) and its index writes
+//! (encoded once, by [`super::record`], and never copied into sled) and its index writes
 //! (run summaries, approvals, timers, ...). Applying a record puts those
 //! index writes into sled, each run's events as a span into the span index
 //! (see [`super::spans`]), and `L ‖ last position` → the record into sled.
@@ -33,289 +33,24 @@
 //! live events), where key, value and events are `len: u32 LE ‖ bytes`
 //! and events is a sequence of such encoded events.
 
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use prost::Message;
-
 use super::pending::Pending;
-use super::spans::{Recent, Span};
-use super::{keys, EventRecord, Result, RunId, StoreError};
+use super::record::{apply_entries, corrupt, entries, Applied, Entry, Round, HEADER};
+use super::segments::{retired, Segments};
+use super::spans::Recent;
+use super::{keys, Result, RunId};
 
-const PUT: u8 = 1;
-const DELETE: u8 = 2;
-const EVENTS: u8 = 3;
-const FORGET: u8 = 4;
-const MOVE: u8 = 5;
-const RELINK: u8 = 6;
-const HEADER: u64 = 8;
 /// The first segments are small (a fresh server writes little) and each
 /// one is as big as the log before it, up to the largest the store was
 /// opened with (`--log-segment-kib`, 32 MiB by default).
 const MIN_SEGMENT: u64 = 1 << 20;
-/// Reads up to this size reuse a per-thread buffer (see [`Segments::read`]).
-const MAX_REUSED_BUFFER: usize = 1 << 20;
-/// Bytes between two spans that [`Segments::events_of`] reads (and drops)
-/// rather than make a second read: the rest of a record, typically.
-const MAX_READ_GAP: u64 = 4 * 1024;
-/// Most bytes of one read of [`Segments::events_of`] (the thread's buffer).
-const MAX_READ_WINDOW: u64 = 256 * 1024;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
-
-/// One round's writes, encoded as the record's payload.
-pub struct Round {
-    payload: Vec<u8>,
-}
-
-impl Round {
-    pub fn new(first_position: u64) -> Round {
-        Round {
-            payload: first_position.to_le_bytes().to_vec(),
-        }
-    }
-
-    /// Where the payload ends now, to [`Round::rollback`] to.
-    pub fn mark(&self) -> usize {
-        self.payload.len()
-    }
-
-    /// Takes back everything added after `mark`.
-    pub fn rollback(&mut self, mark: usize) {
-        self.payload.truncate(mark);
-    }
-
-    pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        self.payload.push(PUT);
-        put_bytes(&mut self.payload, key);
-        put_bytes(&mut self.payload, value);
-    }
-
-    pub fn delete(&mut self, key: &[u8]) {
-        self.payload.push(DELETE);
-        put_bytes(&mut self.payload, key);
-    }
-
-    /// Forgets the run's recent spans when applied (the run is deleted;
-    /// the round deletes its span lists in sled too).
-    pub fn forget(&mut self, run: RunId) {
-        self.payload.push(FORGET);
-        self.payload.extend_from_slice(run.as_bytes());
-    }
-
-    /// Adds a span compaction copies out of its segment: `block` is the
-    /// span's bytes as they were at `old_offset`, unchanged.
-    pub fn moved(&mut self, old_offset: u64, run: RunId, last_seq: u64, block: &[u8]) {
-        let out = &mut self.payload;
-        out.push(MOVE);
-        out.extend_from_slice(&old_offset.to_le_bytes());
-        out.extend_from_slice(run.as_bytes());
-        out.extend_from_slice(&last_seq.to_le_bytes());
-        put_bytes(out, block);
-    }
-
-    /// Points the log index entry of `position` (a record's last event)
-    /// at this record.
-    pub fn relink(&mut self, position: u64) {
-        self.payload.push(RELINK);
-        self.payload.extend_from_slice(&position.to_le_bytes());
-    }
-
-    /// Adds events of one run with consecutive seqs, positions assigned.
-    pub fn events(&mut self, run: RunId, events: &[EventRecord]) {
-        let out = &mut self.payload;
-        out.push(EVENTS);
-        out.extend_from_slice(run.as_bytes());
-        out.extend_from_slice(&events[0].seq.to_le_bytes());
-        out.extend_from_slice(&(events.len() as u32).to_le_bytes());
-        let last_time_ms = events.last().map_or(0, |e| e.time_ms);
-        out.extend_from_slice(&last_time_ms.to_le_bytes());
-        let len_at = out.len();
-        out.extend_from_slice(&[0; 4]);
-        for event in events {
-            out.extend_from_slice(&(event.encoded_len() as u32).to_le_bytes());
-            event.encode(out).expect("a Vec grows");
-        }
-        let len = (out.len() - len_at - 4) as u32;
-        out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
-    }
-}
-
-fn decode_events(mut block: &[u8], offset: u64) -> Result<Vec<EventRecord>> {
-    let mut out = Vec::new();
-    while !block.is_empty() {
-        let event = take_bytes(&mut block)
-            .and_then(|b| EventRecord::decode(b).ok())
-            .ok_or_else(|| corrupt(offset, "undecodable events"))?;
-        out.push(event);
-    }
-    Ok(out)
-}
-
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(bytes);
-}
-
-/// The error of a read from a segment compaction deleted: the reader's
-/// span was moved; looking it up again finds it (see
-/// `EmbeddedStore::retrying`).
-pub fn retired() -> StoreError {
-    StoreError::Io(std::io::Error::new(
-        std::io::ErrorKind::NotFound,
-        "the log segment was compacted away",
-    ))
-}
-
-/// Whether `error` is [`retired`]'s.
-pub fn is_retired(error: &StoreError) -> bool {
-    matches!(error, StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound)
-}
-
-/// The segment files, shared by the committer (which adds them) and readers.
-#[derive(Default)]
-pub struct Segments {
-    /// Each segment's file and size, by start offset.
-    files: RwLock<BTreeMap<u64, (Arc<File>, u64)>>,
-}
-
-impl Segments {
-    /// Calls `f` with `len` bytes of the log from `offset`; they must lie in
-    /// one segment. The bytes sit in a buffer the thread reuses: reads are
-    /// frequent and records can be large, and a fresh zeroed buffer per read
-    /// showed up in profiles. `f` must not read the log itself.
-    fn read<R>(&self, offset: u64, len: usize, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
-        thread_local! {
-            static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        let (start, file) = {
-            let files = self.files.read().expect("segments lock");
-            let (start, (file, size)) = files.range(..=offset).next_back().ok_or_else(retired)?;
-            if offset + len as u64 > start + size {
-                // The segment that held it was compacted away.
-                return Err(retired());
-            }
-            (*start, file.clone())
-        };
-        if len > MAX_REUSED_BUFFER {
-            let mut bytes = vec![0; len];
-            file.read_exact_at(&mut bytes, offset - start)?;
-            return f(&bytes);
-        }
-        BUFFER.with_borrow_mut(|buffer| {
-            if buffer.len() < len {
-                buffer.resize(len, 0);
-            }
-            let bytes = &mut buffer[..len];
-            file.read_exact_at(bytes, offset - start)?;
-            f(bytes)
-        })
-    }
-
-    /// Decodes the events of the span.
-    pub fn events(&self, span: Span) -> Result<Vec<EventRecord>> {
-        self.read(span.offset, span.len as usize, |bytes| {
-            decode_events(bytes, span.offset)
-        })
-    }
-
-    /// The events of `spans`, in their order. Spans that lie close together
-    /// in one segment, as the spans of a run appended to one event after
-    /// another do, are read with one pread: reading a run of 100,000 events
-    /// one span at a time was a syscall per event.
-    pub fn events_of(&self, spans: &[Span]) -> Result<Vec<EventRecord>> {
-        let mut out = Vec::new();
-        let mut rest = spans;
-        while let Some(first) = rest.first() {
-            let start = first.offset;
-            let segment_end = self.segment_end(start).ok_or_else(retired)?;
-            let mut end = start + u64::from(first.len);
-            let mut together = 1;
-            for span in &rest[1..] {
-                let span_end = span.offset + u64::from(span.len);
-                let close = span.offset >= end && span.offset - end <= MAX_READ_GAP;
-                if !close || span_end - start > MAX_READ_WINDOW || span_end > segment_end {
-                    break;
-                }
-                end = span_end;
-                together += 1;
-            }
-            let (read, later) = rest.split_at(together);
-            self.read(start, (end - start) as usize, |bytes| {
-                for span in read {
-                    let at = (span.offset - start) as usize;
-                    let block = &bytes[at..at + span.len as usize];
-                    out.extend(decode_events(block, span.offset)?);
-                }
-                Ok(())
-            })?;
-            rest = later;
-        }
-        Ok(out)
-    }
-
-    /// The end of the segment that holds `offset`, if one does.
-    fn segment_end(&self, offset: u64) -> Option<u64> {
-        let files = self.files.read().expect("segments lock");
-        let (&start, &(_, size)) = files.range(..=offset).next_back()?;
-        (offset < start + size).then_some(start + size)
-    }
-
-    /// The events of the record at `offset`, in position order.
-    pub fn record_events(&self, offset: u64) -> Result<Vec<EventRecord>> {
-        let len = self.read(offset, HEADER as usize, |header| {
-            Ok(u32::from_le_bytes(header[..4].try_into().expect("4 bytes")))
-        })?;
-        self.read(offset + HEADER, len as usize, |payload| {
-            let parsed = entries(payload).ok_or_else(|| corrupt(offset, "bad entries"))?;
-            let mut out = Vec::new();
-            for entry in parsed.entries {
-                match entry {
-                    Entry::Events { block, .. } | Entry::Moved { block, .. } => {
-                        out.extend(decode_events(block, offset)?)
-                    }
-                    _ => {}
-                }
-            }
-            Ok(out)
-        })
-    }
-
-    /// The start of the segment that holds `offset`, if one does.
-    pub fn segment_of(&self, offset: u64) -> Option<u64> {
-        let files = self.files.read().expect("segments lock");
-        let (&start, &(_, size)) = files.range(..=offset).next_back()?;
-        (offset < start + size).then_some(start)
-    }
-
-    /// Forgets the segment that starts at `start` (compaction deleted
-    /// it): a read of it fails with [`retired`], for the reader to look
-    /// its spans up again.
-    pub fn remove(&self, start: u64) {
-        self.files.write().expect("segments lock").remove(&start);
-    }
-
-    /// Every segment: (start, size in bytes).
-    pub fn list(&self) -> Vec<(u64, u64)> {
-        let files = self.files.read().expect("segments lock");
-        files
-            .iter()
-            .map(|(&start, &(_, size))| (start, size))
-            .collect()
-    }
-
-    fn insert(&self, start: u64, size: u64, file: Arc<File>) -> Arc<File> {
-        self.files
-            .write()
-            .expect("segments lock")
-            .insert(start, (file.clone(), size));
-        file
-    }
-}
 
 enum Next {
     Ready(Segment),
@@ -546,7 +281,7 @@ impl Log {
     }
 
     /// Writes the round's record and waits until it is on disk; returns the
-    /// record's offset, for [`apply`].
+    /// record's offset, for [`super::record::apply`].
     pub fn append(&mut self, round: &Round) -> Result<u64> {
         self.write_record(round, true)
     }
@@ -565,7 +300,7 @@ impl Log {
     }
 
     fn write_record(&mut self, round: &Round, sync: bool) -> Result<u64> {
-        let payload = &round.payload;
+        let payload = round.payload();
         let mut record = Vec::with_capacity(HEADER as usize + payload.len());
         record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         record.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
@@ -703,11 +438,7 @@ impl Log {
     /// The records of the segment that starts at `start`, which must be
     /// sealed (below the last checkpoint): compaction reads them.
     pub fn scan(&self, start: u64) -> Result<Vec<Scanned>> {
-        let (file, size) = {
-            let files = self.segments.files.read().expect("segments lock");
-            let (file, size) = files.get(&start).ok_or_else(retired)?;
-            (file.clone(), *size)
-        };
+        let (file, size) = self.segments.file(start).ok_or_else(retired)?;
         let mut bytes = vec![0; size as usize];
         file.read_exact_at(&mut bytes, 0)?;
         let mut out = Vec::new();
@@ -898,184 +629,10 @@ impl Replay<'_> {
     }
 }
 
-enum Entry<'a> {
-    Put(&'a [u8], &'a [u8]),
-    Delete(&'a [u8]),
-    Events {
-        run: &'a [u8],
-        first_seq: u64,
-        count: u32,
-        last_time_ms: i64,
-        /// Where the events start in the payload.
-        block_at: usize,
-        block: &'a [u8],
-    },
-    Forget(&'a [u8]),
-    Moved {
-        old_offset: u64,
-        run: &'a [u8],
-        last_seq: u64,
-        block_at: usize,
-        block: &'a [u8],
-    },
-    Relink(u64),
-}
-
-struct Entries<'a> {
-    first_position: u64,
-    entries: Vec<Entry<'a>>,
-}
-
-fn take<'a>(payload: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    let (head, rest) = (payload.get(..n)?, payload.get(n..)?);
-    *payload = rest;
-    Some(head)
-}
-
-fn take_bytes<'a>(payload: &mut &'a [u8]) -> Option<&'a [u8]> {
-    let len = u32::from_le_bytes(take(payload, 4)?.try_into().ok()?) as usize;
-    take(payload, len)
-}
-
-/// The entries of a payload, in order; None if it is malformed.
-fn entries(payload: &[u8]) -> Option<Entries<'_>> {
-    let mut rest = payload;
-    let first_position = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
-    let mut entries = Vec::new();
-    while let Some(kind) = take(&mut rest, 1) {
-        entries.push(match kind[0] {
-            PUT => Entry::Put(take_bytes(&mut rest)?, take_bytes(&mut rest)?),
-            DELETE => Entry::Delete(take_bytes(&mut rest)?),
-            EVENTS => {
-                let run = take(&mut rest, 16)?;
-                let first_seq = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
-                let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().ok()?);
-                let last_time_ms = i64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
-                let block = take_bytes(&mut rest)?;
-                let block_at = payload.len() - rest.len() - block.len();
-                Entry::Events {
-                    run,
-                    first_seq,
-                    count,
-                    last_time_ms,
-                    block_at,
-                    block,
-                }
-            }
-            FORGET => Entry::Forget(take(&mut rest, 16)?),
-            MOVE => {
-                let old_offset = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
-                let run = take(&mut rest, 16)?;
-                let last_seq = u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?);
-                let block = take_bytes(&mut rest)?;
-                let block_at = payload.len() - rest.len() - block.len();
-                Entry::Moved {
-                    old_offset,
-                    run,
-                    last_seq,
-                    block_at,
-                    block,
-                }
-            }
-            RELINK => Entry::Relink(u64::from_le_bytes(take(&mut rest, 8)?.try_into().ok()?)),
-            _ => return None,
-        });
-    }
-    Some(Entries {
-        first_position,
-        entries,
-    })
-}
-
-/// Applies the round written at log offset `at` to sled and `recent`, one
-/// key at a time (the log made the round durable and atomic already).
-/// Returns the position after its events.
-pub fn apply(round: &Round, at: u64, tree: &sled::Db, applied: &Applied) -> Result<u64> {
-    let parsed = entries(&round.payload).expect("a round encodes its own entries");
-    apply_entries(&parsed, at, tree, applied)
-}
-
-/// What applying a record updates besides sled: the recent spans, and the
-/// copy of the pending approvals (written after sled: see
-/// [`super::pending`]).
-pub struct Applied<'a> {
-    pub recent: &'a Recent,
-    pub pending: &'a Pending,
-}
-
-fn apply_entries(parsed: &Entries<'_>, at: u64, tree: &sled::Db, applied: &Applied) -> Result<u64> {
-    let recent = applied.recent;
-    // The spans first: a reader that sees a run's summary or approval from
-    // this record must find the events it came with (a finished run's
-    // stream ends at its last seq).
-    let mut position = parsed.first_position;
-    let mut spans = Vec::new();
-    for entry in &parsed.entries {
-        if let Entry::Events {
-            run,
-            first_seq,
-            count,
-            last_time_ms,
-            block_at,
-            block,
-        } = *entry
-        {
-            let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
-            spans.push((
-                run,
-                Span {
-                    last_seq: first_seq + u64::from(count.max(1)) - 1,
-                    offset: at + HEADER + block_at as u64,
-                    len: block.len() as u32,
-                    last_time_ms,
-                },
-            ));
-            position += count as u64;
-        }
-    }
-    recent.add(&spans);
-    for entry in &parsed.entries {
-        match *entry {
-            Entry::Put(key, value) => {
-                tree.insert(key, value)?;
-                applied.pending.applied(key, Some(value));
-            }
-            Entry::Delete(key) => {
-                tree.remove(key)?;
-                applied.pending.applied(key, None);
-            }
-            Entry::Forget(run) => {
-                recent.forget(RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?);
-            }
-            Entry::Moved {
-                old_offset,
-                run,
-                last_seq,
-                block_at,
-                ..
-            } => {
-                let run = RunId::from_slice(run).ok_or_else(|| corrupt(at, "bad run id"))?;
-                let new_offset = at + HEADER + block_at as u64;
-                super::spans::relocate(tree, run, last_seq, old_offset, new_offset)?;
-            }
-            Entry::Relink(position) => {
-                tree.insert(keys::log(position), &at.to_le_bytes()[..])?;
-            }
-            Entry::Events { .. } => {}
-        }
-    }
-    if position > parsed.first_position {
-        tree.insert(keys::log(position - 1), &at.to_le_bytes()[..])?;
-    }
-    Ok(position)
-}
-
-fn corrupt(offset: u64, what: &str) -> StoreError {
-    StoreError::Corrupt(format!("log at offset {offset}: {what}"))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::record::apply;
+    use super::super::EventRecord;
     use super::*;
 
     fn event(run: RunId, seq: u64, position: u64, data: &str) -> EventRecord {

@@ -8,7 +8,7 @@
 //! tree (see [`keys`]), except the newest pointers to each run's events,
 //! which stay in memory until a checkpoint (see [`spans`]). An event and the
 //! index entries it implies are made durable together, by one record.
-//! Appends go through one committer thread (see [`committer`]): it gathers
+//! Appends go through one committer thread (see [`rounds`]): it gathers
 //! the batches waiting, writes them to the log as one record and fdatasyncs
 //! it, applies the index writes, then answers all of them. sled itself is
 //! flushed and fsynced at checkpoints. Readers never see past the durable
@@ -18,15 +18,18 @@
 mod committer;
 mod compact;
 mod keys;
+mod layout;
 mod log;
 mod pending;
+mod record;
 mod retention;
+mod rounds;
+mod segments;
 mod spans;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use prost::Message;
 use tokio::sync::watch;
@@ -60,7 +63,7 @@ pub struct EmbeddedStore {
 
 struct Inner {
     tree: sled::Db,
-    segments: Arc<log::Segments>,
+    segments: Arc<segments::Segments>,
     recent: Arc<spans::Recent>,
     /// The pending approvals in memory, once built (see [`pending`]).
     pending: Arc<pending::Pending>,
@@ -77,100 +80,10 @@ struct Inner {
     locked: PathBuf,
 }
 
-/// The layout this version reads and writes. Version 1 kept events in sled
-/// and had a `wal` file; version 2 had event pointers without their last
-/// event's time (and rewrote the run summary on every append); version 3
-/// had one pointer per span, written at every append, where version 4 has
-/// lists written at checkpoints. Nothing converts any of them. Version 5
-/// adds retention (expiry index entries, tombstones, dead bytes per
-/// segment) and log entries that version 4 cannot read (a deleted run,
-/// compaction's copies): a version 4 directory is upgraded in place at
-/// open (its finished runs indexed), and an older aaa refuses a version 5
-/// one by name instead of misreading its log.
-const LAYOUT: &str = "5";
-/// The layout this version upgrades to [`LAYOUT`] at open.
-const UPGRADED: &str = "4";
-
-/// Resolves once nobody holds the lock on `file` (or it cannot be read).
-async fn unlocked(file: &Path) {
-    let mut pause = Duration::from_millis(1);
-    loop {
-        let Ok(file) = std::fs::File::open(file) else {
-            return;
-        };
-        if !matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)) {
-            return;
-        }
-        drop(file);
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(50));
-    }
-}
-
-/// How the store opens sled in `dir`.
-fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
-    sled::Config::new()
-        .path(dir)
-        // We flush ourselves, at the committer's checkpoints; sled's
-        // background flusher would only add concurrent flushes (STACK.md,
-        // trap 1).
-        .flush_every_ms(None)
-        .cache_capacity(cache_bytes)
-        // Pages bigger than a quarter segment go to blob files that sled
-        // never fsyncs. 8 MiB segments keep every page we write (records are
-        // capped at 64 KiB of data, leaves split at 17 entries) in the main
-        // file, which the committer does fsync.
-        .segment_size(8 * 1024 * 1024)
-}
-
-/// The error for a data directory of another layout.
-fn other_layout(version: &str) -> StoreError {
-    StoreError::Format(format!(
-        "the data directory has layout version {version}; this aaa reads version {LAYOUT} only (and upgrades version {UPGRADED}; start with an empty --data-dir)"
-    ))
-}
-
-/// Refuses a database of another layout; marks a new one as ours.
-fn check_format(tree: &sled::Db, dir: &Path) -> Result<()> {
-    let name = keys::meta("format");
-    match tree.get(&name)? {
-        Some(format) if format == LAYOUT.as_bytes() => Ok(()),
-        Some(format) if format == UPGRADED.as_bytes() => {
-            // Made durable by the first checkpoint, after the backfill of
-            // the retention index (which runs again if a crash comes first).
-            tree.insert(&name, LAYOUT.as_bytes())?;
-            Ok(())
-        }
-        Some(format) => Err(other_layout(&String::from_utf8_lossy(&format))),
-        None if tree.first()?.is_some() || dir.join("wal").exists() => Err(other_layout("1")),
-        None => {
-            tree.insert(&name, LAYOUT.as_bytes())?;
-            Ok(())
-        }
-    }
-}
-
-/// Reads the task-token key, or makes and stores one. Runs in `open`,
-/// before the committer starts, so this flush cannot race another.
-fn token_key(tree: &sled::Db, data_file: &std::fs::File) -> Result<[u8; 32]> {
-    let name = keys::meta("token-key");
-    if let Some(stored) = tree.get(&name)? {
-        return stored
-            .as_ref()
-            .try_into()
-            .map_err(|_| corrupt(&name, "token key is not 32 bytes"));
-    }
-    let key = crate::domain::random_key();
-    tree.insert(&name, &key[..])?;
-    tree.flush()?;
-    data_file.sync_data()?;
-    Ok(key)
-}
-
 impl EmbeddedStore {
     /// Opens (or creates) the database in `dir` and starts its committer.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<EmbeddedStore> {
-        let segment = crate::config::DEFAULT_LOG_SEGMENT_KIB * 1024;
+        let segment = crate::store::DEFAULT_LOG_SEGMENT_KIB * 1024;
         EmbeddedStore::open_with(
             dir,
             cache_bytes,
@@ -192,8 +105,8 @@ impl EmbeddedStore {
         hold: Option<crate::store::CommitHold>,
     ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
-        let tree = sled_config(dir, cache_bytes).open()?;
-        check_format(&tree, dir)?;
+        let tree = layout::sled_config(dir, cache_bytes).open()?;
+        layout::check_format(&tree, dir)?;
         // Before anything reads the tree: it may hold less than the log.
         let pending = Arc::new(pending::Pending::default());
         let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes, &pending)?;
@@ -205,7 +118,7 @@ impl EmbeddedStore {
         let dead = retention::load_dead(&tree)?;
         let last_position = opened.next_position - 1;
         let data_file = std::fs::File::open(dir.join("db"))?;
-        let token_key = token_key(&tree, &data_file)?;
+        let token_key = layout::token_key(&tree, &data_file)?;
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
         let (commits, messages) = crate::store::queue::Queue::new();
@@ -223,12 +136,12 @@ impl EmbeddedStore {
             writable: writable_tx,
             index_failed: None,
             metrics: metrics.clone(),
-            reclaim: compact::Reclaim::new(dead),
+            reclaim: committer::Reclaim::new(dead),
             hold,
         };
         std::thread::Builder::new()
             .name("aaa-committer".into())
-            .spawn(move || committer::run(committer, messages))?;
+            .spawn(move || rounds::run(committer, messages))?;
         let inner = Arc::new(Inner {
             tree,
             segments: opened.segments,
@@ -286,7 +199,7 @@ impl EmbeddedStore {
         let mut tries = 0;
         loop {
             match read() {
-                Err(e) if log::is_retired(&e) && tries < 3 => tries += 1,
+                Err(e) if segments::is_retired(&e) && tries < 3 => tries += 1,
                 other => return other,
             }
         }
@@ -396,7 +309,7 @@ impl EmbeddedStore {
         let first = self.events_from(run, 0, 1)?;
         Ok(first
             .into_iter()
-            .find(|e| e.actor_kind == crate::proto::ActorKind::Client as i32)
+            .find(|e| e.actor_kind == crate::store::CLIENT_ACTOR)
             .map(|e| e.actor_name)
             .unwrap_or_default())
     }
@@ -555,7 +468,7 @@ impl super::Store for EmbeddedStore {
             while held.changed().await.is_ok() {}
             // sled's I/O threads may close their copy of the locked file a
             // moment after its last handle is dropped.
-            unlocked(&locked).await
+            layout::unlocked(&locked).await
         })
     }
 
@@ -970,502 +883,4 @@ fn disk_bytes(dir: &Path) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::Store;
-
-    #[tokio::test]
-    async fn released_waits_for_the_last_handle_and_for_the_lock() {
-        use futures_util::FutureExt;
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        let other = store.clone();
-        let mut released = Box::pin(store.released().wait());
-        store.close().await;
-        drop(store);
-        assert!((&mut released).now_or_never().is_none(), "a handle is left");
-        drop(other);
-        // Someone else's copy of the locked file, as sled's I/O threads may
-        // keep one a moment after its last handle is gone.
-        let straggler = std::fs::File::open(dir.path().join("db")).unwrap();
-        let straggler = tokio::task::spawn_blocking(move || {
-            straggler.lock().unwrap();
-            straggler
-        })
-        .await
-        .unwrap();
-        for _ in 0..3 {
-            tokio::task::yield_now().await;
-            assert!(
-                (&mut released).now_or_never().is_none(),
-                "released while locked"
-            );
-        }
-        drop(straggler);
-        released.await;
-        EmbeddedStore::open(dir.path(), 1 << 20).expect("opens again");
-    }
-
-    #[test]
-    fn a_data_dir_of_the_first_layout_is_refused_by_name() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("wal"), b"").unwrap();
-        let error = EmbeddedStore::open(dir.path(), 1 << 20)
-            .err()
-            .expect("refused");
-        assert!(matches!(error, StoreError::Format(_)), "{error}");
-        assert!(error.to_string().contains("layout version 1"), "{error}");
-    }
-
-    #[test]
-    fn data_dirs_of_the_second_and_third_layouts_are_refused_by_name() {
-        for old in ["2", "3"] {
-            let dir = tempfile::tempdir().unwrap();
-            let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
-            tree.insert(keys::meta("format"), old.as_bytes()).unwrap();
-            tree.flush().unwrap();
-            drop(tree);
-            let error = EmbeddedStore::open(dir.path(), 1 << 20)
-                .err()
-                .expect("refused");
-            assert!(matches!(error, StoreError::Format(_)), "{error}");
-            let expected = format!("layout version {old}; this aaa reads version {LAYOUT} only");
-            assert!(error.to_string().contains(&expected), "{error}");
-        }
-    }
-
-    /// A directory of layout 4 (before retention) is upgraded in place: its
-    /// finished runs are indexed for retention, its running ones are not.
-    #[tokio::test]
-    async fn a_data_dir_of_layout_4_is_upgraded_and_its_finished_runs_indexed() {
-        let dir = tempfile::tempdir().unwrap();
-        let (done, running) = (RunId::new(), RunId::new());
-        {
-            let tree = sled_config(dir.path(), 1 << 20).open().unwrap();
-            tree.insert(keys::meta("format"), b"4").unwrap();
-            for (run, status) in [(done, 3), (running, 2)] {
-                let record = RunRecord {
-                    run_id: run.as_bytes().to_vec(),
-                    status,
-                    updated_ms: 5_000,
-                    ..Default::default()
-                };
-                tree.insert(keys::run_scoped(keys::RUN, run), record.encode_to_vec())
-                    .unwrap();
-            }
-            tree.flush().unwrap();
-        }
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        let format = store.inner.tree.get(keys::meta("format")).unwrap().unwrap();
-        assert_eq!(&format[..], LAYOUT.as_bytes());
-        assert_eq!(store.expired_runs(5_000, Some(0), 10).unwrap(), [done]);
-        assert!(store.expired_runs(4_999, Some(0), 10).unwrap().is_empty());
-        assert!(store.expired_runs(i64::MAX, None, 10).unwrap().is_empty());
-        store.close().await;
-    }
-
-    /// A crash during a checkpoint leaves span lists in sled that the replay
-    /// makes again and the next checkpoint writes again, longer; recent
-    /// spans follow the lists. Every read sees each event once, in order.
-    #[tokio::test]
-    async fn reads_merge_overlapping_span_lists_and_recent_spans() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        let run = RunId::new();
-        let append = |seq: u64| {
-            let mut batch = WriteBatch::default();
-            if seq == 1 {
-                batch.put_run(&RunRecord {
-                    run_id: run.as_bytes().to_vec(),
-                    ..Default::default()
-                });
-            }
-            batch.push_event(EventRecord {
-                run_id: run.as_bytes().to_vec(),
-                seq,
-                event_type: "app.test".into(),
-                time_ms: 1000 + seq as i64,
-                ..Default::default()
-            });
-            store.commit(batch)
-        };
-        let (tree, recent) = (&store.inner.tree, &store.inner.recent);
-        for seq in 1..=3 {
-            append(seq).await.unwrap();
-        }
-        let written = recent.of(run);
-        recent.write_out(tree).unwrap();
-        // The replay after the crash: the same spans again, then more.
-        recent.add(&written.iter().map(|&s| (run, s)).collect::<Vec<_>>());
-        append(4).await.unwrap();
-        recent.write_out(tree).unwrap();
-        append(5).await.unwrap();
-        assert_eq!(
-            tree.scan_prefix(keys::run_scoped(keys::EVENT, run)).count(),
-            2
-        );
-        assert_eq!(recent.of(run).len(), 1);
-
-        let seqs = |events: Vec<EventRecord>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
-        let all = store.run_events(run, 0, usize::MAX).await.unwrap();
-        assert_eq!(seqs(all), [1, 2, 3, 4, 5]);
-        assert_eq!(seqs(store.run_events(run, 2, 10).await.unwrap()), [3, 4, 5]);
-        assert_eq!(seqs(store.run_events(run, 0, 2).await.unwrap()), [1, 2]);
-        for seq in 1..=5 {
-            assert_eq!(store.event(run, seq).await.unwrap().unwrap().seq, seq);
-        }
-        assert!(store.event(run, 6).await.unwrap().is_none());
-        let head = store.run(run).await.unwrap().unwrap();
-        assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
-        recent.write_out(tree).unwrap();
-        let head = store.run(run).await.unwrap().unwrap();
-        assert_eq!((head.last_seq, head.updated_ms), (5, 1005));
-        assert_eq!(seqs(store.run_events(run, 3, 10).await.unwrap()), [4, 5]);
-        store.close().await;
-    }
-
-    /// A run's events, one per commit and interleaved with another run's,
-    /// are read back whole and in order when reads take many spans at once,
-    /// also where the spans cross from one log segment to the next.
-    #[tokio::test]
-    async fn reads_of_many_spans_cross_segments_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let metrics = crate::metrics::Metrics::new();
-        let store =
-            EmbeddedStore::open_with(dir.path(), 1 << 20, 64 * 1024, &metrics, None).unwrap();
-        let (long, other) = (RunId::new(), RunId::new());
-        let event = |run: RunId, seq: u64| EventRecord {
-            run_id: run.as_bytes().to_vec(),
-            seq,
-            event_type: "app.test".into(),
-            data_json: format!(r#"{{"pad":"{}"}}"#, "x".repeat(200)),
-            ..Default::default()
-        };
-        for seq in 1..=600 {
-            for run in [long, other] {
-                let mut batch = WriteBatch::default();
-                batch.push_event(event(run, seq));
-                store.commit(batch).await.unwrap();
-            }
-        }
-        assert!(
-            store.inner.segments.segment_of(200 * 1024).is_some(),
-            "several segments"
-        );
-        let seqs = |events: Vec<EventRecord>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
-        let all = store.run_events(long, 0, usize::MAX).await.unwrap();
-        assert!(all.iter().all(|e| e.run_id == long.as_bytes()));
-        assert_eq!(seqs(all), (1..=600).collect::<Vec<_>>());
-        let page = store.run_events(long, 250, 256).await.unwrap();
-        assert_eq!(seqs(page), (251..=506).collect::<Vec<_>>());
-        store.inner.recent.write_out(&store.inner.tree).unwrap();
-        let tail = store.run_events(long, 590, 256).await.unwrap();
-        assert_eq!(seqs(tail), (591..=600).collect::<Vec<_>>());
-        store.close().await;
-    }
-
-    /// A batch expecting a run's last seq that another writer moved is
-    /// refused whole, also within one round, and the history never forks.
-    #[tokio::test]
-    async fn a_batch_behind_the_runs_head_is_refused_as_a_conflict() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        let run = RunId::new();
-        let event = |seq: u64, text: &str| EventRecord {
-            run_id: run.as_bytes().to_vec(),
-            seq,
-            event_type: "app.test".into(),
-            data_json: format!(r#"{{"by":"{text}"}}"#),
-            ..Default::default()
-        };
-        let batch = |seq: u64, text: &str| {
-            let mut batch = WriteBatch::default();
-            batch.push_event(event(seq, text));
-            batch.put_tool(text, Vec::new());
-            batch
-        };
-        store.commit(batch(1, "first")).await.unwrap();
-        // Two writers both append seq 2, in one round: one wins.
-        let (a, b) = tokio::join!(store.commit(batch(2, "a")), store.commit(batch(2, "b")));
-        let (won, lost) = match (&a, &b) {
-            (Ok(_), Err(e)) => ("a", e),
-            (Err(e), Ok(_)) => ("b", e),
-            other => panic!("expected one conflict, got {other:?}"),
-        };
-        assert!(
-            matches!(lost, StoreError::Conflict { run: r, expected: 1, actual: 2 } if *r == run),
-            "{lost}"
-        );
-        // A writer far behind, or ahead, is refused too.
-        for seq in [1, 4] {
-            let error = store.commit(batch(seq, "late")).await.unwrap_err();
-            assert!(matches!(error, StoreError::Conflict { .. }), "{error}");
-        }
-        let events = store.run_events(run, 0, usize::MAX).await.unwrap();
-        let data: Vec<&str> = events.iter().map(|e| e.data_json.as_str()).collect();
-        assert_eq!(data, [r#"{"by":"first"}"#, &format!(r#"{{"by":"{won}"}}"#)]);
-        // Nothing of a refused batch was written: not its index writes either.
-        let tools: Vec<String> = store
-            .list_tools()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| t.0)
-            .collect();
-        let mut expected = vec!["first", won];
-        expected.sort();
-        assert_eq!(tools, expected);
-        store.close().await;
-    }
-
-    /// A copy of `from` into `to`, taken while a store runs on `from`: what
-    /// its disk holds after a kill -9 at that point (the page cache survives
-    /// a process, and only the committer writes, between commits).
-    fn copy_dir(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_dir(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), target).unwrap();
-            }
-        }
-    }
-
-    /// Every page of `query` (3 at a time), read as the store reads, or
-    /// from sled.
-    async fn all_pages(store: &EmbeddedStore, query: &ApprovalQuery, sled: bool) -> Vec<String> {
-        let mut query = ApprovalQuery {
-            limit: 3,
-            ..query.clone()
-        };
-        let mut out = Vec::new();
-        loop {
-            let page = if sled {
-                store.select_approvals(&query, None).unwrap()
-            } else {
-                store.approvals(&query).await.unwrap()
-            };
-            let Some(last) = page.last() else {
-                return out;
-            };
-            query.after = Some((
-                RunId::from_slice(&last.run_id).unwrap(),
-                last.call_id.clone(),
-            ));
-            out.extend(page.iter().map(|a| format!("{:?}", a)));
-        }
-    }
-
-    /// Answers from the copy in memory and from sled, for queries across
-    /// runs, of one run and of one tool, both ways; they must agree.
-    async fn approvals_read_both_ways(store: &EmbeddedStore, one_run: RunId) -> Vec<Vec<String>> {
-        let mut answers = Vec::new();
-        for newest_first in [false, true] {
-            for (run, tool) in [(None, ""), (Some(one_run), ""), (None, "b")] {
-                let query = ApprovalQuery {
-                    newest_first,
-                    run,
-                    tool: tool.into(),
-                    limit: 3,
-                    ..Default::default()
-                };
-                let memory = all_pages(store, &query, false).await;
-                let sled = all_pages(store, &query, true).await;
-                assert_eq!(memory, sled, "{query:?}");
-                answers.push(memory);
-            }
-        }
-        answers
-    }
-
-    /// The pending approvals in memory answer as sled does after commits
-    /// that add, rewrite and delete approvals and after retention deletes
-    /// a run's; after a kill -9, the copy built from sled again holds the
-    /// same.
-    #[tokio::test]
-    async fn pending_approvals_in_memory_answer_as_sled_does_and_after_kill_9() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        assert_eq!(
-            store.inner.pending.phase(),
-            pending::Phase::Ready,
-            "empty at open"
-        );
-        let runs: Vec<RunId> = (0..20).map(|_| RunId::new()).collect();
-        let approval = |run: RunId, call: &str, tool: &str| ApprovalRecord {
-            run_id: run.as_bytes().to_vec(),
-            call_id: call.into(),
-            tool: tool.into(),
-            arguments_json: "{}".into(),
-            ..Default::default()
-        };
-        let mut batch = WriteBatch::default();
-        for (i, run) in runs.iter().enumerate() {
-            batch.put_approval(&approval(*run, "c1", ["a", "b"][i % 2]));
-            if i % 3 == 0 {
-                batch.put_approval(&approval(*run, "c2", "b"));
-            }
-        }
-        store.commit(batch).await.unwrap();
-        let mut batch = WriteBatch::default();
-        batch.put_approval(&ApprovalRecord {
-            arguments_json: r#"{"edited":1}"#.into(),
-            ..approval(runs[0], "c1", "a")
-        });
-        batch.delete_approval(runs[1], "c1");
-        let finished = runs[3];
-        batch.put_run(&RunRecord {
-            run_id: finished.as_bytes().to_vec(),
-            status: 3,
-            updated_ms: 1_000,
-            ..Default::default()
-        });
-        store.commit(batch).await.unwrap();
-        let mut batch = WriteBatch::default();
-        batch.expire_run(finished, 2_000, 3_000);
-        store.commit(batch).await.unwrap();
-
-        let before = approvals_read_both_ways(&store, runs[0]).await;
-        let all = &before[0];
-        assert_eq!(all.len(), 20 - 2 + 7 - 1, "{all:?}");
-        assert!(all.iter().any(|a| a.contains("edited")));
-        assert!(store.run_approvals(finished).await.unwrap().is_empty());
-
-        let crashed = tempfile::tempdir().unwrap();
-        copy_dir(dir.path(), crashed.path());
-        store.close().await;
-        let store = EmbeddedStore::open(crashed.path(), 1 << 20).unwrap();
-        assert_eq!(store.inner.pending.phase(), pending::Phase::Off);
-        assert!(store.inner.pending.start_build());
-        pending::build(&store.inner.tree, &store.inner.pending).unwrap();
-        assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
-        assert_eq!(approvals_read_both_ways(&store, runs[0]).await, before);
-        store.close().await;
-    }
-
-    /// What waits is counted the same from sled and from the copy in
-    /// memory (read in chunks), per tool, with the oldest request, runs
-    /// at work apart, and only in the shards asked for.
-    #[tokio::test]
-    async fn what_waits_is_counted_alike_from_sled_and_from_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        let mut batch = WriteBatch::default();
-        // More approvals than a chunk, over runs of two shards; the runs of
-        // shard 1 are at work.
-        let mut runs = Vec::new();
-        for n in 0..(COUNT_CHUNK as i64 + 100) {
-            let run = RunId::new_in_shard((n % 2) as u8);
-            runs.push(run);
-            for call in ["c1", "c2"] {
-                batch.put_approval(&ApprovalRecord {
-                    run_id: run.as_bytes().to_vec(),
-                    call_id: call.into(),
-                    tool: if n % 3 == 0 { "wire" } else { "email" }.into(),
-                    requested_ms: 1_000 + n,
-                    ..Default::default()
-                });
-            }
-            batch.set_active(run, n % 2 == 1);
-        }
-        store.commit(batch).await.unwrap();
-        store.close().await;
-        drop(store);
-        // Reopened, the copy is off until a query builds it.
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        assert_eq!(store.inner.pending.phase(), pending::Phase::Off);
-        let count =
-            |shards| count_waiting(&store.inner.tree, &store.inner.pending, shards).unwrap();
-        let from_sled = count(Shards::all());
-        let mut shard_0 = Shards::none();
-        shard_0.insert(0);
-        let shard_0_from_sled = count(shard_0);
-        assert!(store.inner.pending.start_build());
-        pending::build(&store.inner.tree, &store.inner.pending).unwrap();
-        assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
-        assert_eq!(count(Shards::all()), from_sled);
-        assert_eq!(count(shard_0), shard_0_from_sled);
-
-        let runs = runs.len() as u64;
-        let tool = |name: &str, pending: u64, oldest| ToolWaiting {
-            tool: name.into(),
-            pending,
-            oldest_requested_ms: oldest,
-        };
-        let thirds = runs.div_ceil(3);
-        assert_eq!(
-            from_sled,
-            Waiting {
-                approvals_by_tool: vec![
-                    tool("email", 2 * (runs - thirds), 1_001),
-                    tool("wire", 2 * thirds, 1_000)
-                ],
-                running: runs / 2,
-                waiting: runs.div_ceil(2),
-            }
-        );
-        assert_eq!(shard_0_from_sled.running, 0);
-        assert_eq!(shard_0_from_sled.waiting, runs.div_ceil(2));
-        store.close().await;
-    }
-
-    /// The counts the ready copy keeps follow every write: each step's
-    /// counts equal a fresh count from sled.
-    #[tokio::test]
-    async fn what_waits_is_kept_counted_as_approvals_come_and_go() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
-        // An empty store is ready at once, with its counts.
-        assert_eq!(store.inner.pending.phase(), pending::Phase::Ready);
-        let approval = |run: RunId, call: &str, tool: &str, requested_ms| ApprovalRecord {
-            run_id: run.as_bytes().to_vec(),
-            call_id: call.into(),
-            tool: tool.into(),
-            requested_ms,
-            ..Default::default()
-        };
-        let (a, b, c) = (RunId::new(), RunId::new(), RunId::new());
-        let batch = |write: &dyn Fn(&mut WriteBatch)| {
-            let mut batch = WriteBatch::default();
-            write(&mut batch);
-            batch
-        };
-        let steps = [
-            batch(&|w| w.put_approval(&approval(a, "c1", "wire", 30))),
-            batch(&|w| w.put_approval(&approval(a, "c2", "wire", 10))),
-            batch(&|w| w.put_approval(&approval(b, "c1", "email", 20))),
-            // The oldest goes: the next oldest of its tool shows.
-            batch(&|w| w.delete_approval(a, "c2")),
-            // A rewrite that moves a call to another tool and time.
-            batch(&|w| w.put_approval(&approval(a, "c1", "email", 5))),
-            // A run at work counts as running, whatever it has pending.
-            batch(&|w| {
-                w.put_approval(&approval(c, "c1", "wire", 40));
-                w.set_active(c, true);
-            }),
-            batch(&|w| w.set_active(c, false)),
-            // A run's last approval goes: it no longer waits; the tool with
-            // none left is not listed.
-            batch(&|w| w.delete_approval(b, "c1")),
-            batch(&|w| {
-                w.delete_approval(a, "c1");
-                w.delete_approval(c, "c1");
-            }),
-        ];
-        for (n, batch) in steps.into_iter().enumerate() {
-            store.commit(batch).await.unwrap();
-            let counted = store.inner.pending.waiting(&Default::default());
-            assert!(counted.is_some(), "the copy keeps its counts at step {n}");
-            let kept = count_waiting(&store.inner.tree, &store.inner.pending, Shards::all());
-            let off = pending::Pending::default();
-            let scanned = count_waiting(&store.inner.tree, &off, Shards::all());
-            assert_eq!(kept.unwrap(), scanned.unwrap(), "after step {n}");
-        }
-        let last = count_waiting(&store.inner.tree, &store.inner.pending, Shards::all()).unwrap();
-        assert_eq!(last, Waiting::default());
-        store.close().await;
-    }
-}
+mod tests;

@@ -6,7 +6,7 @@
 //! file (docs/performance.md, Scale).
 //!
 //! sled stays the durable home; this copy only follows it. Every put and
-//! delete of an approval goes through `log::apply_entries` (commits, the
+//! delete of an approval goes through `record::apply_entries` (commits, the
 //! replay at open, compaction's rounds, retention's deletions), which
 //! writes sled first and then this copy. At open the copy is empty and
 //! off; the first query across runs builds it from sled on a thread of its

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 
 use super::committer::Committer;
-use super::log::Round;
+use super::record::Round;
 use super::spans::Span;
 use super::{decode, keys, spans, EmbeddedStore, Result, RunId, RunRecord};
 use crate::domain::own_expiry;

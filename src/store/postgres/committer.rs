@@ -46,11 +46,12 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::answered::{self, Answered};
+use super::errors::{describe, is_down};
 use super::grant_uses::{self, GrantUses};
 use super::ownership::{self, Ownership};
 use super::tail::Tail;
 use super::writes::{self, Writes};
-use super::{describe, is_down, Durable, NOTIFY_CHANNEL};
+use super::{Durable, NOTIFY_CHANNEL};
 use crate::causes::with_causes;
 use crate::store::queue::{self, Message, Request};
 use crate::store::{Op, Result, RunId, StoreError, WriteBatch};
@@ -291,6 +292,43 @@ async fn commit(
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
 ) -> std::result::Result<u64, Down> {
+    if let Some(head) = attempt(client, ownership, round, answers, Mode::Together).await? {
+        return Ok(head);
+    }
+    // A batch's data was refused and the COMMIT rolled everything back.
+    for (answer, request) in answers.iter_mut().zip(round.iter()) {
+        *answer = writes::check(&request.batch).err().map(Err);
+    }
+    // One by one, a refused batch fails alone: the round commits or is down.
+    attempt(client, ownership, round, answers, Mode::OneByOne)
+        .await?
+        .ok_or_else(|| Down("a round one by one was refused whole".into()))
+}
+
+/// How [`attempt`] writes the batches that pass its checks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// All in the pipeline that ends in COMMIT: a batch the database
+    /// refuses rolls the whole round back.
+    Together,
+    /// Each under its own savepoint as it comes, so a batch the database
+    /// refuses fails alone and its positions go to the next one.
+    OneByOne,
+}
+
+/// One transaction over the round: checks each unanswered batch (its
+/// shards, the grants it uses, the answers it records, its expected seqs),
+/// gives its events the next positions and writes it as `mode` says, then
+/// moves the head and commits. Returns the new head; `None` when, together,
+/// the database refused a batch's data (nothing was committed: the round
+/// is for one by one).
+async fn attempt(
+    client: &ClientWrapper,
+    ownership: &Ownership,
+    round: &mut [Request],
+    answers: &mut [Option<Result<Vec<u64>>>],
+    mode: Mode,
+) -> std::result::Result<Option<u64>, Down> {
     let Begun {
         head,
         mut heads,
@@ -305,32 +343,45 @@ async fn commit(
         if answers[i].is_some() {
             continue;
         }
-        if let Err(fenced) = ownership.check(&request.batch, &epochs) {
-            answers[i] = Some(Err(fenced));
-            continue;
-        }
-        if let Err(stale) = grants.check(&request.batch) {
-            answers[i] = Some(Err(stale));
-            continue;
-        }
-        if let Err(recorded) = answered.check(&request.batch) {
-            answers[i] = Some(Err(recorded));
-            continue;
-        }
-        match stage(&mut request.batch, &heads, &mut next) {
-            Ok(moved) => {
-                grants.record(&request.batch);
-                answered.record(&request.batch);
-                heads.extend(moved.iter().copied());
-                moved_heads.extend(moved);
-                staged.push(i);
+        let start = next;
+        let checked = ownership
+            .check(&request.batch, &epochs)
+            .and_then(|()| grants.check(&request.batch))
+            .and_then(|()| answered.check(&request.batch))
+            .and_then(|()| stage(&mut request.batch, &heads, &mut next));
+        let moved = match checked {
+            Ok(moved) => moved,
+            Err(refusal) => {
+                answers[i] = Some(Err(refusal));
+                continue;
             }
-            Err(conflict) => answers[i] = Some(Err(conflict)),
+        };
+        if mode == Mode::OneByOne {
+            if let Some(e) = under_savepoint(client, &request.batch).await {
+                if is_down(&e) {
+                    return Err(down(e));
+                }
+                next = start;
+                let undone = pipeline(client, vec![Step::Simple(ROLLBACK_TO)]).await;
+                if let Some(e) = first_error(undone) {
+                    return Err(down(e));
+                }
+                answers[i] = Some(Err(refused(client, &request.batch, &heads, e).await));
+                continue;
+            }
         }
+        grants.record(&request.batch);
+        answered.record(&request.batch);
+        heads.extend(moved.iter().copied());
+        moved_heads.extend(moved);
+        staged.push(i);
     }
+    // One by one, the batches are written already.
     let mut writes = Writes::default();
-    for &i in &staged {
-        writes.add(&round[i].batch);
+    if mode == Mode::Together {
+        for &i in &staged {
+            writes.add(&round[i].batch);
+        }
     }
     let statements = writes.statements();
     match first_error(finish(client, &statements, head, next - 1, &moved_heads).await) {
@@ -338,88 +389,27 @@ async fn commit(
             for &i in &staged {
                 answers[i] = Some(Ok(positions(&round[i].batch)));
             }
-            Ok(next - 1)
+            Ok(Some(next - 1))
         }
-        Some(e) if is_down(&e) => Err(down(e)),
-        // A batch's data was refused and the COMMIT rolled everything back.
-        Some(_) => {
-            for (answer, request) in answers.iter_mut().zip(round.iter()) {
-                *answer = writes::check(&request.batch).err().map(Err);
-            }
-            one_by_one(client, ownership, round, answers).await
-        }
+        Some(e) if mode == Mode::Together && !is_down(&e) => Ok(None),
+        Some(e) => Err(down(e)),
     }
 }
 
-/// The round again, each batch under its own savepoint.
-async fn one_by_one(
+/// Writes one batch under its own savepoint, released once written;
+/// answers the error that stopped it, if one did (the caller then rolls
+/// back to the savepoint).
+async fn under_savepoint(
     client: &ClientWrapper,
-    ownership: &Ownership,
-    round: &mut [Request],
-    answers: &mut [Option<Result<Vec<u64>>>],
-) -> std::result::Result<u64, Down> {
-    let Begun {
-        head,
-        mut heads,
-        epochs,
-        mut grants,
-        mut answered,
-    } = begin(client, ownership, round, answers).await?;
-    let mut next = head + 1;
-    let mut moved_heads = Vec::new();
-    for (i, request) in round.iter_mut().enumerate() {
-        if answers[i].is_some() {
-            continue;
-        }
-        if let Err(fenced) = ownership.check(&request.batch, &epochs) {
-            answers[i] = Some(Err(fenced));
-            continue;
-        }
-        if let Err(stale) = grants.check(&request.batch) {
-            answers[i] = Some(Err(stale));
-            continue;
-        }
-        if let Err(recorded) = answered.check(&request.batch) {
-            answers[i] = Some(Err(recorded));
-            continue;
-        }
-        let start = next;
-        let moved = match stage(&mut request.batch, &heads, &mut next) {
-            Ok(moved) => moved,
-            Err(conflict) => {
-                answers[i] = Some(Err(conflict));
-                continue;
-            }
-        };
-        let mut writes = Writes::default();
-        writes.add(&request.batch);
-        let statements = writes.statements();
-        let mut steps = vec![Step::Simple(SAVEPOINT)];
-        steps.extend(queries(&statements));
-        steps.push(Step::Simple(RELEASE));
-        match first_error(pipeline(client, steps).await) {
-            None => {
-                grants.record(&request.batch);
-                answered.record(&request.batch);
-                heads.extend(moved.iter().copied());
-                moved_heads.extend(moved);
-                answers[i] = Some(Ok(positions(&request.batch)));
-            }
-            Some(e) if is_down(&e) => return Err(down(e)),
-            Some(e) => {
-                next = start;
-                let undone = pipeline(client, vec![Step::Simple(ROLLBACK_TO)]).await;
-                if let Some(e) = first_error(undone) {
-                    return Err(down(e));
-                }
-                answers[i] = Some(Err(refused(client, &request.batch, &heads, e).await));
-            }
-        }
-    }
-    match first_error(finish(client, &[], head, next - 1, &moved_heads).await) {
-        None => Ok(next - 1),
-        Some(e) => Err(down(e)),
-    }
+    batch: &WriteBatch,
+) -> Option<tokio_postgres::Error> {
+    let mut writes = Writes::default();
+    writes.add(batch);
+    let statements = writes.statements();
+    let mut steps = vec![Step::Simple(SAVEPOINT)];
+    steps.extend(queries(&statements));
+    steps.push(Step::Simple(RELEASE));
+    first_error(pipeline(client, steps).await)
 }
 
 /// What a batch the database refused is told: a unique (run, seq) clash is

@@ -17,7 +17,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
 use super::connect::CONNECT_TIMEOUT;
-use super::{describe, Durable, NOTIFY_CHANNEL};
+use super::errors::describe;
+use super::{Durable, NOTIFY_CHANNEL};
 use crate::store::{HeadsMoved, RunId};
 
 /// How often the head row is read even if no notification comes.

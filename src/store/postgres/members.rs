@@ -9,8 +9,8 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio_util::sync::CancellationToken;
 
+use super::errors::{database_error, describe, pool_error};
 use super::ownership::NOW_MS;
-use super::{database_error, describe, pool_error};
 use crate::store::{ClusterView, Member, Result, ShardLease, StoreError};
 
 /// How long a dead member's row stays for `aaa cluster status` to show.
@@ -119,5 +119,5 @@ pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
 }
 
 fn corrupt(table: &str, e: &tokio_postgres::Error) -> StoreError {
-    super::corrupt(format!("{table}: {}", describe(e)))
+    super::errors::corrupt(format!("{table}: {}", describe(e)))
 }

@@ -31,7 +31,7 @@ use std::time::Instant;
 use deadpool_postgres::Object;
 use tokio::sync::Notify;
 
-use super::{database_error, describe};
+use super::errors::{database_error, describe};
 use crate::store::{Result, Shards, StoreError, WriteBatch};
 
 pub(super) struct Ownership {

@@ -6,7 +6,7 @@
 
 use tokio_postgres::Client;
 
-use super::database_error;
+use super::errors::{database_error, describe};
 use crate::store::{Result, StoreError};
 
 /// Every migration, in order: (version, SQL).
@@ -50,7 +50,7 @@ pub(super) async fn prepare(client: &mut Client) -> Result<[u8; 32]> {
         tx.batch_execute(sql).await.map_err(|e| {
             StoreError::Format(format!(
                 "migrating the database to schema version {number} failed: {}",
-                super::describe(&e)
+                describe(&e)
             ))
         })?;
         tx.execute("INSERT INTO aaa_schema (version) VALUES ($1)", &[number])

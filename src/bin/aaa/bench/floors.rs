@@ -86,9 +86,9 @@ pub async fn store_appends(
     store_url: Option<String>,
 ) -> anyhow::Result<StoreAppends> {
     let dir = ScratchDir::new("store")?;
-    let mut config = aaa::Config::new(dir.path());
-    config.store_url = store_url;
-    let store = aaa::store::open(&config).await?;
+    let mut settings = aaa::store::Settings::new(dir.path());
+    settings.url = store_url;
+    let store = aaa::store::open(&settings).await?;
     let runs: Vec<RunId> = (0..writers).map(|_| RunId::new()).collect();
     let writer_store = store.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {
