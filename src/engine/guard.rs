@@ -62,17 +62,30 @@ pub struct Tally {
 }
 
 impl Rules {
-    /// May `reviewer` decide `call` (grant, vote, deny or edit it)?
-    pub fn may_decide(&self, reviewer: &Reviewer, call: &Pending) -> Result<(), Refusal> {
+    /// May `reviewer` decide calls of the run `run`, started by
+    /// `started_by`? Asked before the call is looked up, so the starter
+    /// learns nothing of its run's calls.
+    pub fn may_decide_in(
+        &self,
+        reviewer: &Reviewer,
+        run: RunId,
+        started_by: &str,
+    ) -> Result<(), Refusal> {
         if self.separation_of_duties
             && !reviewer.principal.is_empty()
-            && call.started_by == reviewer.principal
+            && started_by == reviewer.principal
         {
             return Err(Refusal::SeparationOfDuties {
                 principal: reviewer.principal.clone(),
-                run: call.run.to_string(),
+                run: run.to_string(),
             });
         }
+        Ok(())
+    }
+
+    /// May `reviewer` decide `call` (grant, vote, deny or edit it)?
+    pub fn may_decide(&self, reviewer: &Reviewer, call: &Pending) -> Result<(), Refusal> {
+        self.may_decide_in(reviewer, call.run, call.started_by)?;
         if !may_decide(reviewer.groups.as_deref(), call.approvers) {
             return Err(Refusal::NotAnApproverForCall {
                 principal: reviewer.principal.clone(),
@@ -154,4 +167,70 @@ pub fn count_vote<'a>(
         votes,
         satisfied: votes >= call.approvals_required.max(1),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call<'a>(approvers: &'a [String], approvals_required: u32) -> Pending<'a> {
+        Pending {
+            run: RunId::new(),
+            call_id: "call-1",
+            started_by: "starter",
+            approvers,
+            approvals_required,
+        }
+    }
+
+    fn grant(created_by: &str, groups: Option<&[&str]>) -> GrantRecord {
+        GrantRecord {
+            created_by: created_by.into(),
+            groups_enforced: groups.is_some(),
+            creator_groups: groups
+                .unwrap_or_default()
+                .iter()
+                .map(|g| g.to_string())
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A standing grant stands in for its creator deciding alone: never
+    /// for a call that needs several approvals, never outside the
+    /// creator's groups, never the starter's own under separation.
+    #[test]
+    fn a_grant_decides_only_what_its_creator_could_decide_alone() {
+        let finance = vec!["finance".to_string()];
+        let separated = Rules {
+            separation_of_duties: true,
+        };
+        let alice = grant("alice", Some(&["finance"]));
+        assert!(separated.grant_may_decide(&alice, &call(&finance, 1)));
+        assert!(!separated.grant_may_decide(&alice, &call(&finance, 2)));
+        assert!(!separated.grant_may_decide(&grant("bob", Some(&["ops"])), &call(&finance, 1)));
+        let starters = grant("starter", Some(&["finance"]));
+        assert!(!separated.grant_may_decide(&starters, &call(&finance, 1)));
+        assert!(Rules::default().grant_may_decide(&starters, &call(&finance, 1)));
+        // Made with auth off: groups were not known, so not enforced.
+        assert!(separated.grant_may_decide(&grant("", None), &call(&finance, 1)));
+    }
+
+    #[test]
+    fn votes_count_once_per_approver_until_the_gate_is_satisfied() {
+        let anyone = Vec::new();
+        let two = call(&anyone, 2);
+        assert_eq!(
+            count_vote(&two, [], "alice").unwrap(),
+            Tally {
+                votes: 1,
+                satisfied: false
+            }
+        );
+        assert!(count_vote(&two, ["bob"], "alice").unwrap().satisfied);
+        assert!(matches!(
+            count_vote(&two, ["alice"], "alice"),
+            Err(Error::AlreadyVoted { .. })
+        ));
+    }
 }

@@ -394,18 +394,7 @@ impl RunState {
         reviewer: &Reviewer,
         rules: &Rules,
     ) -> Result<DecisionOutcome, Error> {
-        // Who started the run is known before the call is looked up: the
-        // starter's decisions are refused whatever call they name.
-        if rules.separation_of_duties
-            && !reviewer.principal.is_empty()
-            && self.started_by == reviewer.principal
-        {
-            return Err(crate::auth::Refusal::SeparationOfDuties {
-                principal: reviewer.principal.clone(),
-                run: self.id.to_string(),
-            }
-            .into());
-        }
+        rules.may_decide_in(reviewer, self.id, &self.started_by)?;
         let call_id = data
             .get("call_id")
             .and_then(Value::as_str)

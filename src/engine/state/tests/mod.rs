@@ -409,3 +409,5 @@ fn edits_and_votes_replay_as_they_were_folded() {
     assert_eq!(replayed.calls, state.calls);
     assert_eq!(replayed.status_code(), state.status_code());
 }
+
+mod properties;
