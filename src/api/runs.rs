@@ -90,24 +90,11 @@ impl RunApi {
         }
     }
 
-    /// The client that started the run, from its first event (seq 1,
-    /// aaa.run.started); `None` for an unknown run (its handler answers
-    /// NOT_FOUND).
-    async fn starter(&self, run: RunId) -> Result<Option<String>, Status> {
-        let first = self
-            .reads
-            .store()
-            .event(run, 1)
-            .await
-            .map_err(|e| to_status(e.into()))?;
-        Ok(first
-            .filter(|e| e.actor_kind == proto::ActorKind::Client as i32)
-            .map(|e| e.actor_name))
-    }
-
     /// Runners read (`read`), signal and cancel only the runs they started.
     /// A caller that may not read every run hears of another's run exactly
-    /// as of an unknown one, so that it cannot probe which run ids exist.
+    /// as of an unknown one, after the same work (the run's first event and
+    /// its tombstone are read either way), so that neither the answer nor
+    /// its time tells which run ids exist.
     async fn check_owner(
         &self,
         principal: Option<&Principal>,
@@ -120,18 +107,27 @@ impl RunApi {
         if principal.sees_every_run(read) {
             return Ok(());
         }
-        match self.starter(run).await? {
-            Some(starter) if starter != principal.name => {
-                if !principal.sees_every_run(true) {
-                    return Err(Error::RunNotFound(run.to_string()).into());
-                }
-                Err(Refusal::NotRunOwner {
-                    principal: principal.name.clone(),
-                    run: run.to_string(),
-                }
-                .into())
+        let store = self.reads.store();
+        let first = store.event(run, 1).await.map_err(|e| to_status(e.into()))?;
+        // The starter, if a client started the run.
+        let starter = |e: &EventRecord| {
+            (e.actor_kind == proto::ActorKind::Client as i32).then(|| e.actor_name.clone())
+        };
+        match first.as_ref().map(starter) {
+            Some(None) => Ok(()),
+            Some(Some(starter)) if starter == principal.name => Ok(()),
+            Some(Some(_)) if principal.sees_every_run(true) => Err(Refusal::NotRunOwner {
+                principal: principal.name.clone(),
+                run: run.to_string(),
             }
-            _ => Ok(()),
+            .into()),
+            found => {
+                let missing = Error::missing_run(store, run).await;
+                match found {
+                    Some(_) => Err(Error::RunNotFound(run.to_string()).into()),
+                    None => Err(missing.into()),
+                }
+            }
         }
     }
 }
