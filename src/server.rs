@@ -1,6 +1,7 @@
 //! Wiring: open the store, start the engine, serve the api until shutdown.
 
 use std::future::Future;
+use std::net::SocketAddr;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub enum ServeError {
     Webhooks(#[from] crate::subscriptions::Error),
     #[error("cannot serve the web inbox: {0}")]
     Web(String),
+    /// Settings that cannot work together; nothing was started.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Where the store is, as errors and logs name it (no password).
@@ -122,6 +126,7 @@ async fn serve_store(
         Some(auth) => tracing::info!("callers must authenticate: {auth:?}"),
         None => tracing::warn!("no auth config: every caller may call every RPC"),
     }
+    check_forwarding_hop(&config, listener.local_addr().ok())?;
 
     let store = crate::store::open(&config.store_settings())
         .await
@@ -523,6 +528,42 @@ impl ReadServices {
     }
 }
 
+/// With auth on, the servers of one database forward calls to each other
+/// at their advertised addresses, with the caller's identity signed for one
+/// use. A hop that can leave the machine must be private too: without
+/// `[tls]`, a server that advertises anything but a loopback address
+/// refuses to start.
+fn check_forwarding_hop(config: &Config, listening: Option<SocketAddr>) -> Result<(), ServeError> {
+    let auth_without_tls = config.auth.as_ref().is_some_and(|auth| auth.tls.is_none());
+    if !auth_without_tls || config.store_url.is_none() {
+        return Ok(());
+    }
+    let advertised = match (&config.advertise, listening) {
+        (Some(address), _) => address.clone(),
+        (None, Some(addr)) if addr.ip().is_unspecified() => return Ok(()),
+        (None, Some(addr)) => addr.to_string(),
+        (None, None) => return Ok(()),
+    };
+    let host = advertised
+        .rsplit_once(':')
+        .map_or(advertised.as_str(), |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    Err(ServeError::Config(format!(
+        "with auth on, the servers of a database forward calls to each other at their \
+         advertised address ({advertised}), carrying callers' identities: that hop must use \
+         TLS. Add [tls] to the auth config (see docs/auth.md), or advertise a loopback \
+         address (--advertise 127.0.0.1:PORT) for servers on one machine"
+    )))
+}
+
 /// Makes this server a member of the store's deployment, under a name made
 /// of its advertised address and process id.
 async fn join(
@@ -688,5 +729,55 @@ async fn follow_store(
         if !stopping.is_cancelled() {
             set_health(&health, status).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Auth on without `[tls]`, on a database.
+    fn with_auth(advertise: Option<&str>) -> Config {
+        let text = format!(
+            "[[principal]]\nname = \"a\"\nroles = [\"admin\"]\ntoken_sha256 = \"{}\"\n",
+            "0".repeat(64)
+        );
+        let mut config = Config::new("");
+        config.auth = Some(Arc::new(
+            crate::auth::AuthConfig::parse(&text, std::path::Path::new(".")).expect("auth"),
+        ));
+        config.store_url = Some("postgres://x@127.0.0.1/x".into());
+        config.advertise = advertise.map(String::from);
+        config
+    }
+
+    #[test]
+    fn only_a_loopback_hop_goes_without_tls_when_auth_is_on() {
+        let any: SocketAddr = "0.0.0.0:50051".parse().unwrap();
+        let lan: SocketAddr = "192.168.1.5:50051".parse().unwrap();
+        for fine in [
+            Some("127.0.0.1:7"),
+            Some("localhost:7"),
+            Some("[::1]:7"),
+            None,
+        ] {
+            assert!(
+                check_forwarding_hop(&with_auth(fine), Some(any)).is_ok(),
+                "{fine:?}"
+            );
+        }
+        for refused in [Some("10.1.2.3:7"), Some("aaa-1.internal:7")] {
+            assert!(
+                check_forwarding_hop(&with_auth(refused), Some(any)).is_err(),
+                "{refused:?}"
+            );
+        }
+        assert!(check_forwarding_hop(&with_auth(None), Some(lan)).is_err());
+        let mut embedded = with_auth(Some("10.1.2.3:7"));
+        embedded.store_url = None;
+        assert!(check_forwarding_hop(&embedded, Some(lan)).is_ok());
+        let mut open = with_auth(Some("10.1.2.3:7"));
+        open.auth = None;
+        assert!(check_forwarding_hop(&open, Some(lan)).is_ok());
     }
 }

@@ -987,3 +987,31 @@ async fn grpcurl_connects_over_tls_with_a_token_or_a_client_certificate() {
     assert!(!ok && stderr.contains("Unauthenticated"), "{stderr}");
     server.shutdown().await;
 }
+
+/// With auth on, a server of a database that advertises an address other
+/// machines reach forwards callers' identities over that hop: without
+/// `[tls]` it refuses to start (exit 64 from `aaa serve`), naming the fix,
+/// before it opens the store.
+#[tokio::test]
+async fn with_auth_on_a_server_forwarding_beyond_loopback_needs_tls() {
+    let auth = Arc::new(AuthConfig::parse(&auth_toml(false), Path::new(".")).expect("auth config"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = aaa::Config::new(dir.path());
+    config.auth = Some(auth);
+    config.store_url = Some("postgres://nobody@127.0.0.1:1/nothing".into());
+    config.advertise = Some("10.1.2.3:50051".into());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let served = aaa::serve(listener, config, || {}, std::future::pending());
+    let error = tokio::time::timeout(std::time::Duration::from_secs(30), served)
+        .await
+        .expect("answered at once")
+        .expect_err("refused to start");
+    let text = error.to_string();
+    assert!(matches!(error, aaa::ServeError::Config(_)), "{text}");
+    assert!(
+        text.contains("10.1.2.3:50051") && text.contains("[tls]"),
+        "{text}"
+    );
+}

@@ -453,7 +453,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => {
             eprintln!("aaa: {e}");
             match e {
-                aaa::ServeError::Store { .. } => ExitCode::from(EXIT_CONFIG),
+                aaa::ServeError::Store { .. } | aaa::ServeError::Config(_) => {
+                    ExitCode::from(EXIT_CONFIG)
+                }
                 _ => ExitCode::FAILURE,
             }
         }
