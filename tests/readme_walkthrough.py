@@ -74,10 +74,13 @@ class Server:
             stderr=subprocess.DEVNULL,
             text=True,
         )
+        self.printed = []
         for line in self.process.stdout:
+            self.printed.append(line.rstrip("\n"))
             found = re.match(r"aaa serving on (\S+)", line)
             if found:
                 self.address = found.group(1)
+                self.printed.append(self.process.stdout.readline().rstrip("\n"))
                 return
         fail("aaa serve ended without saying where it serves")
 
@@ -116,6 +119,16 @@ def main():
         env["AAA_SERVER"] = "http://" + server.address
         for name in ("AAA_TOKEN", "AAA_LOG", "AAA_PUBLIC_URL", "NO_COLOR"):
             env.pop(name, None)
+        # What the README says `serve` prints (the web inbox's section).
+        for said in ("# aaa serving on 127.0.0.1:50051 with data in ./aaa-data",
+                     "# aaa web inbox at http://127.0.0.1:50051/"):
+            if said not in lines:
+                fail(f"the README no longer shows `{said}`")
+            line = lines.index(said) + 1
+            expected = (said[2:].replace("127.0.0.1:50051", server.address)
+                        .replace("./aaa-data", os.path.join(workdir, "data")))
+            if expected not in server.printed:
+                fail(f"README line {line}: serve printed {server.printed}, not `{expected}`")
         printed = [l for l in block if l.startswith("A=")]
         if printed != ["A=127.0.0.1:50051"]:
             fail(f"README line {first}: the walkthrough should set A=127.0.0.1:50051 once")
