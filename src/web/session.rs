@@ -191,7 +191,11 @@ pub fn approver_value(headers: &http::HeaderMap) -> Option<String> {
 /// The `Set-Cookie` value that keeps `name` (hex, as cookies take no
 /// spaces), for as long as a session lasts; an empty name clears it.
 pub fn set_approver_cookie(name: &str, secure: bool) -> String {
-    let max_age = if name.is_empty() { 0 } else { LIFETIME_MS / 1000 };
+    let max_age = if name.is_empty() {
+        0
+    } else {
+        LIFETIME_MS / 1000
+    };
     format!(
         "{APPROVER_COOKIE}={}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
         hex::encode(name),
@@ -303,11 +307,17 @@ mod tests {
         let set = set_approver_cookie("Ann Lee", false);
         let pair = set.split(';').next().unwrap();
         let mut headers = http::HeaderMap::new();
-        headers.insert(http::header::COOKIE, format!("x=1; {pair}").parse().unwrap());
+        headers.insert(
+            http::header::COOKIE,
+            format!("x=1; {pair}").parse().unwrap(),
+        );
         assert_eq!(approver_value(&headers).as_deref(), Some("Ann Lee"));
         assert!(set_approver_cookie("", false).contains("Max-Age=0"));
         // A session issued for the request replaces a stale one, keeps the rest.
-        headers.append(http::header::COOKIE, format!("{COOKIE}=stale").parse().unwrap());
+        headers.append(
+            http::header::COOKIE,
+            format!("{COOKIE}=stale").parse().unwrap(),
+        );
         with_session_cookie(&mut headers, "fresh");
         assert_eq!(cookie_value(&headers), Some("fresh"));
         assert_eq!(approver_value(&headers).as_deref(), Some("Ann Lee"));

@@ -58,22 +58,12 @@ fn local_path(next: &str) -> &str {
     }
 }
 
-pub async fn page(
-    State(web): State<Web>,
-    parts: Parts,
-    Query(next): Query<Next>,
-) -> Response {
+pub async fn page(State(web): State<Web>, parts: Parts, Query(next): Query<Next>) -> Response {
     let typed = session::approver_value(&parts.headers).unwrap_or_default();
     form(&web, local_path(&next.next), None, StatusCode::OK, &typed)
 }
 
-fn form(
-    web: &Web,
-    next: &str,
-    error: Option<&str>,
-    status: StatusCode,
-    typed: &str,
-) -> Response {
+fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode, typed: &str) -> Response {
     let mut h = Html::new();
     h.raw("<section class=\"signin\"><h1>Sign in</h1>");
     if let Some(error) = error {
@@ -168,8 +158,13 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                 let message = format!(
                     "Too many wrong sign-ins from your address: try again in {retry_after_s} s."
                 );
-                let mut response =
-                    form(&web, &next, Some(&message), StatusCode::TOO_MANY_REQUESTS, "");
+                let mut response = form(
+                    &web,
+                    &next,
+                    Some(&message),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "",
+                );
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, retry_after_s.into());

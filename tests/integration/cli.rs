@@ -1151,14 +1151,23 @@ fn an_unknown_flag_names_the_flag_to_use_instead() {
         let (code, stderr) = aaa_alone(&all);
         assert_eq!(code, 64, "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.starts_with("aaa serve: unexpected argument"), "{stderr}");
-        assert!(stderr.contains(hint), "{args:?} should say {hint}: {stderr}");
+        assert!(
+            stderr.starts_with("aaa serve: unexpected argument"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(hint),
+            "{args:?} should say {hint}: {stderr}"
+        );
     }
     assert!(!data_exists(&dir), "a refused serve made no data dir");
 
     // Client commands: clap's usage error (exit 2) with a tip.
     let cases: &[(&[&str], &str)] = &[
-        (&["runs", "ls", "--port", "50052"], "--server http://127.0.0.1:50052"),
+        (
+            &["runs", "ls", "--port", "50052"],
+            "--server http://127.0.0.1:50052",
+        ),
         (&["approvals", "ls", "--servr", "x"], "'--server'"),
         (&["runs", "ls", "--jsn"], "'--json'"),
     ];
@@ -1166,7 +1175,10 @@ fn an_unknown_flag_names_the_flag_to_use_instead() {
         let (code, stderr) = aaa_alone(args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
         assert!(stderr.contains("tip:"), "{args:?}: {stderr}");
-        assert!(stderr.contains(hint), "{args:?} should say {hint}: {stderr}");
+        assert!(
+            stderr.contains(hint),
+            "{args:?} should say {hint}: {stderr}"
+        );
     }
 }
 
@@ -1200,5 +1212,8 @@ fn the_server_log_is_plain_text_when_stderr_is_not_a_terminal() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(log.contains("INFO"), "the server logged: {log}");
-    assert!(!log.contains("\x1b["), "escape codes in a piped log: {log:?}");
+    assert!(
+        !log.contains("\x1b["),
+        "escape codes in a piped log: {log:?}"
+    );
 }

@@ -345,7 +345,12 @@ async fn with_auth_off_the_inbox_opens_at_once_and_decisions_carry_the_typed_nam
 
     // A name that cannot travel is refused, saying what a name may hold.
     browser.type_into("#approver", "Ann; DROP").await;
-    browser.find("#save-approver").await.click().await.expect("click");
+    browser
+        .find("#save-approver")
+        .await
+        .click()
+        .await
+        .expect("click");
     browser
         .wait_until("document.getElementById('error') !== null", "the refusal")
         .await;
@@ -355,7 +360,12 @@ async fn with_auth_off_the_inbox_opens_at_once_and_decisions_carry_the_typed_nam
     let page = format!("/calls/{run_id}/{call_id}");
     browser.goto(&format!("{base}{page}")).await;
     browser.type_into("#approver", "Ann Lee").await;
-    browser.find("#save-approver").await.click().await.expect("click");
+    browser
+        .find("#save-approver")
+        .await
+        .click()
+        .await
+        .expect("click");
     browser
         .wait_until(
             "document.getElementById('who').textContent.startsWith('Ann Lee (unverified, 127.0.0.1)')",
@@ -393,7 +403,10 @@ async fn with_auth_off_the_inbox_opens_at_once_and_decisions_carry_the_typed_nam
     assert_eq!(actor_name(granted), "Ann Lee (unverified, 127.0.0.1)");
     browser.goto(&format!("{base}{page}")).await;
     let status = browser.text("#status").await;
-    assert!(status.contains("Ann Lee (unverified, 127.0.0.1)"), "{status}");
+    assert!(
+        status.contains("Ann Lee (unverified, 127.0.0.1)"),
+        "{status}"
+    );
     browser.close().await;
     server.shutdown().await;
 }
@@ -1467,7 +1480,9 @@ async fn with_auth_off_a_request_naming_another_host_is_refused() {
         get_at(&format!("{base}/"), &format!("aaa.test:{port}"), ""),
     )
     .await;
-    assert_eq!(parts.status, 303, "an allowed name: {page}");
+    // Served at once (auth off opens a session by itself; a redirect to the
+    // sign-in page, 303, until issue 44).
+    assert_eq!(parts.status, 200, "an allowed name: {page}");
     let (parts, page) = send(&client, get_at(&format!("{base}/"), "evil.test", "")).await;
     assert_eq!(parts.status, 421, "{page}");
     assert!(page.contains("aaa.test"), "{page}");

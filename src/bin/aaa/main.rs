@@ -272,7 +272,9 @@ fn add_flag_hint(error: &mut clap::Error, serving: bool, args: &[String]) {
     };
     let joined = format!("{flag}=");
     let value = inline.or_else(|| {
-        let at = args.iter().position(|a| *a == flag || a.starts_with(&joined))?;
+        let at = args
+            .iter()
+            .position(|a| *a == flag || a.starts_with(&joined))?;
         match args[at].strip_prefix(&joined) {
             Some(value) => Some(value.to_string()),
             None => args.get(at + 1).filter(|v| !v.starts_with('-')).cloned(),
