@@ -86,12 +86,21 @@ pub async fn page_handler(
         .text(&call_id)
         .raw("</span></h1>");
     // A fixed place for news about this call, so that it moves nothing.
-    h.raw("<p class=\"notice\" id=\"notice\" aria-live=\"polite\" data-key=\"")
+    let decision = recorded(&shown.decided);
+    // The person's own decision, recorded, reads as success; news from
+    // elsewhere (the script's) keeps the plain notice's colour.
+    let class = match decision {
+        Some(_) => "notice success",
+        None => "notice",
+    };
+    h.raw("<p class=\"")
+        .raw(class)
+        .raw("\" id=\"notice\" aria-live=\"polite\" data-key=\"")
         .text(&run_id)
         .raw("/")
         .text(&call_id)
         .raw("\">");
-    if let Some(decision) = recorded(&shown.decided) {
+    if let Some(decision) = decision {
         h.raw("Your decision was recorded: ")
             .text(decision)
             .raw(".");
@@ -454,6 +463,12 @@ pub async fn decide(
     };
     if let Some(refused) = visitor.refuse_without_csrf(&web, &form.csrf) {
         return refused;
+    }
+    // With auth off, the typed name is the vote's approver (the actor names
+    // it too, beside the address): two people on one machine count as two.
+    let mut data = data;
+    if let Some(name) = &visitor.approver {
+        data["approver"] = json!(name);
     }
     let request = SignalRequest {
         run_id: run_id.clone(),

@@ -109,6 +109,10 @@ pub fn router(settings: Settings) -> Router {
         .route("/assets/app.css", get(security::style))
         .layer(axum::middleware::from_fn_with_state(
             web.clone(),
+            open_session,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            web.clone(),
             check_host,
         ))
         .with_state(web)
@@ -147,6 +151,54 @@ async fn check_host(State(web): State<Web>, request: Request, next: Next) -> Res
     )
 }
 
+/// With auth off there is nobody to sign in as, so a page asked for on
+/// loopback without a session that stands gets one at once (no sign-in
+/// step): the request is answered with it, and the response sets its
+/// cookie. Auth on, other addresses, forms, live streams and assets pass
+/// as they are.
+async fn open_session(State(web): State<Web>, mut request: Request, next: Next) -> Response {
+    let settings = &web.0.settings;
+    let path = request.uri().path();
+    let wanted = settings.auth.is_none()
+        && request.method() == http::Method::GET
+        && !path.starts_with("/assets/")
+        && !path.starts_with("/live/")
+        && crate::auth::remote_addr(request.extensions()).is_some_and(|p| p.ip().is_loopback());
+    if !wanted {
+        return next.run(request).await;
+    }
+    let now = settings.clock.now_ms();
+    let held = session::cookie_value(request.headers())
+        .and_then(|value| Session::verify(&settings.key, value, now));
+    if let Some(held) = held {
+        match web.0.sessions.stands(&held).await {
+            Ok(true) => return next.run(request).await,
+            Ok(false) => {}
+            // The page's own check says so, with its refusal.
+            Err(_) => return next.run(request).await,
+        }
+    }
+    let session = match web.0.sessions.issue("", "", now).await {
+        Ok(session) => session,
+        Err(e) => {
+            tracing::warn!("web: cannot start a session: {e}");
+            return refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The server cannot start a session right now (its store is unavailable): \
+                 try again in a moment.",
+            );
+        }
+    };
+    session::with_session_cookie(request.headers_mut(), session.value());
+    let mut response = next.run(request).await;
+    if let Ok(cookie) = session.set_cookie(settings.tls, now).parse() {
+        response
+            .headers_mut()
+            .append(http::header::SET_COOKIE, cookie);
+    }
+    response
+}
+
 /// The signed-in person of a request.
 pub struct Visitor {
     pub session: Session,
@@ -154,6 +206,8 @@ pub struct Visitor {
     pub caller: Caller,
     /// With auth on, the principal; `None` with auth off.
     pub principal: Option<Principal>,
+    /// With auth off, the name the person typed (unverified), if any.
+    pub approver: Option<String>,
 }
 
 impl Visitor {
@@ -235,9 +289,19 @@ impl FromRequestParts<Web> for Visitor {
                  sign in again.",
             ));
         };
-        let name = match &principal {
-            Some(p) => p.name.clone(),
-            None => peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+        // With auth off the actor is the browser's address, and the name
+        // the person typed beside it, marked as nobody checked it.
+        let approver = match settings.auth {
+            None => session::approver_value(&parts.headers),
+            Some(_) => None,
+        };
+        let name = match (&principal, &approver) {
+            (Some(p), _) => p.name.clone(),
+            (None, Some(typed)) => match peer {
+                Some(peer) => format!("{typed} (unverified, {})", peer.ip()),
+                None => format!("{typed} (unverified)"),
+            },
+            (None, None) => peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
         };
         Ok(Visitor {
             caller: Caller::new(
@@ -248,6 +312,7 @@ impl FromRequestParts<Web> for Visitor {
             ),
             session,
             principal,
+            approver,
         })
     }
 }
@@ -284,9 +349,12 @@ pub fn page(
             .raw("<form class=\"signout\" method=\"post\" action=\"/signout\">")
             .raw("<input type=\"hidden\" name=\"csrf\" value=\"")
             .text(&visitor.csrf(web))
-            .raw("\"><span class=\"who\">")
+            .raw("\"><span class=\"who\" id=\"who\">")
             .text(visitor.caller.name())
             .raw("</span> <button type=\"submit\">Sign out</button></form>");
+    }
+    if let (Some(visitor), None) = (visitor, &web.0.settings.auth) {
+        approver_form(&mut h, visitor);
     }
     h.raw("</header>");
     if web.0.settings.auth.is_none() {
@@ -298,6 +366,28 @@ pub fn page(
     }
     h.raw("<main>").html(body).raw("</main></body></html>");
     axum::response::Html(h.into_string()).into_response()
+}
+
+/// With auth off: the name a person's decisions are recorded under, typed
+/// once and kept (see `session::APPROVER_COOKIE`). It posts to /signin,
+/// which keeps it and comes back to the page the script names in `next`
+/// (without the script, to the inbox).
+fn approver_form(h: &mut Html, visitor: &Visitor) {
+    let typed = visitor.approver.as_deref().unwrap_or("");
+    h.raw("<form class=\"approver\" method=\"post\" action=\"/signin\">")
+        .raw("<input type=\"hidden\" name=\"next\" value=\"\" data-here>")
+        .raw("<label for=\"approver\">Your name</label>")
+        .raw("<input id=\"approver\" name=\"approver\" maxlength=\"64\" autocomplete=\"name\" value=\"")
+        .text(typed)
+        .raw("\"><button type=\"submit\" id=\"save-approver\">Save</button><span class=\"hint\">");
+    match typed {
+        "" => h.raw(
+            "Decisions are recorded under your address only: type your name to be \
+             recorded by it (unverified, as auth is off).",
+        ),
+        _ => h.raw("Recorded with your decisions, beside your address, marked unverified."),
+    };
+    h.raw("</span></form>");
 }
 
 /// A short page saying why a request was refused.

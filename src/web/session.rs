@@ -72,6 +72,11 @@ impl Session {
         }
     }
 
+    /// The cookie's value.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
     /// When the session ends by itself.
     pub fn expires_ms(&self) -> i64 {
         self.issued_ms.saturating_add(LIFETIME_MS)
@@ -134,14 +139,88 @@ pub fn clear_cookie(secure: bool) -> String {
 
 /// The session cookie's value among a request's `Cookie` headers.
 pub fn cookie_value(headers: &http::HeaderMap) -> Option<&str> {
+    named_cookie(headers, COOKIE)
+}
+
+/// The value of the cookie called `name` among a request's `Cookie` headers.
+fn named_cookie<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
     headers
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(named, _)| *named == name)
         .map(|(_, value)| value)
+}
+
+/// With auth off: the cookie that keeps the name a person typed, so that
+/// their decisions say who made them (unverified: nobody checks it). It is
+/// beside the session rather than in it, so that the session's form stays
+/// the one auth on uses.
+pub const APPROVER_COOKIE: &str = "aaa_approver";
+/// The longest name a person may give.
+pub const APPROVER_MAX_CHARS: usize = 64;
+
+/// A typed approver name, trimmed, or why it cannot be one. Names travel
+/// in an HTTP header to the API (see `client`), so they are printable
+/// ASCII: letters, digits, spaces and `. _ - @ '`.
+pub fn approver_name(text: &str) -> Result<String, String> {
+    let name = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if name.chars().count() > APPROVER_MAX_CHARS {
+        return Err(format!(
+            "A name has at most {APPROVER_MAX_CHARS} characters."
+        ));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || " ._-@'".contains(c);
+    match name.chars().find(|c| !allowed(*c)) {
+        Some(c) => Err(format!(
+            "A name may hold letters, digits, spaces and . _ - @ ' (not '{c}')."
+        )),
+        None => Ok(name),
+    }
+}
+
+/// The approver name a request's cookie keeps, if it is one.
+pub fn approver_value(headers: &http::HeaderMap) -> Option<String> {
+    let bytes = hex::decode(named_cookie(headers, APPROVER_COOKIE)?).ok()?;
+    let name = approver_name(&String::from_utf8(bytes).ok()?).ok()?;
+    (!name.is_empty()).then_some(name)
+}
+
+/// The `Set-Cookie` value that keeps `name` (hex, as cookies take no
+/// spaces), for as long as a session lasts; an empty name clears it.
+pub fn set_approver_cookie(name: &str, secure: bool) -> String {
+    let max_age = if name.is_empty() {
+        0
+    } else {
+        LIFETIME_MS / 1000
+    };
+    format!(
+        "{APPROVER_COOKIE}={}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
+        hex::encode(name),
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// A request's `Cookie` headers with `value` as its session cookie (the
+/// session a page issues for the request it answers).
+pub fn with_session_cookie(headers: &mut http::HeaderMap, value: &str) {
+    let others: Vec<String> = headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty() && pair.split_once('=').is_none_or(|(n, _)| n != COOKIE))
+        .map(str::to_string)
+        .collect();
+    let mut pairs = others;
+    pairs.push(format!("{COOKIE}={value}"));
+    headers.remove(http::header::COOKIE);
+    if let Ok(joined) = pairs.join("; ").parse() {
+        headers.insert(http::header::COOKIE, joined);
+    }
 }
 
 #[cfg(test)]
@@ -217,5 +296,30 @@ mod tests {
         );
         // Not the configured hash itself.
         assert!(!token.contains(&one));
+    }
+
+    #[test]
+    fn an_approver_name_is_kept_in_its_own_cookie_and_checked() {
+        assert_eq!(approver_name("  Ann   Lee ").unwrap(), "Ann Lee");
+        assert_eq!(approver_name("").unwrap(), "");
+        assert!(approver_name("a;b").unwrap_err().contains("';'"));
+        assert!(approver_name(&"x".repeat(65)).is_err());
+        let set = set_approver_cookie("Ann Lee", false);
+        let pair = set.split(';').next().unwrap();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::COOKIE,
+            format!("x=1; {pair}").parse().unwrap(),
+        );
+        assert_eq!(approver_value(&headers).as_deref(), Some("Ann Lee"));
+        assert!(set_approver_cookie("", false).contains("Max-Age=0"));
+        // A session issued for the request replaces a stale one, keeps the rest.
+        headers.append(
+            http::header::COOKIE,
+            format!("{COOKIE}=stale").parse().unwrap(),
+        );
+        with_session_cookie(&mut headers, "fresh");
+        assert_eq!(cookie_value(&headers), Some("fresh"));
+        assert_eq!(approver_value(&headers).as_deref(), Some("Ann Lee"));
     }
 }

@@ -3,9 +3,10 @@
 //! under mTLS, with the client certificate the browser presented; either
 //! way the session names the principal and keeps a fingerprint of that
 //! credential. Wrong ones are counted per address (see `throttle`). With
-//! auth off there is nobody to be: signing in only starts a session, whose
-//! CSRF token guards the forms. Signing out ends the principal's sessions
-//! on every server (see `sessions`).
+//! auth off there is nobody to be: a page starts a session by itself (see
+//! `open_session`), whose CSRF token guards the forms, and this form only
+//! keeps the name a person gives for their decisions (unverified). Signing
+//! out ends the principal's sessions on every server (see `sessions`).
 
 use axum::extract::{Form, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -32,6 +33,9 @@ pub struct SignIn {
     token: String,
     #[serde(default)]
     next: String,
+    /// With auth off: the name to record decisions under (unverified);
+    /// absent when the form has no such field.
+    approver: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -54,11 +58,12 @@ fn local_path(next: &str) -> &str {
     }
 }
 
-pub async fn page(State(web): State<Web>, Query(next): Query<Next>) -> Response {
-    form(&web, local_path(&next.next), None, StatusCode::OK)
+pub async fn page(State(web): State<Web>, parts: Parts, Query(next): Query<Next>) -> Response {
+    let typed = session::approver_value(&parts.headers).unwrap_or_default();
+    form(&web, local_path(&next.next), None, StatusCode::OK, &typed)
 }
 
-fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode) -> Response {
+fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode, typed: &str) -> Response {
     let mut h = Html::new();
     h.raw("<section class=\"signin\"><h1>Sign in</h1>");
     if let Some(error) = error {
@@ -86,9 +91,13 @@ fn form(web: &Web, next: &str, error: Option<&str>, status: StatusCode) -> Respo
         None => {
             h.raw(
                 "<p>Auth is off: there are no accounts, and anyone who reaches this page may \
-                 decide every call. Decisions are recorded under your address.</p>\
-                 <button type=\"submit\" class=\"primary\" autofocus>Continue</button>",
-            );
+                 decide every call. Decisions are recorded under your address, and the name \
+                 you give here beside it, marked unverified.</p>\
+                 <label for=\"approver\">Your name (optional)</label>\
+                 <input id=\"approver\" name=\"approver\" maxlength=\"64\" autocomplete=\"name\" value=\"",
+            )
+            .text(typed)
+            .raw("\"><button type=\"submit\" class=\"primary\" autofocus>Continue</button>");
         }
     }
     h.raw("</form></section>");
@@ -138,6 +147,10 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                     "With auth off the web inbox answers only on loopback.",
                 );
             }
+            if let Some(Err(error)) = input.approver.as_deref().map(session::approver_name) {
+                let typed = input.approver.as_deref().unwrap_or("");
+                return form(&web, &next, Some(&error), StatusCode::BAD_REQUEST, typed);
+            }
             (String::new(), String::new())
         }
         Some(auth) => {
@@ -145,7 +158,13 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                 let message = format!(
                     "Too many wrong sign-ins from your address: try again in {retry_after_s} s."
                 );
-                let mut response = form(&web, &next, Some(&message), StatusCode::TOO_MANY_REQUESTS);
+                let mut response = form(
+                    &web,
+                    &next,
+                    Some(&message),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "",
+                );
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, retry_after_s.into());
@@ -174,6 +193,7 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                         &next,
                         Some("Enter your token."),
                         StatusCode::UNAUTHORIZED,
+                        "",
                     )
                 }
             };
@@ -203,6 +223,7 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                         &next,
                         Some("That token (or certificate) matches no principal."),
                         StatusCode::UNAUTHORIZED,
+                        "",
                     );
                 }
             }
@@ -223,14 +244,23 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
     if !principal.is_empty() {
         tracing::info!(principal, "web sign-in");
     }
-    (
+    let mut response = (
         [(
             header::SET_COOKIE,
             session.set_cookie(web.0.settings.tls, now),
         )],
         Redirect::to(&next),
     )
-        .into_response()
+        .into_response();
+    // Auth off: keep the name typed (an empty one forgets it).
+    let typed = input.approver.as_deref().map(session::approver_name);
+    if let (None, Some(Ok(name))) = (&web.0.settings.auth, typed) {
+        let cookie = session::set_approver_cookie(&name, web.0.settings.tls);
+        if let Ok(cookie) = cookie.parse() {
+            response.headers_mut().append(header::SET_COOKIE, cookie);
+        }
+    }
+    response
 }
 
 pub async fn sign_out(
@@ -250,14 +280,21 @@ pub async fn sign_out(
              session still stands: try again in a moment.",
         );
     }
-    (
+    let mut response = (
         [(
             header::SET_COOKIE,
             session::clear_cookie(web.0.settings.tls),
         )],
         Redirect::to("/signin"),
     )
-        .into_response()
+        .into_response();
+    if web.0.settings.auth.is_none() {
+        let forget = session::set_approver_cookie("", web.0.settings.tls);
+        if let Ok(forget) = forget.parse() {
+            response.headers_mut().append(header::SET_COOKIE, forget);
+        }
+    }
+    response
 }
 
 #[cfg(test)]

@@ -1116,3 +1116,104 @@ async fn approvals_ls_links_to_each_calls_page_in_the_web_inbox() {
     assert!(listed["approvals"][0].get("link").is_none());
     server.shutdown().await;
 }
+
+/// Runs `aaa ARGS` without a server; returns its exit code and stderr.
+fn aaa_alone(args: &[&str]) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .args(args)
+        .env_remove("AAA_LOG")
+        .env_remove("AAA_LISTEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run aaa");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code().expect("aaa ended by a signal"), stderr)
+}
+
+#[test]
+fn an_unknown_flag_names_the_flag_to_use_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    // `aaa serve`: one line, exit 64, naming the flag that does it.
+    let cases: &[(&[&str], &str)] = &[
+        (&["--port", "50052"], "use --listen 127.0.0.1:50052"),
+        (&["--port=50052"], "use --listen 127.0.0.1:50052"),
+        (&["--host", "0.0.0.0"], "use --listen 0.0.0.0:50051"),
+        (&["--listn", "127.0.0.1:0"], "'--listen'"),
+        (&["--data_dir", "x"], "'--data-dir'"),
+        (&["--database", "x"], "--store postgres://"),
+        (&["--zzz"], "`aaa serve --help` lists every flag"),
+    ];
+    for (args, hint) in cases {
+        let mut all = vec!["serve", "--data-dir", data];
+        all.extend_from_slice(args);
+        let (code, stderr) = aaa_alone(&all);
+        assert_eq!(code, 64, "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("aaa serve: unexpected argument"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(hint),
+            "{args:?} should say {hint}: {stderr}"
+        );
+    }
+    assert!(!data_exists(&dir), "a refused serve made no data dir");
+
+    // Client commands: clap's usage error (exit 2) with a tip.
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["runs", "ls", "--port", "50052"],
+            "--server http://127.0.0.1:50052",
+        ),
+        (&["approvals", "ls", "--servr", "x"], "'--server'"),
+        (&["runs", "ls", "--jsn"], "'--json'"),
+    ];
+    for (args, hint) in cases {
+        let (code, stderr) = aaa_alone(args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains("tip:"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(hint),
+            "{args:?} should say {hint}: {stderr}"
+        );
+    }
+}
+
+fn data_exists(dir: &tempfile::TempDir) -> bool {
+    dir.path().join("data").exists()
+}
+
+#[test]
+fn the_server_log_is_plain_text_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aaa"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env_remove("AAA_LOG")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn aaa serve");
+    // Read the log up to the line that says the server serves, then stop it.
+    let mut log = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.expect("stderr");
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("serves shards") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.contains("INFO"), "the server logged: {log}");
+    assert!(
+        !log.contains("\x1b["),
+        "escape codes in a piped log: {log:?}"
+    );
+}

@@ -234,31 +234,143 @@ fn seconds_in(range: aaa::seconds::Range) -> impl Fn(&str) -> Result<f64, String
 }
 
 /// Parses the command line. A bad `aaa serve` flag exits 64 with one line
-/// naming it (scripts and service managers read one line); the client
-/// commands keep clap's exit 2 for usage errors, as their help says.
+/// naming it and what to use instead (scripts and service managers read one
+/// line); the client commands keep clap's exit 2 for usage errors, as their
+/// help says.
 fn parse() -> Cli {
-    let error = match Cli::try_parse() {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut error = match Cli::try_parse_from(&args) {
         Ok(cli) => return cli,
         Err(error) => error,
     };
-    let serving = std::env::args().nth(1).as_deref() == Some("serve");
+    let serving = args.get(1).map(String::as_str) == Some("serve");
+    add_flag_hint(&mut error, serving, &args);
     if !serving || !error.use_stderr() {
         error.exit();
     }
-    let text = error.to_string();
-    let first = text.lines().next().unwrap_or("bad arguments");
-    eprintln!("aaa serve: {}", first.trim_start_matches("error: "));
+    eprintln!("aaa serve: {}", one_line(&error));
     std::process::exit(EXIT_CONFIG.into());
+}
+
+/// An unknown flag's error gets what to use instead: clap's own "a similar
+/// argument exists" when it finds one, else the aaa name of a flag other
+/// servers spell differently (`--port` is `--listen 127.0.0.1:PORT`).
+fn add_flag_hint(error: &mut clap::Error, serving: bool, args: &[String]) {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if error.kind() != ErrorKind::UnknownArgument {
+        return;
+    }
+    let Some(ContextValue::String(given)) = error.get(ContextKind::InvalidArg) else {
+        return;
+    };
+    // `--port 50052` or `--port=50052`: the value makes the hint exact.
+    let (flag, inline) = match given.split_once('=') {
+        Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
+        None => (given.clone(), None),
+    };
+    let joined = format!("{flag}=");
+    let value = inline.or_else(|| {
+        let at = args
+            .iter()
+            .position(|a| *a == flag || a.starts_with(&joined))?;
+        match args[at].strip_prefix(&joined) {
+            Some(value) => Some(value.to_string()),
+            None => args.get(at + 1).filter(|v| !v.starts_with('-')).cloned(),
+        }
+    });
+    let hint = match serving {
+        true => serve_flag_hint(&flag, value.as_deref()),
+        false => client_flag_hint(&flag, value.as_deref()),
+    };
+    let hint = match hint {
+        Some(hint) => hint,
+        None if error.get(ContextKind::SuggestedArg).is_some() => return,
+        None if serving => "`aaa serve --help` lists every flag".to_string(),
+        None => return,
+    };
+    error.insert(
+        ContextKind::Suggested,
+        ContextValue::StyledStrs(vec![hint.into()]),
+    );
+}
+
+/// `aaa serve` flags as other servers name them.
+fn serve_flag_hint(flag: &str, value: Option<&str>) -> Option<String> {
+    let hint = match flag {
+        "--port" | "-p" => {
+            let port = value.filter(|v| v.parse::<u16>().is_ok()).unwrap_or("PORT");
+            format!("use --listen 127.0.0.1:{port} (the address and port to listen on)")
+        }
+        "--host" | "--bind" | "--address" | "--addr" | "--ip" | "-b" => {
+            let host = value.filter(|v| !v.contains(':')).unwrap_or("HOST");
+            format!("use --listen {host}:50051 (the address and port to listen on)")
+        }
+        "--db" | "--database" | "--database-url" | "--postgres" | "--pg" => {
+            "use --store postgres://USER@HOST/DB (see docs/postgres.md)".to_string()
+        }
+        "--config" | "--config-file" | "-c" => "there is no single config file: \
+            --auth-config, --policy, --webhooks and --models each take one \
+            (see `aaa serve --help`)"
+            .to_string(),
+        "--tls" | "--tls-cert" | "--cert" | "--tls-key" | "--key" => {
+            "TLS is set in the --auth-config file (see docs/auth.md)".to_string()
+        }
+        "--verbose" | "-v" | "--debug" | "--log-level" | "--log" => {
+            "set AAA_LOG instead, e.g. AAA_LOG=debug aaa serve".to_string()
+        }
+        _ => return None,
+    };
+    Some(hint)
+}
+
+/// Client command flags as other tools name them.
+fn client_flag_hint(flag: &str, value: Option<&str>) -> Option<String> {
+    let hint = match flag {
+        "--port" | "-p" => {
+            let port = value.filter(|v| v.parse::<u16>().is_ok()).unwrap_or("PORT");
+            format!("use --server http://127.0.0.1:{port} (the aaa server's URL)")
+        }
+        "--host" | "--addr" | "--address" | "--url" | "--endpoint" | "--server-url" => {
+            "use --server http://HOST:PORT (the aaa server's URL)".to_string()
+        }
+        "--verbose" | "-v" | "--debug" => {
+            "set AAA_LOG instead, e.g. AAA_LOG=debug aaa ...".to_string()
+        }
+        _ => return None,
+    };
+    Some(hint)
+}
+
+/// A clap error as one line: its first line and its tips.
+fn one_line(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("bad arguments")
+        .trim_start_matches("error: ")
+        .to_string();
+    let tips = lines.filter_map(|l| l.strip_prefix("tip: "));
+    std::iter::once(first)
+        .chain(tips.map(str::to_string))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Logs to stderr: `info` by default for the server and the bench; client
 /// commands log nothing unless AAA_LOG asks, so their stderr is their errors.
+/// Colours only on a terminal: a log file or a pipe (systemd, docker, `2>`)
+/// gets plain text, without escape codes.
 fn init_logging(default: &str) {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AAA_LOG")
                 .unwrap_or_else(|_| default.into()),
         )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

@@ -8,6 +8,10 @@
   var inbox = document.getElementById("inbox");
   var notice = document.getElementById("notice");
 
+  // The approver-name form (auth off) comes back to this page once saved.
+  var here = document.querySelector("input[data-here]");
+  if (here) here.value = location.pathname;
+
   function setCount(n) {
     document.title = (n > 0 ? "(" + n + ") " : "") + baseTitle;
     var count = document.getElementById("count");
