@@ -595,16 +595,6 @@ fn failover_tools() -> Vec<ToolDefinition> {
         .to_vec()
 }
 
-fn lookup() -> ToolDefinition {
-    ToolDefinition {
-        name: "lookup".into(),
-        description: "Look a payee up".into(),
-        parameters_json: r#"{"type":"object"}"#.into(),
-        requires_approval: false,
-        ..Default::default()
-    }
-}
-
 fn is_gated(i: usize) -> bool {
     i.is_multiple_of(2)
 }
@@ -870,4 +860,53 @@ async fn follow(servers: Arc<AddressList>, run_id: String, seen: Arc<Seen<Vec<Ev
         }
         backoff().await;
     }
+}
+
+/// Membership converges after a database outage longer than the lease.
+/// The owner is paused through the outage, so the standby claims the runs
+/// when the database returns; the owner, woken, finds itself fenced out
+/// and stands by again. When the new owner is then killed (-9), the first
+/// takes the runs back and carries the parked run to its end: no server
+/// stays fenced for good, nobody restarts one by hand.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_fenced_after_a_database_outage_stands_by_and_takes_over_again() {
+    if postgres().is_none() {
+        return;
+    }
+    let database = Cluster::start().await;
+    let (_dirs, servers) = cluster_members(&database.url, 2, "1").await;
+    let Ok([first, second]) = <[ChildServer; 2]>::try_from(servers) else {
+        unreachable!("two servers")
+    };
+    let (first_name, second_name) = (member_of(&first).await, member_of(&second).await);
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let mut runs = second.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    first.signal(libc::SIGSTOP);
+    database.run(&["stop"]).await;
+    // The outage itself (a fault the test makes, not a wait for a state):
+    // twice the lease, so every claim has lapsed when the database returns.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    database.run(&["restart"]).await;
+    wait_until_owner(&second, &second_name).await;
+    first.signal(libc::SIGCONT);
+    first
+        .wait_for_log_line("other aaa servers claimed every shard this server held")
+        .await;
+
+    second.kill9();
+    let killed_at = Instant::now();
+    wait_until_owner(&first, &first_name).await;
+    eprintln!(
+        "the fenced server took the runs back {:?} after the owner was killed",
+        killed_at.elapsed()
+    );
+    wait_for_health(&first, ServingStatus::Serving).await;
+    let (mut runs, mut workers) = (first.runs().await, first.workers().await);
+    grant_retrying(&runs, &run_id, &call_id).await;
+    let events = finish_granted(&mut runs, &mut workers, &run_id).await;
+    assert_dense(&events, 1);
+    assert_eq!(count(&events, "aaa.tool.started"), 1);
 }
