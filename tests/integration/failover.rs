@@ -219,10 +219,13 @@ async fn failover(outage: Outage, shards: Shards) {
 
     if let Some(paused) = paused {
         // It wakes up owning nothing; whatever it tries to write is refused.
-        // A server that shares shards out then takes its share back.
+        // It stands by again, or, sharing shards out, takes its share back.
         paused.signal(libc::SIGCONT);
         match shards {
-            Shards::OneOwner => wait_for_health(&paused, ServingStatus::NotServing).await,
+            Shards::OneOwner => {
+                paused.wait_for_log_line("standing by again").await;
+                wait_for_health(&paused, ServingStatus::Serving).await;
+            }
             Shards::Spread => {
                 let names = [
                     member_of(&paused).await,

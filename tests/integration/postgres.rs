@@ -1416,17 +1416,22 @@ fn uid_of(user: &str) -> u32 {
         .expect("a uid")
 }
 
-/// Two servers on one database: the one that started last claims every
-/// run, and the first is fenced out. The write that meets the fence is
-/// refused (nothing of it is written) and the first says NOT_SERVING; from
-/// then on it forwards every call to the second, which carries the run to
-/// its end with nothing doubled.
+/// Two servers on one database: the one that started last, told to take
+/// over, claims every run, and the first is fenced out. The write that
+/// meets the fence is refused (nothing of it is written); from then on the
+/// first stands by, forwarding every call to the second, which carries the
+/// run to its end with nothing doubled.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_server_on_the_database_fences_the_first() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let on_url = |url: String| move |config: &mut aaa::Config| config.store_url = Some(url.clone());
+    let on_url = |url: String| {
+        move |config: &mut aaa::Config| {
+            config.store_url = Some(url.clone());
+            config.take_over = true;
+        }
+    };
     let first = TestServer::start_with(on_url(url.clone())).await;
     let mut first_runs = first.runs().await;
     register(&mut first.workers().await, vec![wire_money()], &[]).await;
@@ -1438,7 +1443,6 @@ async fn a_second_server_on_the_database_fences_the_first() {
     let status = expect_err(note);
     assert_error(&status, tonic::Code::Unavailable, "OWNERSHIP_LOST");
     assert!(status.message().contains("took over"), "{status:?}");
-    wait_for_health(&first, ServingStatus::NotServing).await;
 
     // The same connection to the first server now reaches the second.
     let mut first_workers = first.workers().await;
@@ -1453,6 +1457,7 @@ async fn a_second_server_on_the_database_fences_the_first() {
     assert_eq!(count(&events, "aaa.approval.granted"), 1);
     assert_eq!(count(&events, "aaa.tool.started"), 1);
     wait_for_health(&second, ServingStatus::Serving).await;
+    wait_for_health(&first, ServingStatus::Serving).await;
     first.shutdown().await;
     second.shutdown().await;
 }
@@ -1636,9 +1641,9 @@ async fn an_owner_whose_lease_may_have_lapsed_reads_the_database() {
 
 /// A standby server takes the runs over when the serving one stops
 /// renewing its claim (here: paused with SIGSTOP, as a long GC pause or a
-/// partition would); the paused one, woken, is fenced out: NOT_SERVING,
-/// nothing of it written after the takeover, and the calls it still gets
-/// are forwarded to the new owner.
+/// partition would); the paused one, woken, is fenced out: nothing of it
+/// written after the takeover; it stands by again, and the calls it still
+/// gets are forwarded to the new owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     let Some(url) = fresh_postgres_store() else {
@@ -1665,7 +1670,8 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     finish_granted(&mut runs, &mut workers, run_id).await;
 
     first.signal(libc::SIGCONT);
-    wait_for_health(first, ServingStatus::NotServing).await;
+    first.wait_for_log_line("standing by again").await;
+    wait_for_health(first, ServingStatus::Serving).await;
     let mut stale = first.runs().await;
     signal(&mut stale, run_id, "app.note", serde_json::json!({}))
         .await
