@@ -567,10 +567,7 @@ async fn join(
 /// cluster the plain way never takes the writes from a healthy owner; a
 /// lone server restarting after a crash waits out its dead predecessor's
 /// lease (at most one) and takes the runs.
-async fn stands_by(
-    config: &Config,
-    store: &SharedStore,
-) -> Result<bool, crate::store::StoreError> {
+async fn stands_by(config: &Config, store: &SharedStore) -> Result<bool, crate::store::StoreError> {
     if config.standby {
         return Ok(true);
     }
