@@ -1867,8 +1867,20 @@ async fn a_server_that_lost_its_shards_unnoticed_never_calls_the_current_attempt
     })
     .await;
     // (Had it noticed, it would forward the call to the owner, which is as
-    // good; with its renewal far off, it has not.)
-    let at_stale = complete_tool(&mut first.workers().await, &task.token, "{}").await;
+    // good; with its renewal far off, it has not.) A heartbeat is not told
+    // the attempt is over either: the worker would abandon the tool.
+    let mut at_first = first.workers().await;
+    let heartbeat = at_first
+        .heartbeat_task(aaa::proto::HeartbeatTaskRequest {
+            token: task.token.clone(),
+        })
+        .await;
+    assert_error(
+        &expect_err(heartbeat),
+        tonic::Code::Unavailable,
+        "OWNERSHIP_LOST",
+    );
+    let at_stale = complete_tool(&mut at_first, &task.token, "{}").await;
     assert_error(
         &expect_err(at_stale),
         tonic::Code::Unavailable,
