@@ -72,9 +72,14 @@ pub struct Config {
     /// unless renewed (every third of it); a standby takes them over once
     /// it has lapsed.
     pub lease: Duration,
-    /// On PostgreSQL: wait while another server holds the runs, and take
-    /// them over when its claim lapses (instead of at once).
+    /// On PostgreSQL: serve at once by forwarding every call, and take the
+    /// runs over when no other server holds a live claim on them. Without
+    /// it a server that finds a live owner stands by all the same; one
+    /// that finds none claims the runs before it serves.
     pub standby: bool,
+    /// On PostgreSQL: claim every shard at once, fencing out the server
+    /// that holds them, instead of standing by while its claim is live.
+    pub take_over: bool,
     /// On PostgreSQL: share the shards out among the live servers (see
     /// `cluster::balance`) instead of one server owning them all. A
     /// preview, not yet the default (see docs/cluster.md).
@@ -156,6 +161,7 @@ impl Config {
             clock: Clock::system(),
             lease: Duration::from_secs(3),
             standby: false,
+            take_over: false,
             spread_shards: false,
             advertise: None,
             policy: None,

@@ -74,10 +74,12 @@ fn store_place(config: &Config) -> String {
 /// the services are about to take calls (connections made before wait in
 /// the listener's backlog).
 ///
-/// On a shared database the server claims the runs before it serves (a
-/// server that wrote them before is fenced out), or, as a standby, serves
-/// at once by forwarding every call to the owner and claims the runs when
-/// the owner's lease lapses (see [`crate::cluster`]).
+/// On a shared database a server that finds no live claim on the runs
+/// claims them before it serves; one that finds a live owner (or started
+/// with `--standby`) is a standby: it serves at once by forwarding every
+/// call to the owner and claims the runs when the owner's lease lapses.
+/// Only `--take-over` claims them at once, fencing the owner out (see
+/// [`crate::cluster`]).
 pub async fn serve(
     listener: TcpListener,
     config: Config,
@@ -135,8 +137,13 @@ async fn serve_store(
             source,
         })?;
     *released = Some(store.released());
-    let cluster = match join(&listener, &config, &store).await {
-        Ok(cluster) => cluster,
+    let joined = async {
+        let cluster = join(&listener, &config, &store).await?;
+        let standby = stands_by(&config, &store).await?;
+        Ok::<_, crate::store::StoreError>((cluster, standby))
+    };
+    let (cluster, config) = match joined.await {
+        Ok((cluster, standby)) => (cluster, Config { standby, ..config }),
         Err(source) => {
             store.close().await;
             return Err(ServeError::Store {
@@ -596,6 +603,34 @@ async fn join(
     ))
 }
 
+/// Whether this server starts as a standby: told to, or, unless told to
+/// take over, it finds another server's live claim on the runs. Joining a
+/// cluster the plain way never takes the writes from a healthy owner; a
+/// lone server restarting after a crash waits out its dead predecessor's
+/// lease (at most one) and takes the runs.
+async fn stands_by(config: &Config, store: &SharedStore) -> Result<bool, crate::store::StoreError> {
+    if config.standby {
+        return Ok(true);
+    }
+    // With --spread-shards each claims only lapsed shards of its share.
+    if config.take_over || config.spread_shards || config.store_url.is_none() {
+        return Ok(false);
+    }
+    let view = store.cluster().await?;
+    let live = view
+        .shards
+        .iter()
+        .find(|shard| shard.lease_until_ms > view.now_ms);
+    if let Some(shard) = live {
+        tracing::info!(
+            "{} holds the runs: standing by until its claim lapses \
+             (--take-over takes them at once)",
+            shard.owner
+        );
+    }
+    Ok(live.is_some())
+}
+
 /// The first wait before an engine that failed to start is started again,
 /// and the longest (it doubles in between).
 const SERVE_RETRY_FIRST: Duration = Duration::from_millis(500);
@@ -608,8 +643,8 @@ const SERVE_RETRY_MOST: Duration = Duration::from_secs(30);
 /// are lost to another server's claim, given up or gained) the engine is
 /// closed and another started on the new set, as a restart would. Calls
 /// for runs of other shards are forwarded to their owner. A server fenced
-/// out of every shard forwards every call, and health, which follows the
-/// store, says NOT_SERVING: restart it to make it a standby.
+/// out of every shard stands by again (the store claims them back once no
+/// lease is live) and forwards every call meanwhile.
 async fn own_runs(
     cluster: Arc<Cluster>,
     config: Config,
@@ -618,9 +653,10 @@ async fn own_runs(
 ) -> Result<(), ServeError> {
     let store = cluster.store().clone();
     let place = store_place(&config);
+    // Only --take-over claims shards another server holds live.
     let claim = crate::store::Claim {
         lease: config.lease,
-        standby: config.standby,
+        standby: !config.take_over,
     };
     let mut held = match config.spread_shards {
         true => {

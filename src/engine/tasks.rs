@@ -418,7 +418,7 @@ impl Engine {
     pub async fn heartbeat(&self, token: &str, caller: &str) -> Result<bool, Error> {
         let token = Token::decode(token, &self.inner.store.token_key())?;
         check_holder(&token, caller)?;
-        let current = self
+        let judged = self
             .read_run(token.run, |state| {
                 if state.is_finished() {
                     return Ok(false);
@@ -432,7 +432,18 @@ impl Engine {
                         .map(|_| true),
                 }
             })
-            .await??;
+            .await?;
+        let current = match judged {
+            Err(refusal @ Error::StaleAttempt { .. }) => {
+                let events = self
+                    .inner
+                    .store
+                    .run_events(token.run, 0, usize::MAX)
+                    .await?;
+                return Err(self.confirmed(&token, &events, refusal));
+            }
+            judged => judged?,
+        };
         if !current {
             return Ok(true);
         }
@@ -492,8 +503,38 @@ impl Engine {
                 call: token.call_id,
                 attempt: token.attempt,
             }),
-            recorded::Recorded::Nothing => Err(refusal),
+            recorded::Recorded::Nothing => Err(self.confirmed(&token, &events, refusal)),
         }
+    }
+
+    /// A refusal of an attempt judged from this engine's view of the run
+    /// (its cache), checked against the log: when the log says the attempt
+    /// is current, another server wrote the run since, so this one lost
+    /// the run's shard and has not noticed yet. It cannot judge the
+    /// attempt, and must not drop a result that counts: the worker is told
+    /// to try again (UNAVAILABLE), which reaches the owner. Its stale view
+    /// of the run is dropped.
+    fn confirmed(&self, token: &Token, events: &[EventRecord], refusal: Error) -> Error {
+        let Ok(logged) = RunState::replay(token.run, events) else {
+            return refusal;
+        };
+        let current = match token.kind {
+            TaskKind::Tool => logged
+                .check_tool_attempt(&token.call_id, token.attempt)
+                .is_ok(),
+            TaskKind::Model => logged
+                .check_model_attempt(&token.call_id, token.attempt)
+                .is_ok(),
+        };
+        if !current {
+            return refusal;
+        }
+        self.inner.cache.lock().expect("poisoned").pop(&token.run);
+        Error::OwnershipLost(format!(
+            "run '{}' was written by another server since this one read it: this server no \
+             longer owns the run's shard",
+            token.run
+        ))
     }
 
     pub(super) async fn record_report(

@@ -219,10 +219,13 @@ async fn failover(outage: Outage, shards: Shards) {
 
     if let Some(paused) = paused {
         // It wakes up owning nothing; whatever it tries to write is refused.
-        // A server that shares shards out then takes its share back.
+        // It stands by again, or, sharing shards out, takes its share back.
         paused.signal(libc::SIGCONT);
         match shards {
-            Shards::OneOwner => wait_for_health(&paused, ServingStatus::NotServing).await,
+            Shards::OneOwner => {
+                paused.wait_for_log_line("standing by again").await;
+                wait_for_health(&paused, ServingStatus::Serving).await;
+            }
             Shards::Spread => {
                 let names = [
                     member_of(&paused).await,
@@ -595,16 +598,6 @@ fn failover_tools() -> Vec<ToolDefinition> {
         .to_vec()
 }
 
-fn lookup() -> ToolDefinition {
-    ToolDefinition {
-        name: "lookup".into(),
-        description: "Look a payee up".into(),
-        parameters_json: r#"{"type":"object"}"#.into(),
-        requires_approval: false,
-        ..Default::default()
-    }
-}
-
 fn is_gated(i: usize) -> bool {
     i.is_multiple_of(2)
 }
@@ -869,5 +862,229 @@ async fn follow(servers: Arc<AddressList>, run_id: String, seen: Arc<Seen<Vec<Ev
             return;
         }
         backoff().await;
+    }
+}
+
+/// Membership converges after a database outage longer than the lease.
+/// The owner is paused through the outage, so the standby claims the runs
+/// when the database returns; the owner, woken, finds itself fenced out
+/// and stands by again. When the new owner is then killed (-9), the first
+/// takes the runs back and carries the parked run to its end: no server
+/// stays fenced for good, nobody restarts one by hand.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_fenced_after_a_database_outage_stands_by_and_takes_over_again() {
+    if postgres().is_none() {
+        return;
+    }
+    let database = Cluster::start().await;
+    let (_dirs, servers) = cluster_members(&database.url, 2, "1").await;
+    let Ok([first, second]) = <[ChildServer; 2]>::try_from(servers) else {
+        unreachable!("two servers")
+    };
+    let (first_name, second_name) = (member_of(&first).await, member_of(&second).await);
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let mut runs = second.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    first.signal(libc::SIGSTOP);
+    database.run(&["stop"]).await;
+    // The outage itself (a fault the test makes, not a wait for a state):
+    // twice the lease, so every claim has lapsed when the database returns.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    database.run(&["restart"]).await;
+    wait_until_owner(&second, &second_name).await;
+    first.signal(libc::SIGCONT);
+    first
+        .wait_for_log_line("other aaa servers claimed every shard this server held")
+        .await;
+
+    second.kill9();
+    let killed_at = Instant::now();
+    wait_until_owner(&first, &first_name).await;
+    eprintln!(
+        "the fenced server took the runs back {:?} after the owner was killed",
+        killed_at.elapsed()
+    );
+    wait_for_health(&first, ServingStatus::Serving).await;
+    let (mut runs, mut workers) = (first.runs().await, first.workers().await);
+    grant_retrying(&runs, &run_id, &call_id).await;
+    let events = finish_granted(&mut runs, &mut workers, &run_id).await;
+    assert_dense(&events, 1);
+    assert_eq!(count(&events, "aaa.tool.started"), 1);
+}
+
+/// The faults of [`membership_converges_under_a_random_mix_of_faults`].
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// kill -9 of a server, and a new one started the plain way in its place.
+    Kill,
+    /// SIGSTOP of a server for twice the lease, then SIGCONT.
+    Pause,
+    /// The database stopped for twice the lease.
+    DatabaseOutage,
+    /// Both: a server paused through a database outage.
+    PauseThroughOutage,
+}
+
+/// Chaos, short: three servers (lease 1 s, started the plain way) on a
+/// throwaway PostgreSQL go through a seeded random mix of kills, pauses and
+/// database outages (`AAA_CHAOS_SEED`, `AAA_CHAOS_ROUNDS` to vary it).
+/// After each fault the cluster converges with no human action: one live
+/// server owns the runs, every live server says SERVING, and a gated run
+/// started through one server is granted through another and served by a
+/// worker polling a third. Every run's history is dense, each call started
+/// once.
+#[tokio::test(flavor = "multi_thread")]
+async fn membership_converges_under_a_random_mix_of_faults() {
+    if postgres().is_none() {
+        return;
+    }
+    let seed: u64 = std::env::var("AAA_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(41);
+    let rounds: usize = std::env::var("AAA_CHAOS_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    // splitmix64: the same faults for the same seed, with no dependency.
+    let mut state = seed;
+    let mut next = move |below: usize| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % below as u64) as usize
+    };
+    let database = Cluster::start().await;
+    let store = format!("--store={}", database.url);
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let outage = std::time::Duration::from_secs(2);
+    let mut dirs = Vec::new();
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        dirs.push(tempfile::tempdir().unwrap());
+        servers.push(ChildServer::start_args(dirs.last().unwrap().path(), &args).await);
+    }
+    register(&mut servers[0].workers().await, vec![wire_money()], &[]).await;
+    let mut runs_done = Vec::new();
+    for round in 0..rounds {
+        let fault = [
+            Fault::Kill,
+            Fault::Pause,
+            Fault::DatabaseOutage,
+            Fault::PauseThroughOutage,
+        ][next(4)];
+        // The owner most of the time: its faults are the ones that matter.
+        let owner_name = owner(&servers[0]).await;
+        let mut victim = next(3);
+        for (i, server) in servers.iter().enumerate() {
+            if next(4) > 0 && Some(member_of(server).await) == owner_name {
+                victim = i;
+            }
+        }
+        eprintln!("chaos seed {seed} round {round}: {fault:?} of server {victim}");
+        let faulted = Instant::now();
+        match fault {
+            Fault::Kill => {
+                servers.remove(victim).kill9();
+                dirs.push(tempfile::tempdir().unwrap());
+                let again = ChildServer::start_args(dirs.last().unwrap().path(), &args).await;
+                servers.insert(victim, again);
+            }
+            Fault::Pause => {
+                servers[victim].signal(libc::SIGSTOP);
+                tokio::time::sleep(outage).await;
+                servers[victim].signal(libc::SIGCONT);
+            }
+            Fault::DatabaseOutage | Fault::PauseThroughOutage => {
+                let pause = matches!(fault, Fault::PauseThroughOutage);
+                if pause {
+                    servers[victim].signal(libc::SIGSTOP);
+                }
+                database.run(&["stop"]).await;
+                tokio::time::sleep(outage).await;
+                database.run(&["restart"]).await;
+                if pause {
+                    // The others claim the runs first, as the database returns.
+                    let others: Vec<&ChildServer> = servers
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != victim)
+                        .map(|(_, s)| s)
+                        .collect();
+                    let mut names = Vec::new();
+                    for other in &others {
+                        names.push(member_of(*other).await);
+                    }
+                    wait_until_owned_by_one_of(others[0], &names).await;
+                    servers[victim].signal(libc::SIGCONT);
+                }
+            }
+        }
+        // Converged: one of the live servers owns the runs, all serve.
+        let mut names = Vec::new();
+        for server in &servers {
+            names.push(member_of(server).await);
+        }
+        wait_until_owned_by_one_of(&servers[0], &names).await;
+        for server in &servers {
+            wait_for_health(server, ServingStatus::Serving).await;
+        }
+        // A cycle through three servers, retrying as the SDKs do.
+        let mut runs = servers[round % 3].runs().await;
+        let run_id = retrying(|| {
+            let mut runs = runs.clone();
+            async move { runs.start_run(scripted_reference_run()).await }
+        })
+        .await
+        .into_inner()
+        .run_id;
+        let call_id = wait_for_approval(&mut runs, &run_id).await;
+        grant_retrying(&servers[(round + 1) % 3].runs().await, &run_id, &call_id).await;
+        let workers = servers[(round + 2) % 3].workers().await;
+        let task = retrying(|| {
+            let mut workers = workers.clone();
+            async move { Ok(poll_until_task(&mut workers, "w", &["wire_money"], &[]).await) }
+        })
+        .await;
+        retrying(|| {
+            let (mut workers, token) = (workers.clone(), task.token.clone());
+            async move { complete_tool(&mut workers, &token, REFERENCE_OUTPUT).await }
+        })
+        .await;
+        let events = wait_for_end(&mut runs, &run_id).await;
+        assert_eq!(completed_text(&events), REFERENCE_TEXT);
+        eprintln!(
+            "chaos seed {seed} round {round}: converged and a cycle done {:?} after the fault",
+            faulted.elapsed()
+        );
+        runs_done.push(run_id);
+    }
+    let mut runs = servers[0].runs().await;
+    for run_id in &runs_done {
+        let events = history(&mut runs, run_id).await;
+        assert_dense(&events, 1);
+        assert_eq!(count(&events, "aaa.tool.started"), 1, "{run_id}");
+        assert_eq!(count(&events, "aaa.approval.granted"), 1, "{run_id}");
+    }
+}
+
+/// Asks `server` (bounded by `WAIT`) until one of `members` owns the runs.
+async fn wait_until_owned_by_one_of(server: &ChildServer, members: &[String]) {
+    let give_up = Instant::now() + WAIT;
+    loop {
+        if let Some(owner) = owner(server).await {
+            if members.contains(&owner) {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < give_up,
+            "none of {members:?} owns the runs: {:?}",
+            cluster_of(server).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }

@@ -1416,17 +1416,22 @@ fn uid_of(user: &str) -> u32 {
         .expect("a uid")
 }
 
-/// Two servers on one database: the one that started last claims every
-/// run, and the first is fenced out. The write that meets the fence is
-/// refused (nothing of it is written) and the first says NOT_SERVING; from
-/// then on it forwards every call to the second, which carries the run to
-/// its end with nothing doubled.
+/// Two servers on one database: the one that started last, told to take
+/// over, claims every run, and the first is fenced out. The write that
+/// meets the fence is refused (nothing of it is written); from then on the
+/// first stands by, forwarding every call to the second, which carries the
+/// run to its end with nothing doubled.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_server_on_the_database_fences_the_first() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let on_url = |url: String| move |config: &mut aaa::Config| config.store_url = Some(url.clone());
+    let on_url = |url: String| {
+        move |config: &mut aaa::Config| {
+            config.store_url = Some(url.clone());
+            config.take_over = true;
+        }
+    };
     let first = TestServer::start_with(on_url(url.clone())).await;
     let mut first_runs = first.runs().await;
     register(&mut first.workers().await, vec![wire_money()], &[]).await;
@@ -1438,7 +1443,6 @@ async fn a_second_server_on_the_database_fences_the_first() {
     let status = expect_err(note);
     assert_error(&status, tonic::Code::Unavailable, "OWNERSHIP_LOST");
     assert!(status.message().contains("took over"), "{status:?}");
-    wait_for_health(&first, ServingStatus::NotServing).await;
 
     // The same connection to the first server now reaches the second.
     let mut first_workers = first.workers().await;
@@ -1453,6 +1457,7 @@ async fn a_second_server_on_the_database_fences_the_first() {
     assert_eq!(count(&events, "aaa.approval.granted"), 1);
     assert_eq!(count(&events, "aaa.tool.started"), 1);
     wait_for_health(&second, ServingStatus::Serving).await;
+    wait_for_health(&first, ServingStatus::Serving).await;
     first.shutdown().await;
     second.shutdown().await;
 }
@@ -1516,7 +1521,12 @@ async fn a_claim_fences_the_previous_owner_at_commit() {
     fenced(c, aaa::domain::group_shard("audit"));
     d.expect("a write that touches no run or group");
     assert!(second.group("audit").await.unwrap().is_none());
-    assert!(!*first.watch_writable().borrow(), "a fenced store says so");
+    // Fenced out, it holds nothing (and stands by: see
+    // failover::a_server_fenced_after_a_database_outage_stands_by_and_takes_over_again).
+    assert!(
+        first.held_shards().borrow().is_empty(),
+        "a fenced store holds nothing"
+    );
 
     let mut batch = WriteBatch::default();
     batch.push_event(event(run, 2, "app.note"));
@@ -1636,9 +1646,9 @@ async fn an_owner_whose_lease_may_have_lapsed_reads_the_database() {
 
 /// A standby server takes the runs over when the serving one stops
 /// renewing its claim (here: paused with SIGSTOP, as a long GC pause or a
-/// partition would); the paused one, woken, is fenced out: NOT_SERVING,
-/// nothing of it written after the takeover, and the calls it still gets
-/// are forwarded to the new owner.
+/// partition would); the paused one, woken, is fenced out: nothing of it
+/// written after the takeover; it stands by again, and the calls it still
+/// gets are forwarded to the new owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     let Some(url) = fresh_postgres_store() else {
@@ -1665,7 +1675,8 @@ async fn a_standby_takes_over_and_the_paused_server_is_fenced_when_it_wakes() {
     finish_granted(&mut runs, &mut workers, run_id).await;
 
     first.signal(libc::SIGCONT);
-    wait_for_health(first, ServingStatus::NotServing).await;
+    first.wait_for_log_line("standing by again").await;
+    wait_for_health(first, ServingStatus::Serving).await;
     let mut stale = first.runs().await;
     signal(&mut stale, run_id, "app.note", serde_json::json!({}))
         .await
@@ -1748,6 +1759,141 @@ async fn owner_and_standby(url: &str) -> OwnerAndStandby {
         run_id,
         call_id,
     }
+}
+
+/// Joining is safe by default: a server started without `--standby` on a
+/// database whose runs another server holds live stands by (the owner
+/// keeps writing), and takes nothing until told to: `--take-over` takes
+/// every shard at once and fences the running owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_joining_a_live_owner_stands_by_unless_told_to_take_over() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let store = format!("--store={url}");
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let first = ChildServer::start_args(dirs[0].path(), &args).await;
+    let first_name = member_of(&first).await;
+    let mut runs = first.runs().await;
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    let second = ChildServer::start_args(dirs[1].path(), &args).await;
+    assert_eq!(
+        owner(&second).await,
+        Some(first_name.clone()),
+        "a server joining without --take-over took the runs"
+    );
+    signal(&mut runs, &run_id, "app.note", serde_json::json!({}))
+        .await
+        .expect("the owner still writes");
+    wait_for_health(&first, ServingStatus::Serving).await;
+    wait_for_health(&second, ServingStatus::Serving).await;
+
+    let take_over = [&args[..], &["--take-over"]].concat();
+    let third = ChildServer::start_args(dirs[2].path(), &take_over).await;
+    assert_eq!(owner(&third).await, Some(member_of(&third).await));
+    let mut through_second = second.runs().await;
+    grant_retrying(&through_second, &run_id, &call_id).await;
+    let events = finish_granted(&mut through_second, &mut third.workers().await, &run_id).await;
+    assert_eq!(count(&events, "app.note"), 1);
+    assert_eq!(count(&events, "aaa.tool.started"), 1);
+}
+
+/// A lone server killed (-9) and started again the plain way (no flag) on
+/// its database serves the runs within one lease: it stands by while its
+/// dead predecessor's claim is live, and takes the runs once it lapses.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lone_server_restarted_after_kill_9_serves_within_a_lease() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let store = format!("--store={url}");
+    let lease = Duration::from_secs(2);
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "2"];
+    let first = ChildServer::start_args(dirs[0].path(), &args).await;
+    let mut runs = first.runs().await;
+    register(&mut first.workers().await, vec![wire_money()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    first.kill9();
+    let killed_at = Instant::now();
+    let again = ChildServer::start_args(dirs[1].path(), &args).await;
+    wait_until_owner(&again, &member_of(&again).await).await;
+    let (mut runs, mut workers) = (again.runs().await, again.workers().await);
+    grant_retrying(&runs, &run_id, &call_id).await;
+    let served_after = killed_at.elapsed();
+    eprintln!("the restarted server served the runs {served_after:?} after the kill");
+    // One lease, and the start of a process and an engine on a busy machine.
+    assert!(
+        served_after < lease + Duration::from_secs(3),
+        "{served_after:?}"
+    );
+    finish_granted(&mut runs, &mut workers, &run_id).await;
+}
+
+/// A server that lost its shards but has not noticed yet (another server
+/// took them over a moment ago, and its next renewal is a third of a long
+/// lease away) gets the worker's result for the attempt the new owner
+/// handed out. Its cached view of the run knows no such attempt; it must
+/// not refuse it as stale (the worker would drop a result that counts):
+/// it answers UNAVAILABLE, and the worker's retry reaches the owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_lost_its_shards_unnoticed_never_calls_the_current_attempt_stale() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let store = format!("--store={url}");
+    // Renewals every 20 s: the first server notices nothing in this test.
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "60"];
+    let first = ChildServer::start_args(dirs[0].path(), &args).await;
+    let mut runs = first.runs().await;
+    register(&mut first.workers().await, vec![lookup()], &[]).await;
+    let run_id = start_run(&mut runs, scripted_run("lookup", "{}")).await;
+    wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
+
+    let take_over = [&args[..], &["--take-over"]].concat();
+    let second = ChildServer::start_args(dirs[1].path(), &take_over).await;
+    assert_eq!(owner(&second).await, Some(member_of(&second).await));
+    let workers = second.workers().await;
+    let task = retrying(|| {
+        let mut workers = workers.clone();
+        async move { Ok(poll_until_task(&mut workers, "w", &["lookup"], &[]).await) }
+    })
+    .await;
+    // (Had it noticed, it would forward the call to the owner, which is as
+    // good; with its renewal far off, it has not.) A heartbeat is not told
+    // the attempt is over either: the worker would abandon the tool.
+    let mut at_first = first.workers().await;
+    let heartbeat = at_first
+        .heartbeat_task(aaa::proto::HeartbeatTaskRequest {
+            token: task.token.clone(),
+        })
+        .await;
+    assert_error(
+        &expect_err(heartbeat),
+        tonic::Code::Unavailable,
+        "OWNERSHIP_LOST",
+    );
+    let at_stale = complete_tool(&mut at_first, &task.token, "{}").await;
+    assert_error(
+        &expect_err(at_stale),
+        tonic::Code::Unavailable,
+        "OWNERSHIP_LOST",
+    );
+    retrying(|| {
+        let (mut workers, token) = (workers.clone(), task.token.clone());
+        async move { complete_tool(&mut workers, &token, "{}").await }
+    })
+    .await;
+    let events = wait_for_end(&mut second.runs().await, &run_id).await;
+    assert_eq!(count(&events, "aaa.tool.completed"), 1);
+    assert_eq!(count(&events, "aaa.tool.started"), 1);
 }
 
 #[test]

@@ -513,6 +513,17 @@ pub fn wire_money() -> ToolDefinition {
     }
 }
 
+/// A tool that needs no approval: its calls go to a worker at once.
+pub fn lookup() -> ToolDefinition {
+    ToolDefinition {
+        name: "lookup".into(),
+        description: "Look a payee up".into(),
+        parameters_json: r#"{"type":"object"}"#.into(),
+        requires_approval: false,
+        ..Default::default()
+    }
+}
+
 /// Registers tools and models under the identity "registrar".
 /// Registers the tools and models, retrying UNAVAILABLE as the SDKs do (a
 /// server of a cluster may still be starting the engine for its shards).

@@ -108,10 +108,18 @@ struct ServeArgs {
     /// docs/models.md).
     #[arg(long, env = "AAA_MODELS")]
     models: Option<PathBuf>,
-    /// With --store postgres://...: wait while another server holds the
-    /// runs, and take them over once its claim lapses (see docs/postgres.md).
+    /// With --store postgres://...: serve at once, forwarding every call to
+    /// the server that holds the runs, and take them over once its claim
+    /// lapses (see docs/postgres.md). A server started without it stands
+    /// by all the same when it finds a live owner.
     #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
     standby: bool,
+    /// With --store postgres://...: take every run over at once, fencing
+    /// out the server that holds them (its clients must reconnect),
+    /// instead of standing by until its claim lapses.
+    #[arg(long, env = "AAA_TAKE_OVER", conflicts_with = "standby",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    take_over: bool,
     /// With --store postgres://... (preview): share the runs' shards out
     /// among the live servers, each serving its share's writes, instead of
     /// one owning them all (see docs/cluster.md).
@@ -436,6 +444,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         webhooks,
         models,
         standby,
+        take_over,
         spread_shards,
         lease_s,
         advertise,
@@ -470,6 +479,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.shutdown_grace = aaa::seconds::duration(shutdown_grace_s);
     config.lease = aaa::seconds::duration(lease_s);
     config.standby = standby;
+    config.take_over = take_over;
     config.spread_shards = spread_shards;
     config.advertise = advertise;
     config.public_url = public_url.clone();

@@ -92,6 +92,9 @@ struct Inner {
     member: std::sync::Mutex<Option<String>>,
     /// Stops the listener.
     stop: CancellationToken,
+    /// Stops a fenced server's standing by: cancelled first at close, so
+    /// it claims nothing while the store hands its runs over.
+    standing_by: CancellationToken,
 }
 
 impl Drop for Inner {
@@ -223,6 +226,7 @@ impl PostgresStore {
             tail,
             renewing: AtomicBool::new(false),
             member: std::sync::Mutex::new(None),
+            standing_by: stop.child_token(),
             stop,
         });
         metrics.refresh_from(Arc::downgrade(&inner), |inner, metrics| {
@@ -323,6 +327,7 @@ impl super::Store for PostgresStore {
     }
 
     async fn close(&self) {
+        self.inner.standing_by.cancel();
         self.inner.commits.close().await;
         // Nothing more will be written: hand the runs over at once.
         if let Ok(client) = self.client().await {
@@ -403,6 +408,15 @@ impl super::Store for PostgresStore {
             }
         }
         self.keep_renewing(claim);
+        // One server owns every shard: fenced out of them, it stands by.
+        tokio::spawn(ownership::stand_by_when_fenced(
+            self.inner.pool.clone(),
+            ownership.clone(),
+            server.to_string(),
+            lease_ms,
+            (claim.lease / 3).min(STANDBY_POLL),
+            self.inner.standing_by.clone(),
+        ));
         Ok(self.held_shards())
     }
 

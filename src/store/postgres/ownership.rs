@@ -20,6 +20,12 @@
 //! lock; the round fails unacknowledged, and the fence refuses whatever the
 //! server tries once it wakes.
 //!
+//! A server that claimed every shard and finds them all claimed by another
+//! (it was paused, cut off, or the database was down longer than the
+//! lease) stands by again: it claims the runs back once no lease is live
+//! ([`stand_by_when_fenced`]), so the servers of a cluster always come back
+//! to one owner and standbys, with no restart by hand.
+//!
 //! Until the store claims runs, nothing is fenced (tools such as `aaa
 //! migrate`, tests of the store alone).
 
@@ -42,6 +48,8 @@ pub(super) struct Ownership {
     lost: AtomicBool,
     /// Woken when `lost` is set, so the store stops saying it is writable.
     pub lost_notify: Notify,
+    /// Woken when `lost` is set, so the server stands by again.
+    fenced: Notify,
     /// The shards held: every change of `held` is sent here.
     pub holding: tokio::sync::watch::Sender<Shards>,
     /// The claim's lease in ms; 0 before a claim.
@@ -60,6 +68,7 @@ impl Default for Ownership {
             held: Mutex::default(),
             lost: AtomicBool::default(),
             lost_notify: Notify::new(),
+            fenced: Notify::new(),
             holding: tokio::sync::watch::Sender::new(Shards::none()),
             lease_ms: AtomicI64::new(0),
             all_or_nothing: AtomicBool::new(false),
@@ -324,10 +333,10 @@ impl Ownership {
         };
         if fenced_out && !self.lost.swap(true, Ordering::AcqRel) {
             tracing::error!(
-                "other aaa servers claimed every shard this server held; it writes no run \
-                 now: stop it, or restart it to take its share back"
+                "other aaa servers claimed every shard this server held; it writes no run now"
             );
             self.lost_notify.notify_one();
+            self.fenced.notify_one();
         }
     }
 
@@ -347,6 +356,56 @@ fn shard_of(shard: i16) -> Result<u8> {
     u8::try_from(shard).map_err(|_| {
         StoreError::Corrupt(format!("postgres: aaa_shards: shard {shard} out of range"))
     })
+}
+
+/// Until `stop`: each time the store finds itself fenced out of every shard
+/// it claimed (one server owning them all), stands by again, looking every
+/// `every`, and claims every shard once no lease is live. Meanwhile the
+/// server forwards every call (it holds no shard) and its health says
+/// SERVING again, as any standby's does.
+pub(super) async fn stand_by_when_fenced(
+    pool: deadpool_postgres::Pool,
+    ownership: std::sync::Arc<Ownership>,
+    server: String,
+    lease_ms: i64,
+    every: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = ownership.fenced.notified() => {}
+            () = stop.cancelled() => return,
+        }
+        tracing::warn!(
+            "standing by again: taking the runs back once no server has renewed its claim \
+             for {lease_ms} ms"
+        );
+        // A standby, not a store in trouble: health says SERVING again
+        // at the committer's next probe.
+        ownership.lost.store(false, Ordering::Release);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stop.cancelled() => return,
+            }
+            let claimed = match pool.get().await {
+                Ok(mut client) => {
+                    ownership
+                        .claim(&mut client, &server, lease_ms, Wanted::AllIfLapsed)
+                        .await
+                }
+                Err(e) => Err(StoreError::Unavailable(e.to_string())),
+            };
+            match claimed {
+                Ok(claimed) if !claimed.is_empty() => {
+                    tracing::info!("took the runs over again");
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("standing by: {e}"),
+            }
+        }
+    }
 }
 
 /// Renews the claim every `every` until `stop`. A renewal the database
