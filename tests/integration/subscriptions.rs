@@ -63,8 +63,11 @@ async fn try_subscribe(server: &impl Server, open: SubscriptionOpen) -> Result<C
     })
 }
 
+/// Subscribes, retrying while no server serves the group's shard yet (a
+/// restarted server on a database waits out its dead predecessor's lease),
+/// as the SDKs do.
 pub(crate) async fn subscribe(server: &impl Server, open: SubscriptionOpen) -> Consumer {
-    try_subscribe(server, open).await.expect("Subscribe")
+    retrying(|| try_subscribe(server, open.clone())).await
 }
 
 async fn next_item(responses: &mut Streaming<SubscribeResponse>) -> subscribe_response::Item {
