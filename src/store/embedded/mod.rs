@@ -25,6 +25,7 @@ mod record;
 mod retention;
 mod rounds;
 mod segments;
+mod space;
 mod spans;
 
 use std::path::{Path, PathBuf};
@@ -105,11 +106,18 @@ impl EmbeddedStore {
         hold: Option<crate::store::CommitHold>,
     ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
+        let space = space::Space::new(dir);
+        // sled writes at open: on a full disk, the reserve makes its room.
+        space.release_if_short()?;
         let tree = layout::sled_config(dir, cache_bytes).open()?;
         layout::check_format(&tree, dir)?;
+        let reserved = space.keep()?;
+        if !reserved {
+            tracing::error!("{}", space.full());
+        }
         // Before anything reads the tree: it may hold less than the log.
         let pending = Arc::new(pending::Pending::default());
-        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes, &pending)?;
+        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes, &pending, &space)?;
         if opened.replayed > 0 {
             tracing::info!("applied {} records of the log again", opened.replayed);
         }
@@ -122,7 +130,9 @@ impl EmbeddedStore {
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
         let (commits, messages) = crate::store::queue::Queue::new();
-        let (writable_tx, writable) = watch::channel(true);
+        // Without its reserve the store starts refusing writes; the
+        // committer makes the reserve once there is room (see `space`).
+        let (writable_tx, writable) = watch::channel(reserved);
         let committer = committer::Committer {
             tree: tree.clone(),
             data_file,
@@ -134,6 +144,8 @@ impl EmbeddedStore {
             durable: durable_tx,
             durable_position: durable_position.clone(),
             writable: writable_tx,
+            space,
+            short: !reserved,
             index_failed: None,
             metrics: metrics.clone(),
             reclaim: committer::Reclaim::new(dead),
