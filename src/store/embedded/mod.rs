@@ -20,6 +20,7 @@ mod compact;
 mod keys;
 mod layout;
 mod log;
+mod owner;
 mod pending;
 mod record;
 mod retention;
@@ -79,6 +80,8 @@ struct Inner {
     held: watch::Sender<()>,
     /// The file sled locks while the store is open.
     locked: PathBuf,
+    /// This process's lock on the data directory (see [`owner`]).
+    _owner: owner::Owner,
 }
 
 impl EmbeddedStore {
@@ -106,6 +109,8 @@ impl EmbeddedStore {
         hold: Option<crate::store::CommitHold>,
     ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
+        // Before sled: says which server holds the directory, if one does.
+        let owner = owner::acquire(dir)?;
         let space = space::Space::new(dir);
         // sled writes at open: on a full disk, the reserve makes its room.
         space.release_if_short()?;
@@ -166,6 +171,7 @@ impl EmbeddedStore {
             token_key,
             held: watch::Sender::new(()),
             locked: dir.join("db"),
+            _owner: owner,
         });
         let dir = dir.to_path_buf();
         metrics.refresh_from(Arc::downgrade(&inner), move |_, metrics| {
