@@ -346,7 +346,10 @@ async fn a_second_server_on_a_held_data_dir_names_the_server_that_holds_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let holder = format!("another aaa server (pid {}) holds", first.pid());
     assert!(stderr.contains(&holder), "{stderr}");
-    assert!(stderr.contains("stop it") && stderr.contains("--data-dir"), "{stderr}");
+    assert!(
+        stderr.contains("stop it") && stderr.contains("--data-dir"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("WouldBlock"), "{stderr}");
     // The first server serves on, undisturbed.
     wait_for_health(
