@@ -752,6 +752,8 @@ async fn follow_store(
     health: HealthReporter,
     stopping: CancellationToken,
 ) {
+    // A store may start refusing writes (an embedded store on a full disk).
+    writable.mark_changed();
     loop {
         tokio::select! {
             changed = writable.changed() => if changed.is_err() { return },

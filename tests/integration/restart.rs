@@ -330,3 +330,32 @@ async fn a_model_attempt_held_across_kill_9_is_never_held_twice() {
     assert_eq!(actor.name, "model-2", "{actor:?}");
     drop(server);
 }
+
+/// Issue 44: a second server on a data dir another one serves from says
+/// which server holds it (its pid) and what to do, not a raw lock error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_server_on_a_held_data_dir_names_the_server_that_holds_it() {
+    if on_postgres() {
+        // The data dir is the embedded store's; PostgreSQL has no such lock.
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let first = ChildServer::start(dir.path()).await;
+    let output = serve_refused(&dir.path().join("data"), &["--listen", "127.0.0.1:0"]);
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let holder = format!("another aaa server (pid {}) holds", first.pid());
+    assert!(stderr.contains(&holder), "{stderr}");
+    assert!(
+        stderr.contains("stop it") && stderr.contains("--data-dir"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("WouldBlock"), "{stderr}");
+    // The first server serves on, undisturbed.
+    wait_for_health(
+        &first,
+        tonic_health::pb::health_check_response::ServingStatus::Serving,
+    )
+    .await;
+    first.stop();
+}

@@ -426,6 +426,11 @@ impl ChildServer {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the process.
     pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill takes plain integers; the child is not reaped yet,

@@ -33,6 +33,11 @@ pub(super) struct Committer {
     pub durable_position: Arc<AtomicU64>,
     /// False while writes fail (see `super::rounds`).
     pub writable: watch::Sender<bool>,
+    /// The disk's free space and the reserve kept on it.
+    pub space: super::space::Space,
+    /// The reserve is missing: writes are refused until it can be made
+    /// again (see [`super::space`]).
+    pub short: bool,
     /// Why sled failed, once it has: sled keeps an I/O error for good (its
     /// "global error"), so writes are refused until a restart replays the log.
     pub index_failed: Option<String>,
@@ -76,10 +81,19 @@ impl Committer {
         !*self.writable.borrow() && self.index_failed.is_none()
     }
 
-    /// Tries to make the segment whose making failed; says SERVING again
-    /// when it could.
+    /// Makes the reserve if it is missing; whether writes may go on.
+    pub(super) fn has_reserve(&mut self) -> bool {
+        if self.short && matches!(self.space.keep(), Ok(true)) {
+            tracing::info!("made the reserve of free space again");
+            self.short = false;
+        }
+        !self.short
+    }
+
+    /// Tries to make the reserve or the segment whose making failed; says
+    /// SERVING again when it could.
     pub(super) fn probe(&mut self) {
-        if self.log.prepare_now().is_ok() {
+        if self.has_reserve() && self.log.prepare_now().is_ok() {
             tracing::info!("the log can be written again");
             self.writable.send_replace(true);
         }
@@ -88,6 +102,12 @@ impl Committer {
     /// Makes sled hold every applied record durably, spans included, with a
     /// mark saying so.
     pub(super) fn checkpoint(&mut self) -> Result<()> {
+        // sled's flush needs room: on a short disk the reserve gives it,
+        // and writes stop until the reserve is made again.
+        if let Ok(true) = self.space.release_if_short() {
+            self.short = true;
+            self.writable.send_replace(false);
+        }
         let started = std::time::Instant::now();
         let mark = Mark {
             offset: self.log.end(),

@@ -43,6 +43,7 @@ use std::thread::JoinHandle;
 use super::pending::Pending;
 use super::record::{apply_entries, corrupt, entries, Applied, Entry, Round, HEADER};
 use super::segments::{retired, Segments};
+use super::space::Space;
 use super::spans::Recent;
 use super::{keys, Result, RunId};
 
@@ -50,6 +51,9 @@ use super::{keys, Result, RunId};
 /// one is as big as the log before it, up to the largest the store was
 /// opened with (`--log-segment-kib`, 32 MiB by default).
 const MIN_SEGMENT: u64 = 1 << 20;
+/// The smallest segment made when space is short (see [`super::space`]):
+/// below it, the log says the disk is full.
+const MIN_SHORT_SEGMENT: u64 = 64 << 10;
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 enum Next {
@@ -72,6 +76,8 @@ impl Segment {
 /// The committer's handle on the log.
 pub struct Log {
     dir: PathBuf,
+    /// The disk's free space, which new segments leave a reserve of.
+    space: Space,
     /// The largest segment made (a record bigger than that grows one).
     max_segment: u64,
     segments: Arc<Segments>,
@@ -144,6 +150,7 @@ impl Log {
         tree: &sled::Db,
         max_segment: u64,
         pending: &Pending,
+        space: &Space,
     ) -> Result<Opened> {
         let max_segment = max_segment.max(HEADER * 8);
         let min_segment = MIN_SEGMENT.min(max_segment);
@@ -175,11 +182,12 @@ impl Log {
         }
         found.sort_by_key(|s| s.start);
         if found.is_empty() {
-            let file = make_segment(dir, 0, min_segment)?;
+            let capacity = fitted(space, min_segment)?;
+            let file = make_segment(dir, 0, capacity)?;
             found.push(Segment {
                 start: 0,
-                capacity: min_segment,
-                file: segments.insert(0, min_segment, Arc::new(file)),
+                capacity,
+                file: segments.insert(0, capacity, Arc::new(file)),
             });
         }
         // Compaction deletes segments below the checkpoint: gaps there are
@@ -261,6 +269,7 @@ impl Log {
         let next = found.next().map(Next::Ready);
         let mut log = Log {
             dir: dir.to_path_buf(),
+            space: space.clone(),
             max_segment,
             segments: segments.clone(),
             current,
@@ -370,7 +379,7 @@ impl Log {
                 .map_err(|_| corrupt(self.current.end(), "preparing a segment panicked"))??,
             None => {
                 let start = self.current.end();
-                let capacity = self.capacity_at(start);
+                let capacity = fitted(&self.space, self.capacity_at(start))?;
                 Segment {
                     start,
                     capacity,
@@ -400,10 +409,13 @@ impl Log {
         Ok(())
     }
 
-    /// Starts zero-filling the segment after the current one.
+    /// Starts zero-filling the segment after the current one, if the disk
+    /// has room for it (else [`Log::take_next`] tries again when it is due).
     fn prepare_next(&mut self) {
         let start = self.current.end();
-        let capacity = self.capacity_at(start);
+        let Ok(capacity) = fitted(&self.space, self.capacity_at(start)) else {
+            return;
+        };
         let dir = self.dir.clone();
         self.next = Some(Next::Preparing(std::thread::spawn(move || {
             let file = Arc::new(make_segment(&dir, start, capacity)?);
@@ -528,6 +540,17 @@ impl Log {
             .filter(|&(start, size)| start != self.current.start && start + size <= sealed_to)
             .collect()
     }
+}
+
+/// The size of a segment planned at `planned` bytes that the disk has room
+/// for beside the reserve: smaller when space is short, or the disk-full
+/// error when there is not room for the smallest.
+fn fitted(space: &Space, planned: u64) -> std::io::Result<u64> {
+    let room = space.room()? / MIN_SHORT_SEGMENT * MIN_SHORT_SEGMENT;
+    if room < MIN_SHORT_SEGMENT.min(planned) {
+        return Err(space.full());
+    }
+    Ok(planned.min(room))
 }
 
 /// A segment file of `capacity` zero bytes, complete before it gets its name.
@@ -661,6 +684,10 @@ mod tests {
         at
     }
 
+    fn space(dir: &tempfile::TempDir) -> Space {
+        Space::new(dir.path())
+    }
+
     fn scratch() -> sled::Db {
         sled::Config::new().temporary(true).open().unwrap()
     }
@@ -683,7 +710,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let first_tree = scratch();
-        let mut opened = Log::open(dir.path(), &first_tree, 32 << 20, &Pending::default()).unwrap();
+        let mut opened = Log::open(
+            dir.path(),
+            &first_tree,
+            32 << 20,
+            &Pending::default(),
+            &space(&dir),
+        )
+        .unwrap();
         assert_eq!((opened.next_position, opened.replayed), (1, 0));
         let log = &mut opened.log;
         append(
@@ -711,7 +745,14 @@ mod tests {
 
         // Everything again into an empty sled.
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
+        let opened = Log::open(
+            dir.path(),
+            &tree,
+            32 << 20,
+            &Pending::default(),
+            &space(&dir),
+        )
+        .unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
         assert_eq!(span_events(&opened, run, 1), [1, 2]);
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -725,7 +766,14 @@ mod tests {
         // From the mark: only the record after it.
         let tree = scratch();
         mark.save(&tree).unwrap();
-        let opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
+        let opened = Log::open(
+            dir.path(),
+            &tree,
+            32 << 20,
+            &Pending::default(),
+            &space(&dir),
+        )
+        .unwrap();
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -736,7 +784,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let tree = scratch();
-        let mut opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
+        let mut opened = Log::open(
+            dir.path(),
+            &tree,
+            32 << 20,
+            &Pending::default(),
+            &space(&dir),
+        )
+        .unwrap();
         let filler = "x".repeat(300 * 1024);
         let mut offsets = Vec::new();
         for seq in 1..=12 {
@@ -756,7 +811,14 @@ mod tests {
         drop(opened);
 
         let tree = scratch();
-        let opened = Log::open(dir.path(), &tree, 32 << 20, &Pending::default()).unwrap();
+        let opened = Log::open(
+            dir.path(),
+            &tree,
+            32 << 20,
+            &Pending::default(),
+            &space(&dir),
+        )
+        .unwrap();
         assert_eq!((opened.next_position, opened.replayed), (13, 12));
         for (seq, at) in (1..=12).zip(offsets) {
             let stored = u64::from_le_bytes(

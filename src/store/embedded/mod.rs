@@ -20,11 +20,13 @@ mod compact;
 mod keys;
 mod layout;
 mod log;
+mod owner;
 mod pending;
 mod record;
 mod retention;
 mod rounds;
 mod segments;
+mod space;
 mod spans;
 
 use std::path::{Path, PathBuf};
@@ -78,6 +80,8 @@ struct Inner {
     held: watch::Sender<()>,
     /// The file sled locks while the store is open.
     locked: PathBuf,
+    /// This process's lock on the data directory (see [`owner`]).
+    _owner: owner::Owner,
 }
 
 impl EmbeddedStore {
@@ -105,11 +109,20 @@ impl EmbeddedStore {
         hold: Option<crate::store::CommitHold>,
     ) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir)?;
+        // Before sled: says which server holds the directory, if one does.
+        let owner = owner::acquire(dir)?;
+        let space = space::Space::new(dir);
+        // sled writes at open: on a full disk, the reserve makes its room.
+        space.release_if_short()?;
         let tree = layout::sled_config(dir, cache_bytes).open()?;
         layout::check_format(&tree, dir)?;
+        let reserved = space.keep()?;
+        if !reserved {
+            tracing::error!("{}", space.full());
+        }
         // Before anything reads the tree: it may hold less than the log.
         let pending = Arc::new(pending::Pending::default());
-        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes, &pending)?;
+        let opened = log::Log::open(&dir.join("log"), &tree, segment_bytes, &pending, &space)?;
         if opened.replayed > 0 {
             tracing::info!("applied {} records of the log again", opened.replayed);
         }
@@ -122,7 +135,9 @@ impl EmbeddedStore {
         let (durable_tx, durable) = watch::channel(last_position);
         let durable_position = Arc::new(AtomicU64::new(last_position));
         let (commits, messages) = crate::store::queue::Queue::new();
-        let (writable_tx, writable) = watch::channel(true);
+        // Without its reserve the store starts refusing writes; the
+        // committer makes the reserve once there is room (see `space`).
+        let (writable_tx, writable) = watch::channel(reserved);
         let committer = committer::Committer {
             tree: tree.clone(),
             data_file,
@@ -134,6 +149,8 @@ impl EmbeddedStore {
             durable: durable_tx,
             durable_position: durable_position.clone(),
             writable: writable_tx,
+            space,
+            short: !reserved,
             index_failed: None,
             metrics: metrics.clone(),
             reclaim: committer::Reclaim::new(dead),
@@ -154,6 +171,7 @@ impl EmbeddedStore {
             token_key,
             held: watch::Sender::new(()),
             locked: dir.join("db"),
+            _owner: owner,
         });
         let dir = dir.to_path_buf();
         metrics.refresh_from(Arc::downgrade(&inner), move |_, metrics| {

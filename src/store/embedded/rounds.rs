@@ -107,6 +107,11 @@ impl Committer {
             refuse(round, &cause);
             return;
         }
+        if !self.has_reserve() {
+            let cause = format!("the log cannot be written: {}", self.space.full());
+            refuse(round, &cause);
+            return;
+        }
         let started = std::time::Instant::now();
         let first_position = self.next_position;
         let mut writes = Round::new(first_position);
