@@ -108,6 +108,10 @@ struct ServeArgs {
     /// docs/models.md).
     #[arg(long, env = "AAA_MODELS")]
     models: Option<PathBuf>,
+    /// Upstream MCP servers whose tools aaa serves to MCP clients at /mcp,
+    /// each tool with its gate (a TOML file; see docs/mcp.md).
+    #[arg(long, env = "AAA_MCP")]
+    mcp: Option<PathBuf>,
     /// With --store postgres://...: wait while another server holds the
     /// runs, and take them over once its claim lapses (see docs/postgres.md).
     #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
@@ -323,6 +327,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         max_connections,
         webhooks,
         models,
+        mcp,
         standby,
         spread_shards,
         lease_s,
@@ -418,6 +423,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Ok(models) => config.models = Some(std::sync::Arc::new(models)),
             Err(e) => {
                 eprintln!("aaa: --models {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Some(path) = mcp {
+        match aaa::mcp::McpConfig::load(&path) {
+            Ok(mcp) => config.mcp = Some(std::sync::Arc::new(mcp)),
+            Err(e) => {
+                eprintln!("aaa: --mcp {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
         }

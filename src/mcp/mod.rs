@@ -1,0 +1,140 @@
+//! aaa as an approval gateway in front of MCP servers (see docs/mcp.md).
+//!
+//! An MCP client calls tools at `/mcp`; each call becomes one tool call in
+//! a run, gated, recorded and executed as any other. The parts:
+//!
+//! - [`config`]: the `--mcp` file (upstreams, exposed tools, their gates);
+//! - [`upstream`]: aaa as a client of one upstream MCP server;
+//! - [`worker`]: the in-process worker of the exposed tools: it takes their
+//!   tasks from the engine and calls the upstream once per attempt;
+//! - [`session`]: the model of the MCP sessions' runs, driven by the
+//!   gateway itself: each `tools/call` is the model's next turn, proposing
+//!   exactly that call;
+//! - [`server`]: the MCP server at `/mcp` (Streamable HTTP, rmcp), behind
+//!   the same authentication as every other caller.
+//!
+//! The gateway lives as long as the server; the engine it works with may
+//! change (a cluster's shards move), so it is looked up at each call.
+
+pub mod config;
+pub mod server;
+pub mod session;
+pub mod upstream;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use crate::domain::event::ToolSpec;
+use crate::engine::Engine;
+
+pub use config::McpConfig;
+use upstream::Connection;
+
+/// The model name of the MCP sessions' runs (served by the gateway only).
+pub const MODEL: &str = "aaa.mcp";
+/// The worker identity the gateway's tool and model tasks are handed to.
+pub const IDENTITY: &str = "aaa.mcp";
+
+/// The exposed tools, their upstreams, and the engine of the moment.
+pub struct Gateway {
+    tools: BTreeMap<String, Exposed>,
+    engine: RwLock<Option<Engine>>,
+    sessions: session::Routes,
+}
+
+/// One exposed tool.
+pub struct Exposed {
+    pub connection: Arc<Connection>,
+    /// The tool's name at its upstream.
+    pub upstream_name: String,
+    /// As registered with the engine: the exposed name, the gate, and the
+    /// upstream's input schema.
+    pub spec: ToolSpec,
+    /// As `tools/list` shows it to aaa's clients.
+    pub tool: rmcp::model::Tool,
+}
+
+impl Gateway {
+    /// Connects to every upstream and reads its tools; fails naming the
+    /// upstream (and the tool) that cannot be served.
+    pub async fn connect(config: &McpConfig) -> Result<Arc<Gateway>, String> {
+        let mut tools = BTreeMap::new();
+        for upstream in &config.upstreams {
+            let at = format!("upstream '{}'", upstream.name);
+            let connection = Arc::new(Connection::new(upstream.clone()));
+            let listed = connection
+                .list_tools()
+                .await
+                .map_err(|e| format!("{at}: {}", e.0))?;
+            for exposed in &upstream.tools {
+                let Some(found) = listed.iter().find(|t| t.name == exposed.upstream_name) else {
+                    let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
+                    return Err(format!(
+                        "{at}: tool '{}' is not among its tools ({})",
+                        exposed.upstream_name,
+                        names.join(", ")
+                    ));
+                };
+                let schema = serde_json::Value::Object((*found.input_schema).clone());
+                crate::engine::schema::check(&schema).map_err(|why| {
+                    format!(
+                        "{at}: tool '{}': its inputSchema is not a JSON Schema aaa can check calls against: {why}",
+                        exposed.upstream_name
+                    )
+                })?;
+                let mut spec = exposed.spec.clone();
+                spec.parameters = schema;
+                if exposed.description.is_none() {
+                    spec.description = found.description.as_deref().unwrap_or("").to_string();
+                }
+                let mut tool = found.clone();
+                tool.name = spec.name.clone().into();
+                tool.description = Some(spec.description.clone().into());
+                tools.insert(
+                    spec.name.clone(),
+                    Exposed {
+                        connection: connection.clone(),
+                        upstream_name: exposed.upstream_name.clone(),
+                        spec,
+                        tool,
+                    },
+                );
+            }
+        }
+        Ok(Arc::new(Gateway {
+            tools,
+            engine: RwLock::new(None),
+            sessions: session::Routes::default(),
+        }))
+    }
+
+    /// Registers the exposed tools with `engine` (a tool's gate only
+    /// tightens, as for any worker) and starts taking their tasks and the
+    /// sessions' model turns, until the engine stops.
+    pub async fn start(self: &Arc<Self>, engine: Engine) -> Result<(), String> {
+        let specs = self.tools.values().map(|t| t.spec.clone()).collect();
+        engine
+            .register_tools(specs, IDENTITY, false)
+            .await
+            .map_err(|e| format!("registering the MCP tools: {e}"))?;
+        *self.engine.write().expect("poisoned") = Some(engine.clone());
+        engine.spawn_background(worker::serve_tools(self.clone(), engine.clone()));
+        engine.spawn_background(session::serve_turns(self.clone(), engine.clone()));
+        Ok(())
+    }
+
+    /// The engine serving runs here now, if any.
+    pub fn engine(&self) -> Option<Engine> {
+        let engine = self.engine.read().expect("poisoned").clone();
+        engine.filter(|e| !e.shutdown_token().is_cancelled())
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&Exposed> {
+        self.tools.get(name)
+    }
+
+    pub fn tools(&self) -> impl Iterator<Item = &Exposed> {
+        self.tools.values()
+    }
+}
