@@ -7,6 +7,7 @@ import json
 import os
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("bank")
 
@@ -38,7 +39,7 @@ def wire_money(to: str, amount: int, ctx: Context) -> str:
 def refuse(reason: str, ctx: Context) -> str:
     """Always fails with the reason: an MCP tool error (isError)."""
     record("refuse", {"reason": reason}, ctx)
-    raise ValueError(reason)
+    raise ToolError(reason)
 
 
 if __name__ == "__main__":
