@@ -110,6 +110,10 @@ async fn connect(upstream: &Upstream) -> Result<Client, Unreachable> {
             ().serve(transport).await
         }
         Transport::Http { url, headers } => {
+            // reqwest (built without a provider of its own) takes the
+            // process's rustls provider: ring, the one tonic and the
+            // webhooks use. Installing it again is a no-op.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let mut custom = HashMap::new();
             for (name, value) in headers {
                 let value = http::HeaderValue::from_str(value.expose())

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -77,12 +78,32 @@ name = "refuse"
 expose_as = "bank_refuse"
 """
         )
+        # The same upstream over Streamable HTTP, its key from aaa's environment.
+        self.http_port = free_port()
+        self.upstream_log = open(root / "upstream-http.log", "w")
+        self.http_upstream = subprocess.Popen(
+            [sys.executable, str(UPSTREAM), "--http", str(self.http_port)],
+            env={**os.environ, "AAA_MCP_TEST_LOG": str(self.log)},
+            stdout=self.upstream_log, stderr=subprocess.STDOUT)
+        wait_listening(self.http_port)
+        with open(root / "mcp.toml", "a") as mcp:
+            mcp.write(f"""
+[[upstream]]
+name = "bank-http"
+url = "http://127.0.0.1:{self.http_port}/mcp"
+headers_from_env = {{ X-Bank-Key = "BANK_KEY" }}
+
+[[upstream.tool]]
+name = "echo"
+expose_as = "http_echo"
+""")
         self.stderr = open(root / "aaa.log", "w")
         args = [str(AAA), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(root / "data"),
                 "--auth-config", str(root / "auth.toml"), "--mcp", str(root / "mcp.toml")]
         if os.environ.get("AAA_TEST_STORE") == "postgres":
             args += ["--store", store_url(root)]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                        env={**os.environ, "BANK_KEY": UPSTREAM_SECRET})
         line = self.process.stdout.readline()
         match = re.search(r"serving on (\S+:\d+)", line)
         assert match, f"aaa did not start: {line!r}\n{(root / 'aaa.log').read_text()[-2000:]}"
@@ -120,6 +141,26 @@ expose_as = "bank_refuse"
         self.process.terminate()
         self.process.wait(timeout=30)
         self.stderr.close()
+        self.http_upstream.terminate()
+        self.http_upstream.wait(timeout=30)
+        self.upstream_log.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"the HTTP upstream did not listen on {port} within {WAIT_S}s")
 
 
 def store_url(root: Path) -> str:
@@ -149,7 +190,7 @@ def test_lists_the_exposed_tools(gateway: Gateway, mode: str):
     async def body():
         async with gateway.client(mode=mode) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
-            assert sorted(tools) == ["bank_refuse", "echo", "wire_money"]
+            assert sorted(tools) == ["bank_refuse", "echo", "http_echo", "wire_money"]
             assert tools["wire_money"].input_schema["properties"]["amount"]["type"] == "integer"
 
     run(body())
@@ -167,6 +208,19 @@ def test_an_ungated_call_goes_straight_through(gateway: Gateway, mode: str):
         assert [d["arguments"] for d in done] == [{"text": f"hello {mode}"}]
         # The call id goes to the upstream as an idempotency hint.
         assert done[0]["meta"]["aaa/call_id"] == result.meta["aaa/call_id"]
+
+    run(body())
+
+
+def test_an_upstream_over_http_gets_its_headers(gateway: Gateway):
+    async def body():
+        async with gateway.client() as client:
+            result = await client.call_tool("http_echo", {"text": "over http"})
+        assert not result.is_error, result
+        assert result.content[0].text == "echo: over http"
+        done = [d for d in gateway.executions("echo") if d["arguments"] == {"text": "over http"}]
+        assert len(done) == 1
+        assert done[0]["bank_key"] == UPSTREAM_SECRET
 
     run(body())
 
@@ -195,6 +249,23 @@ def test_a_gated_call_waits_for_the_grant_and_runs_once(gateway: Gateway):
         assert done[0]["arguments"] == {"to": "ACME", "amount": 250}
         assert done[0]["meta"]["aaa/call_id"] == pending["call_id"]
         assert done[0]["meta"]["aaa/run_id"] == pending["run_id"]
+
+    run(body())
+
+
+def test_an_edited_call_runs_with_the_edited_arguments(gateway: Gateway):
+    async def body():
+        before = len(gateway.executions("wire_money"))
+        async with gateway.client() as client:
+            call = asyncio.create_task(client.call_tool("wire_money", {"to": "ACME", "amount": 900}))
+            pending = await gateway.pending("wire_money")
+            gateway.cli("edit", pending["run_id"], pending["call_id"], "--arguments",
+                        '{"to": "ACME", "amount": 200}', "--reason", "over the cap", "--grant")
+            result = await call
+        assert not result.is_error, result
+        assert result.content[0].text == "sent 200 to ACME"
+        done = gateway.executions("wire_money")[before:]
+        assert [d["arguments"] for d in done] == [{"to": "ACME", "amount": 200}]
 
     run(body())
 
