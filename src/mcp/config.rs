@@ -168,7 +168,9 @@ impl McpConfig {
                         .collect();
                     for (key, from) in entry.env_from {
                         let value = env(&from).ok_or_else(|| {
-                            format!("{at}: env_from.{key}: the environment variable {from} is not set")
+                            format!(
+                                "{at}: env_from.{key}: the environment variable {from} is not set"
+                            )
                         })?;
                         vars.push((key, Secret::new(value)));
                     }
@@ -179,14 +181,14 @@ impl McpConfig {
                     }
                 }
                 (None, Some(url)) => {
-                    if !entry.args.is_empty() || !entry.env.is_empty() || !entry.env_from.is_empty() {
+                    if !entry.args.is_empty() || !entry.env.is_empty() || !entry.env_from.is_empty()
+                    {
                         return Err(format!(
                             "{at}: args, env: only an upstream with a command has them"
                         ));
                     }
                     let uri: http::Uri = url.parse().map_err(|e| format!("{at}: url: {e}"))?;
-                    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none()
-                    {
+                    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
                         return Err(format!("{at}: url: needs http:// or https:// and a host"));
                     }
                     let mut headers = Vec::new();
@@ -279,9 +281,8 @@ impl McpConfig {
 /// A ToolDefinition's field path (`tools[0].approvals_required`) as the
 /// file spells it (`tool[0].approvals_required`; `name` is `expose_as`).
 fn tool_field(message: &str) -> String {
-    let message = message.strip_prefix("tools[").map_or_else(
-        || message.to_string(),
-        |rest| format!("tool[{rest}"),
-    );
+    let message = message
+        .strip_prefix("tools[")
+        .map_or_else(|| message.to_string(), |rest| format!("tool[{rest}"));
     message.replacen("].name:", "].expose_as (or name):", 1)
 }

@@ -48,7 +48,7 @@ pub fn router(settings: Settings) -> Router {
     let config = StreamableHttpServerConfig::default()
         .with_cancellation_token(settings.stopping.child_token())
         // Host names are checked below with the rest of the server's.
-    .disable_allowed_hosts();
+        .disable_allowed_hosts();
     let service = StreamableHttpService::new(
         move || Ok(Handler::new(gateway.clone())),
         Arc::new(LocalSessionManager::default()),
@@ -159,7 +159,10 @@ impl ServerHandler for Handler {
     ) -> Result<CallToolResponse, McpError> {
         if self.gateway.tool(&request.name).is_none() {
             return Err(McpError::invalid_params(
-                format!("unknown tool '{}'", crate::domain::clip::clip(&request.name)),
+                format!(
+                    "unknown tool '{}'",
+                    crate::domain::clip::clip(&request.name)
+                ),
                 None,
             ));
         }

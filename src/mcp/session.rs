@@ -55,6 +55,12 @@ struct Link {
 }
 
 impl Link {
+    /// Whether the held turn is `task`.
+    fn holds(&self, task: &Task) -> bool {
+        let turn = self.turn.lock().expect("poisoned");
+        turn.as_ref().is_some_and(|t| t.token == task.token)
+    }
+
     /// Takes the held turn if it is still `task`.
     fn take_if(&self, task: &Task) -> bool {
         let mut turn = self.turn.lock().expect("poisoned");
@@ -118,7 +124,7 @@ async fn keep_turn(gateway: Arc<Gateway>, engine: Engine, link: Arc<Link>, task:
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {
-                if !link.turn.lock().expect("poisoned").as_ref().is_some_and(|t| t.token == task.token) {
+                if !link.holds(&task) {
                     return;
                 }
                 match engine.heartbeat(&task.token, "").await {
@@ -244,7 +250,10 @@ impl Session {
             match self.start(&engine, caller, name).await {
                 Ok(started) => *current = Some(started),
                 Err(e) => {
-                    return error_result(&format!("aaa cannot start the session's run: {e}"), json!({}))
+                    return error_result(
+                        &format!("aaa cannot start the session's run: {e}"),
+                        json!({}),
+                    )
                 }
             }
         }
@@ -417,8 +426,10 @@ fn call_meta(run: RunId, call: &str) -> Value {
 
 /// The upstream's result as the worker recorded it.
 fn completed(output: Value, meta: Value) -> CallToolResult {
-    let mut result = serde_json::from_value::<CallToolResult>(output.clone())
-        .unwrap_or_else(|_| CallToolResult::success(vec![ContentBlock::text(canonical_json(&output))]));
+    let mut result =
+        serde_json::from_value::<CallToolResult>(output.clone()).unwrap_or_else(|_| {
+            CallToolResult::success(vec![ContentBlock::text(canonical_json(&output))])
+        });
     // Required from 2026-07-28 on; rmcp clears it for older revisions.
     result.result_type = Some(rmcp::model::ResultType::COMPLETE);
     result.meta = meta_object(meta);
@@ -443,8 +454,13 @@ fn meta_object(meta: Value) -> Option<rmcp::model::MetaObject> {
 fn ended_result(event: &Typed, run: RunId) -> CallToolResult {
     let meta = json!({"aaa/run_id": run.to_string()});
     match event {
-        Typed::RunFailed(e) => error_result(&format!("{}: {}", e.error.error_type, e.error.message), meta),
-        Typed::RunCancelled(e) => error_result(&format!("the run was cancelled: {}", e.reason), meta),
+        Typed::RunFailed(e) => error_result(
+            &format!("{}: {}", e.error.error_type, e.error.message),
+            meta,
+        ),
+        Typed::RunCancelled(e) => {
+            error_result(&format!("the run was cancelled: {}", e.reason), meta)
+        }
         _ => error_result("the run ended before the call", meta),
     }
 }
@@ -523,8 +539,9 @@ impl Follower {
             let Some(event) = self.next(engine).await else {
                 return error_result("aaa stopped while the call waited", json!({}));
             };
-            if let Ok(typed @ (Typed::RunFailed(_) | Typed::RunCancelled(_) | Typed::RunCompleted(_))) =
-                Typed::decode(&event.event_type, &event.data_json)
+            if let Ok(
+                typed @ (Typed::RunFailed(_) | Typed::RunCancelled(_) | Typed::RunCompleted(_)),
+            ) = Typed::decode(&event.event_type, &event.data_json)
             {
                 return ended_result(&typed, self.run);
             }
