@@ -97,11 +97,22 @@ headers_from_env = {{ X-Bank-Key = "BANK_KEY" }}
 name = "echo"
 expose_as = "http_echo"
 """)
+        try:
+            self.start_aaa()
+        except BaseException:
+            self.http_upstream.kill()
+            self.http_upstream.wait()
+            raise
+
+    def start_aaa(self) -> None:
+        root = self.root
         self.stderr = open(root / "aaa.log", "w")
         args = [str(AAA), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(root / "data"),
                 "--auth-config", str(root / "auth.toml"), "--mcp", str(root / "mcp.toml")]
         if os.environ.get("AAA_TEST_STORE") == "postgres":
-            args += ["--store", store_url(root)]
+            # The same store again when restarted.
+            self.store = getattr(self, "store", None) or store_url(root)
+            args += ["--store", self.store]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                         env={**os.environ, "BANK_KEY": UPSTREAM_SECRET})
         line = self.process.stdout.readline()
@@ -138,6 +149,9 @@ expose_as = "http_echo"
         pytest.fail(f"no pending approval of {tool} within {WAIT_S}s")
 
     def stop(self) -> None:
+        if self.process.poll() is not None:
+            self.stderr.close()
+            self.stderr = open(os.devnull, "w")
         self.process.terminate()
         self.process.wait(timeout=30)
         self.stderr.close()
@@ -331,3 +345,30 @@ def test_each_session_is_a_run_and_credentials_stay_out_of_it(gateway: Gateway):
         events = gateway.cli("runs", "tail", listed["run_id"], "--json", ok=(0, 4))
         assert "aaa.tool.requested" in events
         assert UPSTREAM_SECRET not in events
+
+
+def test_a_grant_after_kill_9_still_runs_the_call_once(tmp_path: Path):
+    gateway = Gateway(tmp_path)
+    try:
+        async def body():
+            async with gateway.client() as client:
+                call = asyncio.create_task(client.call_tool("wire_money", {"to": "RESTART", "amount": 5}))
+                pending = await gateway.pending("wire_money")
+                gateway.process.kill()
+                gateway.process.wait()
+                # The open request ends with a transport error.
+                with pytest.raises(BaseException):
+                    await asyncio.wait_for(call, WAIT_S)
+            return pending
+
+        pending = run(body())
+        gateway.start_aaa()
+        assert gateway.executions("wire_money") == []
+        gateway.cli("approve", pending["run_id"], pending["call_id"])
+        # The new server's worker runs it once; the run then ends (no session follows it).
+        events = gateway.cli("runs", "tail", pending["run_id"], "--json", ok=(0, 4))
+        assert "aaa.tool.completed" in events
+        assert "sent 5 to RESTART" in events
+        assert [d["arguments"] for d in gateway.executions("wire_money")] == [{"to": "RESTART", "amount": 5}]
+    finally:
+        gateway.stop()
