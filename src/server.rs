@@ -449,7 +449,10 @@ impl LocalServices {
             crate::openai::start(started.clone(), config.models.clone())
                 .map_err(ServeError::Models)?;
             if let Some(gateway) = &self.mcp {
-                gateway.start(started.clone()).await.map_err(ServeError::Mcp)?;
+                gateway
+                    .start(started.clone())
+                    .await
+                    .map_err(ServeError::Mcp)?;
             }
             subscriptions.start_webhooks(&hooks).await?;
             Ok::<(), ServeError>(())

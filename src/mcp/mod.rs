@@ -11,7 +11,9 @@
 //!   gateway itself: each `tools/call` is the model's next turn, proposing
 //!   exactly that call;
 //! - [`server`]: the MCP server at `/mcp` (Streamable HTTP, rmcp), behind
-//!   the same authentication as every other caller.
+//!   the same authentication as every other caller;
+//! - [`stdio`]: `aaa mcp --server ADDR`, the same over stdio for clients
+//!   that only launch processes (a relay to `/mcp`).
 //!
 //! The gateway lives as long as the server; the engine it works with may
 //! change (a cluster's shards move), so it is looked up at each call.
@@ -19,6 +21,7 @@
 pub mod config;
 pub mod server;
 pub mod session;
+pub mod stdio;
 pub mod upstream;
 pub mod worker;
 

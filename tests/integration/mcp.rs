@@ -68,7 +68,8 @@ fn an_upstream_that_cannot_start_fails_the_start_naming_it() {
     );
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("cannot serve MCP: upstream 'bank': cannot start '/nonexistent/mcp-server'"),
+        stderr
+            .contains("cannot serve MCP: upstream 'bank': cannot start '/nonexistent/mcp-server'"),
         "{stderr}"
     );
 }
@@ -82,7 +83,10 @@ fn header_values_never_print() {
     )
     .unwrap();
     let printed = format!("{config:?}");
-    assert!(!printed.contains("s3cret-value") && !printed.contains("lit3ral"), "{printed}");
+    assert!(
+        !printed.contains("s3cret-value") && !printed.contains("lit3ral"),
+        "{printed}"
+    );
     let missing = aaa::mcp::McpConfig::parse(
         "[[upstream]]\nname = \"bank\"\nurl = \"https://bank.example/mcp\"\nheaders_from_env = { X-Key = \"AAA_TEST_MCP_UNSET\" }\n[[upstream.tool]]\nname = \"echo\"\n",
         |_| None,

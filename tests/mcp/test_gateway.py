@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,6 +263,8 @@ def test_a_gated_call_waits_for_the_grant_and_runs_once(gateway: Gateway):
         assert done[0]["arguments"] == {"to": "ACME", "amount": 250}
         assert done[0]["meta"]["aaa/call_id"] == pending["call_id"]
         assert done[0]["meta"]["aaa/run_id"] == pending["run_id"]
+        # The open request was told why it waits.
+        assert any(f"{pending['call_id']} of run {pending['run_id']} waits for approval" in p for p in progress), progress
 
     run(body())
 
@@ -280,6 +282,32 @@ def test_an_edited_call_runs_with_the_edited_arguments(gateway: Gateway):
         assert result.content[0].text == "sent 200 to ACME"
         done = gateway.executions("wire_money")[before:]
         assert [d["arguments"] for d in done] == [{"to": "ACME", "amount": 200}]
+
+    run(body())
+
+
+def test_aaa_mcp_serves_the_same_over_stdio(gateway: Gateway):
+    """`aaa mcp --server ADDR`, launched by the client, relays to /mcp."""
+    async def body():
+        relay = StdioServerParameters(command=str(AAA), args=["mcp", "--server", gateway.address],
+                                      env={**os.environ, "AAA_TOKEN": TOKENS["runner"]})
+        progress: list[str] = []
+
+        async def on_progress(value, total, message):
+            progress.append(message or "")
+
+        before = len(gateway.executions("wire_money"))
+        async with Client(relay, mode="legacy") as client:
+            tools = sorted(t.name for t in (await client.list_tools()).tools)
+            assert tools == ["bank_refuse", "echo", "http_echo", "wire_money"]
+            call = asyncio.create_task(
+                client.call_tool("wire_money", {"to": "STDIO", "amount": 7}, progress_callback=on_progress))
+            pending = await gateway.pending("wire_money")
+            gateway.cli("approve", pending["run_id"], pending["call_id"])
+            result = await call
+        assert result.content[0].text == "sent 7 to STDIO"
+        assert any("waits for approval" in p for p in progress), progress
+        assert [d["arguments"] for d in gateway.executions("wire_money")[before:]] == [{"to": "STDIO", "amount": 7}]
 
     run(body())
 

@@ -45,8 +45,23 @@ enum Command {
     ///
     /// Example: aaa bench --smoke
     Bench(bench::BenchArgs),
+    /// Serve aaa's MCP tools over stdio, for MCP clients that only launch
+    /// processes: relays to the server's /mcp (see docs/mcp.md).
+    ///
+    /// Example: aaa mcp --server 127.0.0.1:50051 --token "$AAA_TOKEN"
+    Mcp(McpArgs),
     #[command(flatten)]
     Client(aaa::cli::Command),
+}
+
+#[derive(clap::Args)]
+struct McpArgs {
+    /// The aaa server (host:port, or an http:// or https:// URL).
+    #[arg(long, env = "AAA_SERVER", default_value = "http://127.0.0.1:50051")]
+    server: String,
+    /// Sent as `authorization: Bearer TOKEN`; a principal with the role runner.
+    #[arg(long, env = "AAA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -277,6 +292,8 @@ fn main() -> ExitCode {
     let command = parse().command;
     init_logging(match command {
         Command::Client(_) => "off",
+        // Its stdout is the MCP channel; warnings go to stderr.
+        Command::Mcp(_) => "warn",
         _ => "info",
     });
     // The bench drives its load from one thread: on a 2-core machine it
@@ -291,6 +308,13 @@ fn main() -> ExitCode {
         match command {
             Command::Client(command) => aaa::cli::run(command).await,
             Command::Serve(args) => serve(args).await,
+            Command::Mcp(args) => match aaa::mcp::stdio::relay(&args.server, args.token).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("aaa mcp: {e}");
+                    ExitCode::FAILURE
+                }
+            },
             Command::Migrate(args) => migrate(args).await,
             Command::Bench(args) => match bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
