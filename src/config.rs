@@ -68,7 +68,7 @@ pub struct Config {
     pub models: Option<Arc<ModelsConfig>>,
     /// Upstream MCP servers whose tools aaa serves at `/mcp` (`--mcp`);
     /// `None`: no `/mcp`.
-    pub mcp: Option<Arc<crate::mcp::McpConfig>>,
+    pub mcp: Option<Arc<crate::mcp::config::McpConfig>>,
     /// The engine's time: event times, deadlines, timers and leases. Tests
     /// use a manual clock to move time forward instead of waiting.
     pub clock: Clock,

@@ -1,13 +1,14 @@
 //! The `--mcp` file: the upstream MCP servers aaa stands in front of, by
 //! child process or Streamable HTTP URL, which of their tools it exposes
-//! under which name, and each tool's gate with the fields and checks of a
-//! worker's `ToolDefinition`. Checked once at start; header values (an
-//! upstream's credentials) are kept in a [`Secret`] that never prints.
+//! under which name, and each tool's gate as a worker's `ToolDefinition`
+//! (checked like one by [`super::load`]). Header and environment values
+//! (an upstream's credentials) are kept in a [`Secret`] that never prints.
+//! This file reads the TOML only: [`crate::config`] holds what it reads,
+//! so it imports nothing above the ground floor.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::domain::event::ToolSpec;
 use crate::proto;
 
 /// The upstreams, in the file's order.
@@ -48,9 +49,10 @@ pub enum Transport {
 pub struct ExposedTool {
     /// The tool's name at the upstream.
     pub upstream_name: String,
-    /// Its gate and its name as exposed (`spec.name`); `spec.parameters` is
-    /// filled in from the upstream's `tools/list` when aaa connects.
-    pub spec: ToolSpec,
+    /// Its gate and its name as exposed (`definition.name`), as a worker
+    /// declares a tool; `parameters_json` is the upstream's `inputSchema`,
+    /// filled in when aaa connects.
+    pub definition: proto::ToolDefinition,
     /// A description to show instead of the upstream's.
     pub description: Option<String>,
 }
@@ -245,8 +247,6 @@ impl McpConfig {
                     escalate_after_s: tool.escalate_after_s,
                     escalate_to: tool.escalate_to,
                 };
-                let spec = crate::api::convert::tool_definition(i, definition)
-                    .map_err(|e| format!("{at}: {}", tool_field(&e.to_string())))?;
                 if exposed.contains(&name) {
                     return Err(format!(
                         "{at}: tool[{i}].expose_as: another tool is exposed as '{name}'"
@@ -257,7 +257,7 @@ impl McpConfig {
                 exposed.push(name);
                 tools.push(ExposedTool {
                     upstream_name: tool.name,
-                    spec,
+                    definition,
                     description: tool.description,
                 });
             }
@@ -276,13 +276,4 @@ impl McpConfig {
             .iter()
             .flat_map(|u| u.tools.iter().map(move |t| (u, t)))
     }
-}
-
-/// A ToolDefinition's field path (`tools[0].approvals_required`) as the
-/// file spells it (`tool[0].approvals_required`; `name` is `expose_as`).
-fn tool_field(message: &str) -> String {
-    let message = message
-        .strip_prefix("tools[")
-        .map_or_else(|| message.to_string(), |rest| format!("tool[{rest}"));
-    message.replacen("].name:", "].expose_as (or name):", 1)
 }

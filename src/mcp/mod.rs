@@ -58,6 +58,37 @@ pub struct Exposed {
     pub tool: rmcp::model::Tool,
 }
 
+/// Reads and checks an MCP file: the TOML ([`McpConfig::load`]), then each
+/// exposed tool's gate as RegisterWorker checks a `ToolDefinition`. The
+/// error names the upstream and the field (`aaa serve` exits 64 with it).
+pub fn load(path: &std::path::Path) -> Result<McpConfig, String> {
+    let config = McpConfig::load(path)?;
+    for upstream in &config.upstreams {
+        for (i, tool) in upstream.tools.iter().enumerate() {
+            spec_of(upstream, i, tool).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    Ok(config)
+}
+
+/// The exposed tool `i` of `upstream` as the engine registers it.
+fn spec_of(
+    upstream: &config::Upstream,
+    i: usize,
+    tool: &config::ExposedTool,
+) -> Result<ToolSpec, String> {
+    crate::api::convert::tool_definition(i, tool.definition.clone()).map_err(|e| {
+        // `tools[0].approvals_required` as the file spells it.
+        let message = e.to_string();
+        let message = match message.strip_prefix("tools[") {
+            Some(rest) => format!("tool[{rest}"),
+            None => message,
+        };
+        let message = message.replacen("].name:", "].expose_as (or name):", 1);
+        format!("upstream '{}': {message}", upstream.name)
+    })
+}
+
 impl Gateway {
     /// Connects to every upstream and reads its tools; fails naming the
     /// upstream (and the tool) that cannot be served.
@@ -70,7 +101,7 @@ impl Gateway {
                 .list_tools()
                 .await
                 .map_err(|e| format!("{at}: {}", e.0))?;
-            for exposed in &upstream.tools {
+            for (i, exposed) in upstream.tools.iter().enumerate() {
                 let Some(found) = listed.iter().find(|t| t.name == exposed.upstream_name) else {
                     let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
                     return Err(format!(
@@ -86,7 +117,7 @@ impl Gateway {
                         exposed.upstream_name
                     )
                 })?;
-                let mut spec = exposed.spec.clone();
+                let mut spec = spec_of(upstream, i, exposed)?;
                 spec.parameters = schema;
                 if exposed.description.is_none() {
                     spec.description = found.description.as_deref().unwrap_or("").to_string();

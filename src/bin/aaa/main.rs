@@ -452,7 +452,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     }
     if let Some(path) = mcp {
-        match aaa::mcp::McpConfig::load(&path) {
+        match aaa::mcp::load(&path) {
             Ok(mcp) => config.mcp = Some(std::sync::Arc::new(mcp)),
             Err(e) => {
                 eprintln!("aaa: --mcp {e}");
