@@ -31,6 +31,12 @@ use crate::web::hosts::AllowedHosts;
 /// The path MCP clients connect to.
 pub const PATH: &str = "/mcp";
 
+/// How long a session lives without a message from or to its client
+/// (rmcp's default is 5 minutes). A call that waits for a person without a
+/// progress token exchanges no message meanwhile: it must outlast a slow
+/// approval. An abandoned session's run is held this long, then completed.
+const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// What the route needs.
 pub struct Settings {
     pub gateway: Arc<Gateway>,
@@ -49,9 +55,11 @@ pub fn router(settings: Settings) -> Router {
         .with_cancellation_token(settings.stopping.child_token())
         // Host names are checked below with the rest of the server's.
         .disable_allowed_hosts();
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(SESSION_IDLE);
     let service = StreamableHttpService::new(
         move || Ok(Handler::new(gateway.clone())),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     let guard = Arc::new(Guard {
