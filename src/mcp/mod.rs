@@ -89,6 +89,56 @@ fn spec_of(
     })
 }
 
+/// `aaa mcp ls`: each upstream of the file, whether it answers now (it is
+/// connected to and its tools listed, within 10 s), and each exposed tool
+/// with its gate, one line each.
+pub async fn ls(config: &McpConfig) -> String {
+    let mut out = String::new();
+    for upstream in &config.upstreams {
+        let connection = Connection::new(upstream.clone());
+        let listed =
+            tokio::time::timeout(std::time::Duration::from_secs(10), connection.list_tools()).await;
+        let (reachable, names): (String, Vec<String>) = match listed {
+            Ok(Ok(tools)) => (
+                "reachable".into(),
+                tools.iter().map(|t| t.name.to_string()).collect(),
+            ),
+            Ok(Err(e)) => (format!("unreachable: {}", e.0), Vec::new()),
+            Err(_) => ("unreachable: no answer within 10 s".into(), Vec::new()),
+        };
+        let how = match &upstream.transport {
+            config::Transport::Stdio { command, .. } => format!("command {command}"),
+            config::Transport::Http { url, .. } => format!("url {url}"),
+        };
+        out.push_str(&format!("{}  {how}  {reachable}\n", upstream.name));
+        for tool in &upstream.tools {
+            let d = &tool.definition;
+            let gate = match d.requires_approval {
+                false => "ungated".to_string(),
+                true => {
+                    let mut gate = format!("gated, {} approval(s)", d.approvals_required.max(1));
+                    if !d.approvers.is_empty() {
+                        gate.push_str(&format!(" from {}", d.approvers.join(", ")));
+                    }
+                    if d.approval_timeout_s > 0.0 {
+                        gate.push_str(&format!(", expires after {} s", d.approval_timeout_s));
+                    }
+                    gate
+                }
+            };
+            let missing = match names.is_empty() || names.contains(&tool.upstream_name) {
+                true => "",
+                false => "  (not among the upstream's tools)",
+            };
+            out.push_str(&format!(
+                "  {} <- {}  {gate}{missing}\n",
+                d.name, tool.upstream_name
+            ));
+        }
+    }
+    out
+}
+
 impl Gateway {
     /// Connects to every upstream and reads its tools; fails naming the
     /// upstream (and the tool) that cannot be served.

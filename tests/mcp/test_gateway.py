@@ -312,6 +312,19 @@ def test_aaa_mcp_serves_the_same_over_stdio(gateway: Gateway):
     run(body())
 
 
+def test_aaa_mcp_ls_shows_upstreams_tools_and_gates(gateway: Gateway):
+    done = subprocess.run([str(AAA), "mcp", "ls", "--mcp", str(gateway.root / "mcp.toml")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "BANK_KEY": UPSTREAM_SECRET})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("bank  command ") and lines[0].endswith("  reachable"), lines
+    assert "  wire_money <- wire_money  gated, 1 approval(s)" in lines
+    assert "  bank_refuse <- refuse  ungated" in lines
+    assert f"bank-http  url http://127.0.0.1:{gateway.http_port}/mcp  reachable" in lines
+    assert UPSTREAM_SECRET not in done.stdout + done.stderr
+
+
 def test_a_denied_call_is_a_tool_error_with_the_reason(gateway: Gateway):
     async def body():
         before = len(gateway.executions("wire_money"))

@@ -56,12 +56,27 @@ enum Command {
 
 #[derive(clap::Args)]
 struct McpArgs {
+    #[command(subcommand)]
+    command: Option<McpCommand>,
     /// The aaa server (host:port, or an http:// or https:// URL).
     #[arg(long, env = "AAA_SERVER", default_value = "http://127.0.0.1:50051")]
     server: String,
     /// Sent as `authorization: Bearer TOKEN`; a principal with the role runner.
     #[arg(long, env = "AAA_TOKEN", hide_env_values = true)]
     token: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// List the upstreams of an --mcp file, whether each answers now, and
+    /// each exposed tool with its gate (from this machine, not the server).
+    ///
+    /// Example: aaa mcp ls --mcp mcp.toml
+    Ls {
+        /// The --mcp file.
+        #[arg(long, env = "AAA_MCP")]
+        mcp: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -308,6 +323,19 @@ fn main() -> ExitCode {
         match command {
             Command::Client(command) => aaa::cli::run(command).await,
             Command::Serve(args) => serve(args).await,
+            Command::Mcp(McpArgs {
+                command: Some(McpCommand::Ls { mcp }),
+                ..
+            }) => match aaa::mcp::load(&mcp) {
+                Ok(config) => {
+                    print!("{}", aaa::mcp::ls(&config).await);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("aaa: --mcp {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            },
             Command::Mcp(args) => match aaa::mcp::stdio::relay(&args.server, args.token).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
