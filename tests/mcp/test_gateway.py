@@ -76,6 +76,12 @@ requires_approval = true
 [[upstream.tool]]
 name = "refuse"
 expose_as = "bank_refuse"
+
+[[upstream.tool]]
+name = "wire_money"
+expose_as = "wire_money_soon"
+requires_approval = true
+approval_timeout_s = 1
 """
         )
         # The same upstream over Streamable HTTP, its key from aaa's environment.
@@ -204,7 +210,7 @@ def test_lists_the_exposed_tools(gateway: Gateway, mode: str):
     async def body():
         async with gateway.client(mode=mode) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
-            assert sorted(tools) == ["bank_refuse", "echo", "http_echo", "wire_money"]
+            assert sorted(tools) == ["bank_refuse", "echo", "http_echo", "wire_money", "wire_money_soon"]
             assert tools["wire_money"].input_schema["properties"]["amount"]["type"] == "integer"
 
     run(body())
@@ -299,7 +305,7 @@ def test_aaa_mcp_serves_the_same_over_stdio(gateway: Gateway):
         before = len(gateway.executions("wire_money"))
         async with Client(relay, mode="legacy") as client:
             tools = sorted(t.name for t in (await client.list_tools()).tools)
-            assert tools == ["bank_refuse", "echo", "http_echo", "wire_money"]
+            assert tools == ["bank_refuse", "echo", "http_echo", "wire_money", "wire_money_soon"]
             call = asyncio.create_task(
                 client.call_tool("wire_money", {"to": "STDIO", "amount": 7}, progress_callback=on_progress))
             pending = await gateway.pending("wire_money")
@@ -323,6 +329,24 @@ def test_aaa_mcp_ls_shows_upstreams_tools_and_gates(gateway: Gateway):
     assert "  bank_refuse <- refuse  ungated" in lines
     assert f"bank-http  url http://127.0.0.1:{gateway.http_port}/mcp  reachable" in lines
     assert UPSTREAM_SECRET not in done.stdout + done.stderr
+
+
+def test_an_unanswered_approval_times_out_as_a_tool_error(gateway: Gateway):
+    async def body():
+        before = len(gateway.executions("wire_money"))
+        async with gateway.client() as client:
+            # Nobody answers: the engine denies the request after its tool's 1 s.
+            result = await client.call_tool("wire_money_soon", {"to": "LATE", "amount": 3})
+            assert result.is_error
+            assert result.content[0].text == "timeout"
+            assert result.meta["aaa/error_type"] == "ApprovalDenied"
+            # The session goes on in the same run.
+            again = await client.call_tool("echo", {"text": "after the timeout"})
+        assert not again.is_error
+        assert again.meta["aaa/run_id"] == result.meta["aaa/run_id"]
+        assert len(gateway.executions("wire_money")) == before
+
+    run(body())
 
 
 def test_a_denied_call_is_a_tool_error_with_the_reason(gateway: Gateway):
