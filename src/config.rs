@@ -65,6 +65,9 @@ pub struct Config {
     /// Providers of the built-in OpenAI-compatible model (`--models`);
     /// `None`: runs cannot ask for it.
     pub models: Option<Arc<ModelsConfig>>,
+    /// Upstream MCP servers whose tools aaa serves at `/mcp` (`--mcp`);
+    /// `None`: no `/mcp`.
+    pub mcp: Option<Arc<crate::mcp::config::McpConfig>>,
     /// The engine's time: event times, deadlines, timers and leases. Tests
     /// use a manual clock to move time forward instead of waiting.
     pub clock: Clock,
@@ -158,6 +161,7 @@ impl Config {
             keepalive_interval: Duration::from_secs(30),
             webhooks: Vec::new(),
             models: None,
+            mcp: None,
             clock: Clock::system(),
             lease: Duration::from_secs(3),
             standby: false,

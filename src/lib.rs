@@ -7,8 +7,11 @@
 //! edges       api (tonic services: wire types <-> domain, validation, one
 //!             error mapping), web (the approval inbox), cli (the aaa command),
 //!             present (what web and cli show alike), http (plain HTTP beside
-//!             gRPC), server (wiring: each part gets its own settings from
-//!             Config), migrate; the bench lives in the executable only
+//!             gRPC), mcp (aaa as an MCP server at /mcp and a client of the
+//!             upstream MCP servers of the --mcp file: each tools/call a
+//!             call in a run), server (wiring: each part gets its own
+//!             settings from Config), migrate; the bench lives in the
+//!             executable only
 //! components  cluster (shards, forwarding by routes declared in the proto),
 //!             subscriptions (consumer groups, webhooks), openai (the built-in
 //!             model: an in-process consumer of the engine's model tasks)
@@ -48,6 +51,7 @@ pub mod domain;
 pub mod engine;
 pub mod http;
 pub mod https;
+pub mod mcp;
 pub mod metrics;
 pub mod migrate;
 pub mod openai;

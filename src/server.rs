@@ -57,6 +57,8 @@ pub enum ServeError {
     /// Settings that cannot work together; nothing was started.
     #[error("{0}")]
     Config(String),
+    #[error("cannot serve MCP: {0}")]
+    Mcp(String),
 }
 
 /// Where the store is, as errors and logs name it (no password).
@@ -170,8 +172,29 @@ async fn serve_store(
     // A forwarded request is buffered whole (to send it, and to verify its
     // signature): one message and its framing.
     let forward_limit = config.max_message_bytes + 64;
-    let http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone())
+    // The upstream MCP servers are reached before anything is served: a
+    // tool that cannot be served fails the start, naming it.
+    let gateway = match &config.mcp {
+        Some(mcp) => match crate::mcp::Gateway::connect(mcp).await {
+            Ok(gateway) => Some(gateway),
+            Err(e) => {
+                store.close().await;
+                return Err(ServeError::Mcp(e));
+            }
+        },
+        None => None,
+    };
+    let hosts = web.hosts.clone();
+    let mut http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone())
         .merge(crate::web::router(web));
+    if let Some(gateway) = &gateway {
+        http = http.merge(crate::mcp::server::router(crate::mcp::server::Settings {
+            gateway: gateway.clone(),
+            auth: config.auth.clone(),
+            hosts,
+            stopping: stopping.clone(),
+        }));
+    }
     let mut builder = builder
         .accept_http1(true)
         .layer(crate::api::deadline::layer())
@@ -190,7 +213,10 @@ async fn serve_store(
         .layer(malformed::layer());
 
     let grace = config.shutdown_grace;
-    let local = LocalServices::default();
+    let local = LocalServices {
+        mcp: gateway,
+        ..Default::default()
+    };
     let mut shutdown = Box::pin(shutdown);
     let owning = own_runs(
         cluster.clone(),
@@ -391,6 +417,8 @@ struct LocalServices {
     engine: Arc<tokio::sync::Mutex<Option<(Engine, Subscriptions)>>>,
     /// The same engine, for the calls that use it directly (PeerPoll).
     current: Slot<Engine>,
+    /// The MCP gateway (`--mcp`), which works with each engine started here.
+    mcp: Option<Arc<crate::mcp::Gateway>>,
 }
 
 impl LocalServices {
@@ -432,6 +460,12 @@ impl LocalServices {
         let helpers = async {
             crate::openai::start(started.clone(), config.models.clone())
                 .map_err(ServeError::Models)?;
+            if let Some(gateway) = &self.mcp {
+                gateway
+                    .start(started.clone())
+                    .await
+                    .map_err(ServeError::Mcp)?;
+            }
             subscriptions.start_webhooks(&hooks).await?;
             Ok::<(), ServeError>(())
         };

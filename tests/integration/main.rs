@@ -19,6 +19,7 @@ mod hardening;
 mod health;
 mod hostile_cel;
 mod leases;
+mod mcp;
 mod metrics;
 mod migrate;
 mod openai;

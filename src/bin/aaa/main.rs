@@ -45,8 +45,38 @@ enum Command {
     ///
     /// Example: aaa bench --smoke
     Bench(bench::BenchArgs),
+    /// Serve aaa's MCP tools over stdio, for MCP clients that only launch
+    /// processes: relays to the server's /mcp (see docs/mcp.md).
+    ///
+    /// Example: aaa mcp --server 127.0.0.1:50051 --token "$AAA_TOKEN"
+    Mcp(McpArgs),
     #[command(flatten)]
     Client(aaa::cli::Command),
+}
+
+#[derive(clap::Args)]
+struct McpArgs {
+    #[command(subcommand)]
+    command: Option<McpCommand>,
+    /// The aaa server (host:port, or an http:// or https:// URL).
+    #[arg(long, env = "AAA_SERVER", default_value = "http://127.0.0.1:50051")]
+    server: String,
+    /// Sent as `authorization: Bearer TOKEN`; a principal with the role runner.
+    #[arg(long, env = "AAA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// List the upstreams of an --mcp file, whether each answers now, and
+    /// each exposed tool with its gate (from this machine, not the server).
+    ///
+    /// Example: aaa mcp ls --mcp mcp.toml
+    Ls {
+        /// The --mcp file.
+        #[arg(long, env = "AAA_MCP")]
+        mcp: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -108,6 +138,10 @@ struct ServeArgs {
     /// docs/models.md).
     #[arg(long, env = "AAA_MODELS")]
     models: Option<PathBuf>,
+    /// Upstream MCP servers whose tools aaa serves to MCP clients at /mcp,
+    /// each tool with its gate (a TOML file; see docs/mcp.md).
+    #[arg(long, env = "AAA_MCP")]
+    mcp: Option<PathBuf>,
     /// With --store postgres://...: serve at once, forwarding every call to
     /// the server that holds the runs, and take them over once its claim
     /// lapses (see docs/postgres.md). A server started without it stands
@@ -393,6 +427,8 @@ fn main() -> ExitCode {
     let command = parse().command;
     init_logging(match command {
         Command::Client(_) => "off",
+        // Its stdout is the MCP channel; warnings go to stderr.
+        Command::Mcp(_) => "warn",
         _ => "info",
     });
     // The bench drives its load from one thread: on a 2-core machine it
@@ -407,6 +443,26 @@ fn main() -> ExitCode {
         match command {
             Command::Client(command) => aaa::cli::run(command).await,
             Command::Serve(args) => serve(args).await,
+            Command::Mcp(McpArgs {
+                command: Some(McpCommand::Ls { mcp }),
+                ..
+            }) => match aaa::mcp::load(&mcp) {
+                Ok(config) => {
+                    print!("{}", aaa::mcp::ls(&config).await);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("aaa: --mcp {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            },
+            Command::Mcp(args) => match aaa::mcp::stdio::relay(&args.server, args.token).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("aaa mcp: {e}");
+                    ExitCode::FAILURE
+                }
+            },
             Command::Migrate(args) => migrate(args).await,
             Command::Bench(args) => match bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
@@ -443,6 +499,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         max_connections,
         webhooks,
         models,
+        mcp,
         standby,
         take_over,
         spread_shards,
@@ -540,6 +597,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
             Ok(models) => config.models = Some(std::sync::Arc::new(models)),
             Err(e) => {
                 eprintln!("aaa: --models {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    if let Some(path) = mcp {
+        match aaa::mcp::load(&path) {
+            Ok(mcp) => config.mcp = Some(std::sync::Arc::new(mcp)),
+            Err(e) => {
+                eprintln!("aaa: --mcp {e}");
                 return ExitCode::from(EXIT_CONFIG);
             }
         }
