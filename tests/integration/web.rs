@@ -700,17 +700,7 @@ async fn a_session_from_one_server_of_a_cluster_decides_through_another() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let auth = Arc::new(AuthConfig::parse(&auth_toml(), Path::new(".")).expect("auth config"));
-    let member = |standby: bool| {
-        let (url, auth) = (url.clone(), auth.clone());
-        TestServer::start_with(move |config| {
-            config.auth = Some(auth.clone());
-            config.store_url = Some(url.clone());
-            config.standby = standby;
-        })
-    };
-    let owner = member(false).await;
-    let standby = member(true).await;
+    let (owner, standby) = owner_and_standby(&url).await;
     let mut ops = Clients::with_token(&owner, "token-ops").await;
     register_wire_money(&mut ops, 1).await;
     let run_id = ops
@@ -1326,17 +1316,7 @@ async fn signing_out_on_one_server_of_a_cluster_ends_the_session_on_another() {
     let Some(url) = fresh_postgres_store() else {
         return;
     };
-    let auth = Arc::new(AuthConfig::parse(&auth_toml(), Path::new(".")).expect("auth config"));
-    let member = |standby: bool| {
-        let (url, auth) = (url.clone(), auth.clone());
-        TestServer::start_with(move |config| {
-            config.auth = Some(auth.clone());
-            config.store_url = Some(url.clone());
-            config.standby = standby;
-        })
-    };
-    let owner = member(false).await;
-    let standby = member(true).await;
+    let (owner, standby) = owner_and_standby(&url).await;
     let client = http_client();
     let alice = signed_in(&client, &base(&owner), "token-alice").await;
     let (parts, page) = get(&client, &format!("{}/", base(&standby)), &alice).await;
@@ -1567,4 +1547,19 @@ async fn a_throttled_address_signs_in_again_once_its_minute_is_over() {
     server.clock().advance(std::time::Duration::from_secs(60));
     signed_in(&client, &base, "token-alice").await;
     server.shutdown().await;
+}
+
+/// Two servers with auth on one PostgreSQL: the owner of the runs, and a
+/// standby that forwards to it.
+async fn owner_and_standby(url: &str) -> (TestServer, TestServer) {
+    let auth = Arc::new(AuthConfig::parse(&auth_toml(), Path::new(".")).expect("auth config"));
+    let member = |standby: bool| {
+        let (url, auth) = (url.to_string(), auth.clone());
+        TestServer::start_with(move |config| {
+            config.auth = Some(auth.clone());
+            config.store_url = Some(url.clone());
+            config.standby = standby;
+        })
+    };
+    (member(false).await, member(true).await)
 }
