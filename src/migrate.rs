@@ -2,22 +2,26 @@
 //! one (the embedded store into PostgreSQL, or back), through the
 //! [`Store`](crate::store::Store) trait alone, then verifies the copy.
 //!
-//! Events are committed in position order, so the destination gives them
-//! the same global positions (consumer group cursors and WatchApprovals
-//! positions stay valid); a position that comes out different stops the
-//! copy. Then the indexes are copied as they are (run summaries, pending
-//! approvals with their positions, active marks, timers, tools,
-//! idempotency records, groups with their cursors, dead letters, standing
-//! grants and each of their uses) and the
-//! task-token key, so a worker holding a task can still report it. Last,
-//! every count is compared and each run's events are checksummed on both
-//! sides. Neither store may be in use by a server while this runs.
+//! Events are committed in position order, one commit at a time, so each
+//! shard's events keep their order; the destination gives them its own
+//! positions (a log with gaps, a PostgreSQL one, comes out dense), and the
+//! copy keeps the map from the source's. Then the indexes are copied
+//! (run summaries, pending approvals and dead letters with their positions
+//! mapped, active marks, timers, tools, idempotency records, groups with
+//! their cursors mapped shard by shard, standing grants and each of their
+//! uses) and the task-token key, so a worker holding a task can still
+//! report it. Last, every count is compared and each run's events are
+//! checksummed on both sides (all but their positions). Neither store may
+//! be in use by a server while this runs. A client's WatchApprovals resume
+//! token from the source does not carry over: it starts with a snapshot.
 
 use sha2::{Digest, Sha256};
 
+use std::collections::HashMap;
+
 use crate::store::{
-    ApprovalQuery, ApprovalRecord, DeadLetterRecord, RunId, RunQuery, RunRecord, SharedStore,
-    WriteBatch,
+    ApprovalQuery, ApprovalRecord, Cursor, DeadLetterRecord, RunId, RunQuery, RunRecord,
+    SharedStore, WriteBatch,
 };
 
 /// Events per commit, and at most this much event data.
@@ -30,13 +34,6 @@ const OPS_PER_BATCH: usize = 500;
 pub enum MigrateError {
     #[error("the destination is not empty ({0}); migrate into a new data directory or an empty database")]
     NotEmpty(String),
-    #[error("event {run}/{seq} has position {in_source} in the source but got {got} in the destination; the source log is not dense (was it written by this version of aaa?)")]
-    Position {
-        run: String,
-        seq: u64,
-        in_source: u64,
-        got: u64,
-    },
     #[error("verification failed: {0}")]
     Mismatch(String),
     #[error(transparent)]
@@ -88,9 +85,9 @@ pub async fn migrate(
 ) -> Result<Counts, MigrateError> {
     check_empty(to).await?;
     progress("copying events");
-    copy_events(from, to).await?;
+    let positions = copy_events(from, to).await?;
     progress("copying runs, approvals, timers, tools, requests and groups");
-    copy_indexes(from, to).await?;
+    copy_indexes(from, to, &positions).await?;
     progress("verifying");
     let source = count(from).await?;
     let copied = count(to).await?;
@@ -111,54 +108,84 @@ async fn check_empty(to: &SharedStore) -> Result<(), MigrateError> {
     Ok(())
 }
 
-async fn copy_events(from: &SharedStore, to: &SharedStore) -> Result<(), MigrateError> {
-    let mut after = 0;
+/// Each shard's events' positions in the source and in the destination,
+/// in order.
+#[derive(Default)]
+struct Positions(HashMap<u8, Vec<(u64, u64)>>);
+
+impl Positions {
+    /// The destination's position of the source's event at `position`.
+    fn of(&self, run: &[u8], position: u64) -> Option<u64> {
+        let pairs = self.0.get(&RunId::from_slice(run)?.shard())?;
+        let i = pairs
+            .binary_search_by_key(&position, |(from, _)| *from)
+            .ok()?;
+        Some(pairs[i].1)
+    }
+
+    /// The destination's cursor for a source's: per shard, the last event
+    /// at or below it.
+    fn cursor(&self, cursor: &Cursor) -> Cursor {
+        let mut mapped = Cursor::start();
+        for (shard, after) in cursor.shards() {
+            let pairs = self.0.get(&shard).map_or(&[][..], Vec::as_slice);
+            let below = pairs.partition_point(|(from, _)| *from <= after);
+            if let Some((_, to)) = below.checked_sub(1).map(|i| pairs[i]) {
+                mapped.advance(shard, to);
+            }
+        }
+        mapped
+    }
+}
+
+async fn copy_events(from: &SharedStore, to: &SharedStore) -> Result<Positions, MigrateError> {
+    let mut positions = Positions::default();
+    let mut after = Cursor::start();
     loop {
-        let events = from.log_after(after, EVENTS_PER_BATCH).await?;
-        let Some(last) = events.last() else {
-            return Ok(());
-        };
-        after = last.position;
+        let events = from.log_after(&after, EVENTS_PER_BATCH).await?;
+        if events.is_empty() {
+            return Ok(positions);
+        }
         let mut batch = WriteBatch::default();
         let mut bytes = 0;
         for event in events {
+            from.read_past(&mut after, &event);
             bytes += event.data_json.len();
             batch.push_event(event);
             if bytes >= BYTES_PER_BATCH {
-                commit_events(to, std::mem::take(&mut batch)).await?;
+                commit_events(to, std::mem::take(&mut batch), &mut positions).await?;
                 bytes = 0;
             }
         }
-        commit_events(to, batch).await?;
+        commit_events(to, batch, &mut positions).await?;
     }
 }
 
-/// Commits events and checks they kept their source positions.
-async fn commit_events(to: &SharedStore, batch: WriteBatch) -> Result<(), MigrateError> {
+/// Commits events and notes the positions they got.
+async fn commit_events(
+    to: &SharedStore,
+    batch: WriteBatch,
+    positions: &mut Positions,
+) -> Result<(), MigrateError> {
     if batch.is_empty() {
         return Ok(());
     }
-    let sources: Vec<(Vec<u8>, u64, u64)> = batch
+    let sources: Vec<(Option<RunId>, u64)> = batch
         .events()
         .iter()
-        .map(|e| (e.run_id.clone(), e.seq, e.position))
+        .map(|e| (RunId::from_slice(&e.run_id), e.position))
         .collect();
-    let positions = to.commit(batch).await?;
-    for ((run_id, seq, in_source), got) in sources.into_iter().zip(positions) {
-        if in_source != got {
-            return Err(MigrateError::Position {
-                run: run_text(&run_id),
-                seq,
-                in_source,
-                got,
-            });
+    let given = to.commit(batch).await?;
+    for ((run, in_source), got) in sources.into_iter().zip(given) {
+        if let Some(run) = run {
+            positions
+                .0
+                .entry(run.shard())
+                .or_default()
+                .push((in_source, got));
         }
     }
     Ok(())
-}
-
-fn run_text(id: &[u8]) -> String {
-    RunId::from_slice(id).map_or_else(|| hex::encode(id), |r| r.to_string())
 }
 
 /// Collects index writes and commits them `OPS_PER_BATCH` at a time.
@@ -185,7 +212,11 @@ impl Writer<'_> {
     }
 }
 
-async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), MigrateError> {
+async fn copy_indexes(
+    from: &SharedStore,
+    to: &SharedStore,
+    positions: &Positions,
+) -> Result<(), MigrateError> {
     let mut out = Writer {
         to,
         batch: WriteBatch::default(),
@@ -202,8 +233,14 @@ async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), Migrat
     let mut cursor = None;
     loop {
         let (approvals, next) = approvals_page(from, cursor).await?;
-        for approval in &approvals {
-            out.add(|b| b.put_approval(approval)).await?;
+        for approval in approvals {
+            let approval = ApprovalRecord {
+                position: positions
+                    .of(&approval.run_id, approval.position)
+                    .unwrap_or(approval.position),
+                ..approval
+            };
+            out.add(|b| b.put_approval(&approval)).await?;
         }
         let Some(next) = next else { break };
         cursor = Some(next);
@@ -228,13 +265,20 @@ async fn copy_indexes(from: &SharedStore, to: &SharedStore) -> Result<(), Migrat
         let Some(next) = next else { break };
         cursor = Some(next);
     }
-    for group in from.list_groups().await? {
+    for mut group in from.list_groups().await? {
+        group.set_log_cursor(&positions.cursor(&group.log_cursor()));
         out.add(|b| b.put_group(&group)).await?;
         let mut cursor = 0;
         loop {
             let (letters, next) = dead_letters_page(from, &group.name, cursor).await?;
             for letter in &letters {
-                out.add(|b| b.put_dead_letter(&group.name, letter)).await?;
+                let letter = DeadLetterRecord {
+                    position: positions
+                        .of(&letter.run_id, letter.position)
+                        .unwrap_or(letter.position),
+                    ..letter.clone()
+                };
+                out.add(|b| b.put_dead_letter(&group.name, &letter)).await?;
             }
             let Some(next) = next else { break };
             cursor = next;
@@ -323,7 +367,6 @@ async fn dead_letters_page(
 /// Counts everything a store holds.
 async fn count(store: &SharedStore) -> Result<Counts, MigrateError> {
     let mut counts = Counts {
-        events: store.durable_position(),
         active: store
             .active_runs(&crate::domain::Shards::all())
             .await?
@@ -338,6 +381,8 @@ async fn count(store: &SharedStore) -> Result<Counts, MigrateError> {
     loop {
         let (runs, next) = runs_page(store, cursor).await?;
         counts.runs += runs.len() as u64;
+        // A run's seqs are dense from 1.
+        counts.events += runs.iter().map(|r| r.last_seq).sum::<u64>();
         let Some(next) = next else { break };
         cursor = Some(next);
     }
@@ -395,7 +440,12 @@ pub async fn checksum(store: &SharedStore, run: RunId) -> Result<String, Migrate
         let Some(last) = events.last() else { break };
         after = last.seq;
         for event in &events {
-            hash.update(prost::Message::encode_to_vec(event));
+            // Positions are the store's own (see the module's comment).
+            let event = crate::store::EventRecord {
+                position: 0,
+                ..event.clone()
+            };
+            hash.update(prost::Message::encode_to_vec(&event));
         }
     }
     Ok(hex::encode(hash.finalize()))

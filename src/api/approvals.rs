@@ -18,7 +18,7 @@ use crate::domain::may_decide;
 use crate::engine::{Batch, BatchItem, Engine, Error, ItemOutcome, Reads, Reviewer};
 use crate::proto::{self, approval_service_server::ApprovalService};
 use crate::seconds;
-use crate::store::{labels_match, ApprovalQuery, EventRecord, RunId};
+use crate::store::{labels_match, ApprovalQuery, BadToken, Cursor, EventRecord, RunId};
 
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(15);
 const LOG_CHUNK: usize = 512;
@@ -323,7 +323,7 @@ impl ApprovalService for ApprovalApi {
                 0.0 => DEFAULT_HEARTBEAT,
                 s => seconds::duration(s.max(0.05)),
             };
-        let head = self.reads.store().durable_position();
+        let head = self.reads.store().durable().most();
         if let Some(after) = request.after_position.filter(|after| *after > head) {
             return Err(Error::invalid(
                 "after_position",
@@ -331,9 +331,19 @@ impl ApprovalService for ApprovalApi {
             )
             .into());
         }
+        let after = match request.resume_token.as_deref() {
+            Some(token) => Some(Cursor::decode(token).map_err(|BadToken(why)| {
+                Error::invalid(
+                    "resume_token",
+                    format!("is not a token this server gave: {why}; pass the resume_token of the last item received, unchanged"),
+                )
+            })?),
+            // A position from before the log was partitioned, or of a log
+            // with one committer: everything at or below it.
+            None => request.after_position.map(Cursor::at),
+        };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let reads = self.reads.clone();
-        let after = request.after_position;
         tokio::spawn(async move {
             if let Err(status) = watch(&reads, filter, after, heartbeat, &sender).await {
                 let _ = sender.send(Err(status)).await;
@@ -465,10 +475,17 @@ fn decision_result(item: &BatchItem, outcome: ItemOutcome) -> proto::DecisionRes
 
 type Sender = mpsc::Sender<Result<proto::WatchApprovalsResponse, Status>>;
 
-/// Sends an item; false when the client has gone.
-async fn send(sender: &Sender, position: u64, item: proto::watch_approvals_response::Item) -> bool {
+/// Sends an item, with the cursor a resume after it starts from (none:
+/// the snapshot's items); false when the client has gone.
+async fn send(
+    sender: &Sender,
+    position: u64,
+    resume: Option<&Cursor>,
+    item: proto::watch_approvals_response::Item,
+) -> bool {
     let message = proto::WatchApprovalsResponse {
         position,
+        resume_token: resume.map(Cursor::encode).unwrap_or_default(),
         item: Some(item),
     };
     sender.send(Ok(message)).await.is_ok()
@@ -477,7 +494,7 @@ async fn send(sender: &Sender, position: u64, item: proto::watch_approvals_respo
 async fn watch(
     reads: &Reads,
     filter: Filter,
-    after: Option<u64>,
+    after: Option<Cursor>,
     heartbeat: Duration,
     sender: &Sender,
 ) -> Result<(), Status> {
@@ -485,15 +502,15 @@ async fn watch(
     let store = reads.store();
     let mut durable = store.watch_durable();
     let mut cursor = match after {
-        Some(position) => position,
+        Some(cursor) => cursor,
         None => {
-            // Everything pending up to a durable position, then changes after it.
-            let snapshot_position = store.durable_position();
+            // Everything pending up to the durable cursor, then changes after it.
+            let snapshot = store.durable();
             let mut pending = 0;
             let mut after = None;
             loop {
                 let mut query = filter.query(after.take(), SNAPSHOT_CHUNK);
-                query.at_or_below = Some(snapshot_position);
+                query.at_or_below = Some(snapshot.clone());
                 let page = store
                     .approvals(&query)
                     .await
@@ -504,7 +521,7 @@ async fn watch(
                     after = RunId::from_slice(&record.run_id).map(|r| (r, record.call_id.clone()));
                     let position = record.position;
                     let item = Item::Requested(convert::approval(record));
-                    if !send(sender, position, item).await {
+                    if !send(sender, position, None, item).await {
                         return Ok(());
                     }
                 }
@@ -513,22 +530,22 @@ async fn watch(
                 }
             }
             let done = Item::SnapshotComplete(proto::SnapshotComplete { pending });
-            if !send(sender, snapshot_position, done).await {
+            if !send(sender, snapshot.most(), Some(&snapshot), done).await {
                 return Ok(());
             }
-            snapshot_position
+            snapshot
         }
     };
     loop {
         durable.borrow_and_update();
         let entries = store
-            .log_after(cursor, LOG_CHUNK)
+            .log_after(&cursor, LOG_CHUNK)
             .await
             .map_err(|e| to_status(e.into()))?;
         let full = entries.len() == LOG_CHUNK;
         for event in entries {
             let position = event.position;
-            cursor = position;
+            store.read_past(&mut cursor, &event);
             if !event.event_type.starts_with("aaa.approval.") {
                 reads.learn_from(&event);
                 continue;
@@ -540,7 +557,7 @@ async fn watch(
             if !filter.passes(reads, &run_id, &tool, &item).await? {
                 continue;
             }
-            if !send(sender, position, item).await {
+            if !send(sender, position, Some(&cursor), item).await {
                 return Ok(());
             }
         }
@@ -550,7 +567,8 @@ async fn watch(
         tokio::select! {
             changed = durable.changed() => if changed.is_err() { return Err(unavailable()) },
             _ = tokio::time::sleep(heartbeat) => {
-                if !send(sender, cursor, Item::Heartbeat(proto::Heartbeat {})).await {
+                let heartbeat = Item::Heartbeat(proto::Heartbeat {});
+                if !send(sender, cursor.most(), Some(&cursor), heartbeat).await {
                     return Ok(());
                 }
             }

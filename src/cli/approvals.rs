@@ -67,12 +67,17 @@ struct Filter {
 }
 
 impl Filter {
-    fn watch_request(&self, after_position: Option<u64>) -> WatchApprovalsRequest {
+    fn watch_request(
+        &self,
+        after_position: Option<u64>,
+        resume_token: Option<String>,
+    ) -> WatchApprovalsRequest {
         WatchApprovalsRequest {
             tool: self.tool.clone().unwrap_or_default(),
             run_id: self.run.clone().unwrap_or_default(),
             labels: self.labels.iter().cloned().collect(),
             after_position,
+            resume_token,
             heartbeat_s: 0.0,
             decidable: self.mine,
         }
@@ -116,8 +121,12 @@ struct ListArgs {
 struct WatchArgs {
     #[command(flatten)]
     filter: Filter,
-    /// Resume: skip the snapshot and show the changes after this position
-    /// (the `position` of the last item seen, with --json).
+    /// Resume: skip the snapshot and show the changes after this token
+    /// (the `resume_token` of the last item seen, with --json).
+    #[arg(long, value_name = "TOKEN", conflicts_with = "after_position")]
+    resume: Option<String>,
+    /// Resume after a position, the older form: exact for positions from
+    /// before the log was partitioned, or of a log with one committer.
     #[arg(long, value_name = "POSITION")]
     after_position: Option<u64>,
     #[command(flatten)]
@@ -215,7 +224,9 @@ async fn list(connection: &Connection, args: &ListArgs) -> Result<(), Error> {
 }
 
 async fn watch(connection: &Connection, args: &WatchArgs) -> Result<(), Error> {
-    let request = args.filter.watch_request(args.after_position);
+    let request = args
+        .filter
+        .watch_request(args.after_position, args.resume.clone());
     let client = connection.connect().await?;
     let mut stream = client
         .approvals()
@@ -253,7 +264,7 @@ async fn review(connection: &Connection, args: &ReviewArgs) -> Result<(), Error>
     // The inbox's snapshot, then (with --wait) each new request as it comes.
     let mut stream = client
         .approvals()
-        .watch_approvals(args.filter.watch_request(None))
+        .watch_approvals(args.filter.watch_request(None, None))
         .await?
         .into_inner();
     while let Some(response) = stream.message().await? {

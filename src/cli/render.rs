@@ -248,7 +248,8 @@ pub fn event_json(event: &Event) -> Value {
     })
 }
 
-/// One WatchApprovals item: {"position": N, "<item kind>": {...}}.
+/// One WatchApprovals item: {"position": N, "resume_token": T, "<item
+/// kind>": {...}} (no token on the snapshot's items).
 pub fn watch_json(response: &WatchApprovalsResponse) -> Value {
     let (kind, item) = match &response.item {
         Some(Item::Requested(approval)) => ("requested", approval_json(approval)),
@@ -271,7 +272,14 @@ pub fn watch_json(response: &WatchApprovalsResponse) -> Value {
         ),
         None => ("unknown", json!({})),
     };
-    json!({"position": response.position, kind: item})
+    match response.resume_token.is_empty() {
+        true => json!({"position": response.position, kind: item}),
+        false => json!({
+            "position": response.position,
+            "resume_token": response.resume_token,
+            kind: item
+        }),
+    }
 }
 
 /// One WatchApprovals item as a line; heartbeats have none.

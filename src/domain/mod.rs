@@ -6,12 +6,14 @@
 
 pub mod check;
 pub mod clip;
+mod cursor;
 pub mod event;
 mod id;
 mod records;
 mod shard;
 pub mod token;
 
+pub use cursor::{BadToken, Cursor};
 pub use id::{random_key, RunId};
 pub use records::*;
 pub use shard::*;

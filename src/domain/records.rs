@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::RunId;
+use super::{Cursor, RunId};
 
 /// A durable timer: due at `due_ms` (Unix milliseconds), for `run`, named
 /// by the engine (an approval timeout, the run's deadline).
@@ -177,12 +177,35 @@ pub struct GroupRecord {
     pub ack_timeout_ms: u64,
     #[prost(uint32, tag = "5")]
     pub max_deliveries: u32,
-    /// Every matching event at or below this global position is acked or
-    /// dead-lettered.
+    /// Every matching event at or below this position, in any shard, is
+    /// acked or dead-lettered: the lowest of [`GroupRecord::log_cursor`]'s.
     #[prost(uint64, tag = "6")]
     pub cursor: u64,
     #[prost(int64, tag = "7")]
     pub created_ms: i64,
+    /// The cursor per shard (an encoded [`Cursor`]); empty in a group saved
+    /// before the log was partitioned, whose cursor is `cursor` in every
+    /// shard.
+    #[prost(bytes = "vec", tag = "8")]
+    pub shard_cursor: Vec<u8>,
+}
+
+impl GroupRecord {
+    /// Where the group stands in each shard: every matching event at or
+    /// below it is acked or dead-lettered.
+    pub fn log_cursor(&self) -> Cursor {
+        match self.shard_cursor.is_empty() {
+            true => Cursor::at(self.cursor),
+            // Written by this server: it reads back, or the lowest of it
+            // still holds.
+            false => Cursor::from_bytes(&self.shard_cursor).unwrap_or(Cursor::at(self.cursor)),
+        }
+    }
+
+    pub fn set_log_cursor(&mut self, cursor: &Cursor) {
+        self.cursor = cursor.least();
+        self.shard_cursor = cursor.to_bytes();
+    }
 }
 
 /// An event a group gave up on after its max deliveries.

@@ -140,7 +140,7 @@ impl Engine {
         let now = self.now_ms();
         // Groups whose cursor is behind a deleted run's last event skip
         // its events they had not read: counted, and said per group.
-        let mut groups: Option<Vec<(String, u64)>> = None;
+        let mut groups: Option<Vec<(crate::store::Cursor, String)>> = None;
         let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
         let until = now.saturating_add(
             tombstone_for(retention, self.inner.settings.tombstone).as_millis() as i64,
@@ -174,15 +174,19 @@ impl Engine {
             let results = futures_util::future::join_all(deletions).await;
             if groups.is_none() {
                 let list = self.inner.store.list_groups().await?;
-                groups = Some(list.into_iter().map(|g| (g.name, g.cursor)).collect());
+                groups = Some(
+                    list.into_iter()
+                        .map(|g| (g.log_cursor(), g.name))
+                        .collect::<Vec<_>>(),
+                );
             }
             for (run, result) in results {
                 match result {
                     Ok((archived, last_position)) => {
                         swept.deleted += 1;
                         swept.archived += u64::from(archived);
-                        for (group, cursor) in groups.iter().flatten() {
-                            if *cursor < last_position {
+                        for (cursor, group) in groups.iter().flatten() {
+                            if cursor.passes(run, last_position) {
                                 *skipped.entry(group.clone()).or_default() += 1;
                                 swept.group_skips += 1;
                             }

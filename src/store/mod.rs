@@ -9,8 +9,11 @@
 //!
 //! What every backend promises:
 //! - `commit` answers only once the batch is durable, with its events'
-//!   global positions: dense, from 1, in commit order (a consumer group
-//!   that has read position N never sees a later commit below N).
+//!   positions: unique, and increasing in commit order within each shard
+//!   (a reader that has read a shard up to position N never sees a later
+//!   commit of that shard below N). Across shards they need not be: a
+//!   reader of the whole log stands at a [`Cursor`], one position per
+//!   shard.
 //! - A batch that appends to a run expects the run's last seq to be the
 //!   seq before the batch's first event of that run; when another writer
 //!   got there first the batch is refused whole with
@@ -42,8 +45,8 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, watch};
 
 pub use crate::domain::{
-    ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
-    GroupRecord, Member, RunId, RunRecord, ShardLease, Shards, Timer,
+    ApprovalRecord, BadToken, Claim, ClusterView, Cursor, DeadLetterRecord, EventRecord,
+    GrantRecord, GrantUse, GroupRecord, Member, RunId, RunRecord, ShardLease, Shards, Timer,
 };
 
 /// Store failures. Any of them but `Conflict` means the disk or the
@@ -124,8 +127,9 @@ pub struct ApprovalQuery {
     pub tool: String,
     /// Every one of these labels (of the run), with these values.
     pub labels: BTreeMap<String, String>,
-    /// Only those whose request is at or below this global position.
-    pub at_or_below: Option<u64>,
+    /// Only those whose request is at or below this cursor (its position
+    /// in its run's shard).
+    pub at_or_below: Option<Cursor>,
     /// Only those a member of these approver groups may decide (those
     /// naming no groups, or one of these).
     pub decidable_by: Option<Vec<String>>,
@@ -148,7 +152,10 @@ impl ApprovalQuery {
             .is_none_or(|run| run.as_bytes().as_slice() == approval.run_id.as_slice())
             && (self.tool.is_empty() || self.tool == approval.tool)
             && labels_match(&self.labels, &approval.labels)
-            && self.at_or_below.is_none_or(|p| approval.position <= p)
+            && self.at_or_below.as_ref().is_none_or(|cursor| {
+                RunId::from_slice(&approval.run_id)
+                    .is_some_and(|run| !cursor.passes(run, approval.position))
+            })
             && crate::domain::may_decide(self.decidable_by.as_deref(), &approval.approvers)
     }
 }
@@ -248,11 +255,21 @@ pub trait Store: Send + Sync + 'static {
     /// one succeeds again (health follows it).
     fn watch_writable(&self) -> watch::Receiver<bool>;
 
-    /// The last global position known to be durable.
-    fn durable_position(&self) -> u64;
+    /// Per shard, the last position known to be durable.
+    fn durable(&self) -> Cursor;
 
-    /// Changes whenever the durable position moves.
+    /// A number that grows whenever a shard's durable position moves.
     fn watch_durable(&self) -> watch::Receiver<u64>;
+
+    /// Moves a reader's `cursor` past `event`, which [`Store::log_after`]
+    /// gave it. A store whose positions are in commit order across the
+    /// whole log (one committer) may move it to [`Cursor::at`] the event,
+    /// which keeps resume tokens small.
+    fn read_past(&self, cursor: &mut Cursor, event: &EventRecord) {
+        if let Some(run) = RunId::from_slice(&event.run_id) {
+            cursor.read(run, event.position);
+        }
+    }
 
     /// The runs whose heads the commits of every server on a shared store
     /// moved, as this server hears of them from the database, so that a
@@ -275,9 +292,11 @@ pub trait Store: Send + Sync + 'static {
     /// One event of a run.
     async fn event(&self, run: RunId, seq: u64) -> Result<Option<EventRecord>>;
 
-    /// Durable events of every run with positions after `after`, in
-    /// position order, at most `limit`.
-    async fn log_after(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>>;
+    /// Durable events of every run past `after` (per shard), at most
+    /// `limit`, in position order: each shard's are the first ones past
+    /// its position, so a reader that moves its cursor past each event
+    /// (see [`Store::read_past`]) never skips or repeats one.
+    async fn log_after(&self, after: &Cursor, limit: usize) -> Result<Vec<EventRecord>>;
 
     /// The run's summary, with its current head (last seq, update time).
     async fn run(&self, run: RunId) -> Result<Option<RunRecord>>;

@@ -10,7 +10,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{pattern_matches, Error};
 use crate::clock::now_ms;
-use crate::store::{DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, WriteBatch};
+use crate::store::{
+    Cursor, DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, WriteBatch,
+};
 
 /// Matching events a group keeps in memory; reading the log waits below it.
 const MAX_BUFFERED: usize = 1024;
@@ -120,7 +121,7 @@ struct Lease {
 /// What a group shows the metrics: its durable cursor (its lag is read
 /// from it at a scrape) and its dead letters.
 pub struct Meters {
-    pub cursor: Arc<AtomicU64>,
+    pub cursor: Arc<std::sync::Mutex<Cursor>>,
     pub dead_letters: Counter,
 }
 
@@ -140,16 +141,16 @@ pub struct Group {
     entries: BTreeMap<u64, Entry>,
     /// Entries waiting for a member, lowest position first.
     ready: BTreeSet<u64>,
-    /// The last log position looked at.
-    read_to: u64,
+    /// Where the reading of the log has got to.
+    read_to: Cursor,
     /// Dead-letter changes for the next commit.
     batch: WriteBatch,
     /// Replays answered by the next commit, with their counts.
     replies: Vec<(oneshot::Sender<Result<u32, Error>>, u32)>,
     /// The cursor of the commit in flight.
-    committing: Option<u64>,
+    committing: Option<Cursor>,
     /// The cursor last made durable.
-    committed: u64,
+    committed: Cursor,
     /// When the moved cursor is to be committed, if it moved.
     cursor_due: Option<Instant>,
 }
@@ -169,8 +170,8 @@ impl Group {
             tasks,
             meters,
             ack_timeout: Duration::from_millis(record.ack_timeout_ms),
-            read_to: record.cursor,
-            committed: record.cursor,
+            read_to: record.log_cursor(),
+            committed: record.log_cursor(),
             store,
             record,
             commands: commands.clone(),
@@ -262,7 +263,7 @@ impl Group {
                     last_served: 0,
                 };
                 self.members.insert(id, member);
-                let _ = reply.send((id, self.committed));
+                let _ = reply.send((id, self.committed.least()));
             }
             Command::Leave { member } => self.remove_member(member, "member left"),
             Command::Answer {
@@ -286,8 +287,8 @@ impl Group {
                 if !ok {
                     return false;
                 }
+                *self.meters.cursor.lock().expect("poisoned") = cursor.clone();
                 self.committed = cursor;
-                self.meters.cursor.store(cursor, Ordering::Relaxed);
             }
         }
         true
@@ -296,11 +297,11 @@ impl Group {
     /// Reads matching events from the durable log into `entries`.
     async fn fill(&mut self) -> Result<(), Error> {
         while self.entries.len() < MAX_BUFFERED {
-            let chunk = self.store.log_after(self.read_to, LOG_CHUNK).await?;
+            let chunk = self.store.log_after(&self.read_to, LOG_CHUNK).await?;
             let full = chunk.len() == LOG_CHUNK;
             for event in chunk {
                 let position = event.position;
-                self.read_to = position;
+                self.store.read_past(&mut self.read_to, &event);
                 let Some(run) = RunId::from_slice(&event.run_id) else {
                     continue;
                 };
@@ -570,12 +571,16 @@ impl Group {
         Ok(())
     }
 
-    /// Below the first unfinished log entry; replays are below it already.
-    fn cursor(&self) -> u64 {
-        self.entries
-            .iter()
-            .find(|(_, e)| !e.replay)
-            .map_or(self.read_to, |(position, _)| position - 1)
+    /// In each shard, below the first unfinished log entry there (replays
+    /// are below it already), or where the reading has got to.
+    fn cursor(&self) -> Cursor {
+        let mut cursor = self.read_to.clone();
+        for (position, entry) in self.entries.iter().filter(|(_, e)| !e.replay) {
+            if let Some(run) = RunId::from_slice(&entry.event.run_id) {
+                cursor.lower(run.shard(), position - 1);
+            }
+        }
+        cursor
     }
 
     /// Starts committing the cursor and dead-letter changes, unless a commit
@@ -588,7 +593,7 @@ impl Group {
         }
         let cursor = self.cursor();
         if self.batch.is_empty() && self.replies.is_empty() {
-            if cursor == self.record.cursor {
+            if cursor == self.committed {
                 self.cursor_due = None;
                 return;
             }
@@ -600,7 +605,7 @@ impl Group {
             }
         }
         self.cursor_due = None;
-        self.record.cursor = cursor;
+        self.record.set_log_cursor(&cursor);
         self.committing = Some(cursor);
         let mut batch = std::mem::take(&mut self.batch);
         batch.put_group(&self.record);

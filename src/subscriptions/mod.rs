@@ -14,7 +14,6 @@ mod group;
 mod webhook;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ use crate::clock::now_ms;
 use crate::engine;
 use crate::metrics::{GroupLabel, Metrics};
 use crate::store::{
-    DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, StoreError, WriteBatch,
+    Cursor, DeadLetterRecord, EventRecord, GroupRecord, RunId, SharedStore, StoreError, WriteBatch,
 };
 
 pub use group::Outbound;
@@ -187,7 +186,7 @@ struct Inner {
     groups: Mutex<HashMap<String, GroupHandle>>,
     metrics: Metrics,
     /// Each running group's durable cursor, for its lag at a scrape.
-    cursors: std::sync::Mutex<HashMap<String, Arc<AtomicU64>>>,
+    cursors: std::sync::Mutex<HashMap<String, Arc<std::sync::Mutex<Cursor>>>>,
     /// The groups' tasks and their cursor commits.
     tasks: tokio_util::task::TaskTracker,
 }
@@ -220,9 +219,11 @@ impl Subscriptions {
         metrics.refresh_from(Arc::downgrade(&inner), |inner, metrics| {
             let families = metrics.families();
             families.group_lag_events.clear();
-            let head = inner.store.durable_position();
+            let head = inner.store.durable();
             for (name, cursor) in inner.cursors.lock().expect("poisoned").iter() {
-                let lag = head.saturating_sub(cursor.load(Ordering::Relaxed));
+                // Positions behind, summed over the shards (events, where
+                // positions have no gaps).
+                let lag = cursor.lock().expect("poisoned").behind(&head);
                 let label = GroupLabel {
                     group: families.groups.label(name),
                 };
@@ -357,20 +358,25 @@ impl Subscriptions {
         start: Start,
     ) -> Result<GroupHandle, Error> {
         let store = &self.inner.store;
-        let head = store.durable_position();
+        let head = store.durable();
         let cursor = match start {
-            Start::Beginning => 0,
+            Start::Beginning => Cursor::start(),
             Start::Now => head,
-            Start::After(position) if position > head => {
+            Start::After(position) if position > head.most() => {
                 return Err(engine::Error::invalid(
                     "open.start_after_position",
-                    format!("{position} is past the end of the log (position {head})"),
+                    format!(
+                        "{position} is past the end of the log (position {})",
+                        head.most()
+                    ),
                 )
                 .into())
             }
-            Start::After(position) => position,
+            // A position from before the log was partitioned, or from an
+            // event of a log with one committer: everything at or below it.
+            Start::After(position) => Cursor::at(position),
         };
-        let record = GroupRecord {
+        let mut record = GroupRecord {
             name: definition.group.clone(),
             event_types: definition.event_types.clone(),
             labels: definition.labels.clone(),
@@ -379,9 +385,10 @@ impl Subscriptions {
                 .unwrap_or(DEFAULT_ACK_TIMEOUT)
                 .as_millis() as u64,
             max_deliveries: definition.max_deliveries.unwrap_or(DEFAULT_MAX_DELIVERIES),
-            cursor,
             created_ms: now_ms(),
+            ..Default::default()
         };
+        record.set_log_cursor(&cursor);
         let mut batch = WriteBatch::default();
         batch.put_group(&record);
         store.commit(batch).await?;
@@ -398,7 +405,7 @@ impl Subscriptions {
             group: families.groups.label(&record.name),
         };
         let meters = group::Meters {
-            cursor: Arc::new(AtomicU64::new(record.cursor)),
+            cursor: Arc::new(std::sync::Mutex::new(record.log_cursor())),
             dead_letters: families.group_dead_letters.get_or_create(&label).clone(),
         };
         (self.inner.cursors.lock().expect("poisoned"))

@@ -91,6 +91,7 @@ impl Filters {
             run_id: self.run.trim().to_string(),
             labels: self.labels()?,
             after_position: None,
+            resume_token: None,
             heartbeat_s: 0.0,
             decidable: self.mine == "1",
         })

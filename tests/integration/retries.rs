@@ -3,7 +3,7 @@
 //! the retry waits for that commit and answers what it recorded, so a run
 //! starts once and a signal or a decision is appended once (DESIGN.md §2,
 //! guarantee 8). Commits are held back as a slow store holds them: on
-//! PostgreSQL a transaction of the test's own locks the head row that
+//! PostgreSQL a transaction of the test's own locks the shards' head rows that
 //! every commit locks first; on the embedded store the server's commit
 //! hold keeps the committer from writing.
 
@@ -48,7 +48,7 @@ enum Held {
     Postgres(Box<HeadRowLock>),
 }
 
-/// A transaction of the test's own that holds the head row.
+/// A transaction of the test's own that holds the shards' head rows.
 struct HeadRowLock {
     holder: tokio_postgres::Client,
     holder_pid: i32,
@@ -66,11 +66,12 @@ impl Held {
         let url = server.store_location();
         let (holder, holding) = connect(&url).await;
         let (watcher, watching) = connect(&url).await;
-        // The row every commit round locks first (FOR UPDATE).
+        // The rows every commit round with events locks first (FOR UPDATE):
+        // the head rows of its shards; all of them here.
         holder
-            .batch_execute("BEGIN; SELECT position FROM aaa_head WHERE id = 1 FOR UPDATE")
+            .batch_execute("BEGIN; SELECT position FROM aaa_shard_heads FOR UPDATE")
             .await
-            .expect("lock the head row");
+            .expect("lock the shards' head rows");
         let holder_pid = holder
             .query_one("SELECT pg_backend_pid()", &[])
             .await

@@ -37,7 +37,7 @@ use prost::Message;
 use tokio::sync::watch;
 
 use super::{
-    ApprovalQuery, ApprovalRecord, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
+    ApprovalQuery, ApprovalRecord, Cursor, DeadLetterRecord, EventRecord, GrantRecord, GrantUse,
     GroupRecord, Result, RunId, RunQuery, RunRecord, Shards, StoreError, Timer, ToolWaiting,
     Waiting, WriteBatch,
 };
@@ -332,10 +332,13 @@ impl EmbeddedStore {
             .unwrap_or_default())
     }
 
-    /// Durable events after global position `after` (see
-    /// [`super::Store::log_after`]).
-    fn log_after_once(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
+    /// Durable events past `cursor` (see [`super::Store::log_after`]).
+    /// Positions here are in commit order across the whole log, so the
+    /// read starts at the cursor's lowest shard and skips what the others
+    /// have read.
+    fn log_after_once(&self, cursor: &Cursor, limit: usize) -> Result<Vec<EventRecord>> {
         let durable = self.inner.durable_position.load(Ordering::Acquire);
+        let after = cursor.least();
         let mut out = Vec::new();
         if after >= durable {
             return Ok(out);
@@ -357,7 +360,9 @@ impl EmbeddedStore {
                 .map(u64::from_le_bytes)
                 .map_err(|_| corrupt(&key, "bad log offset"))?;
             for event in self.inner.segments.record_events(offset)? {
-                if event.position <= after {
+                let run = RunId::from_slice(&event.run_id)
+                    .ok_or_else(|| corrupt(&event.run_id, "bad run id"))?;
+                if !cursor.passes(run, event.position) {
                     continue;
                 }
                 if event.position > durable || out.len() >= limit {
@@ -366,8 +371,6 @@ impl EmbeddedStore {
                 let live = match kept.get(&event.run_id) {
                     Some(&live) => live,
                     None => {
-                        let run = RunId::from_slice(&event.run_id)
-                            .ok_or_else(|| corrupt(&event.run_id, "bad run id"))?;
                         let live = self.newest_span(run)?.is_some();
                         kept.insert(event.run_id.clone(), live);
                         live
@@ -498,8 +501,14 @@ impl super::Store for EmbeddedStore {
         self.inner.writable.clone()
     }
 
-    fn durable_position(&self) -> u64 {
-        self.inner.durable_position.load(Ordering::Acquire)
+    fn durable(&self) -> Cursor {
+        Cursor::at(self.inner.durable_position.load(Ordering::Acquire))
+    }
+
+    /// One committer gives positions in commit order across the log: past
+    /// an event, a reader has read everything at or below it.
+    fn read_past(&self, cursor: &mut Cursor, event: &EventRecord) {
+        *cursor = Cursor::at(event.position);
     }
 
     fn watch_durable(&self) -> watch::Receiver<u64> {
@@ -527,7 +536,7 @@ impl super::Store for EmbeddedStore {
         })
     }
 
-    async fn log_after(&self, after: u64, limit: usize) -> Result<Vec<EventRecord>> {
+    async fn log_after(&self, after: &Cursor, limit: usize) -> Result<Vec<EventRecord>> {
         self.retrying(|| self.log_after_once(after, limit))
     }
 

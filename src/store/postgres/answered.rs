@@ -1,8 +1,9 @@
 //! Idempotency records are written once (see
 //! [`StoreError::RequestRecorded`]). Two tries of one request can reach
 //! the database from two servers (the runs changed owner between them), so
-//! the check is made where every server's commits meet: each round reads,
-//! after the head lock, which of the answers its batches record exist
+//! the check is made where every server's commits meet: each round takes
+//! an advisory lock on each key it records (so two rounds recording one
+//! key take turns) and then reads which of the answers its batches record exist
 //! already, and refuses a batch that would record one again (or one an
 //! earlier batch of the round records). The insert's `ON CONFLICT DO
 //! NOTHING` keeps a recorded answer should a write ever get past this.
@@ -23,6 +24,27 @@ pub(super) const ANSWERED: &str = "SELECT r.scope, r.request_id \
 #[derive(Default)]
 pub(super) struct Answered {
     keys: HashSet<(Vec<u8>, String)>,
+}
+
+/// The advisory lock keys of a round's requests (see the committer's
+/// `LOCK_REQUESTS`): a stable hash of each (scope, request_id). Two keys
+/// that collide only make their rounds take turns.
+pub(super) fn lock_keys(scopes: &[Vec<u8>], ids: &[String]) -> Vec<i64> {
+    let mut keys: Vec<i64> = scopes
+        .iter()
+        .zip(ids)
+        .map(|(scope, id)| {
+            // FNV-1a, 64 bits: the same on every server and version.
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for byte in scope.iter().chain([&0xff]).chain(id.as_bytes()) {
+                hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+            hash as i64
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
 impl Answered {

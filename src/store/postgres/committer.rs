@@ -1,22 +1,31 @@
 //! Group commit: one task takes every batch that is waiting and commits
 //! them in ONE transaction per round, then answers them all and moves the
-//! durable position.
+//! durable positions of the shards it wrote.
 //!
 //! A round is two round trips to the database, whatever its size, because
 //! its statements are pipelined (sent together, answered in order):
 //! 1. `BEGIN` (seq scans off, see [`BEGIN`]), `synchronous_commit` made at
 //!    least `on` for the transaction,
-//!    the head row locked `FOR UPDATE` (serialising writers of every server
-//!    on the database), the last seq of each run the round appends to, and
-//!    (once the store claimed runs) the epochs of the shards it touches,
-//!    with a limit on how long the transaction may sit idle (see
-//!    [`super::ownership`]).
+//!    the head rows of the shards the round touches locked `FOR UPDATE`, in
+//!    shard order (serialising the writers of those shards, of every
+//!    server on the database, and nobody else), positions for its events
+//!    taken from the `aaa_positions` sequence while they are held, the
+//!    last seq of each run the round appends to, (once the store claimed
+//!    runs) the epochs of those shards, the grants its batches use (locked)
+//!    and a lock on each request id it records, with a limit on how long
+//!    the transaction may sit idle (see [`super::ownership`]).
 //! 2. After checking each batch's shards (see [`super::ownership`]), the
 //!    grants it uses (see [`super::grant_uses`]), the answers it records
 //!    (see [`super::answered`]) and its
 //!    expected seqs, and giving its events the
-//!    next positions, in memory: one multi-row statement per table for all
-//!    batches, the head row moved, `pg_notify` with the new head, `COMMIT`.
+//!    positions taken, in memory: one multi-row statement per table for all
+//!    batches, the head rows moved, `pg_notify` with the new heads, `COMMIT`.
+//!
+//! Positions come from a sequence, so rounds of disjoint shards never wait
+//! for each other; within a shard they increase in commit order, because
+//! a round takes them only once it holds the shard's head row, which it
+//! keeps until it committed. Positions a round took but did not use (a
+//! batch refused) are gaps, never reused.
 //!
 //! When a statement of step 2 fails for a batch's data (a constraint, a
 //! value PostgreSQL refuses), the whole transaction has rolled back; the
@@ -31,7 +40,7 @@
 //! writable until a round succeeds; an empty round is tried every
 //! [`PROBE_EVERY`] so that health recovers with no client writes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -76,10 +85,12 @@ pub(super) struct Committer {
     pub tail: Arc<Tail>,
 }
 
-/// What a round's first round trip read: the head, the last seq of each
-/// run it appends to, and the epochs of the shards it touches.
+/// What a round's first round trip read: the heads of the shards it
+/// touches, the positions it took, the last seq of each run it appends
+/// to, and the epochs of those shards.
 struct Begun {
-    head: u64,
+    shard_heads: BTreeMap<u8, u64>,
+    positions: Vec<u64>,
     heads: HashMap<RunId, u64>,
     epochs: HashMap<i16, i64>,
     grants: GrantUses,
@@ -110,13 +121,25 @@ enum Step<'a> {
 const BEGIN: &str = "BEGIN; SET LOCAL enable_seqscan = off; \
     SELECT set_config('synchronous_commit', 'on', true) \
     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')";
-const LOCK_HEAD: &str = "SELECT position FROM aaa_head WHERE id = 1 FOR UPDATE";
+/// In shard order, so that two rounds never wait for each other in a
+/// circle (claims lock them in the same order, see [`super::ownership`]).
+pub(super) const LOCK_HEADS: &str = "SELECT shard, position FROM aaa_shard_heads \
+    WHERE shard = ANY($1) ORDER BY shard FOR UPDATE";
+/// The round's positions, taken once its shards' heads are locked.
+const TAKE_POSITIONS: &str = "SELECT nextval('aaa_positions') FROM generate_series(1, $1)";
+/// Rounds of two servers may record the same request (a retry sent to
+/// another server, its runs in another shard): each waits for the other's
+/// end before it asks whether the answer is recorded. Locks are taken
+/// after the heads, in key order, like every other lock of a round.
+const LOCK_REQUESTS: &str = "SELECT pg_advisory_xact_lock(k) \
+    FROM (SELECT unnest($1::int8[]) AS k ORDER BY 1) AS keys";
 /// One backward index probe per run (not an aggregate over its history):
-/// this runs while the head row is locked.
+/// this runs while the head rows are locked.
 const RUN_HEADS: &str = "SELECT r.run_id, e.seq FROM UNNEST($1::uuid[]) AS r(run_id) \
     CROSS JOIN LATERAL (SELECT seq FROM aaa_events WHERE run_id = r.run_id \
     ORDER BY seq DESC LIMIT 1) e";
-const MOVE_HEAD: &str = "UPDATE aaa_head SET position = $1 WHERE id = 1";
+const MOVE_HEADS: &str = "UPDATE aaa_shard_heads h SET position = m.position \
+    FROM UNNEST($1::int2[], $2::int8[]) AS m(shard, position) WHERE h.shard = m.shard";
 /// The payload names the schema: servers of other deployments, in other
 /// schemas of the same database, hear it too and must ignore it.
 const NOTIFY: &str = "SELECT pg_notify($1, current_schema() || ':' || $2)";
@@ -215,11 +238,11 @@ impl Committer {
             }
         };
         match outcome {
-            Ok(head) => {
-                // Before the durable position moves, so that a reader told
-                // of it finds the tail that far.
-                self.keep_in_tail(round, &answers);
-                self.durable.advance(head);
+            Ok(heads) => {
+                // Before the durable positions move, so that a reader told
+                // of them finds the tail that far.
+                self.keep_in_tail(round, &answers, &heads.before);
+                self.durable.advance(heads.after);
                 // Fenced out, the store stays unwritable: health says so
                 // and writes are refused until the server restarts.
                 let writable = !self.ownership.is_lost();
@@ -251,7 +274,12 @@ impl Committer {
     /// Moves the committed batches' events to the tail, in position
     /// order (the batches are only answered after); a round that deleted
     /// runs (retention) empties it instead.
-    fn keep_in_tail(&self, round: &mut [Request], answers: &[Option<Result<Vec<u64>>>]) {
+    fn keep_in_tail(
+        &self,
+        round: &mut [Request],
+        answers: &[Option<Result<Vec<u64>>>],
+        before: &BTreeMap<u8, u64>,
+    ) {
         let mut committed: Vec<&mut WriteBatch> = round
             .iter_mut()
             .zip(answers)
@@ -264,9 +292,10 @@ impl Committer {
             .any(|op| matches!(op, Op::ExpireRun { .. }));
         match deletes_runs {
             true => self.tail.clear(),
-            false => self
-                .tail
-                .committed(committed.iter_mut().flat_map(|batch| batch.take_events())),
+            false => self.tail.committed(
+                committed.iter_mut().flat_map(|batch| batch.take_events()),
+                before,
+            ),
         }
     }
 
@@ -284,16 +313,23 @@ impl Committer {
     }
 }
 
+/// The heads of the shards a round touched, before it and after it.
+pub(super) struct Heads {
+    pub before: BTreeMap<u8, u64>,
+    /// Only the shards whose heads moved.
+    pub after: Vec<(u8, u64)>,
+}
+
 /// Commits the round on `client`: all at once, or batch by batch when one
-/// of them is refused. Fills in the answers; returns the new head.
+/// of them is refused. Fills in the answers; returns the heads it moved.
 async fn commit(
     client: &ClientWrapper,
     ownership: &Ownership,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
-) -> std::result::Result<u64, Down> {
-    if let Some(head) = attempt(client, ownership, round, answers, Mode::Together).await? {
-        return Ok(head);
+) -> std::result::Result<Heads, Down> {
+    if let Some(heads) = attempt(client, ownership, round, answers, Mode::Together).await? {
+        return Ok(heads);
     }
     // A batch's data was refused and the COMMIT rolled everything back.
     for (answer, request) in answers.iter_mut().zip(round.iter()) {
@@ -318,8 +354,8 @@ enum Mode {
 
 /// One transaction over the round: checks each unanswered batch (its
 /// shards, the grants it uses, the answers it records, its expected seqs),
-/// gives its events the next positions and writes it as `mode` says, then
-/// moves the head and commits. Returns the new head; `None` when, together,
+/// gives its events the positions taken and writes it as `mode` says, then
+/// moves the heads and commits. Returns the heads; `None` when, together,
 /// the database refused a batch's data (nothing was committed: the round
 /// is for one by one).
 async fn attempt(
@@ -328,15 +364,16 @@ async fn attempt(
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
     mode: Mode,
-) -> std::result::Result<Option<u64>, Down> {
+) -> std::result::Result<Option<Heads>, Down> {
     let Begun {
-        head,
+        shard_heads,
+        positions: taken,
         mut heads,
         epochs,
         mut grants,
         mut answered,
     } = begin(client, ownership, round, answers).await?;
-    let mut next = head + 1;
+    let mut next = 0;
     let mut staged = Vec::new();
     let mut moved_heads = Vec::new();
     for (i, request) in round.iter_mut().enumerate() {
@@ -348,7 +385,7 @@ async fn attempt(
             .check(&request.batch, &epochs)
             .and_then(|()| grants.check(&request.batch))
             .and_then(|()| answered.check(&request.batch))
-            .and_then(|()| stage(&mut request.batch, &heads, &mut next));
+            .and_then(|()| stage(&mut request.batch, &heads, &taken, &mut next));
         let moved = match checked {
             Ok(moved) => moved,
             Err(refusal) => {
@@ -384,12 +421,26 @@ async fn attempt(
         }
     }
     let statements = writes.statements();
-    match first_error(finish(client, &statements, head, next - 1, &moved_heads).await) {
+    let mut after = shard_heads.clone();
+    for event in staged.iter().flat_map(|&i| round[i].batch.events()) {
+        if let Some(run) = RunId::from_slice(&event.run_id) {
+            let head = after.entry(run.shard()).or_default();
+            *head = (*head).max(event.position);
+        }
+    }
+    let after: Vec<(u8, u64)> = after
+        .into_iter()
+        .filter(|(shard, head)| shard_heads.get(shard) != Some(head))
+        .collect();
+    match first_error(finish(client, &statements, &after, &moved_heads).await) {
         None => {
             for &i in &staged {
                 answers[i] = Some(Ok(positions(&round[i].batch)));
             }
-            Ok(Some(next - 1))
+            Ok(Some(Heads {
+                before: shard_heads,
+                after,
+            }))
         }
         Some(e) if mode == Mode::Together && !is_down(&e) => Ok(None),
         Some(e) => Err(down(e)),
@@ -457,9 +508,11 @@ async fn last_seq(client: &ClientWrapper, run: RunId) -> Option<u64> {
     row.try_get::<_, i64>(0).ok().map(|seq| seq as u64)
 }
 
-/// Opens the round's transaction: locks the head row, reads the last seq of
-/// each run the unanswered batches append to and, when the store is fenced,
-/// the epochs of the shards they touch.
+/// Opens the round's transaction: locks the head rows of the shards the
+/// unanswered batches touch, takes positions for their events, reads the
+/// last seq of each run they append to and, when the store is fenced, the
+/// epochs of their shards; then locks the grants they use and the request
+/// ids they record.
 async fn begin(
     client: &ClientWrapper,
     ownership: &Ownership,
@@ -479,13 +532,22 @@ async fn begin(
         .collect();
     runs.sort_unstable();
     runs.dedup();
+    let mut touched: Vec<i16> = unanswered()
+        .flat_map(|batch| batch.shards())
+        .map(i16::from)
+        .collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let events: usize = unanswered().map(|batch| batch.events().len()).sum();
+    let events = i32::try_from(events).unwrap_or(i32::MAX);
     let shards = ownership.shards_of(unanswered());
     let stall_limit = ownership.stall_limit();
     let mut steps = vec![Step::Simple(BEGIN)];
     if let Some(limit) = &stall_limit {
         steps.push(Step::Query(ownership::STALL_LIMIT, vec![limit]));
     }
-    steps.push(Step::Query(LOCK_HEAD, vec![]));
+    steps.push(Step::Query(LOCK_HEADS, vec![&touched]));
+    steps.push(Step::Query(TAKE_POSITIONS, vec![&events]));
     steps.push(Step::Query(RUN_HEADS, vec![&runs]));
     if let Some(shards) = &shards {
         steps.push(Step::Query(ownership::EPOCHS, vec![shards]));
@@ -502,7 +564,9 @@ async fn begin(
     // Only a round that records answers asks (most record none).
     let (request_scopes, request_ids) = Answered::keys(unanswered());
     let records_answers = !request_ids.is_empty();
+    let request_locks = answered::lock_keys(&request_scopes, &request_ids);
     if records_answers {
+        steps.push(Step::Query(LOCK_REQUESTS, vec![&request_locks]));
         steps.push(Step::Query(
             answered::ANSWERED,
             vec![&request_scopes, &request_ids],
@@ -517,16 +581,29 @@ async fn begin(
     if stall_limit.is_some() {
         results.next().expect("counted").map_err(down)?;
     }
-    let (Some(head), Some(heads)) = (results.next(), results.next()) else {
+    let (Some(locked), Some(taken), Some(heads)) = (results.next(), results.next(), results.next())
+    else {
         return Err(Down("the database gave too few answers".into()));
     };
-    let head = head
-        .map_err(down)?
-        .first()
-        .map(|row| row.try_get::<_, i64>(0))
-        .transpose()
-        .map_err(down)?
-        .ok_or_else(|| Down("the database has no head row (aaa_head)".into()))?;
+    let mut shard_heads = BTreeMap::new();
+    for row in locked.map_err(down)? {
+        let shard: i16 = row.try_get(0).map_err(down)?;
+        let position: i64 = row.try_get(1).map_err(down)?;
+        let shard =
+            u8::try_from(shard).map_err(|_| Down(format!("a head row of shard {shard}")))?;
+        shard_heads.insert(shard, position as u64);
+    }
+    if shard_heads.len() != touched.len() {
+        return Err(Down(
+            "the database lacks head rows of shards (aaa_shard_heads)".into(),
+        ));
+    }
+    let mut positions = Vec::with_capacity(taken.as_ref().map_or(0, Vec::len));
+    for row in taken.map_err(down)? {
+        positions.push(row.try_get::<_, i64>(0).map_err(down)? as u64);
+    }
+    // Taken one by one, they rise; sorted, whatever order the rows came in.
+    positions.sort_unstable();
     let mut last = HashMap::new();
     for row in heads.map_err(down)? {
         let run: Uuid = row.try_get(0).map_err(down)?;
@@ -554,11 +631,13 @@ async fn begin(
     }
     let mut answered = Answered::default();
     if records_answers {
+        results.next().expect("counted").map_err(down)?;
         let rows = results.next().expect("counted");
         answered = Answered::read(rows.map_err(down)?).map_err(down)?;
     }
     Ok(Begun {
-        head: head as u64,
+        shard_heads,
+        positions,
         heads: last,
         epochs,
         grants,
@@ -567,11 +646,13 @@ async fn begin(
 }
 
 /// Checks the batch's expected seqs against `heads` and gives its events
-/// the next positions. Returns the runs' new last seqs.
+/// the next of the positions `taken` (`next` indexes them). Returns the
+/// runs' new last seqs.
 fn stage(
     batch: &mut WriteBatch,
     heads: &HashMap<RunId, u64>,
-    next: &mut u64,
+    taken: &[u64],
+    next: &mut usize,
 ) -> Result<Vec<(RunId, u64)>> {
     for (run, expected) in batch.expected_seqs() {
         let actual = heads.get(&run).copied().unwrap_or(0);
@@ -585,7 +666,8 @@ fn stage(
     }
     let mut moved = Vec::new();
     for event in &mut batch.events {
-        event.position = *next;
+        // As many were taken as the round's batches hold events.
+        event.position = taken[*next];
         *next += 1;
         if let Some(run) = RunId::from_slice(&event.run_id) {
             moved.push((run, event.seq));
@@ -598,20 +680,21 @@ fn positions(batch: &WriteBatch) -> Vec<u64> {
     batch.events().iter().map(|e| e.position).collect()
 }
 
-/// The round's writes, the head moved to `last` (when it moved) with a
-/// notification naming the runs whose heads moved, and COMMIT, in one
-/// pipeline.
+/// The round's writes, the shards' heads moved to `after` (those that
+/// moved) with a notification naming them and the runs whose heads moved,
+/// and COMMIT, in one pipeline.
 async fn finish(
     client: &ClientWrapper,
     statements: &[writes::Statement],
-    head: u64,
-    last: u64,
+    after: &[(u8, u64)],
     moved: &[(RunId, u64)],
 ) -> Vec<Rows> {
-    let (position, text) = (last as i64, notification(last, moved));
+    let shards: Vec<i16> = after.iter().map(|(shard, _)| i16::from(*shard)).collect();
+    let heads: Vec<i64> = after.iter().map(|(_, head)| *head as i64).collect();
+    let text = notification(after, moved);
     let mut steps = queries(statements);
-    if last > head {
-        steps.push(Step::Query(MOVE_HEAD, vec![&position]));
+    if !after.is_empty() {
+        steps.push(Step::Query(MOVE_HEADS, vec![&shards, &heads]));
         steps.push(Step::Query(NOTIFY, vec![&NOTIFY_CHANNEL, &text]));
     }
     steps.push(Step::Simple("COMMIT"));
@@ -622,10 +705,11 @@ async fn finish(
 /// bytes of payload, with the schema's name in front).
 const MOST_NOTIFIED: usize = 7800;
 
-/// A commit's notification text (after the schema's name): the new head,
-/// then the runs whose heads moved, as "HEAD;RUN=SEQ,RUN=SEQ", or "HEAD;*"
-/// when they would not fit (see [`super::listener`]).
-fn notification(last: u64, moved: &[(RunId, u64)]) -> String {
+/// A commit's notification text (after the schema's name): the shards'
+/// new heads, then the runs whose heads moved, as
+/// "SHARD=HEAD,...;RUN=SEQ,RUN=SEQ", or "SHARD=HEAD,...;*" when they would
+/// not fit (see [`super::listener`]).
+fn notification(after: &[(u8, u64)], moved: &[(RunId, u64)]) -> String {
     use std::fmt::Write;
     // A batch's events of one run come together: keep each run's last.
     let mut heads: Vec<(RunId, u64)> = Vec::new();
@@ -635,10 +719,18 @@ fn notification(last: u64, moved: &[(RunId, u64)]) -> String {
             _ => heads.push((run, seq)),
         }
     }
-    let mut text = format!("{last};");
+    let mut text = String::new();
+    for (i, (shard, head)) in after.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(text, "{comma}{shard}={head}");
+    }
+    text.push(';');
+    let shards = text.len();
     for (i, (run, seq)) in heads.iter().enumerate() {
         if text.len() > MOST_NOTIFIED {
-            return format!("{last};*");
+            text.truncate(shards);
+            text.push('*');
+            return text;
         }
         let comma = if i == 0 { "" } else { "," };
         let _ = write!(text, "{comma}{run}={seq}");

@@ -1,5 +1,7 @@
 //! Standing grants are counted where every server's commits meet: in the
-//! round's transaction, after the head lock. An engine decides with the
+//! round's transaction, which locks the grants it uses (`FOR UPDATE`, in
+//! id order, after its shards' head rows), so two rounds using one grant
+//! take turns whatever their shards. An engine decides with the
 //! grants it has in memory, which may be behind another server's (a grant
 //! revoked there, or used up there a moment ago); so each round reads the
 //! grants its batches use, and refuses a batch that uses a revoked or
@@ -16,7 +18,7 @@ use crate::store::{GrantRecord, Op, StoreError, WriteBatch};
 /// The grants a round uses: whether revoked, their limit, their uses.
 pub(super) const GRANTS: &str = "SELECT g.id, g.record, \
      (SELECT count(*) FROM aaa_grant_uses u WHERE u.grant_id = g.id) \
-     FROM aaa_grants g WHERE g.id = ANY($1)";
+     FROM aaa_grants g WHERE g.id = ANY($1) ORDER BY g.id FOR UPDATE OF g";
 /// Uses already recorded among those of the round's runs (recording one
 /// again is no new use).
 pub(super) const RECORDED: &str = "SELECT grant_id, run_id, call_id FROM aaa_grant_uses \

@@ -1,12 +1,14 @@
 //! Hearing other servers' commits: a dedicated connection LISTENs on the
-//! channel every commit NOTIFYs with its schema, new head and the runs
-//! whose heads moved ("SCHEMA:HEAD;RUN=SEQ,..." or "SCHEMA:HEAD;*" when
-//! they did not fit), moves the durable position when one of its own schema
-//! arrives, and passes the runs on (see [`crate::store::Store::heads_moved`]). The same connection reads the head row every
-//! [`POLL_EVERY`] as well, which bounds the delay when a notification is
-//! lost (a reconnect) or never comes (a transaction-pooling pgbouncer, which
-//! does not pass LISTEN on). While the database is unreachable it tries to
-//! connect again at that pace.
+//! channel every commit NOTIFYs with its schema, the new heads of the
+//! shards it moved and the runs whose heads moved
+//! ("SCHEMA:SHARD=HEAD,...;RUN=SEQ,..." or "SCHEMA:SHARD=HEAD,...;*" when
+//! they did not fit), moves those shards' durable positions when one of
+//! its own schema arrives, and passes the runs on (see
+//! [`crate::store::Store::heads_moved`]). The same connection reads the
+//! head rows every [`POLL_EVERY`] as well, which bounds the delay when a
+//! notification is lost (a reconnect) or never comes (a
+//! transaction-pooling pgbouncer, which does not pass LISTEN on). While the
+//! database is unreachable it tries to connect again at that pace.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +20,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::connect::CONNECT_TIMEOUT;
 use super::errors::describe;
-use super::{Durable, NOTIFY_CHANNEL};
+use super::{heads_of, Durable, HEADS, NOTIFY_CHANNEL};
 use crate::store::{HeadsMoved, RunId};
 
-/// How often the head row is read even if no notification comes.
+/// How often the head rows are read even if no notification comes.
 const POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// Follows the head until `stop`.
@@ -80,7 +82,6 @@ async fn listen(
     let row = bounded(client.query_one("SELECT current_schema()", &[])).await?;
     let schema: Option<String> = row.try_get(0).map_err(|e| describe(&e))?;
     let schema = schema.unwrap_or_default();
-    let read_head = "SELECT position FROM aaa_head WHERE id = 1";
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -91,19 +92,19 @@ async fn listen(
                         .rsplit_once(':')
                         .filter(|(from, _)| *from == schema)
                         .and_then(|(_, text)| parse(text));
-                    if let Some((position, moved)) = ours {
-                        durable.advance(position);
+                    if let Some((shards, moved)) = ours {
+                        durable.advance(shards);
                         let _ = durable.heads_moved.send(moved);
                     }
                 }
                 None => return Err("the connection closed".into()),
             },
             _ = tick.tick() => {
-                let row = bounded(client.query_one(read_head, &[])).await?;
-                let position: i64 = row.try_get(0).map_err(|e| describe(&e))?;
+                let rows = bounded(client.query(HEADS, &[])).await?;
+                let heads = heads_of(&rows)?;
                 // A notification missed (a reconnect): which runs moved is
                 // not known.
-                if durable.advance(position as u64) {
+                if durable.advance(heads.shards()) {
                     let _ = durable.heads_moved.send(HeadsMoved::Unknown);
                 }
             }
@@ -111,11 +112,15 @@ async fn listen(
     }
 }
 
-/// A notification's "HEAD;RUN=SEQ,..." (or "HEAD;*", or a bare "HEAD" of
-/// an older server): the head and the runs that moved.
-fn parse(text: &str) -> Option<(u64, HeadsMoved)> {
-    let (head, runs) = text.split_once(';').unwrap_or((text, "*"));
-    let head = head.parse().ok()?;
+/// A notification's "SHARD=HEAD,...;RUN=SEQ,..." (or "SHARD=HEAD,...;*"):
+/// the shards' new heads and the runs that moved.
+fn parse(text: &str) -> Option<(Vec<(u8, u64)>, HeadsMoved)> {
+    let (shards, runs) = text.split_once(';')?;
+    let mut head = Vec::new();
+    for pair in shards.split(',').filter(|pair| !pair.is_empty()) {
+        let (shard, position) = pair.split_once('=')?;
+        head.push((shard.parse().ok()?, position.parse().ok()?));
+    }
     if runs == "*" {
         return Some((head, HeadsMoved::Unknown));
     }
@@ -156,17 +161,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_notification_names_the_head_and_the_runs_that_moved() {
+    fn a_notification_names_the_heads_and_the_runs_that_moved() {
         let run = RunId::parse("01a23a1a-205d-72d5-bdf8-595f9c171f82").unwrap();
-        let (head, moved) = parse(&format!("42;{run}=7")).unwrap();
-        assert_eq!(head, 42);
+        let (heads, moved) = parse(&format!("130=42,7=40;{run}=7")).unwrap();
+        assert_eq!(heads, [(130, 42), (7, 40)]);
         assert!(matches!(moved, HeadsMoved::Runs(runs) if runs[..] == [(run, 7)]));
-        assert!(matches!(parse("42;*"), Some((42, HeadsMoved::Unknown))));
-        assert!(matches!(parse("42"), Some((42, HeadsMoved::Unknown))));
+        assert!(matches!(parse("1=42;*"), Some((_, HeadsMoved::Unknown))));
         assert!(matches!(
-            parse("42;nonsense"),
-            Some((42, HeadsMoved::Unknown))
+            parse("1=42;nonsense"),
+            Some((_, HeadsMoved::Unknown))
         ));
-        assert!(parse("x;*").is_none());
+        // An older server's "HEAD;..." is not ours to read: the poll is.
+        assert!(parse("42;*").is_none());
+        assert!(parse("42").is_none());
+        assert!(parse("300=1;*").is_none());
     }
 }

@@ -10,17 +10,22 @@
 //! answered. A COMMIT whose answer never came is reported as
 //! [`StoreError::Unavailable`], never as success.
 //!
-//! Positions: one head row (`aaa_head`) is locked `FOR UPDATE` by every
-//! commit, of this server or any other on the database; positions are
-//! given out under that lock and the row moves in the same transaction, so
-//! they are dense and in commit order, and a rolled-back batch gives its
-//! positions back. Readers only ever see committed, hence durable, rows.
+//! Positions: each shard has a head row (`aaa_shard_heads`), locked `FOR
+//! UPDATE` by every commit that touches the shard, of this server or any
+//! other on the database; positions come from one sequence, taken while
+//! the heads are held, and the rows move in the same transaction. So
+//! commits of disjoint shards never wait for each other, and within a
+//! shard positions rise in commit order (with gaps where a refused batch
+//! took some). Readers of the whole log follow each shard's positions
+//! (see [`crate::domain::Cursor`]) and only ever see committed, hence
+//! durable, rows.
 //!
-//! The durable position moves when this server's committer commits, when
-//! another server's commit NOTIFYs the `aaa_head` channel, and when the
-//! listener's poll (every second) or a read sees a higher position. LISTEN
-//! does not work through a transaction-pooling pgbouncer: there other
-//! servers' commits are seen by the poll alone, up to a second late.
+//! A shard's durable position moves when this server's committer commits
+//! there, when another server's commit NOTIFYs the `aaa_head` channel with
+//! the shards it moved, and when the listener's poll (every second) or a
+//! read sees a higher position. LISTEN does not work through a
+//! transaction-pooling pgbouncer: there other servers' commits are seen by
+//! the poll alone, up to a second late.
 //!
 //! A database that is down makes calls fail in seconds with
 //! [`StoreError::Unavailable`] (every wait is bounded), `watch_writable`
@@ -47,7 +52,7 @@ use rows::{
     APPROVAL_COLUMNS, EVENT_COLUMNS, RUN_SELECT,
 };
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,12 +64,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ApprovalQuery, ApprovalRecord, Claim, ClusterView, DeadLetterRecord, EventRecord, GrantRecord,
-    GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, Shards, StoreError, Timer,
-    ToolWaiting, Waiting, WriteBatch,
+    ApprovalQuery, ApprovalRecord, Claim, ClusterView, Cursor, DeadLetterRecord, EventRecord,
+    GrantRecord, GrantUse, GroupRecord, Result, RunId, RunQuery, RunRecord, Shards, StoreError,
+    Timer, ToolWaiting, Waiting, WriteBatch,
 };
 
-/// The channel commits NOTIFY with their new head position.
+/// The channel commits NOTIFY with their shards' new heads.
 const NOTIFY_CHANNEL: &str = "aaa_head";
 /// Longest a read waits for the database.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,10 +108,11 @@ impl Drop for Inner {
     }
 }
 
-/// The durable position, moved only forward, by whoever learns of a higher
-/// one.
+/// Each shard's durable position, moved only forward, by whoever learns of
+/// a higher one.
 struct Durable {
-    position: AtomicU64,
+    heads: std::sync::Mutex<Cursor>,
+    /// Grows with every move (see [`Store::watch_durable`]).
     watch: watch::Sender<u64>,
     /// The runs other servers' commits moved (see [`Store::heads_moved`]).
     heads_moved: tokio::sync::broadcast::Sender<crate::store::HeadsMoved>,
@@ -117,20 +123,40 @@ struct Durable {
 const HEADS_MOVED_KEPT: usize = 1024;
 
 impl Durable {
-    /// Moves the position to `to` if that is further; answers whether it
-    /// moved.
-    fn advance(&self, to: u64) -> bool {
-        let moved = self.position.fetch_max(to, Ordering::AcqRel) < to;
-        if moved {
-            self.watch.send_if_modified(|current| {
-                let moved = to > *current;
-                if moved {
-                    *current = to;
+    fn new(heads: Cursor) -> Durable {
+        Durable {
+            heads: std::sync::Mutex::new(heads),
+            watch: watch::channel(0).0,
+            heads_moved: tokio::sync::broadcast::Sender::new(HEADS_MOVED_KEPT),
+        }
+    }
+
+    /// Moves each shard to its position where that is further; answers
+    /// whether one moved.
+    fn advance(&self, heads: impl IntoIterator<Item = (u8, u64)>) -> bool {
+        let moved = {
+            let mut current = self.heads.lock().expect("poisoned");
+            let mut moved = false;
+            for (shard, head) in heads {
+                if head > current.after(shard) {
+                    current.advance(shard, head);
+                    moved = true;
                 }
-                moved
-            });
+            }
+            moved
+        };
+        if moved {
+            self.watch.send_modify(|moves| *moves += 1);
         }
         moved
+    }
+
+    fn cursor(&self) -> Cursor {
+        self.heads.lock().expect("poisoned").clone()
+    }
+
+    fn head(&self, shard: u8) -> u64 {
+        self.heads.lock().expect("poisoned").after(shard)
     }
 }
 
@@ -183,13 +209,7 @@ impl PostgresStore {
         };
         let mut client = pool.get().await.map_err(unreachable)?;
         let token_key = schema::prepare(&mut client).await?;
-        let head = read_head(&client).await?;
-        let (durable_tx, _) = watch::channel(head);
-        let durable = Arc::new(Durable {
-            position: AtomicU64::new(head),
-            watch: durable_tx,
-            heads_moved: tokio::sync::broadcast::Sender::new(HEADS_MOVED_KEPT),
-        });
+        let durable = Arc::new(Durable::new(read_heads(&client).await?));
         let (writable_tx, writable) = watch::channel(true);
         let (commits, messages) = crate::store::queue::Queue::new();
         let ownership = Arc::new(ownership::Ownership::default());
@@ -282,24 +302,37 @@ impl PostgresStore {
             .then_some(&*self.inner.tail)
     }
 
-    /// Events read: whatever is committed is durable, so the durable
-    /// position is at least the highest read.
+    /// Events read: whatever is committed is durable, so each shard's
+    /// durable position is at least the highest read there.
     fn events(&self, rows: Vec<Row>) -> Result<Vec<EventRecord>> {
         let events = rows.iter().map(event).collect::<Result<Vec<_>>>()?;
-        if let Some(highest) = events.iter().map(|e| e.position).max() {
-            self.inner.durable.advance(highest);
-        }
+        let read = events
+            .iter()
+            .filter_map(|e| RunId::from_slice(&e.run_id).map(|run| (run.shard(), e.position)));
+        self.inner.durable.advance(read);
         Ok(events)
     }
 }
 
-async fn read_head(client: &Object) -> Result<u64> {
-    let row = client
-        .query_one("SELECT position FROM aaa_head WHERE id = 1", &[])
-        .await
-        .map_err(database_error)?;
-    let position: i64 = row.try_get(0).map_err(database_error)?;
-    Ok(position as u64)
+/// Every shard's head as the database has it now.
+async fn read_heads(client: &Object) -> Result<Cursor> {
+    let rows = client.query(HEADS, &[]).await.map_err(database_error)?;
+    heads_of(&rows).map_err(|e| StoreError::Corrupt(format!("aaa_shard_heads: {e}")))
+}
+
+/// Every shard's head row.
+const HEADS: &str = "SELECT shard, position FROM aaa_shard_heads";
+
+/// The cursor the rows of [`HEADS`] make.
+fn heads_of(rows: &[Row]) -> std::result::Result<Cursor, String> {
+    let mut heads = Cursor::start();
+    for row in rows {
+        let shard: i16 = row.try_get(0).map_err(|e| describe(&e))?;
+        let position: i64 = row.try_get(1).map_err(|e| describe(&e))?;
+        let shard = u8::try_from(shard).map_err(|_| format!("no shard {shard}"))?;
+        heads.advance(shard, position as u64);
+    }
+    Ok(heads)
 }
 
 impl PostgresStore {
@@ -455,8 +488,8 @@ impl super::Store for PostgresStore {
         self.inner.writable.clone()
     }
 
-    fn durable_position(&self) -> u64 {
-        self.inner.durable.position.load(Ordering::Acquire)
+    fn durable(&self) -> Cursor {
+        self.inner.durable.cursor()
     }
 
     fn watch_durable(&self) -> watch::Receiver<u64> {
@@ -473,7 +506,7 @@ impl super::Store for PostgresStore {
         after_seq: u64,
         limit_: usize,
     ) -> Result<Vec<EventRecord>> {
-        let durable = self.durable_position();
+        let durable = self.inner.durable.head(run.shard());
         let tail = self.tail();
         if let Some(events) = tail.and_then(|t| t.run_events(run, after_seq, limit_, durable)) {
             return Ok(events);
@@ -501,21 +534,39 @@ impl super::Store for PostgresStore {
         Ok(self.events(rows)?.into_iter().next())
     }
 
-    async fn log_after(&self, after: u64, limit_: usize) -> Result<Vec<EventRecord>> {
-        let durable = self.durable_position();
+    async fn log_after(&self, after: &Cursor, limit_: usize) -> Result<Vec<EventRecord>> {
+        let durable = self.durable();
         if let Some(events) = self
             .tail()
-            .and_then(|t| t.log_after(after, limit_, durable))
+            .and_then(|t| t.log_after(after, limit_, &durable))
         {
             return Ok(events);
         }
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM aaa_events WHERE position > $1 ORDER BY position LIMIT $2"
-        );
-        let Ok(after) = i64::try_from(after) else {
+        // Only the shards known to have moved past the cursor: the durable
+        // positions follow every commit (this server's, the notifications
+        // of others', the listener's poll), as the readers' wake-ups do.
+        let (shards, afters): (Vec<i16>, Vec<i64>) = durable
+            .shards()
+            .filter(|(shard, head)| *head > after.after(*shard))
+            .map(|(shard, _)| {
+                let at = i64::try_from(after.after(shard)).unwrap_or(i64::MAX);
+                (i16::from(shard), at)
+            })
+            .unzip();
+        if shards.is_empty() {
             return Ok(Vec::new());
-        };
-        let rows = self.query(&sql, &[&after, &limit(limit_)]).await?;
+        }
+        // Each shard's first events past its position (an index probe
+        // each), the lowest positions of them all.
+        let sql = format!(
+            "SELECT e.* FROM UNNEST($1::int2[], $2::int8[]) AS c(shard, after) \
+             CROSS JOIN LATERAL (SELECT {EVENT_COLUMNS} FROM aaa_events \
+             WHERE shard = c.shard AND position > c.after ORDER BY position LIMIT $3) e \
+             ORDER BY e.position LIMIT $3"
+        );
+        let rows = self
+            .query(&sql, &[&shards, &afters, &limit(limit_)])
+            .await?;
         self.events(rows)
     }
 
@@ -588,10 +639,15 @@ impl super::Store for PostgresStore {
         if !query.labels.is_empty() {
             filter.add("labels @> $?::jsonb", writes::labels_json(&query.labels));
         }
-        if let Some(position) = query.at_or_below {
+        if let Some(cursor) = &query.at_or_below {
+            // The cursor's position in the run's shard (arrays count from 1).
+            let heads: Vec<i64> = cursor
+                .shards()
+                .map(|(_, p)| i64::try_from(p).unwrap_or(i64::MAX))
+                .collect();
             filter.add(
-                "position <= $?",
-                i64::try_from(position).unwrap_or(i64::MAX),
+                "position <= ($?::int8[])[get_byte(uuid_send(run_id), 15) + 1]",
+                heads,
             );
         }
         if let Some(groups) = &query.decidable_by {
@@ -692,7 +748,7 @@ impl super::Store for PostgresStore {
         let row = self
             .query_opt(
                 "SELECT name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, \
-                 created_ms FROM aaa_groups WHERE name = $1",
+                 created_ms, shard_cursor FROM aaa_groups WHERE name = $1",
                 &[&name],
             )
             .await?;
@@ -771,7 +827,7 @@ impl super::Store for PostgresStore {
         let rows = self
             .query(
                 "SELECT name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, \
-                 created_ms FROM aaa_groups ORDER BY name",
+                 created_ms, shard_cursor FROM aaa_groups ORDER BY name",
                 &[],
             )
             .await?;

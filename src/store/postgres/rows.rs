@@ -181,6 +181,7 @@ pub(super) fn group(row: &Row) -> Result<GroupRecord> {
         max_deliveries: u32::try_from(get::<i64>(row, 4)?).map_err(corrupt)?,
         cursor: get::<i64>(row, 5)? as u64,
         created_ms: get(row, 6)?,
+        shard_cursor: get::<Option<Vec<u8>>>(row, 7)?.unwrap_or_default(),
     })
 }
 

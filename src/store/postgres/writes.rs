@@ -518,8 +518,8 @@ fn groups(groups: BTreeMap<String, GroupRecord>, out: &mut Vec<Statement>) {
         return;
     }
     let (mut names, mut types, mut labels) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut ack, mut max, mut cursor, mut created) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ack, mut max, mut cursor, mut created, mut shard_cursor) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (name, g) in groups {
         names.push(name);
         types.push(strings_json(&g.event_types));
@@ -528,6 +528,7 @@ fn groups(groups: BTreeMap<String, GroupRecord>, out: &mut Vec<Statement>) {
         max.push(i64::from(g.max_deliveries));
         cursor.push(g.cursor as i64);
         created.push(g.created_ms);
+        shard_cursor.push((!g.shard_cursor.is_empty()).then_some(g.shard_cursor));
     }
     out.push(statement(
         UPSERT_GROUPS,
@@ -539,6 +540,7 @@ fn groups(groups: BTreeMap<String, GroupRecord>, out: &mut Vec<Statement>) {
             Box::new(max),
             Box::new(cursor),
             Box::new(created),
+            Box::new(shard_cursor),
         ],
     ));
 }
@@ -587,10 +589,14 @@ fn dead_letters(
     }
 }
 
+/// An event's shard is its run id's last byte (`RunId::shard`).
 const INSERT_EVENTS: &str = "INSERT INTO aaa_events \
-    (position, run_id, seq, id, type, data, time_ms, actor_kind, actor_name, actor_principal) \
-    SELECT * FROM UNNEST($1::bigint[], $2::uuid[], $3::bigint[], $4::bytea[], $5::text[], \
-    $6::text[], $7::bigint[], $8::int[], $9::text[], $10::text[])";
+    (position, run_id, seq, id, type, data, time_ms, actor_kind, actor_name, actor_principal, \
+    shard) \
+    SELECT e.*, get_byte(uuid_send(e.run_id), 15)::int2 FROM UNNEST($1::bigint[], $2::uuid[], \
+    $3::bigint[], $4::bytea[], $5::text[], $6::text[], $7::bigint[], $8::int[], $9::text[], \
+    $10::text[]) AS e(position, run_id, seq, id, type, data, time_ms, actor_kind, actor_name, \
+    actor_principal)";
 
 const UPSERT_RUNS: &str = "INSERT INTO aaa_runs \
     (run_id, status, task, model, tools, labels, created_ms, updated_ms, deadline_ms, \
@@ -670,13 +676,13 @@ const EXPIRE_RUNS: &str = "WITH d AS (SELECT * FROM UNNEST($1::uuid[], $2::bigin
     until_ms = EXCLUDED.until_ms";
 
 const UPSERT_GROUPS: &str = "INSERT INTO aaa_groups \
-    (name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, created_ms) \
+    (name, event_types, labels, ack_timeout_ms, max_deliveries, cursor, created_ms, shard_cursor) \
     SELECT * FROM UNNEST($1::text[], $2::jsonb[], $3::jsonb[], $4::bigint[], $5::bigint[], \
-    $6::bigint[], $7::bigint[]) \
+    $6::bigint[], $7::bigint[], $8::bytea[]) \
     ON CONFLICT (name) DO UPDATE SET event_types = EXCLUDED.event_types, \
     labels = EXCLUDED.labels, ack_timeout_ms = EXCLUDED.ack_timeout_ms, \
     max_deliveries = EXCLUDED.max_deliveries, cursor = EXCLUDED.cursor, \
-    created_ms = EXCLUDED.created_ms";
+    created_ms = EXCLUDED.created_ms, shard_cursor = EXCLUDED.shard_cursor";
 
 const UPSERT_DEAD_LETTERS: &str = "INSERT INTO aaa_dead_letters \
     (group_name, position, run_id, seq, deliveries, last_error, dead_ms, replaying) \

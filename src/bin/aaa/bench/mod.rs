@@ -30,6 +30,7 @@
 mod appends;
 mod client;
 mod cluster;
+mod committers;
 mod cycle;
 mod fanout;
 mod floors;
@@ -128,6 +129,9 @@ pub enum Scenario {
     /// 1..=N servers on one PostgreSQL (`--cluster N`, default 3): cycles
     /// spread over all, forwarded latency, kill -9 of the owner.
     Cluster,
+    /// Commit rounds of 1, 2 and 4 committers (store handles) on disjoint
+    /// shards of one PostgreSQL, and how much they wait on locks.
+    Committers,
 }
 
 fn postgres_url(text: &str) -> Result<String, String> {
@@ -234,6 +238,7 @@ pub struct Results {
     long: Option<long::Long>,
     retention: Option<retention::Retention>,
     cluster: Option<cluster::Cluster>,
+    committers: Option<committers::Committers>,
     /// Scenarios that could not run to the end, with why.
     failed: Vec<String>,
 }
@@ -258,6 +263,7 @@ impl Results {
         self.million.iter().for_each(|p| add(&p.problems));
         self.long.iter().for_each(|l| add(&l.problems));
         self.retention.iter().for_each(|r| add(&r.problems));
+        self.committers.iter().for_each(|c| add(&c.problems));
         if let Some(cluster) = &self.cluster {
             add(&cluster.problems);
             cluster.sizes.iter().for_each(|s| add(&s.cycle.problems));
@@ -461,6 +467,20 @@ async fn measure_on(
     if wanted(Scenario::Retention) {
         let retention = retention::run(args, &plan.retention, session, scratch("retention"));
         results.retention = results.record("retention", retention.await);
+    }
+
+    if wanted(Scenario::Committers) {
+        if let Some(database) = database {
+            let committers = committers::run(
+                database.url(),
+                |tag| database.scratch(tag),
+                plan.store_appends,
+                plan.limit,
+            );
+            results.committers = results.record("committers", committers.await);
+        } else if args.only.contains(&Scenario::Committers) {
+            bail!("the committers scenario needs --store (a PostgreSQL URL)");
+        }
     }
 
     if wanted(Scenario::Cluster) {

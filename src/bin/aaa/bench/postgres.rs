@@ -30,6 +30,11 @@ impl Database {
         })
     }
 
+    /// The database's URL, as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// A store URL of a new, empty schema, named after `tag`.
     pub fn scratch(&self, tag: &str) -> String {
         postgres::in_schema(&self.url, &self.scratch_schema(tag))

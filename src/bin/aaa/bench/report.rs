@@ -378,6 +378,9 @@ pub fn table(results: &Results) -> Table {
     if let Some(cluster) = &results.cluster {
         cluster_rows(&mut t, cluster);
     }
+    if let Some(committers) = &results.committers {
+        committers_rows(&mut t, committers);
+    }
 
     let problems = results.problems();
     t.judge(
@@ -632,6 +635,37 @@ fn retention_rows(t: &mut Table, r: &super::retention::Retention) {
         value,
         "<= 1.10x",
         pass,
+    );
+}
+
+/// The committers' rows: rounds/s per count of committers, 4 against 1
+/// judged by issue 45's target (at least twice), and the lock waits.
+fn committers_rows(t: &mut Table, committers: &super::committers::Committers) {
+    for level in &committers.levels {
+        let scenario = format!("commit x{}", level.committers);
+        t.add(
+            &scenario,
+            "commit rounds/s (disjoint shards, 16 writers each)",
+            thousands(level.rounds_per_second),
+        );
+        t.add(
+            &scenario,
+            "acked events/s",
+            thousands(level.events_per_second),
+        );
+        t.add(
+            &scenario,
+            "active sessions waiting on a lock",
+            format!("{:.0}%", 100.0 * level.lock_wait_share),
+        );
+        t.add(&scenario, "commit p50 / p99", level.latency.text());
+    }
+    t.judge(
+        "commit x4",
+        "rounds/s of 4 committers over 1",
+        format!("{:.2}x", committers.four_over_one),
+        ">= 2x",
+        Some(committers.four_over_one >= 2.0),
     );
 }
 
