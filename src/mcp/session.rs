@@ -213,7 +213,7 @@ pub enum Answer {
     /// The call's outcome.
     Result(CallToolResult),
     /// The call waits for a person: the client polls its task (with the
-    /// time of its approval request).
+    /// time the call was requested).
     Task(TaskId, i64),
 }
 
@@ -420,6 +420,7 @@ impl Session {
         let mut follower = Follower::at(&engine, run, from);
         let mut watch = CallWatch::default();
         let mut replied = false;
+        let mut requested_ms = 0;
         loop {
             let event = tokio::select! {
                 event = follower.next(&engine) => event,
@@ -442,6 +443,7 @@ impl Session {
                 Typed::LlmCompleted(e) if e.call_id == turn.call_id => replied = true,
                 Typed::ToolRequested(e) if replied && watch.ours.is_empty() => {
                     watch.ours.push(e.call_id.clone());
+                    requested_ms = event.time_ms;
                     continue;
                 }
                 _ => {}
@@ -454,7 +456,7 @@ impl Session {
                             run,
                             call: watch.ours[0].clone(),
                         };
-                        return Answer::Task(task, event.time_ms);
+                        return Answer::Task(task, requested_ms);
                     }
                     step += 1;
                     if let Some(p) = &progress {
