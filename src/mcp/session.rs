@@ -757,3 +757,37 @@ pub async fn task_state(engine: &Engine, task: &TaskId) -> Result<Option<(TaskSt
     }
     Ok(requested_ms.map(|at| (state, at)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_id_names_its_run_and_call() {
+        let task = TaskId {
+            run: RunId::new(),
+            call: "call-3".into(),
+        };
+        let text = task.to_string();
+        assert_eq!(text, format!("aaa-call:{}:call-3", task.run));
+        assert_eq!(TaskId::parse(&text), Some(task));
+        for bad in [
+            "",
+            "aaa-call:",
+            "aaa-call:nope:call-1",
+            "call-1",
+            "aaa-call:x",
+        ] {
+            assert_eq!(TaskId::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_expiry_reads_as_one() {
+        assert_eq!(
+            expired_text(Some(1500), "timeout"),
+            "the approval request expired: nobody decided within the approval timeout of 1.5 s \
+             (expiry reason: timeout); the call was not run"
+        );
+    }
+}
