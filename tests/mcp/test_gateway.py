@@ -27,7 +27,8 @@ AAA = Path(os.environ.get("AAA_BIN", REPO / "target" / "debug" / "aaa"))
 UPSTREAM = Path(__file__).with_name("upstream.py")
 # @modelcontextprotocol/server-everything, installed by `npm ci` in tests/mcp/ts (run.sh).
 EVERYTHING = Path(__file__).parent / "ts" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
-TOKENS = {"runner": "mcp-runner-token", "approver": "alice-token", "reader": "reader-token"}
+TOKENS = {"runner": "mcp-runner-token", "approver": "alice-token", "reader": "reader-token",
+          "other_runner": "other-runner-token"}
 # An upstream credential: it must never show in aaa's log, events or errors.
 UPSTREAM_SECRET = "upstream-secret-5f1d2c"
 WAIT_S = 20.0
@@ -59,6 +60,11 @@ token_sha256 = "{sha256(TOKENS['approver'])}"
 name = "just-a-reader"
 roles = ["reader"]
 token_sha256 = "{sha256(TOKENS['reader'])}"
+
+[[principal]]
+name = "other-runner"
+roles = ["runner"]
+token_sha256 = "{sha256(TOKENS['other_runner'])}"
 """
         )
         (root / "mcp.toml").write_text(
@@ -585,6 +591,15 @@ def test_a_denied_task_completes_with_the_reason(gateway: Gateway):
         assert state["status"] == "completed", state
         assert state["result"]["isError"] is True
         assert "no tasks today" in state["result"]["content"][0]["text"]
+        # Another runner cannot read the task: the same answer as for no
+        # task at all.
+        other = TasksSession(gateway.url, TOKENS["other_runner"])
+        try:
+            refused = other.request("tasks/get", {"taskId": task_id})
+            assert refused["error"]["code"] == -32602, refused
+            assert refused["error"]["message"] == f"no task '{task_id}'"
+        finally:
+            other.close()
         # An ungated call of a task client is answered at once, no task.
         echoed = tasks.request("tools/call", {"name": "echo", "arguments": {"text": "no task"}})
         assert echoed["result"]["content"][0]["text"] == "echo: no task", echoed
