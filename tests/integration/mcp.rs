@@ -1,7 +1,8 @@
 //! The `--mcp` file at start: a bad file exits 64 naming the upstream and
 //! the field, and an upstream that cannot be reached fails the start
-//! naming it. (The gateway end to end, with the MCP Python SDK as client
-//! and a real upstream, is tests/mcp/, run by .ci/run.)
+//! naming it; workers may not serve the gateway's model. (The gateway end
+//! to end, with the MCP Python and TypeScript SDKs as clients and real
+//! upstreams, is tests/mcp/, run by .ci/run.)
 
 use std::process::Command;
 
