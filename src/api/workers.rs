@@ -35,7 +35,7 @@ impl WorkerService for WorkerApi {
             .map(|(i, tool)| convert::tool_definition(i, tool))
             .collect::<Result<Vec<_>, Error>>()?;
         for (i, model) in request.models.iter().enumerate() {
-            check::name(&format!("models[{i}]"), model)?;
+            check::served_model(&format!("models[{i}]"), model)?;
         }
         let tool_names = tools.iter().map(|t| t.name.as_str());
         let model_names = request.models.iter().map(String::as_str);
@@ -149,7 +149,7 @@ pub(crate) fn poll_of(
         check::name(&format!("tools[{i}]"), tool)?;
     }
     for (i, model) in poll.models.iter().enumerate() {
-        check::name(&format!("models[{i}]"), model)?;
+        check::served_model(&format!("models[{i}]"), model)?;
     }
     let tool_names = poll.tools.iter().map(String::as_str);
     let model_names = poll.models.iter().map(String::as_str);

@@ -37,6 +37,23 @@ pub fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Invalid> 
     Ok(())
 }
 
+/// The model that drives the runs of MCP sessions. Only aaa's MCP gateway
+/// serves it: a worker serving it would take the sessions' turns.
+pub const MCP_MODEL: &str = "aaa.mcp";
+
+/// A model a worker names (RegisterWorker, PollTask): a name, and not one
+/// aaa serves itself.
+pub fn served_model(field: &str, text: &str) -> Result<(), Invalid> {
+    name(field, text)?;
+    if text == MCP_MODEL {
+        return Err(Invalid::field(
+            field,
+            format!("'{MCP_MODEL}' is reserved for aaa's MCP gateway; name another model"),
+        ));
+    }
+    Ok(())
+}
+
 /// A name: non-empty, at most 256 bytes, letters, digits and `_-.:/`.
 pub fn name(field: &str, text: &str) -> Result<(), Invalid> {
     if text.is_empty() {

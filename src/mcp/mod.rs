@@ -34,8 +34,9 @@ use crate::engine::Engine;
 pub use config::McpConfig;
 use upstream::Connection;
 
-/// The model name of the MCP sessions' runs (served by the gateway only).
-pub const MODEL: &str = "aaa.mcp";
+/// The model name of the MCP sessions' runs (served by the gateway only:
+/// workers may not register or poll it).
+pub const MODEL: &str = crate::domain::check::MCP_MODEL;
 /// The worker identity the gateway's tool and model tasks are handed to.
 pub const IDENTITY: &str = "aaa.mcp";
 

@@ -13,8 +13,9 @@ use axum::response::Response;
 use axum::Router;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, CreateTaskResult, DetailedTask,
+    GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -23,7 +24,7 @@ use rmcp::ErrorData as McpError;
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::http::StatusCode;
 
-use super::session::{Caller, Progress, Session};
+use super::session::{self, Answer, Caller, Progress, Session, TaskId, TaskState};
 use super::Gateway;
 use crate::auth::{AuthConfig, Principal, Refusal};
 use crate::web::hosts::AllowedHosts;
@@ -142,7 +143,13 @@ impl Handler {
 
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        // The tasks extension: a client that declares it gets a call that
+        // waits for a person as a task, and polls it with tasks/get.
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("aaa", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Every call goes through aaa: gated tools wait for a human approval \
@@ -174,11 +181,10 @@ impl ServerHandler for Handler {
                 None,
             ));
         }
-        let principal = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Principal>())
-            .map_or_else(String::new, |p| p.name.clone());
+        let principal = caller_of(&context).map_or_else(String::new, |p| p.name.clone());
+        let as_task = context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks());
         let client = context
             .client_info()
             .map_or_else(String::new, |info| info.name);
@@ -188,14 +194,135 @@ impl ServerHandler for Handler {
         });
         let arguments = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let caller = Caller { principal, client };
-        let result = tokio::select! {
-            result = self.session.call(&caller, &request.name, arguments, progress) => result,
+        let call = self
+            .session
+            .call(&caller, &request.name, arguments, progress, as_task);
+        let answer = tokio::select! {
+            answer = call => answer,
             // The client gave up: the call stays in the run, whose next
             // call of this session waits for it.
             _ = context.ct.cancelled() => {
                 return Err(McpError::internal_error("the request was cancelled", None))
             }
         };
-        Ok(CallToolResponse::Complete(result))
+        Ok(match answer {
+            Answer::Result(result) => CallToolResponse::Complete(result),
+            Answer::Task(task, requested_ms) => {
+                let message = format!(
+                    "call {} of run {} waits for approval (aaa approvals)",
+                    task.call, task.run
+                );
+                let state = Task::new(
+                    task.to_string(),
+                    TaskStatus::Working,
+                    iso8601(requested_ms),
+                    iso8601(crate::clock::now_ms()),
+                )
+                .with_status_message(message)
+                .with_poll_interval_ms(POLL_INTERVAL_MS);
+                CallToolResponse::Task(CreateTaskResult::new(state))
+            }
+        })
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        // The same answer for a task that does not exist and one of a run
+        // the caller may not read: a task id says nothing to others.
+        let unknown = || {
+            McpError::invalid_params(
+                format!("no task '{}'", crate::domain::clip::clip(&request.task_id)),
+                None,
+            )
+        };
+        let task = TaskId::parse(&request.task_id).ok_or_else(unknown)?;
+        let Some(engine) = self.gateway.engine() else {
+            return Err(McpError::internal_error(
+                "aaa does not serve runs on this server now; try again shortly",
+                None,
+            ));
+        };
+        let run = engine
+            .store()
+            .run(task.run)
+            .await
+            .map_err(|e| McpError::internal_error(format!("aaa cannot read the run: {e}"), None))?
+            .ok_or_else(unknown)?;
+        // Runners read the runs they started; readers and admins all.
+        if let Some(caller) = caller_of(&context) {
+            if run.started_by != caller.name && !caller.sees_every_run(true) {
+                return Err(unknown());
+            }
+        }
+        let (state, requested_ms) = session::task_state(&engine, &task)
+            .await
+            .map_err(|e| McpError::internal_error(format!("aaa cannot read the run: {e}"), None))?
+            .ok_or_else(unknown)?;
+        let id = task.to_string();
+        let detailed = match state {
+            TaskState::Working {
+                message,
+                updated_ms,
+            } => {
+                let state = Task::new(
+                    id,
+                    TaskStatus::Working,
+                    iso8601(requested_ms),
+                    iso8601(updated_ms.max(requested_ms)),
+                )
+                .with_status_message(message)
+                .with_poll_interval_ms(POLL_INTERVAL_MS);
+                DetailedTask::new(state, TaskPayload::Working)
+            }
+            TaskState::Done { result, updated_ms } => {
+                let serde_json::Value::Object(result) =
+                    serde_json::to_value(&result).expect("a result serializes")
+                else {
+                    unreachable!("a result is an object")
+                };
+                let state = Task::new(
+                    id,
+                    TaskStatus::Completed,
+                    iso8601(requested_ms),
+                    iso8601(updated_ms),
+                );
+                DetailedTask::new(state, TaskPayload::Completed { result })
+            }
+        };
+        Ok(GetTaskResult::new(detailed))
+    }
+
+    async fn cancel_task(
+        &self,
+        _request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Err(McpError::invalid_request(
+            "a call waiting in aaa is not cancelled by its client: an approver denies it \
+             (aaa deny RUN CALL), or the run is cancelled (aaa runs cancel RUN)",
+            None,
+        ))
+    }
+}
+
+/// The caller's principal (auth on).
+fn caller_of(context: &RequestContext<RoleServer>) -> Option<&Principal> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Principal>())
+}
+
+/// How often a client should poll a task (a person decides in seconds at
+/// best).
+const POLL_INTERVAL_MS: u64 = 1_000;
+
+/// Milliseconds since the epoch as ISO 8601 (UTC), as tasks carry times.
+fn iso8601(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

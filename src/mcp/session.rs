@@ -208,6 +208,122 @@ enum Waited {
     Done(CallToolResult),
 }
 
+/// The answer to a `tools/call`.
+pub enum Answer {
+    /// The call's outcome.
+    Result(CallToolResult),
+    /// The call waits for a person: the client polls its task (with the
+    /// time the call was requested).
+    Task(TaskId, i64),
+}
+
+impl From<CallToolResult> for Answer {
+    fn from(result: CallToolResult) -> Answer {
+        Answer::Result(result)
+    }
+}
+
+/// A call that an MCP client follows as a task (the tasks extension): the
+/// run and the call the session proposed. Its outcome is read from the
+/// run's events, so it outlives the session and aaa itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskId {
+    pub run: RunId,
+    pub call: String,
+}
+
+impl TaskId {
+    const PREFIX: &'static str = "aaa-call:";
+
+    /// `aaa-call:RUN:CALL`.
+    pub fn parse(text: &str) -> Option<TaskId> {
+        let (run, call) = text.strip_prefix(Self::PREFIX)?.split_once(':')?;
+        let run = RunId::parse(run)?;
+        crate::domain::check::name("call", call).ok()?;
+        Some(TaskId {
+            run,
+            call: call.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}:{}", Self::PREFIX, self.run, self.call)
+    }
+}
+
+/// Follows one proposed call through its run's events (an approver's
+/// edits included) to its outcome as an MCP result.
+#[derive(Default)]
+struct CallWatch {
+    /// The proposed call, then the calls edits made of it.
+    ours: Vec<String>,
+    /// How long each of our approval requests could wait (ms), for an
+    /// expiry's text.
+    could_wait: HashMap<String, i64>,
+    /// Our call whose approval request expired.
+    expired: Option<String>,
+}
+
+/// What one event meant for the call a [`CallWatch`] follows.
+enum Seen {
+    Nothing,
+    /// This call of ours waits for approval.
+    AwaitsApproval(String),
+    /// Its outcome (or the run's end before one).
+    Done(CallToolResult),
+}
+
+impl CallWatch {
+    fn of(call: &str) -> CallWatch {
+        CallWatch {
+            ours: vec![call.to_string()],
+            ..CallWatch::default()
+        }
+    }
+
+    fn see(&mut self, run: RunId, event: &EventRecord, typed: &Typed) -> Seen {
+        let ours = |call: &String| self.ours.contains(call);
+        match typed {
+            Typed::ToolRequested(e) if !self.ours.is_empty() && ours(&e.edited_from) => {
+                self.ours.push(e.call_id.clone())
+            }
+            Typed::ApprovalRequested(e) if ours(&e.call_id) => {
+                if let Some(at) = e.expires_at_ms {
+                    self.could_wait
+                        .insert(e.call_id.clone(), at - event.time_ms);
+                }
+                return Seen::AwaitsApproval(e.call_id.clone());
+            }
+            Typed::ApprovalDenied(e) if ours(&e.call_id) && timed_out(event, e) => {
+                self.expired = Some(e.call_id.clone())
+            }
+            Typed::ToolCompleted(e) if ours(&e.call_id) => {
+                return Seen::Done(completed(e.output.clone(), call_meta(run, &e.call_id)));
+            }
+            Typed::ToolFailed(e) if ours(&e.call_id) => {
+                let mut meta = call_meta(run, &e.call_id);
+                let text = match self.expired.as_ref() == Some(&e.call_id) {
+                    true => {
+                        meta["aaa/error_type"] = Value::String("ApprovalExpired".into());
+                        let could_wait = self.could_wait.get(&e.call_id).copied();
+                        expired_text(could_wait, &e.error.message)
+                    }
+                    false => {
+                        meta["aaa/error_type"] = Value::String(e.error.error_type.clone());
+                        e.error.message.clone()
+                    }
+                };
+                return Seen::Done(error_result(&text, meta));
+            }
+            _ if run_ended(typed) => return Seen::Done(ended_result(typed, run)),
+            _ => {}
+        }
+        Seen::Nothing
+    }
+}
+
 impl Session {
     pub fn new(gateway: Arc<Gateway>) -> Session {
         Session {
@@ -217,19 +333,23 @@ impl Session {
     }
 
     /// One `tools/call`: a turn of the session's run proposing exactly
-    /// this call, then its outcome as an MCP result.
+    /// this call, then its outcome as an MCP result. With `as_task` (the
+    /// client takes tasks), a call that comes to wait for a person is
+    /// answered at once with its task instead.
     pub async fn call(
         &self,
         caller: &Caller,
         name: &str,
         arguments: Value,
         progress: Option<Progress>,
-    ) -> CallToolResult {
+        as_task: bool,
+    ) -> Answer {
         let Some(engine) = self.gateway.engine() else {
             return error_result(
                 "aaa does not serve runs on this server now; try again shortly",
                 json!({}),
-            );
+            )
+            .into();
         };
         let mut current = self.current.lock().await;
         // A run that ended (an approval expired, its deadline, a cancel)
@@ -238,7 +358,10 @@ impl Session {
             let finished = match engine.store().run(c.run).await {
                 Ok(Some(record)) => record.status >= 3,
                 Ok(None) => true,
-                Err(e) => return error_result(&format!("aaa cannot read the run: {e}"), json!({})),
+                Err(e) => {
+                    let text = format!("aaa cannot read the run: {e}");
+                    return error_result(&text, json!({})).into();
+                }
             };
             if finished {
                 if let Some(old) = current.take() {
@@ -250,10 +373,8 @@ impl Session {
             match self.start(&engine, caller, name).await {
                 Ok(started) => *current = Some(started),
                 Err(e) => {
-                    return error_result(
-                        &format!("aaa cannot start the session's run: {e}"),
-                        json!({}),
-                    )
+                    let text = format!("aaa cannot start the session's run: {e}");
+                    return error_result(&text, json!({})).into();
                 }
             }
         }
@@ -280,7 +401,7 @@ impl Session {
                 Waited::Turn(task) => break task,
                 Waited::Done(result) => {
                     current.take();
-                    return result;
+                    return result.into();
                 }
             }
         };
@@ -294,64 +415,64 @@ impl Session {
             facts: Default::default(),
         };
         if let Err(e) = engine.report_builtin(&turn.token, reply).await {
-            return error_result(&format!("aaa cannot record the call: {e}"), meta);
+            return error_result(&format!("aaa cannot record the call: {e}"), meta).into();
         }
         let mut follower = Follower::at(&engine, run, from);
-        let mut ours: Vec<String> = Vec::new();
+        let mut watch = CallWatch::default();
         let mut replied = false;
+        let mut requested_ms = 0;
         loop {
             let event = tokio::select! {
                 event = follower.next(&engine) => event,
                 _ = tokio::time::sleep(PROGRESS_EVERY) => {
                     step += 1;
                     if let Some(p) = &progress {
-                        p.say(step, waiting_text(run, &ours)).await;
+                        p.say(step, waiting_text(run, &watch.ours)).await;
                     }
                     continue;
                 }
             };
             let Some(event) = event else {
-                return error_result("aaa stopped while the call waited", meta);
+                return error_result("aaa stopped while the call waited", meta).into();
             };
             let Ok(typed) = Typed::decode(&event.event_type, &event.data_json) else {
                 continue;
             };
-            match typed {
-                // Our turn's reply, then the call it proposed (and the
-                // calls an approver's edits made of it).
+            match &typed {
+                // Our turn's reply, then the call it proposed.
                 Typed::LlmCompleted(e) if e.call_id == turn.call_id => replied = true,
-                Typed::ToolRequested(e)
-                    if replied && (ours.is_empty() || ours.contains(&e.edited_from)) =>
-                {
-                    ours.push(e.call_id)
+                Typed::ToolRequested(e) if replied && watch.ours.is_empty() => {
+                    watch.ours.push(e.call_id.clone());
+                    requested_ms = event.time_ms;
+                    continue;
                 }
-                Typed::ApprovalRequested(e) if ours.contains(&e.call_id) => {
+                _ => {}
+            }
+            match watch.see(run, &event, &typed) {
+                Seen::Nothing => {}
+                Seen::AwaitsApproval(call) => {
+                    if as_task {
+                        let task = TaskId {
+                            run,
+                            call: watch.ours[0].clone(),
+                        };
+                        return Answer::Task(task, requested_ms);
+                    }
                     step += 1;
                     if let Some(p) = &progress {
                         p.say(
                             step,
-                            format!(
-                                "call {} of run {run} waits for approval (aaa approvals)",
-                                e.call_id
-                            ),
+                            format!("call {call} of run {run} waits for approval (aaa approvals)"),
                         )
                         .await;
                     }
                 }
-                Typed::ToolCompleted(e) if ours.contains(&e.call_id) => {
-                    let meta = call_meta(run, &e.call_id);
-                    return completed(e.output, meta);
+                Seen::Done(result) => {
+                    if run_ended(&typed) {
+                        current.take();
+                    }
+                    return result.into();
                 }
-                Typed::ToolFailed(e) if ours.contains(&e.call_id) => {
-                    let mut meta = call_meta(run, &e.call_id);
-                    meta["aaa/error_type"] = Value::String(e.error.error_type.clone());
-                    return error_result(&e.error.message, meta);
-                }
-                Typed::RunFailed(_) | Typed::RunCancelled(_) | Typed::RunCompleted(_) => {
-                    current.take();
-                    return ended_result(&typed, run);
-                }
-                _ => {}
             }
         }
     }
@@ -418,6 +539,32 @@ fn waiting_text(run: RunId, ours: &[String]) -> String {
         Some(call) => format!("call {call} of run {run} is waiting"),
         None => format!("run {run} is taking the call"),
     }
+}
+
+fn run_ended(typed: &Typed) -> bool {
+    matches!(
+        typed,
+        Typed::RunFailed(_) | Typed::RunCancelled(_) | Typed::RunCompleted(_)
+    )
+}
+
+/// Whether a denial is the engine's answer to an approval request whose
+/// time passed: the engine denies nothing else without a policy rule.
+fn timed_out(event: &EventRecord, denied: &ApprovalDenied) -> bool {
+    const ENGINE: i32 = 1;
+    event.actor_kind == ENGINE && denied.policy.is_none() && denied.approver.is_none()
+}
+
+/// What the model reads when nobody decided in time: an expiry, not a
+/// person's refusal. `could_wait_ms`: from the request to its expiry.
+fn expired_text(could_wait_ms: Option<i64>, reason: &str) -> String {
+    let within = match could_wait_ms {
+        Some(ms) => format!("within the approval timeout of {} s", ms as f64 / 1000.0),
+        None => "in time".to_string(),
+    };
+    format!(
+        "the approval request expired: nobody decided {within} (expiry reason: {reason}); the call was not run"
+    )
 }
 
 fn call_meta(run: RunId, call: &str) -> Value {
@@ -546,5 +693,101 @@ impl Follower {
                 return ended_result(&typed, self.run);
             }
         }
+    }
+}
+
+/// Where a task's call is, as its run's events tell.
+pub enum TaskState {
+    /// Waiting (for a person, or for its attempt): what it waits for.
+    Working { message: String, updated_ms: i64 },
+    /// The call's outcome as its MCP result.
+    Done {
+        result: CallToolResult,
+        updated_ms: i64,
+    },
+}
+
+/// A task's call and its state, read from its run's events (so it
+/// answers after the session ended and after aaa restarted). `None`: the
+/// run has no such call; else also when the call was requested.
+pub async fn task_state(engine: &Engine, task: &TaskId) -> Result<Option<(TaskState, i64)>, Error> {
+    let mut watch = CallWatch::of(&task.call);
+    let mut requested_ms = None;
+    let mut state = TaskState::Working {
+        message: format!("call {} of run {} is taking its turn", task.call, task.run),
+        updated_ms: 0,
+    };
+    let mut after = 0;
+    loop {
+        let events = engine.store().run_events(task.run, after, 256).await?;
+        let Some(last) = events.last() else { break };
+        after = last.seq;
+        for event in &events {
+            let Ok(typed) = Typed::decode(&event.event_type, &event.data_json) else {
+                continue;
+            };
+            if let Typed::ToolRequested(e) = &typed {
+                if e.call_id == task.call {
+                    requested_ms = Some(event.time_ms);
+                }
+            }
+            if requested_ms.is_none() {
+                continue;
+            }
+            match watch.see(task.run, event, &typed) {
+                Seen::Nothing => {}
+                Seen::AwaitsApproval(call) => {
+                    state = TaskState::Working {
+                        message: format!(
+                            "call {call} of run {} waits for approval (aaa approvals)",
+                            task.run
+                        ),
+                        updated_ms: event.time_ms,
+                    }
+                }
+                Seen::Done(result) => {
+                    let state = TaskState::Done {
+                        result,
+                        updated_ms: event.time_ms,
+                    };
+                    return Ok(requested_ms.map(|at| (state, at)));
+                }
+            }
+        }
+    }
+    Ok(requested_ms.map(|at| (state, at)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_id_names_its_run_and_call() {
+        let task = TaskId {
+            run: RunId::new(),
+            call: "call-3".into(),
+        };
+        let text = task.to_string();
+        assert_eq!(text, format!("aaa-call:{}:call-3", task.run));
+        assert_eq!(TaskId::parse(&text), Some(task));
+        for bad in [
+            "",
+            "aaa-call:",
+            "aaa-call:nope:call-1",
+            "call-1",
+            "aaa-call:x",
+        ] {
+            assert_eq!(TaskId::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_expiry_reads_as_one() {
+        assert_eq!(
+            expired_text(Some(1500), "timeout"),
+            "the approval request expired: nobody decided within the approval timeout of 1.5 s \
+             (expiry reason: timeout); the call was not run"
+        );
     }
 }

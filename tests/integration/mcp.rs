@@ -1,7 +1,8 @@
 //! The `--mcp` file at start: a bad file exits 64 naming the upstream and
 //! the field, and an upstream that cannot be reached fails the start
-//! naming it. (The gateway end to end, with the MCP Python SDK as client
-//! and a real upstream, is tests/mcp/, run by .ci/run.)
+//! naming it; workers may not serve the gateway's model. (The gateway end
+//! to end, with the MCP Python and TypeScript SDKs as clients and real
+//! upstreams, is tests/mcp/, run by .ci/run.)
 
 use std::process::Command;
 
@@ -96,4 +97,52 @@ fn header_values_never_print() {
         missing,
         "upstream 'bank': headers_from_env.X-Key: the environment variable AAA_TEST_MCP_UNSET is not set"
     );
+}
+
+/// The model `aaa.mcp` drives the runs of MCP sessions and only the
+/// gateway serves it: a worker that registered or polled it would take
+/// (and answer) the sessions' turns, so both are refused, naming the field.
+#[tokio::test]
+async fn a_worker_may_not_serve_the_gateways_model() {
+    use crate::support::{Server, TestServer};
+    use aaa::proto::{PollTaskRequest, RegisterWorkerRequest};
+
+    let server = TestServer::start().await;
+    let mut workers = server.workers().await;
+    let registered = workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "w".into(),
+            tools: vec![],
+            models: vec!["gpt".into(), "aaa.mcp".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        registered.code(),
+        tonic::Code::InvalidArgument,
+        "{registered:?}"
+    );
+    assert!(
+        registered
+            .message()
+            .contains("models[1]: 'aaa.mcp' is reserved for aaa's MCP gateway"),
+        "{registered:?}"
+    );
+    let polled = workers
+        .poll_task(PollTaskRequest {
+            identity: "w".into(),
+            tools: vec![],
+            models: vec!["aaa.mcp".into()],
+            wait_s: 0.001,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(polled.code(), tonic::Code::InvalidArgument, "{polled:?}");
+    assert!(
+        polled
+            .message()
+            .contains("models[0]: 'aaa.mcp' is reserved for aaa's MCP gateway"),
+        "{polled:?}"
+    );
+    server.shutdown().await;
 }

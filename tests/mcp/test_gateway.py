@@ -25,10 +25,14 @@ from mcp.client.streamable_http import streamable_http_client
 REPO = Path(__file__).resolve().parents[2]
 AAA = Path(os.environ.get("AAA_BIN", REPO / "target" / "debug" / "aaa"))
 UPSTREAM = Path(__file__).with_name("upstream.py")
-TOKENS = {"runner": "mcp-runner-token", "approver": "alice-token", "reader": "reader-token"}
+# @modelcontextprotocol/server-everything, installed by `npm ci` in tests/mcp/ts (run.sh).
+EVERYTHING = Path(__file__).parent / "ts" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+TOKENS = {"runner": "mcp-runner-token", "approver": "alice-token", "reader": "reader-token",
+          "other_runner": "other-runner-token"}
 # An upstream credential: it must never show in aaa's log, events or errors.
 UPSTREAM_SECRET = "upstream-secret-5f1d2c"
 WAIT_S = 20.0
+EXPOSED = ["bank_refuse", "echo", "everything_echo", "everything_sum", "http_echo", "wire_money", "wire_money_soon"]
 
 
 def sha256(text: str) -> str:
@@ -56,6 +60,11 @@ token_sha256 = "{sha256(TOKENS['approver'])}"
 name = "just-a-reader"
 roles = ["reader"]
 token_sha256 = "{sha256(TOKENS['reader'])}"
+
+[[principal]]
+name = "other-runner"
+roles = ["runner"]
+token_sha256 = "{sha256(TOKENS['other_runner'])}"
 """
         )
         (root / "mcp.toml").write_text(
@@ -82,6 +91,20 @@ name = "wire_money"
 expose_as = "wire_money_soon"
 requires_approval = true
 approval_timeout_s = 1
+
+[[upstream]]
+name = "everything"
+command = "node"
+args = [{json.dumps(str(EVERYTHING))}, "stdio"]
+
+[[upstream.tool]]
+name = "echo"
+expose_as = "everything_echo"
+
+[[upstream.tool]]
+name = "get-sum"
+expose_as = "everything_sum"
+requires_approval = true
 """
         )
         # The same upstream over Streamable HTTP, its key from aaa's environment.
@@ -154,6 +177,17 @@ expose_as = "http_echo"
             await asyncio.sleep(0.05)
         pytest.fail(f"no pending approval of {tool} within {WAIT_S}s")
 
+    async def pending_of(self, tool: str, arguments: dict) -> dict:
+        """The pending approval of `tool` with `arguments`."""
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            listed = json.loads(self.cli("approvals", "ls", "--json"))["approvals"]
+            found = [a for a in listed if a["tool"] == tool and a["arguments"] == arguments]
+            if found:
+                return found[0]
+            await asyncio.sleep(0.05)
+        pytest.fail(f"no pending approval of {tool} {arguments} within {WAIT_S}s")
+
     def stop(self) -> None:
         if self.process.poll() is not None:
             self.stderr.close()
@@ -210,7 +244,7 @@ def test_lists_the_exposed_tools(gateway: Gateway, mode: str):
     async def body():
         async with gateway.client(mode=mode) as client:
             tools = {t.name: t for t in (await client.list_tools()).tools}
-            assert sorted(tools) == ["bank_refuse", "echo", "http_echo", "wire_money", "wire_money_soon"]
+            assert sorted(tools) == EXPOSED
             assert tools["wire_money"].input_schema["properties"]["amount"]["type"] == "integer"
 
     run(body())
@@ -241,6 +275,29 @@ def test_an_upstream_over_http_gets_its_headers(gateway: Gateway):
         done = [d for d in gateway.executions("echo") if d["arguments"] == {"text": "over http"}]
         assert len(done) == 1
         assert done[0]["bank_key"] == UPSTREAM_SECRET
+
+    run(body())
+
+
+def test_server_everything_behind_aaa(gateway: Gateway):
+    """@modelcontextprotocol/server-everything over stdio: its `echo`
+    ungated, its `get-sum` gated and granted with `aaa approve`."""
+    async def body():
+        async with gateway.client() as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert tools["everything_sum"].input_schema["properties"]["a"]["type"] == "number"
+            echoed = await client.call_tool("everything_echo", {"message": "from python"})
+            assert not echoed.is_error, echoed
+            assert echoed.content[0].text == "Echo: from python"
+            call = asyncio.create_task(client.call_tool("everything_sum", {"a": 19, "b": 23}))
+            pending = await gateway.pending("everything_sum")
+            assert pending["arguments"] == {"a": 19, "b": 23}
+            assert not call.done()
+            gateway.cli("approve", pending["run_id"], pending["call_id"])
+            result = await call
+        assert not result.is_error, result
+        assert result.content[0].text == "The sum of 19 and 23 is 42."
+        assert result.meta["aaa/call_id"] == pending["call_id"]
 
     run(body())
 
@@ -305,7 +362,7 @@ def test_aaa_mcp_serves_the_same_over_stdio(gateway: Gateway):
         before = len(gateway.executions("wire_money"))
         async with Client(relay, mode="legacy") as client:
             tools = sorted(t.name for t in (await client.list_tools()).tools)
-            assert tools == ["bank_refuse", "echo", "http_echo", "wire_money", "wire_money_soon"]
+            assert tools == EXPOSED
             call = asyncio.create_task(
                 client.call_tool("wire_money", {"to": "STDIO", "amount": 7}, progress_callback=on_progress))
             pending = await gateway.pending("wire_money")
@@ -331,15 +388,19 @@ def test_aaa_mcp_ls_shows_upstreams_tools_and_gates(gateway: Gateway):
     assert UPSTREAM_SECRET not in done.stdout + done.stderr
 
 
-def test_an_unanswered_approval_times_out_as_a_tool_error(gateway: Gateway):
+def test_an_unanswered_approval_expires_as_a_tool_error(gateway: Gateway):
     async def body():
         before = len(gateway.executions("wire_money"))
         async with gateway.client() as client:
-            # Nobody answers: the engine denies the request after its tool's 1 s.
+            # Nobody answers: the request expires after its tool's 1 s (the
+            # engine records a denial with the reason `timeout`); the model
+            # reads an expiry, not a person's refusal.
             result = await client.call_tool("wire_money_soon", {"to": "LATE", "amount": 3})
             assert result.is_error
-            assert result.content[0].text == "timeout"
-            assert result.meta["aaa/error_type"] == "ApprovalDenied"
+            assert result.content[0].text == (
+                "the approval request expired: nobody decided within the approval "
+                "timeout of 1 s (expiry reason: timeout); the call was not run")
+            assert result.meta["aaa/error_type"] == "ApprovalExpired"
             # The session goes on in the same run.
             again = await client.call_tool("echo", {"text": "after the timeout"})
         assert not again.is_error
@@ -412,13 +473,77 @@ def test_each_session_is_a_run_and_credentials_stay_out_of_it(gateway: Gateway):
         assert UPSTREAM_SECRET not in events
 
 
-def test_a_grant_after_kill_9_still_runs_the_call_once(tmp_path: Path):
+class TasksSession:
+    """A raw MCP session (2025-11-25, Streamable HTTP) whose client declares
+    the tasks extension (io.modelcontextprotocol/tasks, SEP-2663), which
+    neither official SDK speaks yet: JSON-RPC over httpx2."""
+
+    def __init__(self, url: str, token: str):
+        self.url = url
+        self.http = httpx2.Client(timeout=30, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"})
+        self.session: str | None = None
+        self.last_id = 0
+        self.request("initialize", {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+            "clientInfo": {"name": "tasks-client", "version": "1"}})
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def post(self, message: dict) -> httpx2.Response:
+        headers = {"Mcp-Session-Id": self.session, "MCP-Protocol-Version": "2025-11-25"} if self.session else {}
+        answer = self.http.post(self.url, json=message, headers=headers)
+        assert answer.status_code in (200, 202), f"{answer.status_code}: {answer.text}"
+        self.session = answer.headers.get("mcp-session-id", self.session)
+        return answer
+
+    def request(self, method: str, params: dict) -> dict:
+        """The JSON-RPC answer (result or error) to one request."""
+        self.last_id += 1
+        answer = self.post({"jsonrpc": "2.0", "id": self.last_id, "method": method, "params": params})
+        if answer.headers["content-type"].startswith("application/json"):
+            return answer.json()
+        for line in answer.text.splitlines():
+            if line.startswith("data:") and line[5:].strip():
+                message = json.loads(line[5:])
+                if message.get("id") == self.last_id:
+                    return message
+        pytest.fail(f"no answer to {method}: {answer.text}")
+
+    def task(self, task_id: str) -> dict:
+        answer = self.request("tasks/get", {"taskId": task_id})
+        assert "result" in answer, answer
+        return answer["result"]
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def test_a_task_client_gets_the_result_after_kill_9(tmp_path: Path):
+    """kill -9 of aaa while gated calls wait: one from the Python SDK (no
+    tasks), one from a client that declared the tasks extension. After the
+    restart on the same store, `aaa approve` runs each once with its exact
+    arguments; the task client, in a new session, gets the upstream's
+    result with tasks/get; the SDK client's open request failed, and its
+    call's result is in the run (`aaa runs tail`)."""
     gateway = Gateway(tmp_path)
     try:
+        # The task client: a call that waits for a person is answered at once with its task.
+        tasks = TasksSession(gateway.url, TOKENS["runner"])
+        created = tasks.request("tools/call", {"name": "wire_money", "arguments": {"to": "TASK", "amount": 6}})
+        assert created["result"]["resultType"] == "task", created
+        task_id = created["result"]["taskId"]
+        assert created["result"]["status"] == "working"
+        assert "waits for approval" in created["result"]["statusMessage"]
+        assert tasks.task(task_id)["status"] == "working"
+        by_task = json.loads(gateway.cli("approvals", "ls", "--json"))["approvals"][0]
+        assert task_id == f"aaa-call:{by_task['run_id']}:{by_task['call_id']}"
+        assert tasks.request("tasks/get", {"taskId": "aaa-call:nope:call-1"})["error"]["code"] == -32602
+
         async def body():
             async with gateway.client() as client:
                 call = asyncio.create_task(client.call_tool("wire_money", {"to": "RESTART", "amount": 5}))
-                pending = await gateway.pending("wire_money")
+                pending = await gateway.pending_of("wire_money", {"to": "RESTART", "amount": 5})
                 gateway.process.kill()
                 gateway.process.wait()
                 # The open request ends with a transport error.
@@ -427,13 +552,56 @@ def test_a_grant_after_kill_9_still_runs_the_call_once(tmp_path: Path):
             return pending
 
         pending = run(body())
+        tasks.close()
         gateway.start_aaa()
         assert gateway.executions("wire_money") == []
+        # A new session of the task client: the task is still there, still waiting.
+        tasks = TasksSession(gateway.url, TOKENS["runner"])
+        assert tasks.task(task_id)["status"] == "working"
+        gateway.cli("approve", by_task["run_id"], by_task["call_id"])
         gateway.cli("approve", pending["run_id"], pending["call_id"])
-        # The new server's worker runs it once; the run then ends (no session follows it).
+        deadline = time.monotonic() + WAIT_S
+        while (state := tasks.task(task_id))["status"] == "working" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state["status"] == "completed", state
+        assert state["result"]["content"][0]["text"] == "sent 6 to TASK"
+        assert state["result"].get("isError") in (None, False)
+        assert state["result"]["_meta"]["aaa/call_id"] == by_task["call_id"]
+        tasks.close()
+        # The SDK client's call ran too; its result is in its run.
         events = gateway.cli("runs", "tail", pending["run_id"], "--json", ok=(0, 4))
         assert "aaa.tool.completed" in events
         assert "sent 5 to RESTART" in events
-        assert [d["arguments"] for d in gateway.executions("wire_money")] == [{"to": "RESTART", "amount": 5}]
+        done = sorted((d["arguments"]["to"], d["arguments"]["amount"]) for d in gateway.executions("wire_money"))
+        assert done == [("RESTART", 5), ("TASK", 6)]
     finally:
         gateway.stop()
+
+
+def test_a_denied_task_completes_with_the_reason(gateway: Gateway):
+    tasks = TasksSession(gateway.url, TOKENS["runner"])
+    try:
+        created = tasks.request("tools/call", {"name": "wire_money", "arguments": {"to": "TASKDENY", "amount": 1}})
+        task_id = created["result"]["taskId"]
+        pending = asyncio.run(gateway.pending("wire_money"))
+        gateway.cli("deny", pending["run_id"], pending["call_id"], "--reason", "no tasks today")
+        deadline = time.monotonic() + WAIT_S
+        while (state := tasks.task(task_id))["status"] == "working" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state["status"] == "completed", state
+        assert state["result"]["isError"] is True
+        assert "no tasks today" in state["result"]["content"][0]["text"]
+        # Another runner cannot read the task: the same answer as for no
+        # task at all.
+        other = TasksSession(gateway.url, TOKENS["other_runner"])
+        try:
+            refused = other.request("tasks/get", {"taskId": task_id})
+            assert refused["error"]["code"] == -32602, refused
+            assert refused["error"]["message"] == f"no task '{task_id}'"
+        finally:
+            other.close()
+        # An ungated call of a task client is answered at once, no task.
+        echoed = tasks.request("tools/call", {"name": "echo", "arguments": {"text": "no task"}})
+        assert echoed["result"]["content"][0]["text"] == "echo: no task", echoed
+    finally:
+        tasks.close()
