@@ -251,7 +251,7 @@ async fn time_pairs(
     let mut slower = 0.0;
     for i in 0..WARM_UP + pairs {
         let (f, u) = (&foreign[i % foreign.len()], &unknown[i % unknown.len()]);
-        let foreign_first = coin.next() % 2 == 0;
+        let foreign_first = coin.next().is_multiple_of(2);
         let (first, second) = match foreign_first {
             true => (f, u),
             false => (u, f),
