@@ -371,8 +371,8 @@ async fn runners_see_and_touch_only_the_runs_they_started() {
 /// Issue 40, item 10: a runner must not tell another principal's run
 /// from an unknown id by how long the same NOT_FOUND takes. Timed in
 /// interleaved pairs (1,000 per method after 100 not counted, the order
-/// within a pair alternating), another's run may be the slower in at most
-/// 60% of the pairs (50% tells nothing). Ignored because it measures time
+/// within a pair alternating), another's run must be the slower in 40% to
+/// 60% of the pairs (50% tells nothing; far either way tells). Ignored because it measures time
 /// (it belongs on a quiet machine), and because it fails today: reading a
 /// run that exists finds its first event in the log and decodes it, while
 /// an unknown id finds nothing at once, so reading the same keys either
@@ -425,11 +425,14 @@ async fn a_runner_cannot_tell_anothers_run_from_an_unknown_id_by_time() {
         shares.push((rpc, slower / PAIRS as f64));
     }
     server.shutdown().await;
-    let told = shares.iter().filter(|(_, share)| *share > 0.6).count();
+    let told = shares
+        .iter()
+        .filter(|(_, share)| !(0.4..=0.6).contains(share))
+        .count();
     assert_eq!(
         told, 0,
-        "share of pairs where another's run answered NOT_FOUND slower than an unknown id: \
-         {shares:?}"
+        "share of pairs where another's run answered NOT_FOUND slower than an unknown id \
+         (0.4 to 0.6 tells nothing): {shares:?}"
     );
 }
 

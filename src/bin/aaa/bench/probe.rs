@@ -9,9 +9,9 @@
 //! pairs of calls, one foreign and one unknown, in a random order within
 //! the pair, one call at a time over one connection, after a warm-up. It
 //! reports the share of pairs in which the foreign call was the slower
-//! (ties count half): 50% means time tells nothing; the attacker of the
-//! issue saw 76% of 4,000 GetRun pairs. And the median of the difference
-//! (foreign minus unknown) in µs.
+//! (ties count half): 50% means time tells nothing, and far from it either
+//! way tells; the attacker of the issue saw 76% of 4,000 GetRun pairs.
+//! And the median of the difference (foreign minus unknown) in µs.
 //!
 //! The unknown ids are the foreign ids with one random byte changed, so
 //! they have the same shard and about the same place in an index ordered
