@@ -1972,3 +1972,145 @@ async fn a_closing_owner_hands_the_runs_to_the_standby_at_once() {
     standby.close().await;
     db.drop().await;
 }
+
+/// The schema's migrations before the log was partitioned (versions 1-8).
+const BEFORE_PARTITIONS: [&str; 8] = [
+    include_str!("../../src/store/postgres/migrations/0001_init.sql"),
+    include_str!("../../src/store/postgres/migrations/0002_actor_principal.sql"),
+    include_str!("../../src/store/postgres/migrations/0003_shards.sql"),
+    include_str!("../../src/store/postgres/migrations/0004_members.sql"),
+    include_str!("../../src/store/postgres/migrations/0005_reviews.sql"),
+    include_str!("../../src/store/postgres/migrations/0006_token_usage.sql"),
+    include_str!("../../src/store/postgres/migrations/0007_grants.sql"),
+    include_str!("../../src/store/postgres/migrations/0008_retention.sql"),
+];
+
+/// A database written before the log was partitioned by shard (schema 8:
+/// one head row, positions in commit order across the log) upgrades in
+/// place: its events keep their positions, an old cursor (one position)
+/// still reads exactly what came after it, a group's old cursor holds in
+/// every shard, and new commits take positions after the old head.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_from_before_the_partitioned_log_keeps_its_positions_and_cursors() {
+    let Some(db) = TestDb::create("a_database_from_before_the_partitioned_log").await else {
+        return;
+    };
+    for (i, sql) in BEFORE_PARTITIONS.iter().enumerate() {
+        db.sql(sql).await;
+        db.sql(&format!(
+            "INSERT INTO aaa_schema (version) VALUES ({})",
+            i + 1
+        ))
+        .await;
+    }
+    let (a, b) = (RunId::new(), RunId::new());
+    for (position, run, seq) in [(1, a, 1), (2, b, 1), (3, a, 2)] {
+        db.sql(&format!(
+            "INSERT INTO aaa_events (position, run_id, seq, id, type, data, time_ms, \
+             actor_kind, actor_name, actor_principal) VALUES ({position}, '{run}', {seq}, \
+             '\\x00', 'app.old', '{{}}', 1, 3, 'alice', '')"
+        ))
+        .await;
+    }
+    db.sql("UPDATE aaa_head SET position = 3").await;
+    db.sql(
+        "INSERT INTO aaa_groups (name, event_types, labels, ack_timeout_ms, max_deliveries, \
+         cursor, created_ms) VALUES ('old', '[\"app.*\"]', '{}', 30000, 5, 2, 0)",
+    )
+    .await;
+
+    let store = db.open().await;
+    let positions =
+        |events: Vec<EventRecord>| -> Vec<u64> { events.iter().map(|e| e.position).collect() };
+    let all = store.log_after(&Cursor::start(), 10).await.unwrap();
+    assert_eq!(positions(all), [1, 2, 3]);
+    let after_two = store.log_after(&Cursor::at(2), 10).await.unwrap();
+    assert_eq!(
+        positions(after_two),
+        [3],
+        "an old cursor reads what came after it"
+    );
+    let group = store.group("old").await.unwrap().expect("the old group");
+    assert_eq!(group.log_cursor(), Cursor::at(2));
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(b, 2, "app.new"));
+    let given = store
+        .commit(batch)
+        .await
+        .expect("a commit after the upgrade");
+    assert!(
+        given[0] > 3,
+        "new positions come after the old head: {given:?}"
+    );
+    let after_old_head = store.log_after(&Cursor::at(3), 10).await.unwrap();
+    assert_eq!(positions(after_old_head), given);
+    assert_eq!(store.durable().most(), given[0]);
+    store.close().await;
+    db.drop().await;
+}
+
+/// A run in `shard` (its id's last byte).
+fn run_in_shard(shard: u8) -> RunId {
+    loop {
+        let run = RunId::new();
+        if run.shard() == shard {
+            return run;
+        }
+    }
+}
+
+/// Commits of disjoint shards never wait for each other: while another
+/// transaction holds shard 7's head row (as a commit round of another
+/// server does), a commit to a run of shard 9 lands, and one to a run of
+/// shard 7 waits for it, then lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_waits_only_for_the_shards_it_touches() {
+    let Some(db) = TestDb::create("a_commit_waits_only_for_the_shards_it_touches").await else {
+        return;
+    };
+    let store = db.open().await;
+    let holder = aaa::store::postgres::connect(&db.url)
+        .await
+        .expect("connect");
+    holder
+        .batch_execute("BEGIN; SELECT position FROM aaa_shard_heads WHERE shard = 7 FOR UPDATE")
+        .await
+        .expect("hold shard 7's head row");
+    let one_event = |run: RunId| {
+        let mut batch = WriteBatch::default();
+        batch.push_event(event(run, 1, "app.note"));
+        batch
+    };
+    tokio::time::timeout(WAIT, store.commit(one_event(run_in_shard(9))))
+        .await
+        .expect("a commit of shard 9 waited for shard 7's holder")
+        .expect("commit");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.commit(one_event(run_in_shard(7))).await }
+    });
+    let watcher = aaa::store::postgres::connect(&db.url)
+        .await
+        .expect("connect");
+    let blocked = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    tokio::time::timeout(WAIT, async {
+        while watcher
+            .query_one(blocked, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the commit of shard 7 never waited for its head row");
+    assert!(!waiting.is_finished());
+    holder.batch_execute("COMMIT").await.expect("release");
+    let given = waiting.await.expect("task").expect("the commit of shard 7");
+    assert_eq!(store.durable().after(7), given[0]);
+    store.close().await;
+    db.drop().await;
+}

@@ -7,9 +7,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use aaa::proto::subscription_service_client::SubscriptionServiceClient;
 use aaa::proto::{
-    subscribe_request, subscribe_response, Ack, AckResult, Delivery, ListDeadLettersRequest, Nack,
-    ReplayDeadLettersRequest, StartFrom, SubscribeRequest, SubscribeResponse, Subscribed,
-    SubscriptionOpen,
+    subscribe_request, subscribe_response, watch_approvals_response, Ack, AckResult, Delivery,
+    ListDeadLettersRequest, Nack, ReplayDeadLettersRequest, StartFrom, SubscribeRequest,
+    SubscribeResponse, Subscribed, SubscriptionOpen, WatchApprovalsRequest,
 };
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -845,4 +845,109 @@ async fn webhook_delivers_everything(https: bool, down: Down) {
     assert_eq!(arrived, seqs.into_iter().collect::<BTreeSet<_>>());
     assert!(retried, "the POSTs that failed were delivered again");
     server.kill9();
+}
+
+/// `count` runs waiting for their approval, started through `servers` in
+/// turn (with spread shards, each in a shard of the server that started
+/// it); their ids.
+async fn waiting_runs(servers: &[&TestServer], count: usize) -> BTreeSet<String> {
+    let mut started = BTreeSet::new();
+    for i in 0..count {
+        let mut runs = servers[i % servers.len()].runs().await;
+        let run_id = start_run(&mut runs, scripted_reference_run()).await;
+        wait_for_approval(&mut runs, &run_id).await;
+        started.insert(run_id);
+    }
+    started
+}
+
+/// The next `count` approval requests a watch sends: their runs, and the
+/// resume token of the last.
+async fn watched_requests(watch: &mut ApprovalWatch, count: usize) -> (Vec<String>, String) {
+    let (mut runs, mut token) = (Vec::new(), String::new());
+    while runs.len() < count {
+        let response = next_watch_change(watch).await;
+        if let Some(watch_approvals_response::Item::Requested(approval)) = response.item {
+            runs.push(approval.run_id);
+            token = response.resume_token;
+        }
+    }
+    (runs, token)
+}
+
+/// The log partitioned by shard (issue 45): a watch's resume token and a
+/// group's cursor hold a position per shard, valid on every server. After
+/// the shards change owners (one of two spread servers leaves, the other
+/// takes its share over), a watch resumed on the other server with the last
+/// token it got, and the group's next member there, get exactly what came
+/// after: nothing missed, nothing repeated.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_and_a_group_resume_on_another_server_after_the_shards_change_owners() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let member = |url: String| {
+        TestServer::start_with(move |config| {
+            config.store_url = Some(url.clone());
+            config.spread_shards = true;
+            config.lease = std::time::Duration::from_secs(1);
+        })
+    };
+    let (a, b) = (member(url.clone()).await, member(url.clone()).await);
+    let (name_a, name_b) = (member_of(&a).await, member_of(&b).await);
+    wait_until_spread(&a, &[&name_a, &name_b]).await;
+    register(&mut a.workers().await, vec![wire_money()], &[]).await;
+    let group = SubscriptionOpen {
+        group: "resumed".into(),
+        event_types: vec!["aaa.approval.requested".into()],
+        start_from: StartFrom::Beginning as i32,
+        ..Default::default()
+    };
+
+    // Watch and consume through b while runs start on both servers.
+    let mut watch = watch_approvals(&mut b.approvals().await, Default::default()).await;
+    assert!(read_snapshot(&mut watch).await.is_empty());
+    let mut consumer = subscribe(&b, group.clone()).await;
+    let first = waiting_runs(&[&a, &b], 8).await;
+    let (watched, token) = watched_requests(&mut watch, 8).await;
+    assert_eq!(watched.iter().cloned().collect::<BTreeSet<_>>(), first);
+    assert_eq!(watched.len(), 8, "no request twice: {watched:?}");
+    let mut delivered = BTreeSet::new();
+    for _ in 0..8 {
+        let delivery = consumer.delivery().await;
+        consumer.ack_ok(&delivery).await;
+        assert!(
+            delivered.insert(key(&delivery)),
+            "{:?} twice",
+            key(&delivery)
+        );
+    }
+    drop((watch, consumer));
+
+    // b leaves: a takes its shards over; more runs start there.
+    b.shutdown().await;
+    wait_until_spread(&a, &[&name_a]).await;
+    let second = waiting_runs(&[&a], 8).await;
+
+    let resume = WatchApprovalsRequest {
+        resume_token: Some(token),
+        ..Default::default()
+    };
+    let mut watch = watch_approvals(&mut a.approvals().await, resume).await;
+    let (after, _) = watched_requests(&mut watch, 8).await;
+    assert_eq!(
+        after.iter().cloned().collect::<BTreeSet<_>>(),
+        second,
+        "the resumed watch sent what came after its token, and only that"
+    );
+    let mut consumer = subscribe(&a, group).await;
+    for _ in 0..8 {
+        let delivery = consumer.delivery().await;
+        let (run, seq) = key(&delivery);
+        assert!(
+            second.contains(&run),
+            "delivered again after the handover: {run} seq {seq}"
+        );
+        consumer.ack_ok(&delivery).await;
+    }
 }

@@ -17,10 +17,13 @@
 //!   data dir's size over time;
 //! - `cluster` (`--cluster N`, with `--store`): 1..=N servers on one
 //!   database, the cycle spread over all of them, forwarding's cost, and a
-//!   kill -9 of the owner.
+//!   kill -9 of the owner;
+//! - `probe`: with auth on, whether a runner can tell another principal's
+//!   runs from unknown run ids by how long NOT_FOUND takes.
 //!
 //! `million`, `long` and `retention` take minutes: a full run does them
-//! only when `--only` names them; `--smoke` does every scenario.
+//! only when `--only` names them; `--smoke` does every scenario. `probe`
+//! runs when named, and in the smoke run of a server the bench starts.
 //!
 //! The floors a selected scenario is judged against are measured with it.
 //! Every figure is reported; a correctness problem (an RPC error, a wrong
@@ -37,6 +40,7 @@ mod floors;
 mod long;
 mod parked;
 mod postgres;
+mod probe;
 mod proc;
 mod report;
 mod retention;
@@ -105,6 +109,18 @@ pub struct BenchArgs {
     /// Run only these scenarios (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Scenario>,
+    /// Pairs of calls of each read in the probe scenario [default: 4000,
+    /// 200 with --smoke].
+    #[arg(long)]
+    pub probe_pairs: Option<usize>,
+    /// With --server, the probe scenario's prober: the token of a principal
+    /// with the runner role and not reader.
+    #[arg(long, env = "AAA_BENCH_PROBE_TOKEN", hide_env_values = true)]
+    pub probe_token: Option<String>,
+    /// With --server, the probe scenario's victim, whose runs the prober
+    /// asks about: another runner principal's token.
+    #[arg(long, env = "AAA_BENCH_PROBE_VICTIM_TOKEN", hide_env_values = true)]
+    pub probe_victim_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -132,6 +148,9 @@ pub enum Scenario {
     /// Commit rounds of 1, 2 and 4 committers (store handles) on disjoint
     /// shards of one PostgreSQL, and how much they wait on locks.
     Committers,
+    /// With auth on: a runner times NOT_FOUND for another principal's runs
+    /// against unknown run ids (GetRun, StreamEvents, Signal).
+    Probe,
 }
 
 fn postgres_url(text: &str) -> Result<String, String> {
@@ -169,6 +188,8 @@ struct Plan {
     cluster_cycles: usize,
     /// Runs parked for the cluster's failover.
     failover_parked: usize,
+    /// Pairs of calls of each read in the probe scenario.
+    probe_pairs: usize,
     limit: Duration,
 }
 
@@ -197,6 +218,7 @@ impl Plan {
                 retention: retention::Plan::smoke(args.retention_s),
                 cluster_cycles: 64,
                 failover_parked: 5,
+                probe_pairs: args.probe_pairs.unwrap_or(200),
                 limit,
             },
             false => Plan {
@@ -214,6 +236,7 @@ impl Plan {
                 retention: retention::Plan::full(args.retention_s),
                 cluster_cycles: 20_000,
                 failover_parked: 20,
+                probe_pairs: args.probe_pairs.unwrap_or(4_000),
                 limit,
             },
         })
@@ -239,6 +262,7 @@ pub struct Results {
     retention: Option<retention::Retention>,
     cluster: Option<cluster::Cluster>,
     committers: Option<committers::Committers>,
+    probe: Option<probe::Probe>,
     /// Scenarios that could not run to the end, with why.
     failed: Vec<String>,
 }
@@ -268,6 +292,7 @@ impl Results {
             add(&cluster.problems);
             cluster.sizes.iter().for_each(|s| add(&s.cycle.problems));
         }
+        self.probe.iter().for_each(|p| add(&p.problems));
         for failure in &self.failed {
             all.add(failure.clone());
         }
@@ -367,6 +392,10 @@ async fn measure_on(
         Scenario::Cluster => args.cluster.is_some() || args.only.contains(&s),
         Scenario::Million | Scenario::Long | Scenario::Retention => {
             args.only.contains(&s) || (everything && args.smoke)
+        }
+        // With --server it needs two principals' tokens.
+        Scenario::Probe => {
+            args.only.contains(&s) || (everything && args.smoke && args.server.is_none())
         }
         _ => args.only.contains(&s) || everything,
     };
@@ -503,6 +532,18 @@ async fn measure_on(
         )
         .await;
         results.cluster = Some(cluster);
+    }
+    if wanted(Scenario::Probe) {
+        let tokens = match (&args.probe_token, &args.probe_victim_token) {
+            (Some(prober), Some(victim)) => Some(probe::Tokens {
+                prober: prober.clone(),
+                victim: victim.clone(),
+            }),
+            _ => None,
+        };
+        let server = args.server.as_deref();
+        let probe = probe::run(server, tokens, scratch("probe"), plan.probe_pairs);
+        results.probe = results.record("probe", probe.await);
     }
     Ok(())
 }

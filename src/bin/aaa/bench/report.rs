@@ -381,6 +381,9 @@ pub fn table(results: &Results) -> Table {
     if let Some(committers) = &results.committers {
         committers_rows(&mut t, committers);
     }
+    if let Some(probe) = &results.probe {
+        probe_rows(&mut t, probe);
+    }
 
     let problems = results.problems();
     t.judge(
@@ -667,6 +670,34 @@ fn committers_rows(t: &mut Table, committers: &super::committers::Committers) {
         ">= 2x",
         Some(committers.four_over_one >= 2.0),
     );
+}
+
+/// The probe's rows: per read, how often another's run answered slower
+/// than an unknown id. Not judged: 50% is the aim, but on a shared machine
+/// a few points either way are noise; compare alternated runs.
+fn probe_rows(t: &mut Table, probe: &super::probe::Probe) {
+    for read in &probe.reads {
+        t.add(
+            "probe",
+            &format!(
+                "{}: pairs where another's run was slower than an unknown id ({} pairs; 50% = \
+                 indistinguishable)",
+                read.method, read.pairs
+            ),
+            format!("{:.1}%", 100.0 * read.foreign_slower_share),
+        );
+        t.add(
+            "probe",
+            &format!(
+                "{}: median (another's - unknown); medians of each",
+                read.method
+            ),
+            format!(
+                "{:+.1} us; {:.0} / {:.0} us",
+                read.median_difference_us, read.foreign_median_us, read.unknown_median_us
+            ),
+        );
+    }
 }
 
 /// The cluster's rows: cycles per size against one server's, forwarding's
