@@ -450,3 +450,39 @@ pub async fn checksum(store: &SharedStore, run: RunId) -> Result<String, Migrate
     }
     Ok(hex::encode(hash.finalize()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_in(shard: u8) -> RunId {
+        let mut bytes = [3u8; 16];
+        bytes[15] = shard;
+        RunId::from_slice(&bytes).unwrap()
+    }
+
+    /// A source with gaps (positions 3, 7, 8, 20 over two shards) copied
+    /// into a dense destination: each event's position and each shard of a
+    /// cursor map onto the destination's.
+    #[test]
+    fn positions_with_gaps_map_onto_the_destinations() {
+        let (a, b) = (run_in(1), run_in(2));
+        let mut positions = Positions::default();
+        positions.0.insert(1, vec![(3, 1), (8, 3)]);
+        positions.0.insert(2, vec![(7, 2), (20, 4)]);
+        assert_eq!(positions.of(a.as_bytes(), 8), Some(3));
+        assert_eq!(positions.of(b.as_bytes(), 20), Some(4));
+        assert_eq!(positions.of(b.as_bytes(), 8), None, "no such event");
+        // Read up to 7 everywhere: shard 1 up to its event at 3, shard 2
+        // up to its event at 7; shards with no events stay at the start.
+        let mapped = positions.cursor(&Cursor::at(7));
+        assert_eq!(
+            (mapped.after(1), mapped.after(2), mapped.after(9)),
+            (1, 2, 0)
+        );
+        let mut partly = Cursor::at(20);
+        partly.lower(1, 2);
+        let mapped = positions.cursor(&partly);
+        assert_eq!((mapped.after(1), mapped.after(2)), (0, 4));
+    }
+}

@@ -42,6 +42,11 @@ impl Cursor {
         Cursor(Box::new([position; SHARDS]))
     }
 
+    /// Moves every shard to `position` (see [`Cursor::at`]), in place.
+    pub fn set_all(&mut self, position: u64) {
+        self.0.fill(position);
+    }
+
     /// The position last read in `shard`.
     pub fn after(&self, shard: u8) -> u64 {
         self.0[usize::from(shard)]

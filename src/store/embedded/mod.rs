@@ -508,7 +508,7 @@ impl super::Store for EmbeddedStore {
     /// One committer gives positions in commit order across the log: past
     /// an event, a reader has read everything at or below it.
     fn read_past(&self, cursor: &mut Cursor, event: &EventRecord) {
-        *cursor = Cursor::at(event.position);
+        cursor.set_all(event.position);
     }
 
     fn watch_durable(&self) -> watch::Receiver<u64> {
