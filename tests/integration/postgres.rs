@@ -2060,9 +2060,9 @@ fn run_in_shard(shard: u8) -> RunId {
 }
 
 /// Commits of disjoint shards never wait for each other: while another
-/// transaction holds shard 7's head row (as a commit round of another
-/// server does), a commit to a run of shard 9 lands, and one to a run of
-/// shard 7 waits for it, then lands.
+/// transaction holds shard 7's lock (as a commit round of another server
+/// does), a commit to a run of shard 9 lands, and one to a run of shard 7
+/// waits for it, then lands.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_commit_waits_only_for_the_shards_it_touches() {
     let Some(db) = TestDb::create("a_commit_waits_only_for_the_shards_it_touches").await else {
@@ -2073,9 +2073,9 @@ async fn a_commit_waits_only_for_the_shards_it_touches() {
         .await
         .expect("connect");
     holder
-        .batch_execute("BEGIN; SELECT position FROM aaa_shard_heads WHERE shard = 7 FOR UPDATE")
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(1633771891, 7)")
         .await
-        .expect("hold shard 7's head row");
+        .expect("hold shard 7's lock");
     let one_event = |run: RunId| {
         let mut batch = WriteBatch::default();
         batch.push_event(event(run, 1, "app.note"));
@@ -2106,7 +2106,7 @@ async fn a_commit_waits_only_for_the_shards_it_touches() {
         }
     })
     .await
-    .expect("the commit of shard 7 never waited for its head row");
+    .expect("the commit of shard 7 never waited for its lock");
     assert!(!waiting.is_finished());
     holder.batch_execute("COMMIT").await.expect("release");
     let given = waiting.await.expect("task").expect("the commit of shard 7");

@@ -3,7 +3,7 @@
 //! the retry waits for that commit and answers what it recorded, so a run
 //! starts once and a signal or a decision is appended once (DESIGN.md §2,
 //! guarantee 8). Commits are held back as a slow store holds them: on
-//! PostgreSQL a transaction of the test's own locks the shards' head rows that
+//! PostgreSQL a transaction of the test's own takes the shards' locks that
 //! every commit locks first; on the embedded store the server's commit
 //! hold keeps the committer from writing.
 
@@ -48,7 +48,7 @@ enum Held {
     Postgres(Box<HeadRowLock>),
 }
 
-/// A transaction of the test's own that holds the shards' head rows.
+/// A transaction of the test's own that holds the shards' locks.
 struct HeadRowLock {
     holder: tokio_postgres::Client,
     holder_pid: i32,
@@ -66,12 +66,14 @@ impl Held {
         let url = server.store_location();
         let (holder, holding) = connect(&url).await;
         let (watcher, watching) = connect(&url).await;
-        // The rows every commit round with events locks first (FOR UPDATE):
-        // the head rows of its shards; all of them here.
+        // The locks every commit round takes first: those of its shards
+        // (advisory, keyed (class, shard)); all of them here.
         holder
-            .batch_execute("BEGIN; SELECT position FROM aaa_shard_heads FOR UPDATE")
+            .batch_execute(
+                "BEGIN; SELECT pg_advisory_xact_lock(1633771891, s) FROM generate_series(0, 255) s",
+            )
             .await
-            .expect("lock the shards' head rows");
+            .expect("lock the shards");
         let holder_pid = holder
             .query_one("SELECT pg_backend_pid()", &[])
             .await
@@ -106,14 +108,14 @@ impl Held {
                             &[holder_pid],
                         )
                         .await
-                        .expect("ask who waits for the head row")
+                        .expect("ask who waits for the shards' locks")
                         .get(0);
                     if waiting > 0 {
                         return;
                     }
                     assert!(
                         std::time::Instant::now() < give_up,
-                        "no commit waited for the head row"
+                        "no commit waited for the shards' locks"
                     );
                     backoff().await;
                 }

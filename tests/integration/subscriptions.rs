@@ -913,6 +913,7 @@ async fn a_watch_and_a_group_resume_on_another_server_after_the_shards_change_ow
     assert_eq!(watched.iter().cloned().collect::<BTreeSet<_>>(), first);
     assert_eq!(watched.len(), 8, "no request twice: {watched:?}");
     let mut delivered = BTreeSet::new();
+    let mut acked = Vec::new();
     for _ in 0..8 {
         let delivery = consumer.delivery().await;
         consumer.ack_ok(&delivery).await;
@@ -921,8 +922,35 @@ async fn a_watch_and_a_group_resume_on_another_server_after_the_shards_change_ow
             "{:?} twice",
             key(&delivery)
         );
+        let event = delivery.event.as_ref().expect("an event");
+        acked.push((
+            aaa::store::RunId::parse(&event.run_id).unwrap(),
+            event.position,
+        ));
     }
     drop((watch, consumer));
+    // Acks are at least once until the group's cursor is committed (a
+    // moment after them): wait until it passes every acked event.
+    let store = aaa::store::postgres::PostgresStore::open(&url)
+        .await
+        .unwrap();
+    let give_up = std::time::Instant::now() + WAIT;
+    loop {
+        let record = aaa::store::Store::group(&store, "resumed").await.unwrap();
+        let cursor = record.map(|g| g.log_cursor()).unwrap_or_default();
+        if acked
+            .iter()
+            .all(|(run, position)| !cursor.passes(*run, *position))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the acks were never committed"
+        );
+        backoff().await;
+    }
+    aaa::store::Store::close(&store).await;
 
     // b leaves: a takes its shards over; more runs start there.
     b.shutdown().await;

@@ -6,10 +6,12 @@
 //! its statements are pipelined (sent together, answered in order):
 //! 1. `BEGIN` (seq scans off, see [`BEGIN`]), `synchronous_commit` made at
 //!    least `on` for the transaction,
-//!    the head rows of the shards the round touches locked `FOR UPDATE`, in
-//!    shard order (serialising the writers of those shards, of every
-//!    server on the database, and nobody else), positions for its events
-//!    taken from the `aaa_positions` sequence while they are held, the
+//!    the shards the round touches locked (a transaction-scoped advisory
+//!    lock each, in shard order: it serialises the writers of those shards,
+//!    of every server on the database, and nobody else, and writes no row),
+//!    their heads (the last position committed in each, one backward index
+//!    probe each), positions for its events taken from the `aaa_positions`
+//!    sequence while the locks are held, the
 //!    last seq of each run the round appends to, (once the store claimed
 //!    runs) the epochs of those shards, the grants its batches use (locked)
 //!    and a lock on each request id it records, with a limit on how long
@@ -19,13 +21,16 @@
 //!    (see [`super::answered`]) and its
 //!    expected seqs, and giving its events the
 //!    positions taken, in memory: one multi-row statement per table for all
-//!    batches, the head rows moved, `pg_notify` with the new heads, `COMMIT`.
+//!    batches, `pg_notify` with the shards' new heads, `COMMIT`.
 //!
 //! Positions come from a sequence, so rounds of disjoint shards never wait
 //! for each other; within a shard they increase in commit order, because
-//! a round takes them only once it holds the shard's head row, which it
-//! keeps until it committed. Positions a round took but did not use (a
-//! batch refused) are gaps, never reused.
+//! a round takes them only once it holds the shard's lock, which it keeps
+//! until it committed. Positions a round took but did not use (a batch
+//! refused) are gaps, never reused. (A head row per shard, locked and
+//! moved by each round, did the same, but wrote and locked a row per shard
+//! per round: one committer made 40% of the rounds it makes with one head
+//! row, measured with `aaa bench --only committers`.)
 //!
 //! When a statement of step 2 fails for a batch's data (a constraint, a
 //! value PostgreSQL refuses), the whole transaction has rolled back; the
@@ -121,10 +126,16 @@ enum Step<'a> {
 const BEGIN: &str = "BEGIN; SET LOCAL enable_seqscan = off; \
     SELECT set_config('synchronous_commit', 'on', true) \
     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')";
-/// In shard order, so that two rounds never wait for each other in a
-/// circle (claims lock them in the same order, see [`super::ownership`]).
-pub(super) const LOCK_HEADS: &str = "SELECT shard, position FROM aaa_shard_heads \
-    WHERE shard = ANY($1) ORDER BY shard FOR UPDATE";
+/// The shards' locks: advisory, transaction-scoped, keyed (class, shard)
+/// so that they meet no other advisory lock (a one-key lock lives apart).
+/// Taken in shard order, so that two rounds never wait for each other in
+/// a circle (claims take them in the same order, see [`super::ownership`]).
+pub(super) const LOCK_SHARDS: &str = "SELECT pg_advisory_xact_lock(1633771891, s) \
+    FROM (SELECT DISTINCT unnest($1::int2[])::int4 AS s ORDER BY 1) AS shards";
+/// Each locked shard's head: the last position committed in it.
+const SHARD_HEADS: &str = "SELECT s.shard, coalesce((SELECT e.position FROM aaa_events e \
+    WHERE e.shard = s.shard ORDER BY e.position DESC LIMIT 1), 0) \
+    FROM unnest($1::int2[]) AS s(shard)";
 /// The round's positions, taken once its shards' heads are locked.
 const TAKE_POSITIONS: &str = "SELECT nextval('aaa_positions') FROM generate_series(1, $1)";
 /// Rounds of two servers may record the same request (a retry sent to
@@ -134,12 +145,10 @@ const TAKE_POSITIONS: &str = "SELECT nextval('aaa_positions') FROM generate_seri
 const LOCK_REQUESTS: &str = "SELECT pg_advisory_xact_lock(k) \
     FROM (SELECT unnest($1::int8[]) AS k ORDER BY 1) AS keys";
 /// One backward index probe per run (not an aggregate over its history):
-/// this runs while the head rows are locked.
+/// this runs while the shards are locked.
 const RUN_HEADS: &str = "SELECT r.run_id, e.seq FROM UNNEST($1::uuid[]) AS r(run_id) \
     CROSS JOIN LATERAL (SELECT seq FROM aaa_events WHERE run_id = r.run_id \
     ORDER BY seq DESC LIMIT 1) e";
-const MOVE_HEADS: &str = "UPDATE aaa_shard_heads h SET position = m.position \
-    FROM UNNEST($1::int2[], $2::int8[]) AS m(shard, position) WHERE h.shard = m.shard";
 /// The payload names the schema: servers of other deployments, in other
 /// schemas of the same database, hear it too and must ignore it.
 const NOTIFY: &str = "SELECT pg_notify($1, current_schema() || ':' || $2)";
@@ -546,7 +555,8 @@ async fn begin(
     if let Some(limit) = &stall_limit {
         steps.push(Step::Query(ownership::STALL_LIMIT, vec![limit]));
     }
-    steps.push(Step::Query(LOCK_HEADS, vec![&touched]));
+    steps.push(Step::Query(LOCK_SHARDS, vec![&touched]));
+    steps.push(Step::Query(SHARD_HEADS, vec![&touched]));
     steps.push(Step::Query(TAKE_POSITIONS, vec![&events]));
     steps.push(Step::Query(RUN_HEADS, vec![&runs]));
     if let Some(shards) = &shards {
@@ -581,22 +591,22 @@ async fn begin(
     if stall_limit.is_some() {
         results.next().expect("counted").map_err(down)?;
     }
-    let (Some(locked), Some(taken), Some(heads)) = (results.next(), results.next(), results.next())
-    else {
+    let (Some(locked), Some(shard_rows), Some(taken), Some(heads)) = (
+        results.next(),
+        results.next(),
+        results.next(),
+        results.next(),
+    ) else {
         return Err(Down("the database gave too few answers".into()));
     };
+    locked.map_err(down)?;
     let mut shard_heads = BTreeMap::new();
-    for row in locked.map_err(down)? {
+    for row in shard_rows.map_err(down)? {
         let shard: i16 = row.try_get(0).map_err(down)?;
         let position: i64 = row.try_get(1).map_err(down)?;
         let shard =
             u8::try_from(shard).map_err(|_| Down(format!("a head row of shard {shard}")))?;
         shard_heads.insert(shard, position as u64);
-    }
-    if shard_heads.len() != touched.len() {
-        return Err(Down(
-            "the database lacks head rows of shards (aaa_shard_heads)".into(),
-        ));
     }
     let mut positions = Vec::with_capacity(taken.as_ref().map_or(0, Vec::len));
     for row in taken.map_err(down)? {
@@ -680,21 +690,18 @@ fn positions(batch: &WriteBatch) -> Vec<u64> {
     batch.events().iter().map(|e| e.position).collect()
 }
 
-/// The round's writes, the shards' heads moved to `after` (those that
-/// moved) with a notification naming them and the runs whose heads moved,
-/// and COMMIT, in one pipeline.
+/// The round's writes, a notification naming the shards' new heads
+/// (`after`, those that moved) and the runs whose heads moved, and COMMIT,
+/// in one pipeline.
 async fn finish(
     client: &ClientWrapper,
     statements: &[writes::Statement],
     after: &[(u8, u64)],
     moved: &[(RunId, u64)],
 ) -> Vec<Rows> {
-    let shards: Vec<i16> = after.iter().map(|(shard, _)| i16::from(*shard)).collect();
-    let heads: Vec<i64> = after.iter().map(|(_, head)| *head as i64).collect();
     let text = notification(after, moved);
     let mut steps = queries(statements);
     if !after.is_empty() {
-        steps.push(Step::Query(MOVE_HEADS, vec![&shards, &heads]));
         steps.push(Step::Query(NOTIFY, vec![&NOTIFY_CHANNEL, &text]));
     }
     steps.push(Step::Simple("COMMIT"));

@@ -10,13 +10,13 @@
 //! answered. A COMMIT whose answer never came is reported as
 //! [`StoreError::Unavailable`], never as success.
 //!
-//! Positions: each shard has a head row (`aaa_shard_heads`), locked `FOR
-//! UPDATE` by every commit that touches the shard, of this server or any
-//! other on the database; positions come from one sequence, taken while
-//! the heads are held, and the rows move in the same transaction. So
-//! commits of disjoint shards never wait for each other, and within a
-//! shard positions rise in commit order (with gaps where a refused batch
-//! took some). Readers of the whole log follow each shard's positions
+//! Positions: each shard has a lock (transaction-scoped, advisory), taken
+//! by every commit that touches the shard, of this server or any other on
+//! the database; positions come from one sequence, taken while the locks
+//! are held. So commits of disjoint shards never wait for each other, and
+//! within a shard positions rise in commit order (with gaps where a
+//! refused batch took some). A shard's head is its newest event's
+//! position. Readers of the whole log follow each shard's positions
 //! (see [`crate::domain::Cursor`]) and only ever see committed, hence
 //! durable, rows.
 //!
@@ -317,11 +317,13 @@ impl PostgresStore {
 /// Every shard's head as the database has it now.
 async fn read_heads(client: &Object) -> Result<Cursor> {
     let rows = client.query(HEADS, &[]).await.map_err(database_error)?;
-    heads_of(&rows).map_err(|e| StoreError::Corrupt(format!("aaa_shard_heads: {e}")))
+    heads_of(&rows).map_err(|e| StoreError::Corrupt(format!("the shards' heads: {e}")))
 }
 
-/// Every shard's head row.
-const HEADS: &str = "SELECT shard, position FROM aaa_shard_heads";
+/// Every shard's head: its newest event's position (one backward index
+/// probe each).
+const HEADS: &str = "SELECT s::int2, coalesce((SELECT e.position FROM aaa_events e \
+    WHERE e.shard = s ORDER BY e.position DESC LIMIT 1), 0) FROM generate_series(0, 255) AS s";
 
 /// The cursor the rows of [`HEADS`] make.
 fn heads_of(rows: &[Row]) -> std::result::Result<Cursor, String> {

@@ -1,9 +1,9 @@
 //! Which runs this store may write: the shards it claimed and the epoch of
 //! each claim (`aaa_shards`). A claim bumps the epochs while it holds the
-//! head rows of those shards (`aaa_shard_heads`), so it falls between two
-//! commit rounds of any server that touch them; every round reads the
-//! epochs of the shards its batches touch (once it holds their head rows)
-//! and refuses a batch whose shard has moved on
+//! locks of those shards (see the committer's `LOCK_SHARDS`), so it falls
+//! between two commit rounds of any server that touch them; every round
+//! reads the epochs of the shards its batches touch (once it holds their
+//! locks) and refuses a batch whose shard has moved on
 //! ([`StoreError::Fenced`]). A server paused or cut off while another took
 //! its runs over can never write to them again.
 //!
@@ -13,9 +13,9 @@
 //! clock, so servers' clocks need not agree.
 //!
 //! A server paused in the middle of a commit round (SIGSTOP, a VM frozen, a
-//! swap storm) would hold its shards' head rows, and with them every
-//! other server's commits and claims of those shards, for as long as it
-//! stays paused. So once a
+//! swap storm) would hold its shards' locks, and with them every other
+//! server's commits and claims of those shards, for as long as it stays
+//! paused. So once a
 //! store claims runs, each round's transaction carries a limit on idle time
 //! (`idle_in_transaction_session_timeout`) of one lease: the database ends
 //! the session of a server stalled that long mid-round, which frees the
@@ -87,7 +87,7 @@ pub(super) const STALL_LIMIT: &str =
     "SELECT set_config('idle_in_transaction_session_timeout', $1, true)";
 
 /// The epochs of the shards a round touches, read once it holds their
-/// head rows.
+/// locks.
 pub(super) const EPOCHS: &str = "SELECT shard, epoch FROM aaa_shards WHERE shard = ANY($1)";
 
 /// Which shards a claim takes.
@@ -116,15 +116,15 @@ impl Ownership {
              lease_until_ms = {NOW_MS} + $2"
         );
         let transaction = client.transaction().await.map_err(database_error)?;
-        // The head rows of the shards it may take, locked as a round locks
-        // them, order the claim between commit rounds: a round touching
-        // them either committed before it, or reads the new epochs.
+        // The locks of the shards it may take, taken as a round takes them,
+        // order the claim between commit rounds: a round touching them
+        // either committed before it, or reads the new epochs.
         let may_take: Vec<i16> = match &wanted {
             Wanted::Lapsed(shards) => shards.clone(),
             Wanted::All | Wanted::AllIfLapsed => (0..crate::domain::SHARDS as i16).collect(),
         };
         transaction
-            .query(super::committer::LOCK_HEADS, &[&may_take])
+            .query(super::committer::LOCK_SHARDS, &[&may_take])
             .await
             .map_err(database_error)?;
         self.all_or_nothing

@@ -19,7 +19,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (6, include_str!("migrations/0006_token_usage.sql")),
     (7, include_str!("migrations/0007_grants.sql")),
     (8, include_str!("migrations/0008_retention.sql")),
-    (9, include_str!("migrations/0009_shard_heads.sql")),
+    (9, include_str!("migrations/0009_shard_positions.sql")),
 ];
 
 /// The newest schema version this binary knows.

@@ -5,7 +5,8 @@
 //! committers took turns whatever their shards; now each locks the heads
 //! of the shards it writes. Reported for each: commit rounds/s (one
 //! transaction each), acked events/s, and the share of the database's
-//! active sessions that were waiting on a lock, sampled from
+//! active sessions that were waiting on another commit's lock (a row, a
+//! shard's, a transaction's; not a table's extension), sampled from
 //! `pg_stat_activity` every 20 ms while they ran.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,8 +36,8 @@ pub struct Level {
     pub committers: usize,
     pub rounds_per_second: f64,
     pub events_per_second: f64,
-    /// Of the samples of active client sessions, the share waiting on a
-    /// lock (heavyweight: a row, a transaction id).
+    /// Of the samples of active client sessions, the share waiting on
+    /// another commit's lock (a row, a shard's, a transaction's end).
     pub lock_wait_share: f64,
     pub latency: Summary,
 }
@@ -157,7 +158,12 @@ async fn sample_lock_waits(url: String, sampling: Arc<AtomicBool>) -> (u64, u64)
         return (0, 0);
     };
     let (mut waiting, mut active) = (0, 0);
-    let sql = "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*) \
+    // Waits on another commit: a row lock (the old head row), a shard's
+    // advisory lock, a transaction's end. A table's extension ('extend')
+    // is a wait of concurrent inserts, not of a lock the design takes.
+    let sql =
+        "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event <> 'extend'), \
+               count(*) \
                FROM pg_stat_activity WHERE backend_type = 'client backend' \
                AND state IN ('active', 'idle in transaction') AND pid <> pg_backend_pid()";
     while sampling.load(Ordering::Acquire) {

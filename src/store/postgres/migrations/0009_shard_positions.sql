@@ -1,29 +1,21 @@
 -- The log partitioned by shard (docs/cluster.md): commits of disjoint
 -- shards no longer take turns on one head row.
 --
--- Each shard has its own head row, the last position committed in it. A
--- commit locks the head rows of the shards it touches, in shard order
--- (so two commits never wait on each other in a circle), takes positions
--- from one sequence while it holds them, and moves them. Positions stay
--- unique; within a shard they increase in commit order, which is what
+-- A commit takes a lock per shard it touches (a transaction-scoped
+-- advisory lock, in shard order, so two commits never wait on each other
+-- in a circle), then positions for its events from one sequence. Positions
+-- stay unique; within a shard they rise in commit order, which is what
 -- readers of the whole log rely on (one cursor position per shard). A
--- claim of shards locks the same rows, so a commit either lands before
--- it or reads the new epoch.
-CREATE TABLE aaa_shard_heads (
-    shard smallint PRIMARY KEY CHECK (shard BETWEEN 0 AND 255),
-    position bigint NOT NULL
-);
+-- shard's head is its newest event's position. A claim of shards takes
+-- the same locks, so a commit either lands before it or reads the new
+-- epoch.
 
 -- Every event's shard (its run id's last byte), for the readers that
--- follow one shard's positions.
+-- follow one shard's positions, and for its head.
 ALTER TABLE aaa_events ADD COLUMN shard smallint;
 UPDATE aaa_events SET shard = get_byte(uuid_send(run_id), 15);
 ALTER TABLE aaa_events ALTER COLUMN shard SET NOT NULL;
 CREATE INDEX aaa_events_shard_position ON aaa_events (shard, position);
-
-INSERT INTO aaa_shard_heads (shard, position)
-    SELECT s, coalesce((SELECT max(position) FROM aaa_events WHERE shard = s), 0)
-    FROM generate_series(0, 255) AS s;
 
 -- Positions go on from the old head, so every position given before this
 -- version is below every one given after it: an old cursor (one global
