@@ -229,7 +229,7 @@ class Approval:
     votes: list[Vote] = field(default_factory=list)
     edited_from: str = ""
     approvers: list[str] = field(default_factory=list)
-    resume_token: str = ""
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
     @classmethod
     def from_proto(cls, msg: approval_pb2.Approval, resume_token: str = "") -> Approval:
@@ -275,7 +275,7 @@ class ApprovalResolution:
     time: datetime | None
     position: int
     replaced_by: str = ""
-    resume_token: str = ""
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
     @classmethod
     def from_proto(
@@ -314,7 +314,7 @@ class ApprovalVoted:
     approvals_required: int
     seq: int
     position: int
-    resume_token: str = ""
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
     @classmethod
     def from_proto(cls, msg: approval_pb2.ApprovalVoted, position: int, resume_token: str = "") -> ApprovalVoted:
@@ -341,7 +341,7 @@ class SnapshotComplete:
 
     pending: int
     position: int
-    resume_token: str = ""
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
 
 @dataclass(frozen=True)
