@@ -9,9 +9,8 @@ import (
 	"iter"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/protobuf/proto"
 )
 
 // ApprovalFilter selects approval requests for ListApprovals and WatchApprovals.
