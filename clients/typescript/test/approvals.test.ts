@@ -279,7 +279,7 @@ test("a watch resumed with a token gets exactly the changes after it", async () 
   const changes: ApprovalWatchItem[] = [];
   try {
     snapshot = await next(watch);
-    assert.ok(snapshot.kind === "snapshot_complete" && snapshot.resumeToken);
+    assert.ok(snapshot.kind === "snapshot_complete" && snapshot.resumeToken, "the snapshot's end carries a resume token");
     const first = await requestApproval(client, wire, labels, 1);
     const second = await requestApproval(client, wire, labels, 2);
     await first.cancel("no");
@@ -289,7 +289,7 @@ test("a watch resumed with a token gets exactly the changes after it", async () 
     await watch.return();
   }
   assert.deepEqual(changes.map((c) => c.kind), ["requested", "requested", "resolved", "resolved"]);
-  assert.ok(changes.every((c) => c.resumeToken));
+  assert.ok(changes.every((c) => c.resumeToken), "every change carries a resume token");
 
   // From the snapshot's token and from each change's: exactly the changes after it, in order.
   const marks = [snapshot.resumeToken, ...changes.map((c) => c.resumeToken)];
@@ -302,10 +302,10 @@ test("a watch resumed with a token gets exactly the changes after it", async () 
       // Nothing repeated after them: the next item is a new change.
       const third = await requestApproval(client, wire, labels, 3 + k);
       const requested = await next(resumed);
-      assert.ok(requested.kind === "requested" && requested.approval.runId === third.id);
+      assert.ok(requested.kind === "requested" && requested.approval.runId === third.id, "the next item is the new request");
       await third.cancel("no");
       const resolved = await next(resumed);
-      assert.ok(resolved.kind === "resolved" && resolved.resolution.runId === third.id);
+      assert.ok(resolved.kind === "resolved" && resolved.resolution.runId === third.id, "then its resolution");
       // This round's changes come after every token: the later rounds get them too.
       changes.push(requested, resolved);
     } finally {
@@ -340,20 +340,20 @@ test("a watch resumes with its last token across a server restart", async () => 
     assert.deepEqual(requested.map(change).map(([kind, runId]) => [kind, runId]), [["requested", one.id], ["requested", two.id]]);
     await one.cancel("no");
     const resolved = await next(watch);
-    assert.ok(resolved.kind === "resolved" && resolved.resolution.runId === one.id && resolved.resumeToken);
+    assert.ok(resolved.kind === "resolved" && resolved.resolution.runId === one.id && resolved.resumeToken, "the resolution carries a resume token");
 
     await first.stop(); // SIGTERM: the stream ends with UNAVAILABLE
     second = await startServer({ listen: first.address, dir });
     await two.cancel("no");
     // Only the change made while the stream was down: none of the earlier ones again.
     const afterRestart = await next(watch);
-    assert.ok(afterRestart.kind === "resolved" && afterRestart.resolution.runId === two.id);
+    assert.ok(afterRestart.kind === "resolved" && afterRestart.resolution.runId === two.id, "after the restart only the new change comes");
 
     // The first stream started with a snapshot; each try after it (some may have found the
     // server down) resumed with the token of the last item seen.
     const [opening, ...retries] = sent;
     assert.deepEqual([opening.resumeToken, opening.afterPosition], [undefined, undefined]);
-    assert.ok(retries.length > 0);
+    assert.ok(retries.length > 0, "the watch tried again");
     for (const retry of retries) {
       assert.deepEqual([retry.resumeToken, retry.afterPosition], [resolved.resumeToken, undefined]);
     }
