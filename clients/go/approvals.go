@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"aaa.dev/clients/go/aaav1"
+	"google.golang.org/protobuf/proto"
 )
 
 // ApprovalFilter selects approval requests for ListApprovals and WatchApprovals.
@@ -68,9 +69,16 @@ func (c *Client) ListApprovals(ctx context.Context, filter ApprovalFilter) iter.
 type WatchOptions struct {
 	// ApprovalFilter selects the requests (PageSize is not used).
 	ApprovalFilter
-	// AfterPosition resumes a watch: no snapshot, only the changes after this
-	// global position (the Position of the last update handled). Nil starts
-	// with a snapshot of what is pending.
+	// ResumeToken resumes a watch: no snapshot, exactly the changes after
+	// the update it came with (the ResumeToken of the last update handled,
+	// unchanged), on any server of the deployment and across restarts. ""
+	// (and AfterPosition nil) starts with a snapshot of what is pending.
+	ResumeToken string
+	// AfterPosition resumes a watch, the older form: the changes after this
+	// position (the Position of the last update handled). Exact only for
+	// positions from before the server's log was partitioned by shard, or of
+	// a log with one committer (the embedded store, or one server on
+	// PostgreSQL). Ignored when ResumeToken is set.
 	AfterPosition *uint64
 	// Heartbeat is how often the server shows it is alive while nothing
 	// happens; 0 means 15 s. Heartbeats are not yielded.
@@ -113,9 +121,14 @@ func (k UpdateKind) String() string {
 type ApprovalUpdate struct {
 	// Kind says which of the fields below is set.
 	Kind UpdateKind
-	// Position is the global position to resume after (WatchOptions.AfterPosition).
-	// It is 0 for requests of the snapshot, which are resumed by starting over.
+	// Position is the update's position in the log, the older resume point
+	// (WatchOptions.AfterPosition). It is 0 for requests of the snapshot,
+	// which are resumed by starting over.
 	Position uint64
+	// ResumeToken is where the update leaves the stream: pass the last one
+	// handled as WatchOptions.ResumeToken to resume after it. "" for
+	// requests of the snapshot (and from a server older than resume tokens).
+	ResumeToken string
 	// Approval is the pending request (Requested).
 	Approval *Approval
 	// Resolution says how a request was resolved (Resolved).
@@ -129,13 +142,15 @@ type ApprovalUpdate struct {
 // WatchApprovals iterates over pending approval requests, then over changes,
 // until ctx ends or the loop breaks: each pending request (the snapshot), one
 // SnapshotComplete, then each new request, each vote and each resolution as
-// it becomes durable. A dropped connection is resumed from the last position
-// seen; a snapshot cut short is started over without repeating what was
-// yielded. It stops after yielding an error.
+// it becomes durable. A dropped connection is resumed with the last resume
+// token seen (the last position, from a server that sends no tokens); a
+// snapshot cut short is started over without repeating what was yielded. It
+// stops after yielding an error.
 func (c *Client) WatchApprovals(ctx context.Context, opts WatchOptions) iter.Seq2[ApprovalUpdate, error] {
 	return func(yield func(ApprovalUpdate, error) bool) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		token := opts.ResumeToken
 		var position *uint64
 		if opts.AfterPosition != nil {
 			p := *opts.AfterPosition
@@ -145,27 +160,41 @@ func (c *Client) WatchApprovals(ctx context.Context, opts WatchOptions) iter.Seq
 		seen := map[key]bool{} // requests of the snapshot already yielded
 		wait := c.newBackoff()
 		for {
-			stream, err := c.approvals.WatchApprovals(ctx, &aaav1.WatchApprovalsRequest{
-				Tool:          opts.Tool,
-				RunId:         opts.RunID,
-				Labels:        opts.Labels,
-				AfterPosition: position,
-				HeartbeatS:    opts.Heartbeat.Seconds(),
-				Decidable:     opts.Decidable,
-			})
+			req := &aaav1.WatchApprovalsRequest{
+				Tool:       opts.Tool,
+				RunId:      opts.RunID,
+				Labels:     opts.Labels,
+				HeartbeatS: opts.Heartbeat.Seconds(),
+				Decidable:  opts.Decidable,
+			}
+			// One resume point: the server refuses an after_position past its
+			// head even beside a token, and a token says more.
+			if token != "" {
+				req.ResumeToken = proto.String(token)
+			} else {
+				req.AfterPosition = position
+			}
+			stream, err := c.approvals.WatchApprovals(ctx, req)
 			for err == nil {
 				var item *aaav1.WatchApprovalsResponse
 				if item, err = stream.Recv(); err != nil {
 					break
 				}
 				wait.reset()
-				inSnapshot := position == nil
+				inSnapshot := token == "" && position == nil
 				p := item.GetPosition()
+				if !inSnapshot || item.GetSnapshotComplete() != nil {
+					// The snapshot's requests carry no token: resuming
+					// there would skip the rest of it.
+					if t := item.GetResumeToken(); t != "" {
+						token = t
+					}
+					position = &p
+				}
 				var update ApprovalUpdate
 				switch x := item.GetItem().(type) {
 				case *aaav1.WatchApprovalsResponse_SnapshotComplete:
-					position = &p
-					update = ApprovalUpdate{Kind: SnapshotComplete, Position: p, Pending: x.SnapshotComplete.GetPending()}
+					update = ApprovalUpdate{Kind: SnapshotComplete, Pending: x.SnapshotComplete.GetPending()}
 				case *aaav1.WatchApprovalsResponse_Requested:
 					a := approvalFromProto(x.Requested)
 					update = ApprovalUpdate{Kind: Requested, Approval: &a}
@@ -175,29 +204,19 @@ func (c *Client) WatchApprovals(ctx context.Context, opts WatchOptions) iter.Seq
 							continue
 						}
 						seen[k] = true
-					} else {
-						position = &p
-						update.Position = p
 					}
 				case *aaav1.WatchApprovalsResponse_Resolved:
 					r := resolutionFromProto(x.Resolved)
 					update = ApprovalUpdate{Kind: Resolved, Resolution: &r}
-					if !inSnapshot {
-						position = &p
-						update.Position = p
-					}
 				case *aaav1.WatchApprovalsResponse_Voted:
 					v := voteUpdateFromProto(x.Voted)
 					update = ApprovalUpdate{Kind: Voted, Vote: &v}
-					if !inSnapshot {
-						position = &p
-						update.Position = p
-					}
 				default: // heartbeat
-					if !inSnapshot {
-						position = &p
-					}
 					continue
+				}
+				if !inSnapshot || update.Kind == SnapshotComplete {
+					update.Position = p
+					update.ResumeToken = item.GetResumeToken()
 				}
 				if !yield(update, nil) {
 					return

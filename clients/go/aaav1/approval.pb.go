@@ -613,13 +613,21 @@ type WatchApprovalsRequest struct {
 	RunId string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// Only requests of runs carrying all of these labels.
 	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Resume: skip the snapshot and send the changes after this global position
-	// (the position of the last item received). Unset: start with a snapshot.
+	// Resume (older form): skip the snapshot and send the changes after this
+	// position in every shard. Exact for positions given before the log was
+	// partitioned and for a log with one committer (the embedded store, or one
+	// PostgreSQL server); with several servers committing use resume_token.
+	// Ignored when resume_token is set.
 	AfterPosition *uint64 `protobuf:"varint,4,opt,name=after_position,json=afterPosition,proto3,oneof" json:"after_position,omitempty"`
 	// Seconds between heartbeats while nothing happens; 0 means 15.
 	HeartbeatS float64 `protobuf:"fixed64,5,opt,name=heartbeat_s,json=heartbeatS,proto3" json:"heartbeat_s,omitempty"`
 	// Only calls the caller may decide (see ListApprovalsRequest.decidable).
-	Decidable     bool `protobuf:"varint,6,opt,name=decidable,proto3" json:"decidable,omitempty"`
+	Decidable bool `protobuf:"varint,6,opt,name=decidable,proto3" json:"decidable,omitempty"`
+	// Resume: skip the snapshot and send the changes after this token (the
+	// resume_token of the last item received, unchanged). Valid on every
+	// server of the deployment and across restarts; never skips or repeats a
+	// change. Unset: start with a snapshot.
+	ResumeToken   *string `protobuf:"bytes,7,opt,name=resume_token,json=resumeToken,proto3,oneof" json:"resume_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -696,13 +704,24 @@ func (x *WatchApprovalsRequest) GetDecidable() bool {
 	return false
 }
 
+func (x *WatchApprovalsRequest) GetResumeToken() string {
+	if x != nil && x.ResumeToken != nil {
+		return *x.ResumeToken
+	}
+	return ""
+}
+
 // One item of WatchApprovals.
 type WatchApprovalsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Global position of this item: of the event for requested and resolved
-	// items, of the snapshot for snapshot_complete, of the durable head for a
-	// heartbeat. Pass the last one seen as after_position to resume.
+	// Position of this item: of the event for requested and resolved items,
+	// the highest read for snapshot_complete and a heartbeat. Positions are
+	// unique and rise in commit order within a shard; see resume_token.
 	Position uint64 `protobuf:"varint,1,opt,name=position,proto3" json:"position,omitempty"`
+	// Where this item leaves the stream: pass the last one received as
+	// WatchApprovalsRequest.resume_token to resume. Opaque. Empty on the
+	// snapshot's requested items (resume from snapshot_complete on).
+	ResumeToken string `protobuf:"bytes,8,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
 	// Exactly one is set.
 	//
 	// Types that are valid to be assigned to Item:
@@ -752,6 +771,13 @@ func (x *WatchApprovalsResponse) GetPosition() uint64 {
 		return x.Position
 	}
 	return 0
+}
+
+func (x *WatchApprovalsResponse) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
 }
 
 func (x *WatchApprovalsResponse) GetItem() isWatchApprovalsResponse_Item {
@@ -1496,7 +1522,7 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
 	"\x15ListApprovalsResponse\x12.\n" +
 	"\tapprovals\x18\x01 \x03(\v2\x10.aaa.v1.ApprovalR\tapprovals\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbe\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf7\x02\n" +
 	"\x15WatchApprovalsRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12A\n" +
@@ -1504,13 +1530,16 @@ const file_aaa_v1_approval_proto_rawDesc = "" +
 	"\x0eafter_position\x18\x04 \x01(\x04H\x00R\rafterPosition\x88\x01\x01\x12\x1f\n" +
 	"\vheartbeat_s\x18\x05 \x01(\x01R\n" +
 	"heartbeatS\x12\x1c\n" +
-	"\tdecidable\x18\x06 \x01(\bR\tdecidable\x1a9\n" +
+	"\tdecidable\x18\x06 \x01(\bR\tdecidable\x12&\n" +
+	"\fresume_token\x18\a \x01(\tH\x01R\vresumeToken\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
-	"\x0f_after_position\"\xd3\x02\n" +
+	"\x0f_after_positionB\x0f\n" +
+	"\r_resume_token\"\xf6\x02\n" +
 	"\x16WatchApprovalsResponse\x12\x1a\n" +
-	"\bposition\x18\x01 \x01(\x04R\bposition\x120\n" +
+	"\bposition\x18\x01 \x01(\x04R\bposition\x12!\n" +
+	"\fresume_token\x18\b \x01(\tR\vresumeToken\x120\n" +
 	"\trequested\x18\x02 \x01(\v2\x10.aaa.v1.ApprovalH\x00R\trequested\x128\n" +
 	"\bresolved\x18\x03 \x01(\v2\x1a.aaa.v1.ApprovalResolutionH\x00R\bresolved\x12G\n" +
 	"\x11snapshot_complete\x18\x04 \x01(\v2\x18.aaa.v1.SnapshotCompleteH\x00R\x10snapshotComplete\x121\n" +

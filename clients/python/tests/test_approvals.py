@@ -1,4 +1,5 @@
-"""Approvals: granted from another client while a third watches, denied, cancelled, duplicates harmless."""
+"""Approvals: granted from another client while a third watches, denied, cancelled, duplicates harmless;
+a watch resumes with its resume token, also across a server restart."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import aaa
 from aaa import text, tool, tool_call
 
+from conftest import start_server, stop_process
 from helpers import WAIT_S, collect, next_item, of_type, same
 
 
@@ -156,3 +158,120 @@ async def test_approval_timeout_becomes_a_denial(client, uid):
         outcome = await run.result(timeout=WAIT_S)
     assert outcome.value == {"text": "refused: ApprovalDenied: timeout"}
     assert ran == []
+
+
+def gated_wire(uid: str):
+    """A gated tool (a worker must offer it for a run to ask for it)."""
+
+    @tool(name=f"wire_{uid}", requires_approval=True)
+    def wire(amount: int) -> str:
+        """Send money."""
+        return f"sent ${amount}"
+
+    return wire
+
+
+async def request_approval(client: aaa.Client, wire, labels: dict[str, str], amount: int) -> aaa.Run:
+    """A run that asks to call ``wire`` and waits for the decision."""
+    run = await client.start_run("pay", model=[tool_call(wire, amount=amount), text("done")], tools=[wire], labels=labels)
+    await asyncio.wait_for(run.wait_for("aaa.approval.requested"), WAIT_S)
+    return run
+
+
+def change(item) -> tuple[str, str, str, int]:
+    """What a watch item says, without its resume token (a resumed stream may encode the same place differently)."""
+    return (type(item).__name__, item.run_id, item.call_id, item.position)
+
+
+async def test_a_watch_resumed_with_a_token_gets_exactly_the_changes_after_it(server, client, uid):
+    wire = gated_wire(uid)
+    labels = {"test": uid}
+    watch = client.approvals.watch(labels=labels)
+    try:
+        snapshot = await next_item(watch)
+        assert isinstance(snapshot, aaa.SnapshotComplete) and snapshot.resume_token
+        async with client.worker(tools=[wire]):
+            first = await request_approval(client, wire, labels, 1)
+            second = await request_approval(client, wire, labels, 2)
+        await first.cancel("no")
+        await second.cancel("no")
+        changes = [await next_item(watch) for _ in range(4)]
+    finally:
+        await watch.aclose()
+    assert [type(c) for c in changes] == [aaa.Approval, aaa.Approval, aaa.ApprovalResolution, aaa.ApprovalResolution]
+    assert all(c.resume_token for c in changes)
+
+    # From the snapshot's token and from each change's: exactly the changes after it, in order.
+    marks = [snapshot.resume_token] + [c.resume_token for c in changes]
+    for k in range(len(marks)):
+        resumed = client.approvals.watch(labels=labels, resume_token=marks[k])
+        try:
+            got = [await next_item(resumed) for _ in changes[k:]]
+            assert [change(g) for g in got] == [change(c) for c in changes[k:]]
+            # Nothing repeated after them: the next item is a new change.
+            async with client.worker(tools=[wire]):
+                third = await request_approval(client, wire, labels, 3 + k)
+            new = await next_item(resumed)
+            assert isinstance(new, aaa.Approval) and new.run_id == third.id
+            await third.cancel("no")
+            resolved = await next_item(resumed)
+            assert isinstance(resolved, aaa.ApprovalResolution) and resolved.run_id == third.id
+        finally:
+            await resumed.aclose()
+        # This round's changes come after every token: the later rounds get them too.
+        changes += [new, resolved]
+
+
+class RecordsWatches:
+    """An ApprovalService stub that records each WatchApprovals request it sends."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.requests = []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def WatchApprovals(self, request):
+        self.requests.append(request)
+        return self.real.WatchApprovals(request)
+
+
+async def test_a_watch_resumes_with_its_last_token_across_a_server_restart(tmp_path, uid):
+    server = start_server(tmp_path / "data", tmp_path / "server.log")
+    watcher = await aaa.connect(server.address)
+    watcher.stubs.approval = RecordsWatches(watcher.stubs.approval)
+    client = await aaa.connect(server.address)
+    wire = gated_wire(uid)
+    labels = {"test": uid}
+    watch = watcher.approvals.watch(labels=labels)
+    try:
+        snapshot = await next_item(watch)
+        async with client.worker(tools=[wire]):
+            first = await request_approval(client, wire, labels, 1)
+            second = await request_approval(client, wire, labels, 2)
+        requested = [await next_item(watch) for _ in range(2)]
+        assert [(type(r), r.run_id) for r in requested] == [(aaa.Approval, first.id), (aaa.Approval, second.id)]
+        await first.cancel("no")
+        resolved = await next_item(watch)
+        assert isinstance(resolved, aaa.ApprovalResolution) and resolved.run_id == first.id and resolved.resume_token
+
+        stop_process(server.process)  # SIGTERM: the stream ends with UNAVAILABLE
+        server = start_server(tmp_path / "data", tmp_path / "server.log", listen=server.address)
+        await second.cancel("no")
+        # Only the change made while the stream was down: none of the earlier ones again.
+        after_restart = await next_item(watch)
+        assert isinstance(after_restart, aaa.ApprovalResolution) and after_restart.run_id == second.id
+
+        # The first stream started with a snapshot; each try after it (some may have found the
+        # server down) resumed with the token of the last item seen.
+        first_request, *retries = watcher.stubs.approval.requests
+        assert not first_request.HasField("resume_token") and not first_request.HasField("after_position")
+        assert retries and all(r.resume_token == resolved.resume_token for r in retries)
+        assert not any(r.HasField("after_position") for r in retries)
+        assert snapshot.resume_token != resolved.resume_token
+    finally:
+        await watch.aclose()
+        await watcher.close()
+        await client.close()
+        stop_process(server.process)

@@ -135,9 +135,18 @@ export interface WatchOptions {
   runId?: string;
   /** Only requests of runs carrying all of these labels. */
   labels?: Record<string, string>;
-  /** Resume: skip the snapshot and yield the changes after this position (an item's `position`). */
+  /**
+   * Resume: skip the snapshot and yield exactly the changes after this token (an item's `resumeToken`, as it
+   * came), on any server of the deployment and across restarts.
+   */
+  resumeToken?: string;
+  /**
+   * Resume, the older form: skip the snapshot and yield the changes after this position (an item's `position`).
+   * Exact only for positions from before the server's log was partitioned by shard, or of a log with one
+   * committer (the embedded store, or one server on PostgreSQL). Ignored when `resumeToken` is given.
+   */
   afterPosition?: number;
-  /** Seconds between the server's heartbeats while idle (0: 15 s); they keep the resume position fresh and are not yielded. */
+  /** Seconds between the server's heartbeats while idle (0: 15 s); they keep the resume token fresh and are not yielded. */
   heartbeatS?: number;
   /** Only requests the caller may decide (see {@link Approvals.list}); votes and resolutions are not filtered. */
   decidable?: boolean;
@@ -715,37 +724,49 @@ export class Approvals {
    * `snapshot: true`), one `snapshot_complete`, then each new request, each
    * vote of a call that needs several grants (`kind: "voted"`) and each
    * resolution (`kind: "resolved"`) as it becomes durable. With
-   * `afterPosition` (an item's `position`) the snapshot is skipped and only
-   * later changes come. A dropped connection is resumed from the last
-   * position seen. A snapshot cut short is restarted without repeating what
-   * was already yielded; a request yielded before the cut that is no longer
-   * pending in the new snapshot is then reported `resolved` with outcome
-   * "unspecified" (it was decided or expired meanwhile).
+   * `resumeToken` (an item's `resumeToken`) the snapshot is skipped and
+   * exactly the changes after that item come; `afterPosition` (an item's
+   * `position`) is the older form, exact only on a log with one committer. A
+   * dropped connection is resumed with the last resume token seen (the last
+   * position, from a server that sends no tokens). A snapshot cut short is
+   * restarted without repeating what was already yielded; a request yielded
+   * before the cut that is no longer pending in the new snapshot is then
+   * reported `resolved` with outcome "unspecified" (it was decided or expired
+   * meanwhile).
    */
   async *watch(options: WatchOptions = {}): AsyncGenerator<ApprovalWatchItem, void, undefined> {
     const { tool = "", runId = "", labels, heartbeatS = 0, decidable = false } = options;
+    let token = options.resumeToken || undefined;
     let position = options.afterPosition === undefined ? undefined : BigInt(options.afterPosition);
     const yielded = new Map<string, Approval>(); // snapshot items already given, in case the snapshot restarts
     const backoff = new Backoff(this.client.retryMs);
     for (;;) {
       const stream = new AbortController();
       const signal = anySignal(stream.signal, this.client.closeSignal, options.signal);
-      const request = { tool, runId, labels: { ...labels }, afterPosition: position, heartbeatS, decidable };
+      // One resume point: the server refuses an afterPosition past its head even beside a token, and a token says more.
+      const resume = token !== undefined ? { resumeToken: token } : { afterPosition: position };
+      const request = { tool, runId, labels: { ...labels }, ...resume, heartbeatS, decidable };
       const inThisSnapshot = new Set<string>();
       try {
         for await (const response of this.client.services.approval.watchApprovals(request, { signal })) {
           backoff.reset();
           const at = Number(response.position);
+          const resumeToken = response.resumeToken;
           const item = response.item;
-          if (position === undefined && item.case === "requested") {
+          const inSnapshot = token === undefined && position === undefined;
+          if (!inSnapshot || item.case === "snapshotComplete") {
+            // The snapshot's requests carry no token: resuming there would skip the rest of it.
+            token = resumeToken || token;
+            position = response.position;
+          }
+          if (inSnapshot && item.case === "requested") {
             const key = `${item.value.runId}\u0000${item.value.callId}`;
             inThisSnapshot.add(key);
             if (yielded.has(key)) continue;
             const approval = approvalFromProto(item.value);
             yielded.set(key, approval);
-            yield { kind: "requested", approval, snapshot: true, position: at };
+            yield { kind: "requested", approval, snapshot: true, position: at, resumeToken };
           } else if (item.case === "snapshotComplete") {
-            position = response.position;
             for (const [key, gone] of yielded) {
               if (inThisSnapshot.has(key)) continue;
               const resolution = {
@@ -757,21 +778,17 @@ export class Approvals {
                 seq: 0,
                 replacedBy: "",
               };
-              yield { kind: "resolved", resolution, position: at };
+              yield { kind: "resolved", resolution, position: at, resumeToken };
             }
             yielded.clear();
-            yield { kind: "snapshot_complete", pending: item.value.pending, position: at };
+            yield { kind: "snapshot_complete", pending: item.value.pending, position: at, resumeToken };
           } else if (item.case === "requested") {
-            position = response.position;
-            yield { kind: "requested", approval: approvalFromProto(item.value), snapshot: false, position: at };
+            const approval = approvalFromProto(item.value);
+            yield { kind: "requested", approval, snapshot: false, position: at, resumeToken };
           } else if (item.case === "voted") {
-            position = response.position;
-            yield { kind: "voted", voted: votedFromProto(item.value), position: at };
+            yield { kind: "voted", voted: votedFromProto(item.value), position: at, resumeToken };
           } else if (item.case === "resolved") {
-            position = response.position;
-            yield { kind: "resolved", resolution: resolutionFromProto(item.value), position: at };
-          } else if (item.case === "heartbeat" && position !== undefined) {
-            position = response.position;
+            yield { kind: "resolved", resolution: resolutionFromProto(item.value), position: at, resumeToken };
           }
         }
         return;

@@ -348,13 +348,16 @@ export interface ApprovalResolution {
  * One item of `client.approvals.watch()`: each pending request of the
  * snapshot (`snapshot: true`), one `snapshot_complete`, then each new request,
  * each vote of a call that needs several grants, and each resolution.
- * `position` is the resume cursor.
+ * `resumeToken` is where the item leaves the stream: pass the last one handled
+ * as `resumeToken` to resume after it ("" on the snapshot's requests).
+ * `position` is the item's position in the log, the older resume cursor
+ * (`afterPosition`).
  */
 export type ApprovalWatchItem =
-  | { kind: "requested"; approval: Approval; snapshot: boolean; position: number }
-  | { kind: "voted"; voted: ApprovalVoted; position: number }
-  | { kind: "resolved"; resolution: ApprovalResolution; position: number }
-  | { kind: "snapshot_complete"; pending: number; position: number };
+  | { kind: "requested"; approval: Approval; snapshot: boolean; position: number; resumeToken: string }
+  | { kind: "voted"; voted: ApprovalVoted; position: number; resumeToken: string }
+  | { kind: "resolved"; resolution: ApprovalResolution; position: number; resumeToken: string }
+  | { kind: "snapshot_complete"; pending: number; position: number; resumeToken: string };
 
 /** Signal's answer. */
 export interface SignalResult {

@@ -1,9 +1,13 @@
-/** Approvals: granted from another client while a third watches, denied, cancelled, expired; duplicates harmless. */
+/**
+ * Approvals: granted from another client while a third watches, denied, cancelled, expired; duplicates harmless;
+ * a watch resumes with its resume token, also across a server restart.
+ */
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { connect, text, type Client } from "../src/index.js";
-import { WAIT_MS, collect, next, ofType, paymentSetup, setUp, uid, type Server } from "./helpers.js";
+import { rmSync } from "node:fs";
+import { connect, text, tool, toolCall, type ApprovalWatchItem, type Client, type Run } from "../src/index.js";
+import { WAIT_MS, collect, next, ofType, paymentSetup, setUp, startServer, uid, type Server } from "./helpers.js";
 
 let server: Server;
 let client: Client;
@@ -223,4 +227,143 @@ test("listRuns pages through every run, newest first", async () => {
   assert.deepEqual(paged.map((r) => r.runId), [...ids].reverse());
   const limited = await client.listRuns({ labels: { test: id }, limit: 3, pageSize: 2 });
   assert.deepEqual(limited.map((r) => r.runId), [...ids].reverse().slice(0, 3));
+});
+
+/** A gated tool (a worker must offer it for a run to ask for it). */
+function gatedWire(id: string) {
+  return tool({
+    name: `wire_${id}`,
+    requiresApproval: true,
+    handler: ({ amount }: { amount: number }) => `sent $${amount}`,
+  });
+}
+
+/** A run that asks to call `wire` (offered by a worker for the while) and waits for the decision. */
+async function requestApproval(
+  client: Client,
+  wire: ReturnType<typeof gatedWire>,
+  labels: Record<string, string>,
+  amount: number,
+): Promise<Run> {
+  const worker = client.worker({ tools: [wire] });
+  await worker.start();
+  try {
+    const run = await client.startRun("pay", { model: [toolCall(wire, { amount }), text("done")], tools: [wire], labels });
+    await run.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
+    return run;
+  } finally {
+    await worker.stop();
+  }
+}
+
+/** What a watch item says, without its resume token (a resumed stream may encode the same place differently). */
+function change(item: ApprovalWatchItem): [string, string, number] {
+  switch (item.kind) {
+    case "requested":
+      return [item.kind, item.approval.runId, item.position];
+    case "voted":
+      return [item.kind, item.voted.runId, item.position];
+    case "resolved":
+      return [item.kind, item.resolution.runId, item.position];
+    case "snapshot_complete":
+      return [item.kind, "", item.position];
+  }
+}
+
+test("a watch resumed with a token gets exactly the changes after it", async () => {
+  const id = uid();
+  const wire = gatedWire(id);
+  const labels = { test: id };
+  const watch = client.approvals.watch({ labels });
+  let snapshot: ApprovalWatchItem;
+  const changes: ApprovalWatchItem[] = [];
+  try {
+    snapshot = await next(watch);
+    assert.ok(snapshot.kind === "snapshot_complete" && snapshot.resumeToken, "the snapshot's end carries a resume token");
+    const first = await requestApproval(client, wire, labels, 1);
+    const second = await requestApproval(client, wire, labels, 2);
+    await first.cancel("no");
+    await second.cancel("no");
+    for (let i = 0; i < 4; i++) changes.push(await next(watch));
+  } finally {
+    await watch.return();
+  }
+  assert.deepEqual(changes.map((c) => c.kind), ["requested", "requested", "resolved", "resolved"]);
+  assert.ok(changes.every((c) => c.resumeToken), "every change carries a resume token");
+
+  // From the snapshot's token and from each change's: exactly the changes after it, in order.
+  const marks = [snapshot.resumeToken, ...changes.map((c) => c.resumeToken)];
+  for (let k = 0; k < marks.length; k++) {
+    const resumed = client.approvals.watch({ labels, resumeToken: marks[k] });
+    try {
+      const got: ApprovalWatchItem[] = [];
+      for (let i = k; i < changes.length; i++) got.push(await next(resumed));
+      assert.deepEqual(got.map(change), changes.slice(k).map(change));
+      // Nothing repeated after them: the next item is a new change.
+      const third = await requestApproval(client, wire, labels, 3 + k);
+      const requested = await next(resumed);
+      assert.ok(requested.kind === "requested" && requested.approval.runId === third.id, "the next item is the new request");
+      await third.cancel("no");
+      const resolved = await next(resumed);
+      assert.ok(resolved.kind === "resolved" && resolved.resolution.runId === third.id, "then its resolution");
+      // This round's changes come after every token: the later rounds get them too.
+      changes.push(requested, resolved);
+    } finally {
+      await resumed.return();
+    }
+  }
+});
+
+test("a watch resumes with its last token across a server restart", async () => {
+  const id = uid();
+  const wire = gatedWire(id);
+  const labels = { test: id };
+  const first = await startServer({ keep: true });
+  const dir = first.dir;
+  let second: Server | undefined;
+  const watcher = await connect(first.address);
+  const starter = await connect(first.address);
+  // Records each WatchApprovals request the watcher sends.
+  const services = watcher.services.approval;
+  const real = services.watchApprovals.bind(services);
+  const sent: Parameters<typeof real>[0][] = [];
+  services.watchApprovals = (request, options) => {
+    sent.push({ ...request });
+    return real(request, options);
+  };
+  const watch = watcher.approvals.watch({ labels });
+  try {
+    const snapshot = await next(watch);
+    const one = await requestApproval(starter, wire, labels, 1);
+    const two = await requestApproval(starter, wire, labels, 2);
+    const requested = [await next(watch), await next(watch)];
+    assert.deepEqual(requested.map(change).map(([kind, runId]) => [kind, runId]), [["requested", one.id], ["requested", two.id]]);
+    await one.cancel("no");
+    const resolved = await next(watch);
+    assert.ok(resolved.kind === "resolved" && resolved.resolution.runId === one.id && resolved.resumeToken, "the resolution carries a resume token");
+
+    await first.stop(); // SIGTERM: the stream ends with UNAVAILABLE
+    second = await startServer({ listen: first.address, dir });
+    await two.cancel("no");
+    // Only the change made while the stream was down: none of the earlier ones again.
+    const afterRestart = await next(watch);
+    assert.ok(afterRestart.kind === "resolved" && afterRestart.resolution.runId === two.id, "after the restart only the new change comes");
+
+    // The first stream started with a snapshot; each try after it (some may have found the
+    // server down) resumed with the token of the last item seen.
+    const [opening, ...retries] = sent;
+    assert.deepEqual([opening.resumeToken, opening.afterPosition], [undefined, undefined]);
+    assert.ok(retries.length > 0, "the watch tried again");
+    for (const retry of retries) {
+      assert.deepEqual([retry.resumeToken, retry.afterPosition], [resolved.resumeToken, undefined]);
+    }
+    assert.notEqual(snapshot.resumeToken, resolved.resumeToken);
+  } finally {
+    await watch.return();
+    watcher.close();
+    starter.close();
+    await first.stop();
+    await second?.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -703,6 +703,7 @@ class Approvals:
         tool: str = "",
         run_id: str = "",
         labels: Mapping[str, str] | None = None,
+        resume_token: str | None = None,
         after_position: int | None = None,
         heartbeat_s: float = 0.0,
         decidable: bool = False,
@@ -713,13 +714,20 @@ class Approvals:
         then each new ``Approval``, each ``ApprovalVoted`` (a grant of a call that
         needs several, not yet the last) and each ``ApprovalResolution`` (granted,
         denied, edited: see ``replaced_by``, or expired) as it happens. With
-        ``after_position`` (the ``position`` of the last item you handled) the
-        snapshot is skipped and only later changes come. With ``decidable=True`` only
-        the requests the caller may decide are yielded (see ``list``); votes and
-        resolutions are not filtered.
-        A dropped connection is resumed from the last position seen; a
-        snapshot cut short is restarted without repeating what was yielded.
+        ``resume_token`` (the ``resume_token`` of the last item you handled, as it
+        came) the snapshot is skipped and exactly the changes after that item come,
+        on any server of the deployment and across restarts.
+        ``after_position`` (the ``position`` of the last item handled) is the older
+        form of resuming: exact only for positions from before the server's log was
+        partitioned by shard, or of a log with one committer (the embedded store, or
+        one server on PostgreSQL); it is ignored when ``resume_token`` is given.
+        With ``decidable=True`` only the requests the caller may decide are yielded
+        (see ``list``); votes and resolutions are not filtered.
+        A dropped connection is resumed with the last resume token seen (the last
+        position seen, from a server that sends no tokens); a snapshot cut short is
+        restarted without repeating what was yielded.
         """
+        token = resume_token or None
         position = after_position
         snapshot_seen: set[tuple[str, str]] = set()
         backoff = Backoff(self.client.retry_s)
@@ -727,34 +735,35 @@ class Approvals:
             request = approval_pb2.WatchApprovalsRequest(
                 tool=tool, run_id=run_id, labels=dict(labels or {}), heartbeat_s=heartbeat_s, decidable=decidable
             )
-            if position is not None:
+            # One resume point: the server refuses an after_position past its head even
+            # beside a token, and a token says more.
+            if token is not None:
+                request.resume_token = token
+            elif position is not None:
                 request.after_position = position
             call = self.client.stubs.approval.WatchApprovals(request)
             try:
                 async for item in call:
                     backoff.reset()
                     kind = item.WhichOneof("item")
-                    in_snapshot = position is None
-                    if kind == "snapshot_complete":
+                    in_snapshot = token is None and position is None
+                    if not in_snapshot or kind == "snapshot_complete":
+                        # The snapshot's requests carry no token: resuming there would skip the rest.
+                        token = item.resume_token or token
                         position = item.position
-                        yield SnapshotComplete(item.snapshot_complete.pending, item.position)
+                    if kind == "snapshot_complete":
+                        yield SnapshotComplete(item.snapshot_complete.pending, item.position, item.resume_token)
                     elif kind == "requested":
-                        key = (item.requested.run_id, item.requested.call_id)
                         if in_snapshot:
+                            key = (item.requested.run_id, item.requested.call_id)
                             if key in snapshot_seen:
                                 continue
                             snapshot_seen.add(key)
-                        else:
-                            position = item.position
-                        yield Approval.from_proto(item.requested)
+                        yield Approval.from_proto(item.requested, item.resume_token)
                     elif kind == "voted":
-                        position = item.position
-                        yield ApprovalVoted.from_proto(item.voted, item.position)
+                        yield ApprovalVoted.from_proto(item.voted, item.position, item.resume_token)
                     elif kind == "resolved":
-                        position = item.position
-                        yield ApprovalResolution.from_proto(item.resolved, item.position)
-                    elif kind == "heartbeat" and not in_snapshot:
-                        position = item.position
+                        yield ApprovalResolution.from_proto(item.resolved, item.position, item.resume_token)
                 return
             except grpc.aio.AioRpcError as err:
                 if transient(err) and await backoff.wait():

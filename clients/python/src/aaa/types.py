@@ -209,6 +209,8 @@ class Approval:
         edited_from: for a call a reviewer edited, the call it replaces.
         approvers: the approver groups that may decide it (from its tool or a policy rule);
             empty: any approver.
+        resume_token: from ``approvals.watch``, where this item leaves the stream: pass it as
+            ``resume_token`` to resume after it. Empty on the snapshot's requests and from ``list``.
     """
 
     run_id: str
@@ -227,10 +229,11 @@ class Approval:
     votes: list[Vote] = field(default_factory=list)
     edited_from: str = ""
     approvers: list[str] = field(default_factory=list)
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
     @classmethod
-    def from_proto(cls, msg: approval_pb2.Approval) -> Approval:
-        """Convert an ``aaa.v1.Approval``."""
+    def from_proto(cls, msg: approval_pb2.Approval, resume_token: str = "") -> Approval:
+        """Convert an ``aaa.v1.Approval`` (``resume_token``: of the watch item that carried it)."""
         return cls(
             run_id=msg.run_id,
             call_id=msg.call_id,
@@ -248,6 +251,7 @@ class Approval:
             votes=[Vote.from_proto(v) for v in msg.votes],
             edited_from=msg.edited_from,
             approvers=list(msg.approvers),
+            resume_token=resume_token,
         )
 
 
@@ -256,9 +260,10 @@ class ApprovalResolution:
     """An approval request that was granted, denied, edited or expired (from ``approvals.watch``).
 
     ``reason`` is the denial's, edit's or expiry's reason, or a grant's comment;
-    ``position`` is the global position of the resolving event. For an edit,
-    ``replaced_by`` is the call that takes this one's place (its own ``Approval``
-    follows).
+    ``position`` is the position of the resolving event; ``resume_token`` is where
+    this item leaves the stream (pass it as ``resume_token`` to resume after it).
+    For an edit, ``replaced_by`` is the call that takes this one's place (its own
+    ``Approval`` follows).
     """
 
     run_id: str
@@ -270,9 +275,12 @@ class ApprovalResolution:
     time: datetime | None
     position: int
     replaced_by: str = ""
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
     @classmethod
-    def from_proto(cls, msg: approval_pb2.ApprovalResolution, position: int) -> ApprovalResolution:
+    def from_proto(
+        cls, msg: approval_pb2.ApprovalResolution, position: int, resume_token: str = ""
+    ) -> ApprovalResolution:
         """Convert an ``aaa.v1.ApprovalResolution``."""
         name = _enum_name(approval_pb2.ApprovalOutcome, msg.outcome, "APPROVAL_OUTCOME_")
         return cls(
@@ -285,6 +293,7 @@ class ApprovalResolution:
             time=_time(msg, "time"),
             position=position,
             replaced_by=msg.replaced_by,
+            resume_token=resume_token,
         )
 
 
@@ -293,7 +302,8 @@ class ApprovalVoted:
     """A grant of a call that needs several, not yet the last one (from ``approvals.watch``).
 
     The call stays pending: ``votes`` of ``approvals_required`` grants are cast,
-    ``vote`` is this one. ``position`` is the global position of the aaa.approval.voted event.
+    ``vote`` is this one. ``position`` is the position of the aaa.approval.voted event;
+    ``resume_token`` is where this item leaves the stream.
     """
 
     run_id: str
@@ -304,9 +314,10 @@ class ApprovalVoted:
     approvals_required: int
     seq: int
     position: int
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
     @classmethod
-    def from_proto(cls, msg: approval_pb2.ApprovalVoted, position: int) -> ApprovalVoted:
+    def from_proto(cls, msg: approval_pb2.ApprovalVoted, position: int, resume_token: str = "") -> ApprovalVoted:
         """Convert an ``aaa.v1.ApprovalVoted``."""
         return cls(
             run_id=msg.run_id,
@@ -317,15 +328,20 @@ class ApprovalVoted:
             approvals_required=msg.approvals_required,
             seq=msg.seq,
             position=position,
+            resume_token=resume_token,
         )
 
 
 @dataclass(frozen=True)
 class SnapshotComplete:
-    """From ``approvals.watch``: the snapshot of ``pending`` requests is complete; changes follow."""
+    """From ``approvals.watch``: the snapshot of ``pending`` requests is complete; changes follow.
+
+    ``resume_token`` resumes after the snapshot (empty from a server older than resume tokens).
+    """
 
     pending: int
     position: int
+    resume_token: str = field(default="", compare=False)  # where it was seen, not what it is
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ class ListApprovalsResponse(_message.Message):
     def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchApprovalsRequest(_message.Message):
-    __slots__ = ("tool", "run_id", "labels", "after_position", "heartbeat_s", "decidable")
+    __slots__ = ("tool", "run_id", "labels", "after_position", "heartbeat_s", "decidable", "resume_token")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,29 +149,33 @@ class WatchApprovalsRequest(_message.Message):
     AFTER_POSITION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     DECIDABLE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tool: str
     run_id: str
     labels: _containers.ScalarMap[str, str]
     after_position: int
     heartbeat_s: float
     decidable: bool
-    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., after_position: _Optional[int] = ..., heartbeat_s: _Optional[float] = ..., decidable: _Optional[bool] = ...) -> None: ...
+    resume_token: str
+    def __init__(self, tool: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., after_position: _Optional[int] = ..., heartbeat_s: _Optional[float] = ..., decidable: _Optional[bool] = ..., resume_token: _Optional[str] = ...) -> None: ...
 
 class WatchApprovalsResponse(_message.Message):
-    __slots__ = ("position", "requested", "resolved", "snapshot_complete", "heartbeat", "voted")
+    __slots__ = ("position", "resume_token", "requested", "resolved", "snapshot_complete", "heartbeat", "voted")
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     VOTED_FIELD_NUMBER: _ClassVar[int]
     position: int
+    resume_token: str
     requested: Approval
     resolved: ApprovalResolution
     snapshot_complete: SnapshotComplete
     heartbeat: Heartbeat
     voted: ApprovalVoted
-    def __init__(self, position: _Optional[int] = ..., requested: _Optional[_Union[Approval, _Mapping]] = ..., resolved: _Optional[_Union[ApprovalResolution, _Mapping]] = ..., snapshot_complete: _Optional[_Union[SnapshotComplete, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., voted: _Optional[_Union[ApprovalVoted, _Mapping]] = ...) -> None: ...
+    def __init__(self, position: _Optional[int] = ..., resume_token: _Optional[str] = ..., requested: _Optional[_Union[Approval, _Mapping]] = ..., resolved: _Optional[_Union[ApprovalResolution, _Mapping]] = ..., snapshot_complete: _Optional[_Union[SnapshotComplete, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., voted: _Optional[_Union[ApprovalVoted, _Mapping]] = ...) -> None: ...
 
 class ApprovalVoted(_message.Message):
     __slots__ = ("run_id", "call_id", "tool", "vote", "votes", "approvals_required", "seq")
