@@ -324,7 +324,8 @@ impl ApprovalService for ApprovalApi {
                 s => seconds::duration(s.max(0.05)),
             };
         let head = self.reads.store().durable().most();
-        if let Some(after) = request.after_position.filter(|after| *after > head) {
+        let older_form = request.after_position.filter(|_| request.resume_token.is_none());
+        if let Some(after) = older_form.filter(|after| *after > head) {
             return Err(Error::invalid(
                 "after_position",
                 format!("{after} is past the end of the log (position {head}); was it from another server?"),
