@@ -126,6 +126,64 @@ async fn long_chaos_with_spread_shards() {
     chaos(Mode::Spread, LONG).await;
 }
 
+/// Found by the chaos suite (seed 41, spread shards, a database stop):
+/// with spread shards, DecideApprovals through a server that does not own
+/// the run forwards the item to its owner; when the owner could not answer
+/// (killed, or its database gone), the batch was answered OK with the item
+/// `REFUSED` / `OWNER_UNAVAILABLE`, which a client retrying UNAVAILABLE as
+/// the docs say takes for a final refusal: the grant was never made and the
+/// run waited for good. Now the batch is answered UNAVAILABLE, and the
+/// same batch sent again with its request id decides it once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_whose_owner_is_gone_is_answered_unavailable_not_refused() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let (_dirs, mut servers) = spread_members(&url, 3, "1").await;
+    register(&mut servers[0].workers().await, vec![wire_money()], &[]).await;
+    let mut runs = servers[0].runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+    let approval = get_run(&mut runs, &run_id).await.pending_approvals[0].clone();
+    assert_eq!(approval.call_id, call_id);
+    let shard = aaa::domain::RunId::parse(&run_id).unwrap().shard();
+    let owner_address = cluster_of(&servers[0]).await.shard_owners[usize::from(shard)].clone();
+    let owner = servers
+        .iter()
+        .position(|s| s.addr().to_string() == owner_address)
+        .expect("the run's owner is one of the three");
+    servers.remove(owner).kill9();
+    let request = DecideApprovalsRequest {
+        items: vec![DecisionItem {
+            run_id: run_id.clone(),
+            call_id: approval.call_id.clone(),
+            arguments_sha256: approval.arguments_sha256.clone(),
+        }],
+        decision: BatchDecision::Grant as i32,
+        request_id: "batch-of-a-dead-owner".into(),
+        ..Default::default()
+    };
+    let (mut approvals, mut runs) = (servers[0].approvals().await, servers[0].runs().await);
+    let give_up = Instant::now() + WAIT;
+    let seq = loop {
+        match approvals.decide_approvals(request.clone()).await {
+            Ok(answer) => {
+                let results = answer.into_inner().results;
+                assert_eq!(
+                    results[0].status,
+                    DecisionStatus::Decided as i32,
+                    "a final answer that decided nothing: {results:?}"
+                );
+                break results[0].seq;
+            }
+            Err(status) if is_retryable(&status) && Instant::now() < give_up => backoff().await,
+            Err(status) => panic!("{status:?}"),
+        }
+    };
+    let events = wait_for_event(&mut runs, &run_id, "aaa.approval.granted").await;
+    assert_eq!(events.last().unwrap().seq, seq);
+}
+
 /// The faults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Fault {
@@ -207,7 +265,7 @@ async fn chaos(mode: Mode, length: Length) {
 
     let mut workers = Vec::new();
     for n in 0..2 {
-        workers.push(tokio::spawn(client(2000 + n).serve_tools(stop.clone(), n)));
+        workers.push(tokio::spawn(client(2000 + n).serve_tools(n)));
     }
     let _workers = Background(workers);
     let mut load = Vec::new();
@@ -660,8 +718,9 @@ impl Client {
     }
 
     /// A worker for the gated tool: records each execution, then completes
-    /// it with the same token until answered.
-    async fn serve_tools(mut self, stop: Arc<AtomicBool>, n: u64) {
+    /// it with the same token until answered. It serves until the test
+    /// ends (its guard aborts it), the checks included.
+    async fn serve_tools(mut self, n: u64) {
         let identity = format!("chaos-worker-{n}");
         loop {
             let request = PollTaskRequest {
@@ -685,9 +744,6 @@ impl Client {
                 _ => None,
             };
             let Some(task) = task else {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
                 backoff().await;
                 continue;
             };
