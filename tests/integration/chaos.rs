@@ -37,12 +37,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use aaa::proto::cluster_service_client::ClusterServiceClient;
 use aaa::proto::{
     BatchDecision, DecideApprovalsRequest, DecisionItem, DecisionStatus, Event, GetClusterRequest,
     GetClusterResponse, GetRunRequest, ListRunsRequest, PollTaskRequest, Run, RunStatus,
     SignalRequest, StartRunRequest, ToolDefinition,
 };
-use aaa::proto::cluster_service_client::ClusterServiceClient;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -81,7 +81,7 @@ const SHORT: Length = Length {
 };
 
 const LONG: Length = Length {
-    rounds: 16,
+    rounds: 40,
     cyclers: 4,
     signallers: 2,
     parked: 12,
@@ -203,7 +203,7 @@ struct FaultReport {
     fault: Fault,
     /// From the kill (or the database's return) until the live servers
     /// held every shard again and said SERVING.
-    takeover: Duration,
+    converged: Duration,
     /// From the kill (or the database's return) until a signal to a run
     /// of the faulted shards was acknowledged.
     write_recovery: Duration,
@@ -270,9 +270,7 @@ async fn chaos(mode: Mode, length: Length) {
     let _workers = Background(workers);
     let mut load = Vec::new();
     for n in 0..length.cyclers {
-        load.push(tokio::spawn(
-            client(3000 + n as u64).cycle(stop.clone(), n),
-        ));
+        load.push(tokio::spawn(client(3000 + n as u64).cycle(stop.clone(), n)));
     }
     for n in 0..length.signallers {
         load.push(tokio::spawn(client(4000 + n as u64).signal_parked(
@@ -313,10 +311,7 @@ async fn chaos(mode: Mode, length: Length) {
                 servers[victim].take().unwrap().kill9();
                 let faulted = Instant::now();
                 let recovered = prober.probe(probe, round);
-                let live: Vec<u16> = (0..3)
-                    .filter(|i| *i != victim)
-                    .map(|i| ports[i])
-                    .collect();
+                let live: Vec<u16> = (0..3).filter(|i| *i != victim).map(|i| ports[i]).collect();
                 let converged = async {
                     wait_converged(mode, &servers, &live).await;
                     Instant::now()
@@ -324,7 +319,7 @@ async fn chaos(mode: Mode, length: Length) {
                 let (recovered, converged) = tokio::join!(recovered, converged);
                 let report = FaultReport {
                     fault,
-                    takeover: converged.duration_since(faulted),
+                    converged: converged.duration_since(faulted),
                     write_recovery: recovered.duration_since(faulted),
                 };
                 let mut args = vec![
@@ -364,7 +359,7 @@ async fn chaos(mode: Mode, length: Length) {
                 let (recovered, converged) = tokio::join!(recovered, converged);
                 FaultReport {
                     fault,
-                    takeover: converged.duration_since(returned),
+                    converged: converged.duration_since(returned),
                     write_recovery: recovered.duration_since(returned),
                 }
             }
@@ -380,9 +375,9 @@ async fn chaos(mode: Mode, length: Length) {
         handle.await.expect("a client panicked");
     }
     let ledger = std::mem::take(&mut *ledger.lock().unwrap());
-    check(&tag, &servers, &ledger, &parked).await;
+    let lost = check(&tag, &servers, &ledger, &parked).await;
     check_logs(&dirs);
-    print_figures(&tag, &reports, &ledger, started.elapsed());
+    print_figures(&tag, &reports, &ledger, lost, started.elapsed());
 }
 
 /// The number in the environment variable `name`, if it has one.
@@ -492,8 +487,7 @@ impl Client {
         let mut last = None;
         while Instant::now() < give_up {
             let channel = self.servers.pick(&mut self.rng);
-            match tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(1), call(channel)).await
-            {
+            match tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(1), call(channel)).await {
                 Ok(Ok(answer)) => return Some(answer),
                 Ok(Err(status)) if !worth_retrying(&status) => {
                     self.fail(format!("{what}: {:?} {}", status.code(), status.message()));
@@ -504,7 +498,9 @@ impl Client {
             }
             backoff().await;
         }
-        self.fail(format!("{what}: no answer within {OP_WAIT:?}; last {last:?}"));
+        self.fail(format!(
+            "{what}: no answer within {OP_WAIT:?}; last {last:?}"
+        ));
         None
     }
 
@@ -533,7 +529,12 @@ impl Client {
 
     /// GetRun on random servers until `done` says the run is where it
     /// should be (bounded by [`OP_WAIT`]).
-    async fn wait_for_run(&mut self, run_id: &str, what: &str, done: impl Fn(&Run) -> bool) -> Option<Run> {
+    async fn wait_for_run(
+        &mut self,
+        run_id: &str,
+        what: &str,
+        done: impl Fn(&Run) -> bool,
+    ) -> Option<Run> {
         let give_up = Instant::now() + OP_WAIT;
         let mut last = None;
         while Instant::now() < give_up {
@@ -555,7 +556,9 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.fail(format!("{run_id} never {what} within {OP_WAIT:?} (stuck?): {last:?}"));
+        self.fail(format!(
+            "{run_id} never {what} within {OP_WAIT:?} (stuck?): {last:?}"
+        ));
         None
     }
 
@@ -633,7 +636,11 @@ impl Client {
             let answer = self
                 .until_answered(&what, |channel| {
                     let request = request.clone();
-                    async move { ApprovalClient::new(channel).decide_approvals(timed(request)).await }
+                    async move {
+                        ApprovalClient::new(channel)
+                            .decide_approvals(timed(request))
+                            .await
+                    }
                 })
                 .await?
                 .into_inner();
@@ -669,12 +676,20 @@ impl Client {
                 return;
             };
             for k in 0..self.rng.below(3) {
-                if self.note(&run_id, format!("{request_id}-note-{k}")).await.is_none() {
+                if self
+                    .note(&run_id, format!("{request_id}-note-{k}"))
+                    .await
+                    .is_none()
+                {
                     return;
                 }
             }
             let grant_id = format!("{request_id}-grant");
-            if self.grant(&run_id, &call_id, &digest, grant_id).await.is_none() {
+            if self
+                .grant(&run_id, &call_id, &digest, grant_id)
+                .await
+                .is_none()
+            {
                 return;
             }
             let ended = self
@@ -790,9 +805,11 @@ async fn cluster_view(servers: &Servers) -> GetClusterResponse {
     let mut rng = Rng(0);
     loop {
         let mut client = ClusterServiceClient::new(servers.pick(&mut rng));
-        if let Ok(Ok(answer)) =
-            tokio::time::timeout(CALL_TIMEOUT, client.get_cluster(timed(GetClusterRequest {})))
-                .await
+        if let Ok(Ok(answer)) = tokio::time::timeout(
+            CALL_TIMEOUT,
+            client.get_cluster(timed(GetClusterRequest {})),
+        )
+        .await
         {
             return answer.into_inner();
         }
@@ -831,7 +848,10 @@ fn run_in_shards_of(
         .map(|(run_id, _)| run_id)
         .filter(|run_id| {
             let shard = aaa::domain::RunId::parse(run_id).expect("a run id").shard();
-            view.shard_owners.get(usize::from(shard)).map(String::as_str) == Some(address)
+            view.shard_owners
+                .get(usize::from(shard))
+                .map(String::as_str)
+                == Some(address)
         })
         .collect();
     match theirs.as_slice() {
@@ -860,8 +880,8 @@ async fn wait_converged(mode: Mode, servers: &[Option<ChildServer>], live: &[u16
             .map(|m| m.address.clone())
             .collect();
         let holders: BTreeSet<&String> = view.shard_owners.iter().collect();
-        let held = view.unowned_shards == 0
-            && view.shard_owners.iter().all(|a| addresses.contains(a));
+        let held =
+            view.unowned_shards == 0 && view.shard_owners.iter().all(|a| addresses.contains(a));
         let done = held
             && alive == addresses
             && match mode {
@@ -882,13 +902,15 @@ async fn wait_converged(mode: Mode, servers: &[Option<ChildServer>], live: &[u16
     }
 }
 
-/// Everything that must hold at the end, asked of every server.
+/// Everything that must hold at the end, asked of every server; answers
+/// how many runs lost an attempt (`AttemptLost`: the owner died between
+/// starting an attempt and handing it to the worker).
 async fn check(
     tag: &str,
     servers: &[Option<ChildServer>],
     ledger: &Ledger,
     parked: &[(String, String)],
-) {
+) -> usize {
     assert!(
         ledger.failures.is_empty(),
         "{tag}: operations failed: {:#?}",
@@ -904,7 +926,10 @@ async fn check(
         let mut by_request: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for run in &runs {
             let request = run.labels.get("request").cloned().unwrap_or_default();
-            by_request.entry(request).or_default().push(run.run_id.clone());
+            by_request
+                .entry(request)
+                .or_default()
+                .push(run.run_id.clone());
         }
         for (request_id, run_ids) in &by_request {
             assert_eq!(
@@ -938,7 +963,11 @@ async fn check(
             ids.sort();
             ids
         };
-        assert_eq!(same(listed), same(&listed_by[0]), "{tag}: ListRuns at server {i}");
+        assert_eq!(
+            same(listed),
+            same(&listed_by[0]),
+            "{tag}: ListRuns at server {i}"
+        );
     }
 
     // The same history and summary on every server.
@@ -994,7 +1023,11 @@ async fn check(
             .push(*attempt);
     }
     for ((run_id, call), attempts) in &executed {
-        assert_eq!(attempts.len(), 1, "{tag}: {run_id} {call} executed as {attempts:?}");
+        assert_eq!(
+            attempts.len(),
+            1,
+            "{tag}: {run_id} {call} executed as {attempts:?}"
+        );
         let events = &histories[run_id];
         let started = events
             .iter()
@@ -1027,7 +1060,11 @@ async fn check(
             .map(call_id)
             .collect();
         let unique: BTreeSet<&String> = starts.iter().collect();
-        assert_eq!(unique.len(), starts.len(), "{tag}: {run_id} started a call twice");
+        assert_eq!(
+            unique.len(),
+            starts.len(),
+            "{tag}: {run_id} started a call twice"
+        );
         for start in events.iter().filter(|e| e.r#type == "aaa.tool.started") {
             let call = call_id(start);
             assert!(
@@ -1058,14 +1095,21 @@ async fn check(
     }
     for (run_id, call) in parked {
         let run = get_run(&mut servers[0].runs().await, run_id).await;
-        assert_eq!(run.status, RunStatus::WaitingForApproval as i32, "{tag}: {run_id}");
         assert_eq!(
-            run.pending_approvals.iter().map(|a| &a.call_id).collect::<Vec<_>>(),
+            run.status,
+            RunStatus::WaitingForApproval as i32,
+            "{tag}: {run_id}"
+        );
+        assert_eq!(
+            run.pending_approvals
+                .iter()
+                .map(|a| &a.call_id)
+                .collect::<Vec<_>>(),
             vec![call],
             "{tag}: {run_id}"
         );
     }
-    eprintln!("{tag}: checked on all three servers; runs that lost an attempt: {lost}");
+    lost
 }
 
 /// The test's runs, every page, as `server` lists them.
@@ -1080,7 +1124,11 @@ async fn list_runs(server: &ChildServer, tag: &str) -> Vec<Run> {
             page_token,
             ..Default::default()
         };
-        let page = runs.list_runs(request).await.expect("ListRuns").into_inner();
+        let page = runs
+            .list_runs(request)
+            .await
+            .expect("ListRuns")
+            .into_inner();
         all.extend(page.runs);
         if page.next_page_token.is_empty() {
             return all;
@@ -1100,10 +1148,11 @@ fn check_logs(dirs: &[tempfile::TempDir]) {
 }
 
 /// Prints what the run did and what the faults cost.
-fn print_figures(tag: &str, reports: &[FaultReport], ledger: &Ledger, took: Duration) {
+fn print_figures(tag: &str, reports: &[FaultReport], ledger: &Ledger, lost: usize, took: Duration) {
     let notes = ledger.writes.iter().filter(|w| w.r#type == NOTE).count();
     eprintln!(
-        "{tag}: acknowledged {} starts, {notes} notes, {} grants; {} cycles done, {} executions; {took:.1?} in all",
+        "{tag}: all checked on every server; acknowledged {} starts, {notes} notes, {} grants; \
+         {} cycles done, {} executions, {lost} attempts lost; {took:.1?} in all",
         ledger.starts.len(),
         ledger.writes.len() - notes,
         ledger.cycles.len(),
@@ -1124,10 +1173,10 @@ fn print_figures(tag: &str, reports: &[FaultReport], ledger: &Ledger, took: Dura
             times.sort();
             (times[(times.len() - 1) / 2], times[times.len() - 1])
         };
-        let (takeover_p50, takeover_max) = figures(|r| r.takeover);
+        let (converged_p50, converged_max) = figures(|r| r.converged);
         let (write_p50, write_max) = figures(|r| r.write_recovery);
         eprintln!(
-            "{tag}: {fault:?} x{}: takeover p50 {takeover_p50:.2?} max {takeover_max:.2?}; write recovery p50 {write_p50:.2?} max {write_max:.2?}",
+            "{tag}: {fault:?} x{}: converged (takeover) p50 {converged_p50:.2?} max {converged_max:.2?}; write recovery p50 {write_p50:.2?} max {write_max:.2?}",
             of.len()
         );
     }
