@@ -249,7 +249,21 @@ impl ApprovalService for ApprovalApi {
             };
             let reviewer = reviewer.clone();
             async move {
-                let outcomes = engine.decide_approvals(batch.clone(), reviewer).await?;
+                let mut outcomes = engine.decide_approvals(batch.clone(), reviewer).await?;
+                // An item of a run this server does not serve after all
+                // (its shard moved, or is being taken over here) was not
+                // decided: the batch is UNAVAILABLE, as when its owner
+                // cannot be reached, and its retry with the request id
+                // reaches the owner. (Answered as a REFUSED item, a client
+                // took it for final; the chaos suite met it.)
+                if let Some(i) = outcomes
+                    .iter()
+                    .position(|o| matches!(o, ItemOutcome::Refused(Error::OwnershipLost(_))))
+                {
+                    if let ItemOutcome::Refused(error) = outcomes.swap_remove(i) {
+                        return Err(error.into());
+                    }
+                }
                 Ok::<_, Status>(
                     batch
                         .items

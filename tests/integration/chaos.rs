@@ -184,6 +184,81 @@ async fn a_batch_whose_owner_is_gone_is_answered_unavailable_not_refused() {
     assert_eq!(events.last().unwrap().seq, seq);
 }
 
+/// Found by the long chaos suite (seed 1, one owner, 40 rounds: a granted
+/// run that never went on): a commit whose outcome the server does not
+/// know (PostgreSQL took longer than the committer's round timeout) was
+/// answered UNAVAILABLE, but it did land; the retry with its request id
+/// was answered with the recorded seq, and nothing ever offered the granted
+/// call to a worker: the run stayed RUNNING for good. Here the commit is
+/// held by a synchronous standby that never comes, then let go.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_that_landed_unanswered_still_sends_the_call_to_a_worker() {
+    if postgres().is_none() {
+        return;
+    }
+    let database = Cluster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("--store={}", database.url);
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "30"];
+    let server = ChildServer::start_args(dir.path(), &args).await;
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![wire_money()], &[]).await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, scripted_reference_run()).await;
+    let call_id = wait_for_approval(&mut runs, &run_id).await;
+
+    // Every commit now waits for a standby that never comes: the grant's
+    // round outlasts the committer's timeout, which answers UNAVAILABLE.
+    synchronous_standby(&database.url, "nobody").await;
+    let request = grant_request(&run_id, &call_id);
+    let first = runs.signal(request.clone()).await;
+    assert_eq!(
+        first.as_ref().map_err(Status::code).err(),
+        Some(Code::Unavailable),
+        "{first:?}"
+    );
+    // Let go: the held commit completes, so the grant did land.
+    synchronous_standby(&database.url, "").await;
+    let seq = retrying(|| {
+        let (mut runs, request) = (runs.clone(), request.clone());
+        async move { runs.signal(request).await }
+    })
+    .await
+    .into_inner()
+    .seq;
+    let events = history(&mut runs, &run_id).await;
+    assert_eq!(events[seq as usize - 1].r#type, "aaa.approval.granted");
+
+    let task = poll_until_task(&mut workers, "w", &["wire_money"], &[]).await;
+    complete_tool(&mut workers, &task.token, REFERENCE_OUTPUT)
+        .await
+        .expect("CompleteTask");
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(completed_text(&events), REFERENCE_TEXT);
+    assert_eq!(count(&events, "aaa.approval.granted"), 1);
+}
+
+/// Sets PostgreSQL's `synchronous_standby_names` (through its admin URL)
+/// and reloads its configuration.
+async fn synchronous_standby(admin_url: &str, names: &str) {
+    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+        ))
+        .await
+        .expect("ALTER SYSTEM");
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("pg_reload_conf");
+    drop(client);
+    let _ = connection.await;
+}
+
 /// The faults.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Fault {
