@@ -301,6 +301,7 @@ async fn chaos(mode: Mode, length: Length) {
         Mode::OneOwner => cluster_members(&database.url, 3, "1").await,
         Mode::Spread => spread_members(&database.url, 3, "1").await,
     };
+    let _logs = KeepLogsOnPanic(&dirs, tag.clone());
     let mut servers: Vec<Option<ChildServer>> = servers.into_iter().map(Some).collect();
     let ports: Vec<u16> = servers.iter().flatten().map(|s| s.addr().port()).collect();
     let everywhere = Servers::new(&ports);
@@ -321,6 +322,7 @@ async fn chaos(mode: Mode, length: Length) {
         rng: Rng(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         ledger: ledger.clone(),
         tag: tag.clone(),
+        faults_over: stop.clone(),
     };
 
     // The parked runs first, before any fault.
@@ -455,6 +457,27 @@ async fn chaos(mode: Mode, length: Length) {
     print_figures(&tag, &reports, &ledger, lost, started.elapsed());
 }
 
+/// On a failure, copies the servers' logs to `$TMPDIR/aaa-<tag>-<pid>/`
+/// (their temp dirs go with the test) and says where.
+struct KeepLogsOnPanic<'a>(&'a [tempfile::TempDir], String);
+
+impl Drop for KeepLogsOnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let kept = std::env::temp_dir().join(format!("aaa-{}-{}", self.1, std::process::id()));
+        let _ = std::fs::create_dir_all(&kept);
+        for (i, dir) in self.0.iter().enumerate() {
+            let _ = std::fs::copy(
+                dir.path().join("server.log"),
+                kept.join(format!("server-{i}.log")),
+            );
+        }
+        eprintln!("the servers' logs are kept in {}", kept.display());
+    }
+}
+
 /// The number in the environment variable `name`, if it has one.
 fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|s| s.parse().ok())
@@ -542,6 +565,8 @@ struct Client {
     rng: Rng,
     ledger: Arc<Mutex<Ledger>>,
     tag: String,
+    /// Set once the last fault is over.
+    faults_over: Arc<AtomicBool>,
 }
 
 impl Client {
@@ -610,9 +635,18 @@ impl Client {
         what: &str,
         done: impl Fn(&Run) -> bool,
     ) -> Option<Run> {
-        let give_up = Instant::now() + OP_WAIT;
+        let mut give_up = Instant::now() + OP_WAIT;
         let mut last = None;
         while Instant::now() < give_up {
+            // While faults go on the bound starts again: an attempt the
+            // owner started and never delivered is lost a lease after the
+            // last takeover of its shard, and every takeover (with spread
+            // shards, every kill and restart moves shards) gives running
+            // attempts a fresh lease. Once the faults are over, a run that
+            // does not get where it should within OP_WAIT is stuck.
+            if !self.faults_over.load(Ordering::Relaxed) {
+                give_up = Instant::now() + OP_WAIT;
+            }
             let channel = self.servers.pick(&mut self.rng);
             let request = GetRunRequest {
                 run_id: run_id.into(),
@@ -631,8 +665,18 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // What the log holds, to say where it stopped.
+        let channel = self.servers.pick(&mut self.rng);
+        let log = match try_history(&mut RunClient::new(channel), run_id).await {
+            Ok(events) => events
+                .iter()
+                .map(|e| format!("{} {} {} {}", e.seq, e.r#type, e.data_json, e.position))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Err(status) => format!("{status:?}"),
+        };
         self.fail(format!(
-            "{run_id} never {what} within {OP_WAIT:?} (stuck?): {last:?}"
+            "{run_id} never {what} within {OP_WAIT:?} (stuck?): {last:?}; its log: {log}"
         ));
         None
     }
