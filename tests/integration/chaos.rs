@@ -515,7 +515,13 @@ impl Servers {
     }
 
     fn pick(&self, rng: &mut Rng) -> Channel {
-        self.0[rng.below(self.0.len())].clone()
+        self.pick_numbered(rng).1
+    }
+
+    /// A random server's number (its place in the list) and channel.
+    fn pick_numbered(&self, rng: &mut Rng) -> (usize, Channel) {
+        let i = rng.below(self.0.len());
+        (i, self.0[i].clone())
     }
 }
 
@@ -541,6 +547,9 @@ struct Ledger {
     writes: Vec<Acked>,
     /// Every execution of a tool by a worker: (run, call, attempt).
     executions: Vec<(String, String, u32)>,
+    /// Each task a worker got: run, call, attempt, worker, the server
+    /// polled and when (to say where a double delivery came from).
+    deliveries: Vec<String>,
     /// The runs of the approval cycles, each finished by its client.
     cycles: Vec<String>,
     /// Answers no client should get, and operations that never got one.
@@ -863,7 +872,7 @@ impl Client {
                 wait_s: 1.0,
                 ..Default::default()
             };
-            let channel = self.servers.pick(&mut self.rng);
+            let (server, channel) = self.servers.pick_numbered(&mut self.rng);
             let polled = tokio::time::timeout(
                 CALL_TIMEOUT,
                 WorkerClient::new(channel).poll_task(timed(request)),
@@ -881,11 +890,20 @@ impl Client {
                 backoff().await;
                 continue;
             };
-            self.ledger.lock().unwrap().executions.push((
-                task.run_id.clone(),
-                task.call_id.clone(),
+            let delivery = format!(
+                "{} {} attempt {} to {identity} through server {server} at {}",
+                task.run_id,
+                task.call_id,
                 task.attempt,
-            ));
+                aaa::clock::now_ms()
+            );
+            {
+                let mut ledger = self.ledger.lock().unwrap();
+                ledger.deliveries.push(delivery);
+                ledger
+                    .executions
+                    .push((task.run_id.clone(), task.call_id.clone(), task.attempt));
+            }
             let what = format!(
                 "CompleteTask {} {} attempt {}",
                 task.run_id, task.call_id, task.attempt
@@ -1145,7 +1163,12 @@ async fn check(
         assert_eq!(
             attempts.len(),
             1,
-            "{tag}: {run_id} {call} executed as {attempts:?}"
+            "{tag}: {run_id} {call} executed as {attempts:?}: {:?}",
+            ledger
+                .deliveries
+                .iter()
+                .filter(|d| d.starts_with(&format!("{run_id} {call} ")))
+                .collect::<Vec<_>>()
         );
         let events = &histories[run_id];
         let started = events
