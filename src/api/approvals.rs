@@ -249,7 +249,21 @@ impl ApprovalService for ApprovalApi {
             };
             let reviewer = reviewer.clone();
             async move {
-                let outcomes = engine.decide_approvals(batch.clone(), reviewer).await?;
+                let mut outcomes = engine.decide_approvals(batch.clone(), reviewer).await?;
+                // An item of a run this server does not serve after all
+                // (its shard moved, or is being taken over here) was not
+                // decided: the batch is UNAVAILABLE, as when its owner
+                // cannot be reached, and its retry with the request id
+                // reaches the owner. (Answered as a REFUSED item, a client
+                // took it for final; the chaos suite met it.)
+                if let Some(i) = outcomes
+                    .iter()
+                    .position(|o| matches!(o, ItemOutcome::Refused(Error::OwnershipLost(_))))
+                {
+                    if let ItemOutcome::Refused(error) = outcomes.swap_remove(i) {
+                        return Err(error.into());
+                    }
+                }
                 Ok::<_, Status>(
                     batch
                         .items
@@ -299,7 +313,7 @@ impl ApprovalService for ApprovalApi {
                         items: part.iter().map(|i| request.items[*i].clone()).collect(),
                         ..request.clone()
                     };
-                    decide_at(cluster, &owner, sent, signer.clone()).await
+                    decide_at(cluster, &owner, sent, signer.clone()).await?
                 }
             };
             for (i, result) in part.into_iter().zip(answered) {
@@ -398,17 +412,20 @@ fn batch_items(items: &[proto::DecisionItem]) -> Result<Vec<BatchItem>, Error> {
     Ok(out)
 }
 
-/// The answer for one item.
-/// The owner's results for its items; each of them refused if the owner
-/// could not be asked (retry them).
+/// The owner's results for its items. An owner that did not answer (it
+/// died, its database is gone) makes the whole batch UNAVAILABLE, as a
+/// local item that cannot be decided does: the parts other owners decided
+/// are durable, and the batch sent again with its request id answers them
+/// `DECIDED` with their seqs and decides the rest. (Until the chaos suite
+/// of issue 41 these items were answered `REFUSED` in an OK answer, which a
+/// client retrying UNAVAILABLE took for final: the call was never granted.)
 async fn decide_at(
     cluster: &Cluster,
     owner: &Owner,
     request: proto::DecideApprovalsRequest,
     signer: Option<String>,
-) -> Vec<proto::DecisionResult> {
+) -> Result<Vec<proto::DecisionResult>, Status> {
     const METHOD: &str = "/aaa.v1.ApprovalService/DecideApprovals";
-    let items = request.items.clone();
     let body = crate::auth::forwarded::unary_body(&request);
     let mut call = Request::new(request);
     *call.metadata_mut() =
@@ -416,24 +433,25 @@ async fn decide_at(
     let mut client =
         proto::approval_service_client::ApprovalServiceClient::new(owner.channel.clone());
     match client.decide_approvals(call).await {
-        Ok(answer) => answer.into_inner().results,
-        Err(status) => items
-            .into_iter()
-            .map(|item| proto::DecisionResult {
-                run_id: item.run_id,
-                call_id: item.call_id,
-                status: proto::DecisionStatus::Refused as i32,
-                error_reason: proto::ErrorReason::OwnerUnavailable
-                    .as_str_name()
-                    .to_string(),
-                error_message: format!(
-                    "the owner of the run, {}, did not decide it ({}); retry",
+        Ok(answer) => Ok(answer.into_inner().results),
+        // Unanswered: the connection failed (tonic made the status), or
+        // the owner could not decide now.
+        Err(status)
+            if status.code() == tonic::Code::Unavailable
+                || std::error::Error::source(&status).is_some() =>
+        {
+            cluster.forget(owner);
+            Err(crate::cluster::unavailable(
+                &format!(
+                    "the owner of the run, {}, did not decide the batch's items ({}); send \
+                     the batch again with the same request_id",
                     owner.server,
                     status.message()
                 ),
-                ..Default::default()
-            })
-            .collect(),
+                &owner.server,
+            ))
+        }
+        Err(status) => Err(status),
     }
 }
 

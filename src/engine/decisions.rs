@@ -132,8 +132,13 @@ impl Engine {
             serde_json::from_slice(bytes)
                 .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")))
         };
-        self.once(scope, request_id.to_string(), recorded, work)
-            .await
+        let (answer, from_record) = self
+            .once(scope, request_id.to_string(), recorded, work)
+            .await?;
+        if from_record {
+            self.act_again_soon(run);
+        }
+        Ok(answer)
     }
 
     /// Signal's work; `record`: where the answer is recorded, with the
@@ -222,6 +227,11 @@ impl Engine {
         let engine = self.clone();
         self.under_request_lock(key, async move {
             let recorded = engine.recorded_items(&batch, &reviewer.principal).await?;
+            for (item, recorded) in batch.items.iter().zip(&recorded) {
+                if recorded.is_some() {
+                    engine.act_again_soon(item.run);
+                }
+            }
             engine.decide_now(&batch, &reviewer, recorded).await
         })
         .await

@@ -167,8 +167,75 @@ impl Engine {
     ) -> Result<(), Error> {
         let mut staged = self.stage(state, events, batch, actions)?;
         let batch = std::mem::take(&mut staged.batch);
-        let positions = self.commit_with_grants(batch).await?;
+        let positions = match self.commit_with_grants(batch).await {
+            Ok(positions) => positions,
+            Err(e) => {
+                if matches!(e, Error::StorageUnavailable(_)) {
+                    self.act_again_later(state.id);
+                }
+                return Err(e);
+            }
+        };
         self.act(state, staged, &positions);
+        Ok(())
+    }
+
+    /// After a commit of `run` refused for the store: it may have landed
+    /// all the same (PostgreSQL committed and the answer was lost), and then
+    /// what it made ready (a granted call, the next model call) was never
+    /// offered. So once the store answers again, the run's log is folded
+    /// afresh and its dispatchable calls are offered, as a restart's
+    /// recovery does. A commit that lands later still (it outlasted the
+    /// committer's wait) is met by the retry with its request id or token,
+    /// which finds it recorded: see [`Engine::act_again_soon`].
+    fn act_again_later(&self, run: RunId) {
+        self.act_again_after(run, std::time::Duration::from_millis(200));
+    }
+
+    /// A request found its answer recorded (a retry): the commit that
+    /// recorded it may have been refused to this server all the same
+    /// (landed, its answer lost), with its effects never done. Does them
+    /// again, as [`Engine::act_again_later`] does; offering a call twice is
+    /// harmless, its start decides once. (The long chaos suite found runs
+    /// granted and never served.)
+    pub(super) fn act_again_soon(&self, run: RunId) {
+        self.act_again_after(run, std::time::Duration::ZERO);
+    }
+
+    /// Acts again on the run after `pause`, retrying while the store cannot
+    /// answer; gives up when the run is not this engine's any more or the
+    /// engine closed.
+    fn act_again_after(&self, run: RunId, mut pause: std::time::Duration) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(pause).await;
+                let open = engine.inner.open.read().await;
+                if !*open {
+                    return;
+                }
+                match engine.act_again(run).await {
+                    Err(Error::StorageUnavailable(_)) => {
+                        pause = (pause * 2).clamp(
+                            std::time::Duration::from_millis(200),
+                            std::time::Duration::from_secs(5),
+                        );
+                    }
+                    _ => return,
+                }
+            }
+        });
+    }
+
+    /// Folds the run's log afresh and offers what is dispatchable.
+    async fn act_again(&self, run: RunId) -> Result<(), Error> {
+        let _guard = self.lock_run(run).await;
+        self.inner.cache.lock().expect("poisoned").pop(&run);
+        let state = self.load(run).await?;
+        self.offer_all(run, state.dispatchable(self.now_ms()));
+        self.durable_timers_changed();
+        self.inner.reads.publish(run, state.last_seq);
+        self.cache_put(state);
         Ok(())
     }
 

@@ -55,14 +55,15 @@ impl Engine {
     /// (`decode`d) if there is one, else `work`'s, which records it in its
     /// commit. When the work fails, an answer recorded meanwhile still
     /// answers: the store refused to record a second one, or the commit's
-    /// outcome was unknown and it did land.
+    /// outcome was unknown and it did land. The flag says the answer is a
+    /// recorded one: its effects may be owed (see [`Engine::act_again_soon`]).
     pub(super) async fn once<T: Send + 'static>(
         &self,
         scope: Vec<u8>,
         request_id: String,
         decode: fn(&[u8]) -> Result<T, Error>,
         work: impl Future<Output = Result<T, Error>> + Send + 'static,
-    ) -> Result<T, Error> {
+    ) -> Result<(T, bool), Error> {
         let engine = self.clone();
         let key = (scope.clone(), request_id.clone());
         self.under_request_lock(key, async move {
@@ -72,12 +73,12 @@ impl Engine {
                 Err(e) => Err(Error::from(e)),
             };
             if let Some(answer) = recorded().await? {
-                return Ok(answer);
+                return Ok((answer, true));
             }
             match work.await {
-                Ok(answer) => Ok(answer),
+                Ok(answer) => Ok((answer, false)),
                 Err(e) => match recorded().await {
-                    Ok(Some(answer)) => Ok(answer),
+                    Ok(Some(answer)) => Ok((answer, true)),
                     _ => Err(e),
                 },
             }
@@ -127,7 +128,7 @@ mod tests {
             .once(b"scope".to_vec(), "r1".into(), |b| Ok(b.to_vec()), work)
             .await
             .expect("the recorded answer");
-        assert_eq!(answer, b"first");
+        assert_eq!(answer, (b"first".to_vec(), true));
         shutdown.cancel();
         engine.stopped().await;
         store.close().await;

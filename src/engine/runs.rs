@@ -50,7 +50,11 @@ impl Engine {
             Some(run) => Ok((run, false)),
             None => Err(Error::Internal("bad idempotency record".into())),
         };
-        self.once(scope, request_id, recorded, work).await
+        let (answer, from_record) = self.once(scope, request_id, recorded, work).await?;
+        if from_record {
+            self.act_again_soon(answer.0);
+        }
+        Ok(answer)
     }
 
     /// Starts a run; with a request id, its commit records the run as the

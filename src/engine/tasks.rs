@@ -150,6 +150,7 @@ impl Engine {
                 };
                 self.once(SCOPE.to_vec(), worker.identity.clone(), recorded, work)
                     .await?
+                    .0
             }
         };
         self.inner
@@ -496,7 +497,10 @@ impl Engine {
             .run_events(token.run, 0, usize::MAX)
             .await?;
         match recorded::compare(&events, token.kind, &token.call_id, token.attempt, &report)? {
-            recorded::Recorded::Same => Ok(true),
+            recorded::Recorded::Same => {
+                self.act_again_soon(token.run);
+                Ok(true)
+            }
             // The attempt's result that counts is another one, also when
             // the run has finished since.
             recorded::Recorded::Different => Err(Error::StaleAttempt {

@@ -5,6 +5,7 @@ mod support;
 
 mod auth;
 mod browser;
+mod chaos;
 mod cli;
 mod cluster;
 mod concurrency;
