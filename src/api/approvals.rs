@@ -338,7 +338,9 @@ impl ApprovalService for ApprovalApi {
                 s => seconds::duration(s.max(0.05)),
             };
         let head = self.reads.store().durable().most();
-        let older_form = request.after_position.filter(|_| request.resume_token.is_none());
+        let older_form = request
+            .after_position
+            .filter(|_| request.resume_token.is_none());
         if let Some(after) = older_form.filter(|after| *after > head) {
             return Err(Error::invalid(
                 "after_position",
