@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::stats::{closed_loop, Problems, Summary};
-use aaa::store::{EventRecord, RunId, WriteBatch};
+use aaa::store::RunId;
 
 /// Writers per committer: enough in flight that rounds hold several
 /// batches, as a busy server's do.
@@ -100,25 +100,7 @@ async fn measure(
     let outcome = closed_loop(writers, total, limit, move |writer, round| {
         let store = writer_stores[writer % committers].clone();
         let run = runs[writer];
-        async move {
-            let mut batch = WriteBatch::default();
-            batch.push_event(EventRecord {
-                run_id: run.as_bytes().to_vec(),
-                seq: round + 1,
-                position: 0,
-                id: uuid::Uuid::now_v7().as_bytes().to_vec(),
-                event_type: "bench.note".into(),
-                data_json: format!(r#"{{"n":{round}}}"#),
-                time_ms: aaa::clock::now_ms(),
-                actor_kind: 3,
-                actor_name: "aaa-bench".into(),
-                actor_principal: String::new(),
-            });
-            aaa::store::Store::commit(&*store, batch)
-                .await
-                .map(|_| ())
-                .map_err(|e| format!("store commit: {e}"))
-        }
+        async move { super::floors::append_note(&*store, run, round).await }
     })
     .await;
     let elapsed = started.elapsed().as_secs_f64();

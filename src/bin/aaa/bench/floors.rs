@@ -79,6 +79,33 @@ pub struct StoreAppends {
 
 /// `writers` tasks, each committing one small event at a time for its own
 /// run (seq 1, 2, 3...), to a store in a scratch dir.
+/// Commits one small event to `run` (its `round`-th, seq `round + 1`)
+/// straight to the store: one append of the store floors.
+pub async fn append_note(
+    store: &dyn aaa::store::Store,
+    run: RunId,
+    round: u64,
+) -> Result<(), String> {
+    let mut batch = WriteBatch::default();
+    batch.push_event(EventRecord {
+        run_id: run.as_bytes().to_vec(),
+        seq: round + 1,
+        position: 0,
+        id: uuid::Uuid::now_v7().as_bytes().to_vec(),
+        event_type: "bench.note".into(),
+        data_json: format!(r#"{{"n":{round}}}"#),
+        time_ms: aaa::clock::now_ms(),
+        actor_kind: 3,
+        actor_name: "aaa-bench".into(),
+        actor_principal: String::new(),
+    });
+    store
+        .commit(batch)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("store commit: {e}"))
+}
+
 pub async fn store_appends(
     writers: usize,
     total: usize,
@@ -94,26 +121,7 @@ pub async fn store_appends(
     let outcome = closed_loop(writers, total, limit, move |writer, round| {
         let store = writer_store.clone();
         let run = runs[writer];
-        async move {
-            let mut batch = WriteBatch::default();
-            batch.push_event(EventRecord {
-                run_id: run.as_bytes().to_vec(),
-                seq: round + 1,
-                position: 0,
-                id: uuid::Uuid::now_v7().as_bytes().to_vec(),
-                event_type: "bench.note".into(),
-                data_json: format!(r#"{{"n":{round}}}"#),
-                time_ms: aaa::clock::now_ms(),
-                actor_kind: 3,
-                actor_name: "aaa-bench".into(),
-                actor_principal: String::new(),
-            });
-            store
-                .commit(batch)
-                .await
-                .map(|_| ())
-                .map_err(|e| format!("store commit: {e}"))
-        }
+        async move { append_note(&*store, run, round).await }
     })
     .await;
     store.close().await;
