@@ -120,7 +120,7 @@ async fn measure(
         latency: Summary::of(&mut latencies),
     };
     eprintln!(
-        "aaa bench:   {:.0} rounds/s, {:.0} events/s, {:.0}% of active sessions waiting on a lock",
+        "aaa bench:   {:.0} rounds/s, {:.0} events/s, {:.0}% of active sessions waiting on another commit's lock",
         level.rounds_per_second,
         level.events_per_second,
         level.lock_wait_share * 100.0

@@ -658,7 +658,7 @@ fn committers_rows(t: &mut Table, committers: &super::committers::Committers) {
         );
         t.add(
             &scenario,
-            "active sessions waiting on a lock",
+            "active sessions waiting on another commit's lock",
             format!("{:.0}%", 100.0 * level.lock_wait_share),
         );
         t.add(&scenario, "commit p50 / p99", level.latency.text());
