@@ -21,8 +21,7 @@
 //!    (see [`super::answered`]) and its
 //!    expected seqs, and giving its events the
 //!    positions taken, in memory: one multi-row statement per table for all
-//!    batches, `COMMIT`, then (in its own transaction, same pipeline)
-//!    `pg_notify` with the shards' new heads.
+//!    batches, `pg_notify` with the shards' new heads, `COMMIT`.
 //!
 //! Positions come from a sequence, so rounds of disjoint shards never wait
 //! for each other; within a shard they increase in commit order, because
@@ -702,28 +701,11 @@ async fn finish(
 ) -> Vec<Rows> {
     let text = notification(after, moved);
     let mut steps = queries(statements);
-    steps.push(Step::Simple("COMMIT"));
-    // After the COMMIT, in a transaction of its own (sent in the same
-    // pipeline, no extra round trip): PostgreSQL serialises the commits of
-    // transactions that NOTIFY on one database-wide lock, held through
-    // their COMMIT, which made commits of disjoint shards take turns
-    // again. A notification lost this way (a crash in between, or sent
-    // for a COMMIT that failed) only delays other servers to their poll,
-    // or makes them read a shard once for nothing.
-    let notifies = !after.is_empty();
-    if notifies {
+    if !after.is_empty() {
         steps.push(Step::Query(NOTIFY, vec![&NOTIFY_CHANNEL, &text]));
     }
-    let mut results = pipeline(client, steps).await;
-    if notifies && results.len() > 1 {
-        if let Some(Err(e)) = results.pop() {
-            tracing::debug!(
-                "notifying other servers of a commit failed: {}",
-                describe(&e)
-            );
-        }
-    }
-    results
+    steps.push(Step::Simple("COMMIT"));
+    pipeline(client, steps).await
 }
 
 /// The longest run list a notification carries (PostgreSQL takes 8000
