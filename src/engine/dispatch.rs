@@ -34,10 +34,15 @@ pub struct TaskRef {
     pub run: RunId,
     pub call_id: String,
     pub key: QueueKey,
-    /// A poll claimed this call and went away before it could answer: if
-    /// the attempt was started, it was never delivered and may be handed
-    /// out again as it is.
-    pub undelivered: bool,
+    /// The attempt of this call that was started for a poll and never
+    /// handed over (its task was made, and given back unread): the next
+    /// poll gets that attempt as it is. Set only where that task is in
+    /// hand, never on a guess: a call whose start failed or was cut off
+    /// goes back without it, so an attempt that did start meanwhile (its
+    /// commit landed unanswered) waits for its lease instead, and an entry
+    /// left over from before never hands out an attempt that another entry
+    /// started and delivered.
+    pub undelivered: Option<u32>,
 }
 
 /// What a poll receives: a call to start, or an attempt already started for
@@ -52,7 +57,9 @@ impl Delivery {
     /// started attempt goes out again as it is (see `TaskRef::undelivered`).
     pub(super) fn into_offer(self) -> TaskRef {
         let mut task = self.task;
-        task.undelivered |= self.started.is_some();
+        if let Some(started) = &self.started {
+            task.undelivered = Some(started.attempt);
+        }
         task
     }
 }
@@ -92,7 +99,7 @@ impl TaskRef {
             run,
             call_id,
             key,
-            undelivered: false,
+            undelivered: None,
         })
     }
 }
@@ -317,8 +324,9 @@ impl<'a> Taken<'a> {
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if let Some(mut task) = self.task.take() {
-            task.undelivered = true;
+        // As it was taken: whether an attempt started meanwhile is not
+        // known here (see `TaskRef::undelivered`).
+        if let Some(task) = self.task.take() {
             self.dispatcher.offer(task);
         }
     }
@@ -333,7 +341,7 @@ mod tests {
             run: RunId::from_slice(&[n; 16]).unwrap(),
             call_id: format!("call-{n}"),
             key: QueueKey::Tool("t".into()),
-            undelivered: false,
+            undelivered: None,
         }
     }
 
@@ -478,7 +486,7 @@ mod tests {
         assert_eq!(
             again.task,
             TaskRef {
-                undelivered: true,
+                undelivered: Some(1),
                 ..task(4)
             }
         );

@@ -254,7 +254,7 @@ impl Engine {
             run: task.run,
             call_id: task.call_id,
             key,
-            undelivered: true,
+            undelivered: Some(task.attempt),
         });
     }
 
@@ -277,7 +277,7 @@ impl Engine {
                                 Some(event) => (vec![event], call.attempt + 1),
                                 // Started for a poll that went away before
                                 // it could answer: hand out the same attempt.
-                                None if task.undelivered
+                                None if task.undelivered == Some(call.attempt)
                                     && !state.is_finished()
                                     && call.phase == state::Phase::Running =>
                                 {
@@ -332,7 +332,7 @@ impl Engine {
                 // before it could hand it over).
                 let leases = &self.inner.leases;
                 let (run, call, holder) = (task.run, task.call_id.as_str(), &worker.identity);
-                if task.undelivered {
+                if task.undelivered == Some(attempt) {
                     leases.grant(run, call, attempt, holder, TaskKind::Model, timeout);
                 } else if !leases.grant_if_free(
                     run,

@@ -857,46 +857,15 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
     let run_id = start_run(&mut runs, scripted_run("lookup", "{}")).await;
     wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
 
-    let key = {
-        let store = aaa::store::postgres::PostgresStore::open(&url)
-            .await
-            .expect("open the store");
-        let key = aaa::store::Store::token_key(&store);
-        aaa::store::Store::close(&store).await;
-        key
-    };
-    // Signed as a server of this database signs (it shares the key), for
-    // this server, over no body (PeerPoll's request is a stream).
-    let to = server.addr().to_string();
-    let call = aaa::auth::forwarded::Call {
-        method: "/aaa.v1.ClusterService/PeerPoll",
-        to: &to,
-        body: &[],
-    };
-    let mut headers = tonic::codegen::http::HeaderMap::new();
-    aaa::auth::forwarded::sign(
-        &mut headers,
-        &key,
-        "127.0.0.1:9",
-        &call,
-        aaa::clock::now_ms(),
-    );
     let step = |step| PeerPollRequest { step: Some(step) };
-    let (requests, outgoing) = tokio::sync::mpsc::channel(3);
     let poll = PollTaskRequest {
         identity: "peer-asked".into(),
         tools: vec!["lookup".into()],
         wait_s: 5.0,
         ..Default::default()
     };
-    requests
-        .send(step(peer_poll_request::Step::Poll(poll.clone())))
-        .await
-        .unwrap();
-    let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outgoing));
-    *call.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
+    let (requests, mut answers) = peer_poll(&server, &url, poll.clone()).await;
     let mut peers = ClusterServiceClient::new(server.channel().await);
-    let mut answers = peers.peer_poll(call).await.expect("PeerPoll").into_inner();
     let offered = answers.message().await.expect("an answer");
     assert!(
         matches!(
@@ -959,6 +928,170 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
         .peer_poll(tokio_stream::wrappers::ReceiverStream::new(outgoing))
         .await;
     assert_eq!(expect_err(refused).code(), Code::PermissionDenied);
+}
+
+/// A PeerPoll stream to `server` (on the database at `url`), signed as
+/// another server of that database signs it (it shares the key), whose
+/// first round asks with `poll`: the requests' sender and the answers.
+async fn peer_poll(
+    server: &TestServer,
+    url: &str,
+    poll: PollTaskRequest,
+) -> (
+    tokio::sync::mpsc::Sender<aaa::proto::PeerPollRequest>,
+    tonic::Streaming<aaa::proto::PeerPollResponse>,
+) {
+    use aaa::proto::cluster_service_client::ClusterServiceClient;
+    use aaa::proto::{peer_poll_request, PeerPollRequest};
+
+    let key = {
+        let store = aaa::store::postgres::PostgresStore::open(url)
+            .await
+            .expect("open the store");
+        let key = aaa::store::Store::token_key(&store);
+        aaa::store::Store::close(&store).await;
+        key
+    };
+    // For this server, over no body (PeerPoll's request is a stream).
+    let to = server.addr().to_string();
+    let call = aaa::auth::forwarded::Call {
+        method: "/aaa.v1.ClusterService/PeerPoll",
+        to: &to,
+        body: &[],
+    };
+    let mut headers = tonic::codegen::http::HeaderMap::new();
+    aaa::auth::forwarded::sign(
+        &mut headers,
+        &key,
+        "127.0.0.1:9",
+        &call,
+        aaa::clock::now_ms(),
+    );
+    let (requests, outgoing) = tokio::sync::mpsc::channel(3);
+    requests
+        .send(PeerPollRequest {
+            step: Some(peer_poll_request::Step::Poll(poll)),
+        })
+        .await
+        .unwrap();
+    let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outgoing));
+    *call.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
+    let mut peers = ClusterServiceClient::new(server.channel().await);
+    let answers = peers.peer_poll(call).await.expect("PeerPoll").into_inner();
+    (requests, answers)
+}
+
+/// Found by the long chaos suite with spread shards (`call-1 executed as
+/// [1, 1]`): a poll whose start of a call was refused for the store put the
+/// call back marked "started for a poll that never delivered it", although
+/// nothing had started. Once the store answered, the engine offered the
+/// call again; another server's round held the marked entry and declined
+/// it, which put it behind the fresh one; the fresh one started attempt 1
+/// for a worker, and the marked one then handed attempt 1 to a second
+/// worker. Only an attempt known to be started and undelivered (its task
+/// made and never handed over) may be handed out again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_refused_for_the_store_never_hands_its_attempt_to_two_workers() {
+    use aaa::proto::{peer_poll_request, peer_poll_response, PeerPollRequest, PeerPollResponse};
+
+    if postgres().is_none() {
+        return;
+    }
+    let database = crate::postgres::Cluster::start().await;
+    let server = member_with(&database.url, false, None).await;
+    let lookup = aaa::proto::ToolDefinition {
+        name: "lookup".into(),
+        ..Default::default()
+    };
+    let mut workers = server.workers().await;
+    register(&mut workers, vec![lookup], &[]).await;
+    let mut runs = server.runs().await;
+    let run_id = start_run(&mut runs, scripted_run("lookup", "{}")).await;
+    wait_for_event(&mut runs, &run_id, "aaa.tool.requested").await;
+
+    // A worker's poll takes the call while the database is down: the
+    // attempt's start cannot commit, and the poll is refused.
+    database.run(&["stop"]).await;
+    let refused = workers
+        .poll_task(PollTaskRequest {
+            identity: "first".into(),
+            tools: vec!["lookup".into()],
+            wait_s: 1.0,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        expect_err(refused).code(),
+        Code::Unavailable,
+        "the start could not be written"
+    );
+    database.run(&["restart"]).await;
+
+    // Once the store answers, the engine offers the call again (the
+    // refused commit might have landed): two entries for one call.
+    let ready = r#"aaa_ready_tasks{kind="tool",name="lookup"}"#;
+    let give_up = Instant::now() + WAIT;
+    while crate::metrics::value(&crate::metrics::scrape(&server).await, ready) != Some(2.0) {
+        assert!(Instant::now() < give_up, "the call was not offered again");
+        tokio::task::yield_now().await;
+    }
+
+    // Another server's round holds the first entry and declines it: it
+    // goes back behind the other.
+    let asked = PollTaskRequest {
+        identity: "peer-asked".into(),
+        tools: vec!["lookup".into()],
+        wait_s: 5.0,
+        ..Default::default()
+    };
+    let (requests, mut answers) = peer_poll(&server, &database.url, asked).await;
+    let offered = answers.message().await.expect("an answer");
+    assert!(
+        matches!(
+            offered,
+            Some(PeerPollResponse {
+                step: Some(peer_poll_response::Step::Offered(true))
+            })
+        ),
+        "{offered:?}"
+    );
+    requests
+        .send(PeerPollRequest {
+            step: Some(peer_poll_request::Step::Withdraw(true)),
+        })
+        .await
+        .unwrap();
+    let ended = answers.message().await.expect("an answer");
+    assert!(
+        matches!(
+            ended,
+            Some(PeerPollResponse {
+                step: Some(peer_poll_response::Step::Ended(true))
+            })
+        ),
+        "{ended:?}"
+    );
+    drop(requests);
+
+    // One worker gets attempt 1; the other entry starts nothing.
+    let task = poll_until_task(&mut workers, "second", &["lookup"], &[]).await;
+    assert_eq!((task.run_id.as_str(), task.attempt), (run_id.as_str(), 1));
+    let again = poll(&mut workers, "third", &["lookup"], &[], 0.5).await;
+    assert!(
+        again.is_none(),
+        "attempt {} handed to a second worker: {again:?}",
+        task.attempt
+    );
+    complete_tool(&mut workers, &task.token, r#"{"found":true}"#)
+        .await
+        .expect("complete");
+    let events = wait_for_end(&mut runs, &run_id).await;
+    assert_eq!(
+        count(&events, "aaa.tool.started"),
+        1,
+        "{:?}",
+        types(&events)
+    );
 }
 
 /// Between two servers, a proxy that records every call it passes on
