@@ -372,14 +372,13 @@ async fn runners_see_and_touch_only_the_runs_they_started() {
 /// from an unknown id by how long the same NOT_FOUND takes. Timed in
 /// interleaved pairs (1,000 per method after 100 not counted, the order
 /// within a pair alternating), another's run must be the slower in 40% to
-/// 60% of the pairs (50% tells nothing; far either way tells). Ignored because it measures time
-/// (it belongs on a quiet machine), and because it fails today: reading a
-/// run that exists finds its first event in the log and decodes it, while
-/// an unknown id finds nothing at once, so reading the same keys either
-/// way is not the same work (docs/auth.md, "What time tells"). `aaa bench
-/// --only probe` measures the same against a release server.
+/// 60% of the pairs (50% tells nothing; far either way tells). Ignored
+/// because it measures time (it belongs on a quiet machine). It failed
+/// before issue 40: a run that exists had its first event read and
+/// decoded, an unknown id was a miss (docs/auth.md, "What time tells").
+/// `aaa bench --only probe` measures the same against a release server.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "measures time, and fails until issue 40 item 10's timing is closed"]
+#[ignore = "measures time: run it with --ignored on a quiet machine"]
 async fn a_runner_cannot_tell_anothers_run_from_an_unknown_id_by_time() {
     const PAIRS: usize = 1_000;
     const WARM_UP: usize = 100;
