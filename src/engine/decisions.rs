@@ -132,8 +132,9 @@ impl Engine {
             serde_json::from_slice(bytes)
                 .map_err(|e| Error::Internal(format!("bad idempotency record: {e}")))
         };
+        let already = |answer: &SignalAnswer| answer.already_decided;
         let (answer, from_record) = self
-            .once(scope, request_id.to_string(), recorded, work)
+            .once(scope, request_id.to_string(), recorded, already, work)
             .await?;
         if from_record {
             self.act_again_soon(run);
@@ -232,9 +233,36 @@ impl Engine {
                     engine.act_again_soon(item.run);
                 }
             }
-            engine.decide_now(&batch, &reviewer, recorded).await
+            let outcomes = engine.decide_now(&batch, &reviewer, recorded).await?;
+            engine
+                .landed_meanwhile(&batch, &reviewer.principal, outcomes)
+                .await
         })
         .await
+    }
+
+    /// An item answered "already decided" may have been decided by this
+    /// batch's own first try, landed after this try looked for its
+    /// outcomes (as [`super::requests`]' `once` says of one answer): its
+    /// recorded outcome answers it then.
+    async fn landed_meanwhile(
+        &self,
+        batch: &Batch,
+        principal: &str,
+        mut outcomes: Vec<ItemOutcome>,
+    ) -> Result<Vec<ItemOutcome>, Error> {
+        let already = |o: &ItemOutcome| matches!(o, ItemOutcome::AlreadyDecided(_));
+        if !outcomes.iter().any(already) {
+            return Ok(outcomes);
+        }
+        let recorded = self.recorded_items(batch, principal).await?;
+        for ((outcome, first), item) in outcomes.iter_mut().zip(recorded).zip(&batch.items) {
+            if let (true, Some(first)) = (already(outcome), first) {
+                *outcome = first;
+                self.act_again_soon(item.run);
+            }
+        }
+        Ok(outcomes)
     }
 
     /// The outcome a first try of the batch recorded for each item, if any.

@@ -55,13 +55,19 @@ impl Engine {
     /// (`decode`d) if there is one, else `work`'s, which records it in its
     /// commit. When the work fails, an answer recorded meanwhile still
     /// answers: the store refused to record a second one, or the commit's
-    /// outcome was unknown and it did land. The flag says the answer is a
-    /// recorded one: its effects may be owed (see [`Engine::act_again_soon`]).
+    /// outcome was unknown and it did land. So does it when the work found
+    /// its effect already there and recorded nothing (`already` says which
+    /// answers those are): a first try whose outcome was unknown may land
+    /// after this try looked for its answer and before the work read the
+    /// run, and then the effect is that first try's. The flag says the
+    /// answer is a recorded one: its effects may be owed (see
+    /// [`Engine::act_again_soon`]).
     pub(super) async fn once<T: Send + 'static>(
         &self,
         scope: Vec<u8>,
         request_id: String,
         decode: fn(&[u8]) -> Result<T, Error>,
+        already: fn(&T) -> bool,
         work: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Result<(T, bool), Error> {
         let engine = self.clone();
@@ -76,6 +82,10 @@ impl Engine {
                 return Ok((answer, true));
             }
             match work.await {
+                Ok(answer) if already(&answer) => match recorded().await? {
+                    Some(first) => Ok((first, true)),
+                    None => Ok((answer, false)),
+                },
                 Ok(answer) => Ok((answer, false)),
                 Err(e) => match recorded().await {
                     Ok(Some(answer)) => Ok((answer, true)),
@@ -125,10 +135,62 @@ mod tests {
             Ok(b"mine".to_vec())
         };
         let answer = engine
-            .once(b"scope".to_vec(), "r1".into(), |b| Ok(b.to_vec()), work)
+            .once(
+                b"scope".to_vec(),
+                "r1".into(),
+                |b| Ok(b.to_vec()),
+                |_| false,
+                work,
+            )
             .await
             .expect("the recorded answer");
         assert_eq!(answer, (b"first".to_vec(), true));
+        shutdown.cancel();
+        engine.stopped().await;
+        store.close().await;
+    }
+
+    /// The first try's outcome was unknown to it (its commit outlasted the
+    /// round's timeout) and it landed after the retry looked for its
+    /// answer: the retry's work finds the effect there and records
+    /// nothing ("already decided"). The answer is the first try's, not
+    /// "already". (Found by `chaos::a_grant_that_landed_unanswered_still_sends_the_call_to_a_worker`,
+    /// which failed once in a fresh-clone CI run with the retry answered
+    /// seq 0.)
+    #[tokio::test]
+    async fn a_first_try_that_landed_during_the_retry_answers_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::open(&Settings::new(dir.path()))
+            .await
+            .expect("open");
+        let shutdown = CancellationToken::new();
+        let settings = crate::Config::new(dir.path()).engine_settings();
+        let engine = Engine::start(store.clone(), settings, Shards::all(), shutdown.clone())
+            .await
+            .expect("engine");
+        let first_lands = {
+            let store = store.clone();
+            async move {
+                let mut batch = WriteBatch::default();
+                batch.put_request(b"scope", "r1", b"seq 9".to_vec());
+                store.commit(batch).await.map_err(Error::from)
+            }
+        };
+        let work = async move {
+            first_lands.await?;
+            Ok(b"already".to_vec())
+        };
+        let answer = engine
+            .once(
+                b"scope".to_vec(),
+                "r1".into(),
+                |b| Ok(b.to_vec()),
+                |answer| answer == b"already",
+                work,
+            )
+            .await
+            .expect("an answer");
+        assert_eq!(answer, (b"seq 9".to_vec(), true));
         shutdown.cancel();
         engine.stopped().await;
         store.close().await;

@@ -50,7 +50,10 @@ impl Engine {
             Some(run) => Ok((run, false)),
             None => Err(Error::Internal("bad idempotency record".into())),
         };
-        let (answer, from_record) = self.once(scope, request_id, recorded, work).await?;
+        // A start always makes a run: never "already".
+        let (answer, from_record) = self
+            .once(scope, request_id, recorded, |_| false, work)
+            .await?;
         if from_record {
             self.act_again_soon(answer.0);
         }

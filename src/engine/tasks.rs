@@ -148,7 +148,8 @@ impl Engine {
                     String::from_utf8(bytes.to_vec())
                         .map_err(|_| Error::Internal("bad identity record".into()))
                 };
-                self.once(SCOPE.to_vec(), worker.identity.clone(), recorded, work)
+                let identity = worker.identity.clone();
+                self.once(SCOPE.to_vec(), identity, recorded, |_| false, work)
                     .await?
                     .0
             }
