@@ -28,8 +28,8 @@ const READ_CHUNK: usize = 256;
 pub struct RunApi {
     reads: Reads,
     engine: Option<Engine>,
-    /// The last run a runner's check found: a miss reads its first event
-    /// instead (see `RunApi::check_owner`).
+    /// The last run a runner's check found, whose first event a miss
+    /// reads (see `RunApi::check_owner`).
     decoy: std::sync::Mutex<Option<RunId>>,
 }
 
