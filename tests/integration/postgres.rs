@@ -1632,6 +1632,17 @@ async fn the_owner_reads_its_newest_events_from_memory_as_the_database_has_them(
         owner.log_after(&Cursor::at(head), 10).await.unwrap().len(),
         1
     );
+    // The owner's next commit in that shard finds the head moved under it
+    // and lets the tail go: the other writer's event is not hidden behind
+    // the owner's newer one (a round that took its shards' heads from what
+    // its own rounds left, not from the database, answered 1 event here).
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(a, 5, "app.a"));
+    owner.commit(batch).await.expect("commit");
+    let past_head = owner.log_after(&Cursor::at(head), 10).await.unwrap();
+    let types: Vec<&str> = past_head.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, ["app.other", "app.a"]);
+    assert_eq!(seqs(&owner.run_events(a, 3, 10).await.unwrap()), [4, 5]);
     owner.close().await;
     other.close().await;
     db.drop().await;

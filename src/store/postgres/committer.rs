@@ -132,7 +132,10 @@ const BEGIN: &str = "BEGIN; SET LOCAL enable_seqscan = off; \
 /// a circle (claims take them in the same order, see [`super::ownership`]).
 pub(super) const LOCK_SHARDS: &str = "SELECT pg_advisory_xact_lock(1633771891, s) \
     FROM (SELECT DISTINCT unnest($1::int2[])::int4 AS s ORDER BY 1) AS shards";
-/// Each locked shard's head: the last position committed in it.
+/// Each locked shard's head: the last position committed in it. Read every
+/// round, although a holder of the shard could know it from its own rounds:
+/// a head that moved under the owner is how its tail learns that a writer
+/// without a claim committed there (see `Tail::committed`).
 const SHARD_HEADS: &str = "SELECT s.shard, coalesce((SELECT e.position FROM aaa_events e \
     WHERE e.shard = s.shard ORDER BY e.position DESC LIMIT 1), 0) \
     FROM unnest($1::int2[]) AS s(shard)";
