@@ -103,13 +103,10 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::store::{Settings, Shards, WriteBatch};
+    use crate::store::{Settings, Shards, SharedStore, WriteBatch};
 
-    /// Another server's try of the request committed between this try's
-    /// check and its commit (the runs changed owner): the store refuses
-    /// this try's answer, and the first one answers.
-    #[tokio::test]
-    async fn a_try_answered_first_elsewhere_answers_with_that_answer() {
+    /// An engine on an embedded store in a temp dir (kept while it lives).
+    async fn started() -> (tempfile::TempDir, SharedStore, Engine, CancellationToken) {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = crate::store::open(&Settings::new(dir.path()))
             .await
@@ -119,6 +116,15 @@ mod tests {
         let engine = Engine::start(store.clone(), settings, Shards::all(), shutdown.clone())
             .await
             .expect("engine");
+        (dir, store, engine, shutdown)
+    }
+
+    /// Another server's try of the request committed between this try's
+    /// check and its commit (the runs changed owner): the store refuses
+    /// this try's answer, and the first one answers.
+    #[tokio::test]
+    async fn a_try_answered_first_elsewhere_answers_with_that_answer() {
+        let (_dir, store, engine, shutdown) = started().await;
         let commit = |answer: &'static [u8]| {
             let store = store.clone();
             async move {
@@ -159,15 +165,7 @@ mod tests {
     /// seq 0.)
     #[tokio::test]
     async fn a_first_try_that_landed_during_the_retry_answers_it() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = crate::store::open(&Settings::new(dir.path()))
-            .await
-            .expect("open");
-        let shutdown = CancellationToken::new();
-        let settings = crate::Config::new(dir.path()).engine_settings();
-        let engine = Engine::start(store.clone(), settings, Shards::all(), shutdown.clone())
-            .await
-            .expect("engine");
+        let (_dir, store, engine, shutdown) = started().await;
         let first_lands = {
             let store = store.clone();
             async move {

@@ -866,16 +866,6 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
     };
     let (requests, mut answers) = peer_poll(&server, &url, poll.clone()).await;
     let mut peers = ClusterServiceClient::new(server.channel().await);
-    let offered = answers.message().await.expect("an answer");
-    assert!(
-        matches!(
-            offered,
-            Some(PeerPollResponse {
-                step: Some(peer_poll_response::Step::Offered(true))
-            })
-        ),
-        "{offered:?}"
-    );
     // Accepted, then handed back before reading the task, as an asking
     // server does when its worker's poll goes away meanwhile.
     requests
@@ -932,7 +922,8 @@ async fn an_accepted_task_handed_back_by_another_server_goes_to_the_next_poll() 
 
 /// A PeerPoll stream to `server` (on the database at `url`), signed as
 /// another server of that database signs it (it shares the key), whose
-/// first round asks with `poll`: the requests' sender and the answers.
+/// first round asks with `poll` and is offered a task: the requests' sender
+/// and the answers after the offer.
 async fn peer_poll(
     server: &TestServer,
     url: &str,
@@ -942,7 +933,7 @@ async fn peer_poll(
     tonic::Streaming<aaa::proto::PeerPollResponse>,
 ) {
     use aaa::proto::cluster_service_client::ClusterServiceClient;
-    use aaa::proto::{peer_poll_request, PeerPollRequest};
+    use aaa::proto::{peer_poll_request, peer_poll_response, PeerPollRequest, PeerPollResponse};
 
     let key = {
         let store = aaa::store::postgres::PostgresStore::open(url)
@@ -977,7 +968,17 @@ async fn peer_poll(
     let mut call = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outgoing));
     *call.metadata_mut() = tonic::metadata::MetadataMap::from_headers(headers);
     let mut peers = ClusterServiceClient::new(server.channel().await);
-    let answers = peers.peer_poll(call).await.expect("PeerPoll").into_inner();
+    let mut answers = peers.peer_poll(call).await.expect("PeerPoll").into_inner();
+    let offered = answers.message().await.expect("an answer");
+    assert!(
+        matches!(
+            offered,
+            Some(PeerPollResponse {
+                step: Some(peer_poll_response::Step::Offered(true))
+            })
+        ),
+        "{offered:?}"
+    );
     (requests, answers)
 }
 
@@ -1045,16 +1046,6 @@ async fn a_start_refused_for_the_store_never_hands_its_attempt_to_two_workers() 
         ..Default::default()
     };
     let (requests, mut answers) = peer_poll(&server, &database.url, asked).await;
-    let offered = answers.message().await.expect("an answer");
-    assert!(
-        matches!(
-            offered,
-            Some(PeerPollResponse {
-                step: Some(peer_poll_response::Step::Offered(true))
-            })
-        ),
-        "{offered:?}"
-    );
     requests
         .send(PeerPollRequest {
             step: Some(peer_poll_request::Step::Withdraw(true)),
