@@ -364,7 +364,9 @@ type ToolRef struct {
 	Name string
 	// RequiresApproval gates the tool's calls in this run even if its worker does not.
 	RequiresApproval bool
-	// ApprovalTimeout, when positive, overrides the tool's approval timeout in this run.
+	// ApprovalTimeout, when positive, is the tool's approval timeout in this run:
+	// shorter than the tool's, or one where it has none (longer is refused,
+	// INVALID_FIELD: a run may tighten a gate, never loosen it).
 	ApprovalTimeout time.Duration
 	// ApprovalsRequired, when above the tool's, raises the grants its calls
 	// need in this run (a run can ask for more approvers, never fewer).

@@ -135,12 +135,27 @@ impl Engine {
                     name: tool.name.clone(),
                 }
             })?;
-            let mut spec: ToolSpec = serde_json::from_slice(&bytes)
+            let stored: ToolSpec = serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Internal(format!("stored tool {}: {e}", tool.name)))?;
+            // A run may tighten its tools' gates, never loosen them (the
+            // same rule as a registration's, see `gate`): StartRun is open
+            // to every runner.
+            let mut spec = stored.clone();
             spec.requires_approval |= tool.requires_approval;
             spec.approvals_required = spec.approvals_required.max(tool.approvals_required);
             if tool.approval_timeout_s > 0.0 {
                 spec.approval_timeout_s = tool.approval_timeout_s;
+            }
+            if let Some(loosening) = spec.gate().loosening_from(&stored.gate()) {
+                return Err(Error::invalid(
+                    &format!("tools[{i}].{}", loosening.field),
+                    format!(
+                        "{} (tool '{}'): a run may tighten a tool's gate, never loosen it; \
+                         ask for no more than the tool's, or have an admin register the tool \
+                         with the gate you need",
+                        loosening.detail, tool.name
+                    ),
+                ));
             }
             specs.push(spec);
         }

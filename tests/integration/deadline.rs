@@ -138,6 +138,57 @@ async fn deadline_that_passed_while_down_fires_at_startup() {
     server.shutdown().await;
 }
 
+/// A run may shorten a tool's approval timeout, or set one where the tool
+/// has none, never lengthen it: a longer one would leave its requests open
+/// to a grant for longer than the tool's gate allows (docs/auth.md), and
+/// StartRun is open to every runner. Refused by name, nothing started.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_may_shorten_a_tools_approval_timeout_never_lengthen_it() {
+    let server = TestServer::start().await;
+    let mut runs = server.runs().await;
+    let gated = aaa::proto::ToolDefinition {
+        approval_timeout_s: 600.0,
+        ..wire_money()
+    };
+    let untimed = aaa::proto::ToolDefinition {
+        name: "send_email".into(),
+        ..wire_money()
+    };
+    register(&mut server.workers().await, vec![gated, untimed], &[]).await;
+    let with_timeout = |tool: &str, approval_timeout_s: f64| {
+        let mut start = scripted_run(tool, REFERENCE_ARGS);
+        start.tools[0].approval_timeout_s = approval_timeout_s;
+        start
+    };
+
+    let status = expect_err(runs.start_run(with_timeout("wire_money", 7200.0)).await);
+    let info = assert_error(&status, tonic::Code::InvalidArgument, "INVALID_FIELD");
+    assert_eq!(info.metadata["field"], "tools[0].approval_timeout_s");
+    assert!(
+        status.message().contains("7200 s") && status.message().contains("600 s"),
+        "{status:?}"
+    );
+    assert_eq!(list_runs_count(&mut runs).await, 0, "nothing started");
+
+    // Shorter than the tool's, and one where the tool has none.
+    for (tool, timeout) in [("wire_money", 60), ("send_email", 7200)] {
+        let run_id = start_run(&mut runs, with_timeout(tool, timeout as f64)).await;
+        wait_for_approval(&mut runs, &run_id).await;
+        let pending = list_approvals(
+            &mut server.approvals().await,
+            ListApprovalsRequest {
+                run_id: run_id.clone(),
+                ..Default::default()
+            },
+        )
+        .await;
+        let expires_at = pending[0].expires_at.expect("Approval.expires_at");
+        let requested_at = pending[0].requested_at.expect("Approval.requested_at");
+        assert_eq!(expires_at.seconds - requested_at.seconds, timeout, "{tool}");
+    }
+    server.shutdown().await;
+}
+
 /// A tool's `approval_timeout_s` denies a call nobody decided in time, with
 /// reason `timeout`; the model reads the denial as the tool's result.
 #[tokio::test(flavor = "multi_thread")]

@@ -109,15 +109,6 @@ async fn register_one(
         .await
 }
 
-async fn list_runs_count(runs: &mut RunClient) -> usize {
-    runs.list_runs(aaa::proto::ListRunsRequest::default())
-        .await
-        .expect("ListRuns")
-        .into_inner()
-        .runs
-        .len()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn errors_quote_only_a_prefix_of_long_ids() {
     let server = TestServer::start().await;

@@ -394,7 +394,9 @@ type ToolRef struct {
 	// Gate this tool's calls in this run even if its worker does not. A run can
 	// add a gate, never remove one.
 	RequiresApproval bool `protobuf:"varint,2,opt,name=requires_approval,json=requiresApproval,proto3" json:"requires_approval,omitempty"`
-	// When > 0, overrides the tool's approval_timeout_s for this run.
+	// When > 0, this run's approval timeout for the tool: shorter than the
+	// tool's approval_timeout_s, or one where the tool has none. Longer is
+	// refused (INVALID_FIELD): a run may tighten a gate, never loosen it.
 	ApprovalTimeoutS float64 `protobuf:"fixed64,3,opt,name=approval_timeout_s,json=approvalTimeoutS,proto3" json:"approval_timeout_s,omitempty"`
 	// When above the tool's approvals_required, raises it for this run (a run
 	// can ask for more approvers, never fewer).

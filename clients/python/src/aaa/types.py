@@ -571,7 +571,8 @@ class ToolRef:
     """A tool a run may call, by registered name, optionally gated for this run only.
 
     A run can add a gate (``requires_approval=True``), never remove one.
-    ``approval_timeout_s`` > 0 turns an unanswered request into a denial.
+    ``approval_timeout_s`` > 0 turns an unanswered request into a denial: shorter
+    than the tool's, or one where it has none (longer is refused, INVALID_FIELD).
     ``approvals_required`` above the tool's asks for more distinct approvers in
     this run (never fewer; 0 keeps the tool's).
     """

@@ -230,7 +230,9 @@ export type ToolRef = Message<"aaa.v1.ToolRef"> & {
   requiresApproval: boolean;
 
   /**
-   * When > 0, overrides the tool's approval_timeout_s for this run.
+   * When > 0, this run's approval timeout for the tool: shorter than the
+   * tool's approval_timeout_s, or one where the tool has none. Longer is
+   * refused (INVALID_FIELD): a run may tighten a gate, never loosen it.
    *
    * @generated from field: double approval_timeout_s = 3;
    */
