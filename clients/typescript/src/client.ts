@@ -34,7 +34,7 @@ import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ModelSpecSchema, ScriptedStepSchema, StartRunRequestSchema } from "./gen/aaa/v1/run_pb.js";
 import { Backoff, anySignal, cancelledBy } from "./backoff.js";
 import { Connection, type CallControl, type ConnectOptions } from "./connection.js";
-import { AaaError, Code, MemberTooSlow, Timeout, Unavailable, toAaaError } from "./errors.js";
+import { AaaError, Code, MemberTooSlow, Timeout, Unavailable, notCancelledError } from "./errors.js";
 import { stringify, type JsonObject } from "./json.js";
 import { traceparent } from "./otel.js";
 import {
@@ -81,7 +81,7 @@ export interface ToolRef {
   readonly name: string;
   /** Gate this tool's calls in this run even if its worker does not (a run can add a gate, never remove one). */
   readonly requiresApproval?: boolean;
-  /** When > 0, overrides the tool's approval timeout for this run (seconds; unanswered means denied with reason "timeout"). */
+  /** When > 0, the tool's approval timeout in this run (seconds; unanswered means denied with reason "timeout"): shorter than the tool's, or one where it has none; longer is refused (INVALID_FIELD: a run may tighten a gate, never loosen it). */
   readonly approvalTimeoutS?: number;
   /** When above the tool's own, the grants from distinct approvers each call needs in this run (a run can raise it, never lower it). */
   readonly approvalsRequired?: number;
@@ -314,7 +314,7 @@ export class Client extends Connection {
         // The server ended the stream: join again.
       } catch (err) {
         if (signal.aborted) throw cancelledBy(signal);
-        const error = toAaaError(err);
+        const error = notCancelledError(err);
         if (!(error instanceof Unavailable || error instanceof MemberTooSlow)) throw error;
       } finally {
         stream.abort();
@@ -547,7 +547,7 @@ export class Run {
         return;
       } catch (err) {
         if (signal.aborted) throw cancelledBy(signal);
-        const error = toAaaError(err);
+        const error = notCancelledError(err);
         if (error instanceof Unavailable && (await backoff.wait(signal))) continue;
         throw error;
       } finally {
@@ -794,7 +794,7 @@ export class Approvals {
         return;
       } catch (err) {
         if (signal.aborted) throw cancelledBy(signal);
-        const error = toAaaError(err);
+        const error = notCancelledError(err);
         if (error instanceof Unavailable && (await backoff.wait(signal))) continue;
         throw error;
       } finally {

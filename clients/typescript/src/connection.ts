@@ -16,7 +16,7 @@ import { RunService } from "./gen/aaa/v1/run_pb.js";
 import { SubscriptionService } from "./gen/aaa/v1/subscription_pb.js";
 import { WorkerService } from "./gen/aaa/v1/worker_pb.js";
 import { Backoff, anySignal, cancelledBy } from "./backoff.js";
-import { Cancelled, Code, Unavailable, toAaaError } from "./errors.js";
+import { Cancelled, Code, Unavailable, notCancelledError } from "./errors.js";
 import { RECONNECT_MIN_MS, RoundRobin, hostPort, type Member, type ShardOwners } from "./route.js";
 
 /** The address used when none is given and env AAA_SERVER is not set. */
@@ -151,7 +151,7 @@ export class Connection {
         return await method({ signal, timeoutMs });
       } catch (err) {
         if (signal.aborted) throw cancelledBy(signal);
-        const error = toAaaError(err);
+        const error = notCancelledError(err);
         if (error instanceof Unavailable && !(deadline !== undefined && Date.now() >= deadline)) {
           if (await backoff.wait(signal)) continue;
         }

@@ -352,6 +352,18 @@ export function toAaaError(err: unknown): AaaError {
   return new cls(ce.rawMessage, { code: ce.code, reason: info?.reason, metadata: info?.metadata, cause: err });
 }
 
+/**
+ * {@link toAaaError} for a call its caller did not cancel: a CANCELLED without the server's reason is
+ * then the transport's, an HTTP/2 stream closed under the call as its connection went away (a killed
+ * server's session closes its streams with CANCEL), so it is `Unavailable` and retried like any lost
+ * connection (writes carry a request id, so a retry is applied once).
+ */
+export function notCancelledError(err: unknown): AaaError {
+  const error = toAaaError(err);
+  if (error.code !== Code.Canceled || error.reason !== "") return error;
+  return new Unavailable(`connection lost: ${error.message}`, { code: Code.Unavailable, cause: err });
+}
+
 /** A tool failure that must not be retried, whatever the tool's retry policy says. Throw it from a tool handler. */
 export class NonRetryable extends Error {
   /** Creates the error; `message` is what the model reads. */

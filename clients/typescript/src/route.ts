@@ -77,8 +77,10 @@ export class RoundRobin implements Transport {
     const owner = runId ? this.owners.ownerOf(runId) : undefined;
     if (owner === undefined) return this.pick().unary(method, signal, timeoutMs, header, input, contextValues);
     return owner.transport.unary(method, signal, timeoutMs, header, input, contextValues).catch((err: unknown) => {
-      // The owner may have stopped or handed the run over: read who owns it again.
-      if (ConnectError.from(err).code === Code.Unavailable) this.owners.markStale();
+      // The owner may have stopped or handed the run over: read who owns it again. A stream closed
+      // under a call nobody cancelled is a connection that went away (see notCancelledError).
+      const code = ConnectError.from(err).code;
+      if (code === Code.Unavailable || (code === Code.Canceled && !signal?.aborted)) this.owners.markStale();
       throw err;
     });
   }

@@ -8,6 +8,7 @@ import {
   AaaError,
   ArgumentsMismatch,
   CallNotFound,
+  Cancelled,
   Code,
   FailedPrecondition,
   InvalidArgument,
@@ -169,6 +170,36 @@ test("every ErrorReason of the proto has its error class", () => {
   const newer = toAaaError(refusal(Code.NotFound, "SOMETHING_NEW"));
   assert.equal(newer.constructor, NotFound);
   assert.equal(newer.reason, "SOMETHING_NEW");
+});
+
+test("a stream closed under a call nobody cancelled is a lost connection, retried", async () => {
+  // What @connectrpc/connect-node throws when the server's connection goes away under the call
+  // (a killed server's HTTP/2 session closes its streams with CANCEL): code Canceled, no reason.
+  const reset = () => new ConnectError("http/2 stream closed with error code CANCEL (0x8)", Code.Canceled);
+  let tries = 0;
+  const cutOffOnce = async () => {
+    tries += 1;
+    if (tries < 2) throw reset();
+    return "answered";
+  };
+  assert.equal(await client.call(cutOffOnce), "answered");
+  assert.equal(tries, 2);
+  tries = 0;
+  const err = await failure(client.call(cutOffOnce, { retry: false }));
+  assert.ok(err instanceof Unavailable, `${err}`);
+  assert.equal(err.code, Code.Unavailable);
+  // Cancelled by its caller, it stays Cancelled and is not tried again.
+  const caller = new AbortController();
+  tries = 0;
+  const cancelled = await failure(
+    client.call(async () => {
+      tries += 1;
+      caller.abort();
+      throw reset();
+    }, { signal: caller.signal }),
+  );
+  assert.ok(cancelled instanceof Cancelled && !(cancelled instanceof Unavailable), `${cancelled}`);
+  assert.equal(tries, 1);
 });
 
 test("OwnerUnavailable is retried like any Unavailable", async () => {
