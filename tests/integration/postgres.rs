@@ -1929,16 +1929,20 @@ async fn a_server_that_lost_its_shards_unnoticed_never_calls_the_current_attempt
     assert_eq!(count(&events, "aaa.tool.started"), 1);
 }
 
+/// The cluster's flags mean nothing on the embedded store, which belongs
+/// to one server: each is refused by name rather than ignored.
 #[test]
-fn standby_without_a_database_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let output = serve_refused(dir.path(), &["--listen", "127.0.0.1:0", "--standby"]);
-    assert_eq!(output.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("--standby needs --store postgres://"),
-        "{stderr}"
-    );
+fn cluster_flags_without_a_database_are_refused() {
+    for flag in ["--standby", "--take-over", "--spread-shards"] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = serve_refused(dir.path(), &["--listen", "127.0.0.1:0", flag]);
+        assert_eq!(output.status.code(), Some(64), "{flag}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("{flag} needs --store postgres://")),
+            "{flag}: {stderr}"
+        );
+    }
 }
 
 /// A standby's claim waits while the owner holds the runs, and goes

@@ -541,12 +541,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.advertise = advertise;
     config.public_url = public_url.clone();
     config.allowed_hosts = allow_host;
-    if (standby || spread_shards) && config.store_url.is_none() {
-        let flag = if standby {
-            "--standby"
-        } else {
-            "--spread-shards"
-        };
+    let cluster_flag = [
+        (standby, "--standby"),
+        (take_over, "--take-over"),
+        (spread_shards, "--spread-shards"),
+    ]
+    .into_iter()
+    .find_map(|(given, flag)| given.then_some(flag));
+    if let (Some(flag), None) = (cluster_flag, &config.store_url) {
         eprintln!(
             "aaa: {flag} needs --store postgres://...: the embedded store belongs to one server"
         );
