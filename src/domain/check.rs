@@ -41,6 +41,22 @@ pub fn check_size(field: &str, text: &str, limit: usize) -> Result<(), Invalid> 
 /// serves it: a worker serving it would take the sessions' turns.
 pub const MCP_MODEL: &str = "aaa.mcp";
 
+/// The worker identity aaa's MCP gateway takes its tasks under: a worker
+/// calling itself so would be recorded as the gateway.
+pub const MCP_WORKER: &str = "aaa.mcp";
+
+/// A worker's identity (RegisterWorker, PollTask): not the one aaa's MCP
+/// gateway works under.
+pub fn worker_identity(field: &str, text: &str) -> Result<(), Invalid> {
+    if text == MCP_WORKER {
+        return Err(Invalid::field(
+            field,
+            format!("'{MCP_WORKER}' is reserved for aaa's MCP gateway; name another identity"),
+        ));
+    }
+    Ok(())
+}
+
 /// A model a worker names (RegisterWorker, PollTask): a name, and not one
 /// aaa serves itself.
 pub fn served_model(field: &str, text: &str) -> Result<(), Invalid> {

@@ -121,10 +121,12 @@ impl Engine {
     }
 
     /// Binds a worker identity to the principal that first uses it (auth
-    /// on), so that no other principal can act or be recorded under it.
+    /// on), so that no other principal can act or be recorded under it; the
+    /// MCP gateway's identity is nobody else's, auth on or off.
     /// Bindings are durable and never change, so they are cached.
     pub async fn claim_identity(&self, worker: &WorkerId) -> Result<(), Error> {
         const SCOPE: &[u8] = b"identity";
+        crate::domain::check::worker_identity("identity", &worker.identity)?;
         if worker.principal.is_empty() {
             return Ok(());
         }

@@ -38,7 +38,7 @@ use upstream::Connection;
 /// workers may not register or poll it).
 pub const MODEL: &str = crate::domain::check::MCP_MODEL;
 /// The worker identity the gateway's tool and model tasks are handed to.
-pub const IDENTITY: &str = "aaa.mcp";
+pub const IDENTITY: &str = crate::domain::check::MCP_WORKER;
 
 /// The exposed tools, their upstreams, and the engine of the moment.
 pub struct Gateway {

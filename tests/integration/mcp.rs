@@ -102,6 +102,7 @@ fn header_values_never_print() {
 /// The model `aaa.mcp` drives the runs of MCP sessions and only the
 /// gateway serves it: a worker that registered or polled it would take
 /// (and answer) the sessions' turns, so both are refused, naming the field.
+/// The same for the gateway's worker identity.
 #[tokio::test]
 async fn a_worker_may_not_serve_the_gateways_model() {
     use crate::support::{Server, TestServer};
@@ -144,5 +145,34 @@ async fn a_worker_may_not_serve_the_gateways_model() {
             .contains("models[0]: 'aaa.mcp' is reserved for aaa's MCP gateway"),
         "{polled:?}"
     );
+
+    // Nor may a worker take the gateway's identity: its calls would be
+    // recorded as served by the gateway.
+    let registered = workers
+        .register_worker(RegisterWorkerRequest {
+            identity: "aaa.mcp".into(),
+            tools: vec![],
+            models: vec!["gpt".into()],
+        })
+        .await
+        .unwrap_err();
+    let polled = workers
+        .poll_task(PollTaskRequest {
+            identity: "aaa.mcp".into(),
+            tools: vec![],
+            models: vec!["gpt".into()],
+            wait_s: 0.001,
+        })
+        .await
+        .unwrap_err();
+    for refused in [registered, polled] {
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused
+                .message()
+                .contains("identity: 'aaa.mcp' is reserved for aaa's MCP gateway"),
+            "{refused:?}"
+        );
+    }
     server.shutdown().await;
 }
