@@ -26,6 +26,7 @@ func TestGrantLetsMatchingCallsRunUntilUsedUp(t *testing.T) {
 	grant, err := e.client.CreateGrant(e.ctx, aaa.CreateGrantRequest{
 		Tool: "wire_money", Reason: "payroll day", Labels: labels,
 		Condition: "args.amount < 1000", ExpiresIn: time.Hour, MaxUses: 1,
+		RequestID: "grant-" + t.Name(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +67,14 @@ func TestGrantLetsMatchingCallsRunUntilUsedUp(t *testing.T) {
 	}
 	if used := all[0]; used.Active || used.Uses != 1 || used.UsesLeft == nil || *used.UsesLeft != 0 {
 		t.Fatalf("used grant: %+v", used)
+	}
+	// Sent again with its request id (its answer lost): no second grant, the first as it is now.
+	again, err := e.client.CreateGrant(e.ctx, aaa.CreateGrantRequest{
+		Tool: "wire_money", Reason: "payroll day", Labels: labels, MaxUses: 1,
+		RequestID: "grant-" + t.Name(),
+	})
+	if err != nil || again.ID != grant.ID || again.Uses != 1 {
+		t.Fatalf("the retried grant: %+v, %v (want %s with 1 use)", again, err, grant.ID)
 	}
 	second := e.start(t, payACME(labels))
 	e.requested(t, second, "")

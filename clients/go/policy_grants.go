@@ -70,6 +70,10 @@ type CreateGrantRequest struct {
 	ExpiresIn time.Duration
 	// MaxUses is how many calls it may grant; 0: any number.
 	MaxUses uint64
+	// RequestID is an idempotency key: a retry with the same id creates
+	// nothing and returns the grant the first call created. Generated when
+	// empty.
+	RequestID string
 }
 
 // CreateGrant grants a tool's calls in advance (role approver): a gated call
@@ -77,8 +81,9 @@ type CreateGrantRequest struct {
 // condition, digest; not expired, revoked or used up) runs at once, with
 // actor kind ActorGrant named after the grant's id. A policy rule's decision
 // comes first; a call that needs several approvals still waits for them. Bad
-// input fails with ErrInvalidField naming the field. It is not retried: a
-// retry after a lost answer could make a second grant.
+// input fails with ErrInvalidField naming the field. Retried while the
+// server is unavailable, with one request id, so a lost answer never makes a
+// second grant.
 func (c *Client) CreateGrant(ctx context.Context, r CreateGrantRequest) (Grant, error) {
 	req := &aaav1.CreateGrantRequest{
 		Tool:            r.Tool,
@@ -87,6 +92,10 @@ func (c *Client) CreateGrant(ctx context.Context, r CreateGrantRequest) (Grant, 
 		ArgumentsSha256: r.ArgumentsSHA256,
 		MaxUses:         r.MaxUses,
 		Reason:          r.Reason,
+		RequestId:       r.RequestID,
+	}
+	if req.RequestId == "" {
+		req.RequestId = newID()
 	}
 	switch {
 	case !r.ExpiresAt.IsZero():
@@ -94,9 +103,13 @@ func (c *Client) CreateGrant(ctx context.Context, r CreateGrantRequest) (Grant, 
 	case r.ExpiresIn != 0:
 		req.ExpiresAt = timestamppb.New(time.Now().Add(r.ExpiresIn))
 	}
-	resp, err := c.grants.CreateGrant(ctx, req)
+	var resp *aaav1.CreateGrantResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.grants.CreateGrant(ctx, req)
+		return err
+	})
 	if err != nil {
-		return Grant{}, giveUp(ctx, err)
+		return Grant{}, err
 	}
 	return grantFromProto(resp.GetGrant()), nil
 }

@@ -101,6 +101,7 @@ impl GrantService for GrantApi {
         let r = request.into_inner();
         check::check_size("condition", &r.condition, 4 * 1024)?;
         check::check_size("tool", &r.tool, 256)?;
+        check::check_size("request_id", &r.request_id, check::MAX_NAME_BYTES)?;
         let scope = r.scope.unwrap_or_default();
         let new = NewGrant {
             tool: r.tool,
@@ -113,10 +114,10 @@ impl GrantService for GrantApi {
             max_uses: r.max_uses,
             reason: r.reason,
         };
-        let record = engine.create_grant(new, by).await?;
+        let (record, uses) = engine.create_grant(new, by, &r.request_id).await?;
         let now = engine.clock().now_ms();
         Ok(Response::new(proto::CreateGrantResponse {
-            grant: Some(grant(record, 0, now)),
+            grant: Some(grant(record, uses, now)),
         }))
     }
 

@@ -117,6 +117,8 @@ pub(super) async fn run(args: &GrantsArgs) -> Result<(), Error> {
                 expires_at: expires_ms.and_then(crate::api::convert::timestamp),
                 max_uses: create.max_uses,
                 reason: create.reason.clone(),
+                // One try: the command does not retry, so there is nothing to match.
+                request_id: String::new(),
             };
             let grant = grants.create_grant(request).await?.into_inner().grant;
             let grant = grant.unwrap_or_default();

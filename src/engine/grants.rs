@@ -20,10 +20,12 @@ use crate::policy::{Budget, CallFacts, Condition};
 use crate::store::{labels_match, SharedStore, StoreError};
 
 use super::guard::{Pending, Rules};
+use super::requests::request_scope;
 use super::state::{GrantAsk, RunState};
 use super::{Engine, Error};
 use crate::domain::event::{sha256_hex, GrantStamp};
 use crate::store::WriteBatch;
+use prost::Message;
 
 /// A grant and what the engine needs to apply it.
 struct Live {
@@ -295,8 +297,54 @@ fn check_reason(reason: &str) -> Result<(), Error> {
 }
 
 impl Engine {
-    /// CreateGrant: checks the grant, stores it, and from then on applies it.
-    pub async fn create_grant(&self, new: NewGrant, by: Grantor) -> Result<GrantRecord, Error> {
+    /// CreateGrant: checks the grant, stores it, and from then on applies
+    /// it; returns it with its uses. With a request_id it is done once (see
+    /// [`super::requests`]): a retry creates nothing and answers the grant
+    /// the first try created, as it is now.
+    pub async fn create_grant(
+        &self,
+        new: NewGrant,
+        by: Grantor,
+        request_id: &str,
+    ) -> Result<(GrantRecord, u64), Error> {
+        if request_id.is_empty() {
+            return Ok((self.store_grant(new, by, None).await?, 0));
+        }
+        // With auth off the grantor is the caller's address, which a retry
+        // on another connection does not share: ids are kept per principal
+        // only when there are principals.
+        let principal = match by.groups {
+            Some(_) => by.principal.as_str(),
+            None => "",
+        };
+        let scope = request_scope(b"grant", principal);
+        let answer = (scope.clone(), request_id.to_string());
+        let engine = self.clone();
+        let work = async move { engine.store_grant(new, by, Some(answer)).await };
+        let decode = |bytes: &[u8]| {
+            GrantRecord::decode(bytes).map_err(|e| Error::Internal(format!("recorded grant: {e}")))
+        };
+        let (record, recorded) = self
+            .once(scope, request_id.to_string(), decode, |_| false, work)
+            .await?;
+        if !recorded {
+            return Ok((record, 0));
+        }
+        // The first try's commit may have landed unseen by this server.
+        if self.inner.grants.get(&record.id).is_none() {
+            self.reload_grants().await;
+        }
+        Ok(self.inner.grants.get(&record.id).unwrap_or((record, 0)))
+    }
+
+    /// Checks a new grant and commits it, with the answer to its request
+    /// (a scope and request id) when it has one.
+    async fn store_grant(
+        &self,
+        new: NewGrant,
+        by: Grantor,
+        answer: Option<(Vec<u8>, String)>,
+    ) -> Result<GrantRecord, Error> {
         let now = self.now_ms();
         if new.tool.is_empty() {
             return Err(Error::invalid("tool", "a grant names the tool it grants"));
@@ -361,6 +409,9 @@ impl Engine {
         };
         let mut batch = WriteBatch::default();
         batch.put_grant(&record);
+        if let Some((scope, request_id)) = &answer {
+            batch.put_request(scope, request_id, record.encode_to_vec());
+        }
         self.inner.store.commit(batch).await?;
         self.inner.grants.put(record.clone());
         tracing::info!(

@@ -1,5 +1,6 @@
-//! Requests with a request_id (StartRun, Signal, DecideApprovals, a
-//! worker identity's claim): done once, answered alike on every retry.
+//! Requests with a request_id (StartRun, Signal, DecideApprovals,
+//! CreateGrant, a worker identity's claim): done once, answered alike on
+//! every retry.
 //!
 //! A try takes the id's lock, reads the answer recorded for the id and,
 //! when there is none, does the work, whose commit records the answer with

@@ -174,6 +174,39 @@ async fn a_grant_scoped_to_labels_lets_matching_calls_run_and_counts_its_uses() 
     server.shutdown().await;
 }
 
+/// A CreateGrant whose answer was lost, sent again with its request_id
+/// (on another connection, as a client that reconnected), creates nothing
+/// and answers the first grant with its uses now: a retried grant of one
+/// use never grants two calls. Another request id is another grant.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_grant_retried_with_its_request_id_creates_one_grant() {
+    let (server, mut clients) = server_with_tools().await;
+    let once = create(|g| {
+        g.max_uses = 1;
+        g.request_id = "grant-once".into();
+    });
+    let first = create_grant(&mut clients, once.clone()).await;
+    let (_, events) = run_paying(&mut clients, PAY, &[]).await;
+    assert_eq!(granted_by(&events).as_deref(), Some(first.id.as_str()));
+
+    let mut reconnected = Clients::new(server.channel().await, None);
+    let again = create_grant(&mut reconnected, once).await;
+    assert_eq!(again.id, first.id, "the retry created another grant");
+    assert_eq!(again.uses, 1, "the retry answers the grant as it is now");
+    assert_eq!(list(&mut clients, true).await.len(), 1);
+    let (_, events) = run_paying(&mut clients, PAY, &[]).await;
+    assert_eq!(granted_by(&events), None, "a second call was granted");
+
+    let other = create_grant(
+        &mut clients,
+        create(|g| g.request_id = "grant-other".into()),
+    )
+    .await;
+    assert_ne!(other.id, first.id);
+    assert_eq!(list(&mut clients, true).await.len(), 2);
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_racing_for_the_last_use_get_it_once() {
     let (server, mut clients) = server_with_tools().await;

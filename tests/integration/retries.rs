@@ -13,9 +13,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use aaa::proto::{
-    BatchDecision, DecideApprovalsRequest, DecideApprovalsResponse, DecisionItem, DecisionStatus,
-    ListApprovalsRequest, ListRunsRequest, SignalRequest, SignalResponse, StartRunRequest,
-    StartRunResponse,
+    BatchDecision, CreateGrantRequest, CreateGrantResponse, DecideApprovalsRequest,
+    DecideApprovalsResponse, DecisionItem, DecisionStatus, ListApprovalsRequest, ListGrantsRequest,
+    ListRunsRequest, SignalRequest, SignalResponse, StartRunRequest, StartRunResponse,
 };
 use aaa::store::CommitHold;
 use tokio::task::JoinHandle;
@@ -283,6 +283,49 @@ async fn a_signal_cancelled_mid_commit_and_retried_is_appended_once() {
     assert_eq!(find(&events, "app.note").seq, retried.seq);
     let again = call(None).await.expect("Signal once more");
     assert_eq!(again, retried);
+    server.shutdown().await;
+}
+
+/// On the embedded store only: on PostgreSQL the test's hold takes the
+/// shards' locks, and a grant's commit touches no run's shard.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_grant_cancelled_mid_commit_and_retried_creates_one_grant() {
+    if on_postgres() {
+        return;
+    }
+    let (server, hold) = server_with_hold().await;
+    register(&mut server.workers().await, vec![wire_money()], &[]).await;
+    let grants = Clients::new(server.channel().await, None).grants;
+    let request = CreateGrantRequest {
+        tool: "wire_money".into(),
+        reason: "standing order".into(),
+        max_uses: 1,
+        request_id: "grant-once".into(),
+        ..Default::default()
+    };
+    let call = |deadline| {
+        let mut grants = grants.clone();
+        let request = with_deadline(request.clone(), deadline);
+        async move {
+            let answer = grants.create_grant(request).await?;
+            Ok::<CreateGrantResponse, Status>(answer.into_inner())
+        }
+    };
+
+    let retried = cancelled_mid_commit_then_retried(&server, &hold, call).await;
+    let listed = grants
+        .clone()
+        .list_grants(ListGrantsRequest {
+            include_revoked: true,
+            tool: String::new(),
+        })
+        .await
+        .expect("ListGrants")
+        .into_inner()
+        .grants;
+    let retried = retried.grant.expect("a grant");
+    let ids: Vec<&str> = listed.iter().map(|g| g.id.as_str()).collect();
+    assert_eq!(ids, [retried.id.as_str()], "one grant, the retry's answer");
     server.shutdown().await;
 }
 

@@ -103,7 +103,11 @@ type CreateGrantRequest struct {
 	// How many calls it may grant; 0: any number.
 	MaxUses uint64 `protobuf:"varint,6,opt,name=max_uses,json=maxUses,proto3" json:"max_uses,omitempty"`
 	// Why it exists, for the audit trail. Required.
-	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Optional idempotency key (up to 256 bytes): a retry with the same
+	// request_id (the same principal's) creates nothing and answers the grant
+	// the first call created, as it is now. The SDKs send a fresh one.
+	RequestId     string `protobuf:"bytes,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -183,6 +187,13 @@ func (x *CreateGrantRequest) GetMaxUses() uint64 {
 func (x *CreateGrantRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *CreateGrantRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -619,7 +630,7 @@ const file_aaa_v1_grant_proto_rawDesc = "" +
 	"started_by\x18\x03 \x01(\tR\tstartedBy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x02\n" +
 	"\x12CreateGrantRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12(\n" +
 	"\x05scope\x18\x02 \x01(\v2\x12.aaa.v1.GrantScopeR\x05scope\x12\x1c\n" +
@@ -628,7 +639,9 @@ const file_aaa_v1_grant_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x19\n" +
 	"\bmax_uses\x18\x06 \x01(\x04R\amaxUses\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\":\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\b \x01(\tR\trequestId\":\n" +
 	"\x13CreateGrantResponse\x12#\n" +
 	"\x05grant\x18\x01 \x01(\v2\r.aaa.v1.GrantR\x05grant\"<\n" +
 	"\x12RevokeGrantRequest\x12\x0e\n" +

@@ -18,7 +18,13 @@ async def test_a_grant_lets_matching_calls_run_until_it_is_used_up(client, uid):
             await client.create_grant(wire, reason="x", condition="args.amount <")
         assert err.value.field == "condition"
         grant = await client.create_grant(
-            wire, reason="payroll day", labels=labels, condition="args.amount < 1000", expires_in=3600, max_uses=1
+            wire,
+            reason="payroll day",
+            labels=labels,
+            condition="args.amount < 1000",
+            expires_in=3600,
+            max_uses=1,
+            request_id=f"grant-{uid}",
         )
         assert (grant.active, grant.uses, grant.uses_left, grant.labels) == (True, 0, 1, labels)
         assert grant.expires_at is not None
@@ -34,6 +40,9 @@ async def test_a_grant_lets_matching_calls_run_until_it_is_used_up(client, uid):
         assert [g.id for g in await client.list_grants(tool=wire.name)] == []
         [used] = [g for g in await client.list_grants(include_revoked=True) if g.id == grant.id]
         assert (used.active, used.uses, used.uses_left) == (False, 1, 0)
+        # Sent again with its request id (its answer lost): no second grant, the first as it is now.
+        again = await client.create_grant(wire, reason="payroll day", labels=labels, max_uses=1, request_id=f"grant-{uid}")
+        assert (again.id, again.uses) == (grant.id, 1)
         second = await client.start_run("Pay ACME $250", model=f"m-{uid}", tools=[wire], labels=labels)
         await pending(client, second)
         await second.cancel("done")

@@ -193,6 +193,8 @@ export interface CreateGrantOptions extends CallControl {
   expiresInS?: number;
   /** How many calls it may grant; 0 or unset: any number. */
   maxUses?: number;
+  /** Idempotency key: a retry with the same id creates nothing and returns the grant the first call created (default: a fresh one, so the SDK's own retries are safe). */
+  requestId?: string;
 }
 
 /** Options of {@link Client.listGrants}. */
@@ -422,8 +424,9 @@ export class Client extends Connection {
       expiresAt: expiresAt === undefined ? undefined : timestampFromDate(expiresAt),
       maxUses: BigInt(options.maxUses ?? 0),
       reason: options.reason,
+      requestId: options.requestId || randomUUID(),
     };
-    const response = await this.call((o) => this.services.grant.createGrant(request, o), { ...options, retry: false });
+    const response = await this.call((o) => this.services.grant.createGrant(request, o), options);
     return grantFromProto(response.grant);
   }
 

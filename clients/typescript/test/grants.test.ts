@@ -32,6 +32,7 @@ test("a grant lets matching calls run until it is used up", async () => {
       condition: "args.amount < 1000",
       expiresInS: 3600,
       maxUses: 1,
+      requestId: `grant-${id}`,
     });
     assert.deepEqual([grant.active, grant.uses, grant.usesLeft, grant.scope.labels], [true, 0, 1, labels]);
     assert.deepEqual([grant.tool, grant.maxUses, grant.reason, grant.condition], [wire.name, 1, "payroll day", "args.amount < 1000"]);
@@ -50,6 +51,9 @@ test("a grant lets matching calls run until it is used up", async () => {
     assert.deepEqual((await client.listGrants({ tool: wire.name })).map((g) => g.id), []);
     const [used] = (await client.listGrants({ includeRevoked: true })).filter((g) => g.id === grant.id);
     assert.deepEqual([used.active, used.uses, used.usesLeft], [false, 1, 0]);
+    // Sent again with its requestId (its answer lost): no second grant, the first as it is now.
+    const again = await client.createGrant(wire, { reason: "payroll day", labels, maxUses: 1, requestId: `grant-${id}` });
+    assert.deepEqual([again.id, again.uses], [grant.id, 1]);
     const second = await client.startRun("Pay ACME $250", { model: `m-${id}`, tools: [wire], labels });
     await second.waitFor("aaa.approval.requested", { timeoutMs: WAIT_MS });
     await second.cancel("done");

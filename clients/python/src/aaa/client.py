@@ -265,6 +265,7 @@ class Client(Connection):
         expires_at: datetime | None = None,
         expires_in: float | None = None,
         max_uses: int = 0,
+        request_id: str | None = None,
     ) -> Grant:
         """Grant a tool's calls in advance (role approver): a call that would wait for one
         person and that the grant matches runs at once, with actor kind ``grant``.
@@ -279,9 +280,11 @@ class Client(Connection):
             arguments_sha256: only a call with exactly these arguments (``Approval.arguments_sha256``).
             expires_at / expires_in: when it stops granting (a datetime, or seconds from now).
             max_uses: how many calls it may grant (0: any number).
+            request_id: idempotency key: a retry with the same id creates nothing and
+                returns the grant the first call created (default: a fresh one).
 
-        Bad input raises ``InvalidField`` naming the field. Not retried: a retry after a
-        lost answer could make a second grant.
+        Bad input raises ``InvalidField`` naming the field. Retried while the server is
+        unavailable, with one request id, so a lost answer never makes a second grant.
         """
         if expires_in is not None:
             expires_at = datetime.now(timezone.utc) + timedelta(seconds=expires_in)
@@ -292,10 +295,11 @@ class Client(Connection):
             arguments_sha256=arguments_sha256 or "",
             max_uses=max_uses,
             reason=reason,
+            request_id=request_id or str(uuid.uuid4()),
         )
         if expires_at is not None:
             request.expires_at.FromDatetime(expires_at.astimezone(timezone.utc))
-        response = await self._call(self.stubs.grant.CreateGrant, request, retry=False)
+        response = await self._call(self.stubs.grant.CreateGrant, request)
         return Grant.from_proto(response.grant)
 
     async def list_grants(self, *, include_revoked: bool = False, tool: str | None = None) -> list[Grant]:

@@ -26,7 +26,7 @@ from aaa._proto.aaa.v1 import routing_pb2 as aaa_dot_v1_dot_routing__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61\x61\x61/v1/grant.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x01\n\nGrantScope\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12.\n\x06labels\x18\x02 \x03(\x0b\x32\x1e.aaa.v1.GrantScope.LabelsEntry\x12\x12\n\nstarted_by\x18\x03 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x12\x43reateGrantRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12!\n\x05scope\x18\x02 \x01(\x0b\x32\x12.aaa.v1.GrantScope\x12\x11\n\tcondition\x18\x03 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x04 \x01(\t\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08max_uses\x18\x06 \x01(\x04\x12\x0e\n\x06reason\x18\x07 \x01(\t\"3\n\x13\x43reateGrantResponse\x12\x1c\n\x05grant\x18\x01 \x01(\x0b\x32\r.aaa.v1.Grant\"0\n\x12RevokeGrantRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"3\n\x13RevokeGrantResponse\x12\x1c\n\x05grant\x18\x01 \x01(\x0b\x32\r.aaa.v1.Grant\":\n\x11ListGrantsRequest\x12\x17\n\x0finclude_revoked\x18\x01 \x01(\x08\x12\x0c\n\x04tool\x18\x02 \x01(\t\"3\n\x12ListGrantsResponse\x12\x1d\n\x06grants\x18\x01 \x03(\x0b\x32\r.aaa.v1.Grant\"\xbe\x03\n\x05Grant\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12!\n\x05scope\x18\x03 \x01(\x0b\x32\x12.aaa.v1.GrantScope\x12\x11\n\tcondition\x18\x04 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x05 \x01(\t\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08max_uses\x18\x07 \x01(\x04\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x12\n\ncreated_by\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63reator_groups\x18\x0b \x03(\t\x12\x0c\n\x04uses\x18\x0c \x01(\x04\x12\x16\n\tuses_left\x18\r \x01(\x04H\x00\x88\x01\x01\x12.\n\nrevoked_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrevoked_by\x18\x0f \x01(\t\x12\x15\n\rrevoke_reason\x18\x10 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x11 \x01(\x08\x42\x0c\n\n_uses_left2\xfb\x01\n\x0cGrantService\x12N\n\x0b\x43reateGrant\x12\x1a.aaa.v1.CreateGrantRequest\x1a\x1b.aaa.v1.CreateGrantResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x12N\n\x0bRevokeGrant\x12\x1a.aaa.v1.RevokeGrantRequest\x1a\x1b.aaa.v1.RevokeGrantResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x12K\n\nListGrants\x12\x19.aaa.v1.ListGrantsRequest\x1a\x1a.aaa.v1.ListGrantsResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61\x61\x61/v1/grant.proto\x12\x06\x61\x61\x61.v1\x1a\x14\x61\x61\x61/v1/routing.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x01\n\nGrantScope\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12.\n\x06labels\x18\x02 \x03(\x0b\x32\x1e.aaa.v1.GrantScope.LabelsEntry\x12\x12\n\nstarted_by\x18\x03 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd8\x01\n\x12\x43reateGrantRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12!\n\x05scope\x18\x02 \x01(\x0b\x32\x12.aaa.v1.GrantScope\x12\x11\n\tcondition\x18\x03 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x04 \x01(\t\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08max_uses\x18\x06 \x01(\x04\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"3\n\x13\x43reateGrantResponse\x12\x1c\n\x05grant\x18\x01 \x01(\x0b\x32\r.aaa.v1.Grant\"0\n\x12RevokeGrantRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"3\n\x13RevokeGrantResponse\x12\x1c\n\x05grant\x18\x01 \x01(\x0b\x32\r.aaa.v1.Grant\":\n\x11ListGrantsRequest\x12\x17\n\x0finclude_revoked\x18\x01 \x01(\x08\x12\x0c\n\x04tool\x18\x02 \x01(\t\"3\n\x12ListGrantsResponse\x12\x1d\n\x06grants\x18\x01 \x03(\x0b\x32\r.aaa.v1.Grant\"\xbe\x03\n\x05Grant\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12!\n\x05scope\x18\x03 \x01(\x0b\x32\x12.aaa.v1.GrantScope\x12\x11\n\tcondition\x18\x04 \x01(\t\x12\x18\n\x10\x61rguments_sha256\x18\x05 \x01(\t\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08max_uses\x18\x07 \x01(\x04\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x12\n\ncreated_by\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x63reator_groups\x18\x0b \x03(\t\x12\x0c\n\x04uses\x18\x0c \x01(\x04\x12\x16\n\tuses_left\x18\r \x01(\x04H\x00\x88\x01\x01\x12.\n\nrevoked_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrevoked_by\x18\x0f \x01(\t\x12\x15\n\rrevoke_reason\x18\x10 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x11 \x01(\x08\x42\x0c\n\n_uses_left2\xfb\x01\n\x0cGrantService\x12N\n\x0b\x43reateGrant\x12\x1a.aaa.v1.CreateGrantRequest\x1a\x1b.aaa.v1.CreateGrantResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x12N\n\x0bRevokeGrant\x12\x1a.aaa.v1.RevokeGrantRequest\x1a\x1b.aaa.v1.RevokeGrantResponse\"\x06\xd2\xb7\x18\x02\x08\x06\x12K\n\nListGrants\x12\x19.aaa.v1.ListGrantsRequest\x1a\x1a.aaa.v1.ListGrantsResponse\"\x06\xd2\xb7\x18\x02\x08\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,19 +46,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GRANTSCOPE_LABELSENTRY']._serialized_start=184
   _globals['_GRANTSCOPE_LABELSENTRY']._serialized_end=229
   _globals['_CREATEGRANTREQUEST']._serialized_start=232
-  _globals['_CREATEGRANTREQUEST']._serialized_end=428
-  _globals['_CREATEGRANTRESPONSE']._serialized_start=430
-  _globals['_CREATEGRANTRESPONSE']._serialized_end=481
-  _globals['_REVOKEGRANTREQUEST']._serialized_start=483
-  _globals['_REVOKEGRANTREQUEST']._serialized_end=531
-  _globals['_REVOKEGRANTRESPONSE']._serialized_start=533
-  _globals['_REVOKEGRANTRESPONSE']._serialized_end=584
-  _globals['_LISTGRANTSREQUEST']._serialized_start=586
-  _globals['_LISTGRANTSREQUEST']._serialized_end=644
-  _globals['_LISTGRANTSRESPONSE']._serialized_start=646
-  _globals['_LISTGRANTSRESPONSE']._serialized_end=697
-  _globals['_GRANT']._serialized_start=700
-  _globals['_GRANT']._serialized_end=1146
-  _globals['_GRANTSERVICE']._serialized_start=1149
-  _globals['_GRANTSERVICE']._serialized_end=1400
+  _globals['_CREATEGRANTREQUEST']._serialized_end=448
+  _globals['_CREATEGRANTRESPONSE']._serialized_start=450
+  _globals['_CREATEGRANTRESPONSE']._serialized_end=501
+  _globals['_REVOKEGRANTREQUEST']._serialized_start=503
+  _globals['_REVOKEGRANTREQUEST']._serialized_end=551
+  _globals['_REVOKEGRANTRESPONSE']._serialized_start=553
+  _globals['_REVOKEGRANTRESPONSE']._serialized_end=604
+  _globals['_LISTGRANTSREQUEST']._serialized_start=606
+  _globals['_LISTGRANTSREQUEST']._serialized_end=664
+  _globals['_LISTGRANTSRESPONSE']._serialized_start=666
+  _globals['_LISTGRANTSRESPONSE']._serialized_end=717
+  _globals['_GRANT']._serialized_start=720
+  _globals['_GRANT']._serialized_end=1166
+  _globals['_GRANTSERVICE']._serialized_start=1169
+  _globals['_GRANTSERVICE']._serialized_end=1420
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ class GrantScope(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., started_by: _Optional[str] = ...) -> None: ...
 
 class CreateGrantRequest(_message.Message):
-    __slots__ = ("tool", "scope", "condition", "arguments_sha256", "expires_at", "max_uses", "reason")
+    __slots__ = ("tool", "scope", "condition", "arguments_sha256", "expires_at", "max_uses", "reason", "request_id")
     TOOL_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class CreateGrantRequest(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     MAX_USES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     tool: str
     scope: GrantScope
     condition: str
@@ -43,7 +44,8 @@ class CreateGrantRequest(_message.Message):
     expires_at: _timestamp_pb2.Timestamp
     max_uses: int
     reason: str
-    def __init__(self, tool: _Optional[str] = ..., scope: _Optional[_Union[GrantScope, _Mapping]] = ..., condition: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_uses: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, tool: _Optional[str] = ..., scope: _Optional[_Union[GrantScope, _Mapping]] = ..., condition: _Optional[str] = ..., arguments_sha256: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_uses: _Optional[int] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateGrantResponse(_message.Message):
     __slots__ = ("grant",)
