@@ -9,11 +9,13 @@
 //! that belongs to a run has `J ‖ run ‖ its key` beside it.
 //!
 //! Deleting a run ([`Committer::stage_expire`]) is one log record like any
-//! round: deletes of its summary, span lists, approvals, active mark,
+//! round: first the tombstone (`Z ‖ run` → expired, until; `z ‖ until ‖
+//! run`), then deletes of its summary, span lists, approvals, active mark,
 //! index entries and idempotency records, a `forget` of its recent spans,
-//! the tombstone (`Z ‖ run` → expired, until; `z ‖ until ‖ run`), and the
-//! event bytes it leaves dead in each log segment (`S ‖ segment` → bytes,
-//! absolute), which tells compaction where to look. Applying the record
+//! and the event bytes it leaves dead in each log segment (`S ‖ segment` →
+//! bytes, absolute), which tells compaction where to look. Readers see the
+//! record's entries land one by one: with the tombstone first, a run is
+//! always either there or reported expired. Applying the record
 //! again after a crash ends in the same state. The events themselves stay
 //! in the log until compaction copies the live ones out of their segment
 //! and deletes it (see [`super::compact`]).
@@ -115,7 +117,16 @@ impl Committer {
         if !crate::domain::is_finished_status(record.status) {
             return Ok(());
         }
-        // The summary first: from this point the run is gone for readers.
+        // The tombstone before anything is deleted, then the summary: a
+        // record's entries reach sled one by one, so a reader between two
+        // of them finds the run or its tombstone, never neither (a run
+        // read as unknown, RUN_NOT_FOUND, while it expired). From the
+        // summary's delete on the run is gone for readers.
+        out.put(
+            &keys::run_scoped(keys::TOMBSTONE, run),
+            &tombstone(expired_ms, until_ms),
+        );
+        out.put(&keys::timed(keys::TOMBSTONE_UNTIL, until_ms, run), &[]);
         out.delete(&summary_key);
         if let Some(key) = expiry_keys(run, &record) {
             out.delete(&key);
@@ -151,11 +162,6 @@ impl Committer {
             *total += bytes;
             out.put(&keys::segment(start), &total.to_le_bytes());
         }
-        out.put(
-            &keys::run_scoped(keys::TOMBSTONE, run),
-            &tombstone(expired_ms, until_ms),
-        );
-        out.put(&keys::timed(keys::TOMBSTONE_UNTIL, until_ms, run), &[]);
         Ok(())
     }
 }
