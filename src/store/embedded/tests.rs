@@ -498,3 +498,65 @@ async fn what_waits_is_kept_counted_as_approvals_come_and_go() {
     assert_eq!(last, Waiting::default());
     store.close().await;
 }
+
+/// An expiry's entries reach sled one by one, and readers see each as it
+/// lands: the run's tombstone lands before its summary goes, so a reader
+/// always finds the run or its tombstone (before, the tombstone came last
+/// and a read in between answered RUN_NOT_FOUND for a run that expired).
+#[tokio::test]
+async fn an_expired_run_is_never_missing_both_its_summary_and_its_tombstone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), 1 << 20).unwrap();
+    let run = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.push_event(EventRecord {
+        run_id: run.as_bytes().to_vec(),
+        seq: 1,
+        event_type: "aaa.run.started".into(),
+        ..Default::default()
+    });
+    batch.put_run(&RunRecord {
+        run_id: run.as_bytes().to_vec(),
+        status: 3,
+        updated_ms: 1_000,
+        ..Default::default()
+    });
+    store.commit(batch).await.unwrap();
+
+    let (summary, tombstone) = (
+        keys::run_scoped(keys::RUN, run),
+        keys::run_scoped(keys::TOMBSTONE, run),
+    );
+    let mut writes = store.inner.tree.watch_prefix(vec![]);
+    let mut batch = WriteBatch::default();
+    batch.expire_run(run, 2_000, 3_000);
+    store.commit(batch).await.unwrap();
+    let mut seen = Vec::new();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(seen.contains(&"summary deleted") && seen.contains(&"tombstone written")) {
+        assert!(std::time::Instant::now() < give_up, "saw only {seen:?}");
+        // A write that changed nothing (a delete of a key that is not
+        // there) leaves its slot empty: sled answers Disconnected for it.
+        let Ok(write) = writes.next_timeout(std::time::Duration::from_secs(10)) else {
+            continue;
+        };
+        match write {
+            sled::Event::Remove { key } if *key == summary[..] => {
+                assert_eq!(
+                    seen,
+                    ["tombstone written"],
+                    "the summary was deleted before the tombstone was written"
+                );
+                seen.push("summary deleted")
+            }
+            sled::Event::Insert { key, .. } if *key == tombstone[..] => {
+                seen.push("tombstone written")
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(seen, ["tombstone written", "summary deleted"]);
+    assert_eq!(store.run(run).await.unwrap(), None);
+    assert_eq!(Store::expired_at(&store, run).await.unwrap(), Some(2_000));
+    store.close().await;
+}
