@@ -106,9 +106,12 @@ test("a write whose owner was killed reaches the next owner", { skip: !ON_POSTGR
     await grantAndComplete(cluster);
     const byStandby = await callsAnswered(cluster.standby.address, "OK");
     assert.ok(byStandby.get("RunService/Signal")! >= 1, `the standby answered no grant: ${[...byStandby]}`);
-    // After the kill: the tool's result and the model's second reply, answered OK (tries that came
-    // before the standby had taken the runs over were answered UNAVAILABLE and sent again).
-    assert.equal(byStandby.get("WorkerService/CompleteTask"), 2, `${[...byStandby]}`);
+    // After the kill: the tool's result and the model's second reply reached it and were answered OK
+    // (tries that came before the standby had taken the runs over were answered UNAVAILABLE and sent
+    // again). At least those two: a report sent again is answered OK too ("recorded already"), and
+    // under load one was (3 answered OK); that each counted once is what grantAndComplete checked
+    // (the tool ran once, the run completed with the model's second reply).
+    assert.ok(byStandby.get("WorkerService/CompleteTask")! >= 2, `${[...byStandby]}`);
   });
 });
 
