@@ -135,18 +135,22 @@ impl Engine {
                     name: tool.name.clone(),
                 }
             })?;
-            let stored: ToolSpec = serde_json::from_slice(&bytes)
+            let mut spec: ToolSpec = serde_json::from_slice(&bytes)
                 .map_err(|e| Error::Internal(format!("stored tool {}: {e}", tool.name)))?;
             // A run may tighten its tools' gates, never loosen them (the
             // same rule as a registration's, see `gate`): StartRun is open
             // to every runner.
-            let mut spec = stored.clone();
-            spec.requires_approval |= tool.requires_approval;
-            spec.approvals_required = spec.approvals_required.max(tool.approvals_required);
-            if tool.approval_timeout_s > 0.0 {
-                spec.approval_timeout_s = tool.approval_timeout_s;
-            }
-            if let Some(loosening) = spec.gate().loosening_from(&stored.gate()) {
+            let stored = spec.gate();
+            let asked = super::gate::Gate {
+                requires_approval: stored.requires_approval || tool.requires_approval,
+                approvals_required: stored.approvals_required.max(tool.approvals_required),
+                approval_timeout_s: match tool.approval_timeout_s {
+                    t if t > 0.0 => t,
+                    _ => stored.approval_timeout_s,
+                },
+                ..stored
+            };
+            if let Some(loosening) = asked.loosening_from(&stored) {
                 return Err(Error::invalid(
                     &format!("tools[{i}].{}", loosening.field),
                     format!(
@@ -157,6 +161,14 @@ impl Engine {
                     ),
                 ));
             }
+            let (requires, required, timeout) = (
+                asked.requires_approval,
+                asked.approvals_required,
+                asked.approval_timeout_s,
+            );
+            spec.requires_approval = requires;
+            spec.approvals_required = required;
+            spec.approval_timeout_s = timeout;
             specs.push(spec);
         }
         Ok(specs)
