@@ -84,8 +84,10 @@ pub struct Config {
     /// that holds them, instead of standing by while its claim is live.
     pub take_over: bool,
     /// On PostgreSQL: share the shards out among the live servers (see
-    /// `cluster::balance`) instead of one server owning them all. A
-    /// preview, not yet the default (see docs/cluster.md).
+    /// `cluster::balance`) instead of one server owning them all. `aaa
+    /// serve` does unless told `--one-owner`, `--standby` or `--take-over`
+    /// (see docs/cluster.md); `false` here, where a test or an embedder
+    /// says which it wants.
     pub spread_shards: bool,
     /// On PostgreSQL: the `host:port` the other servers of the cluster
     /// reach this one at, to forward calls to it while it owns the runs.

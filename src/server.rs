@@ -140,18 +140,22 @@ async fn serve_store(
         })?;
     *released = Some(store.released());
     let joined = async {
-        let cluster = join(&listener, &config, &store).await?;
-        let standby = stands_by(&config, &store).await?;
-        Ok::<_, crate::store::StoreError>((cluster, standby))
+        let store_error = |source| ServeError::Store {
+            place: store_place(&config),
+            source,
+        };
+        let cluster = join(&listener, &config, &store)
+            .await
+            .map_err(store_error)?;
+        refuse_mixing(&config, &store, &cluster.server).await?;
+        let standby = stands_by(&config, &store).await.map_err(store_error)?;
+        Ok((cluster, standby))
     };
     let (cluster, config) = match joined.await {
         Ok((cluster, standby)) => (cluster, Config { standby, ..config }),
-        Err(source) => {
+        Err(e) => {
             store.close().await;
-            return Err(ServeError::Store {
-                place: store_place(&config),
-                source,
-            });
+            return Err(e);
         }
     };
     // In front of every service: the caller's deadline (answered
@@ -620,7 +624,9 @@ async fn join(
         (None, None) => "unknown".to_string(),
     };
     let server = format!("{address} pid {}", std::process::id());
-    store.join(&server, &address, config.lease).await?;
+    store
+        .join(&server, &address, config.lease, config.spread_shards)
+        .await?;
     // Servers with TLS reach each other with it, trusting what the
     // server's own certificate file holds (its chain up to the CA).
     let ca = config
@@ -635,6 +641,37 @@ async fn join(
         ca,
         config.lease,
     ))
+}
+
+/// Refuses to start a server that would mix the two ways of sharing on
+/// one database (see [`crate::cluster::balance::other_way`]). A server
+/// that died counts until its membership lapses (one lease).
+async fn refuse_mixing(
+    config: &Config,
+    store: &SharedStore,
+    server: &str,
+) -> Result<(), ServeError> {
+    let view = store.cluster().await.map_err(|source| ServeError::Store {
+        place: store_place(config),
+        source,
+    })?;
+    let others = crate::cluster::balance::other_way(&view, server, config.spread_shards);
+    if others.is_empty() {
+        return Ok(());
+    }
+    let others = others.join(", ");
+    Err(ServeError::Config(match config.spread_shards {
+        true => format!(
+            "the servers on this database run with one owner ({others}): start this one with \
+             --one-owner (or --standby) to join them, or stop them first to share the shards \
+             out (see docs/cluster.md)"
+        ),
+        false => format!(
+            "the servers on this database share the shards out ({others}): start this one \
+             without --one-owner, --standby or --take-over to join them, or stop them first to \
+             run with one owner (see docs/cluster.md)"
+        ),
+    }))
 }
 
 /// Whether this server starts as a standby: told to, or, unless told to

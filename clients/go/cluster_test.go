@@ -157,14 +157,14 @@ func apiCalls(t *testing.T, server *testserver.Server, method string) int {
 	return 0
 }
 
-// ownerAndStandby starts two servers of one cluster on PostgreSQL (lease
-// 1 s), and a client of both that routes a run's writes to its owner.
+// ownerAndStandby starts two servers of one owner's cluster on PostgreSQL
+// (lease 1 s), and a client of both that routes a run's writes to its owner.
 func ownerAndStandby(t *testing.T) (owner, standby *testserver.Server, client *aaa.Client) {
 	t.Helper()
 	if os.Getenv("AAA_TEST_STORE") != "postgres" {
 		t.Skip("two servers of one cluster need PostgreSQL (AAA_TEST_STORE=postgres)")
 	}
-	owner = testserver.StartWith(t, "--lease-s", "1")
+	owner = testserver.StartWith(t, "--one-owner", "--lease-s", "1")
 	standby = testserver.StartSharing(t, owner, "--standby", "--lease-s", "1")
 	// The standby first: round robin would send it about half of the calls.
 	client = dialCluster(t, []string{standby.Addr, owner.Addr})

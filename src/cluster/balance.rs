@@ -1,4 +1,5 @@
-//! How the servers of a cluster share the shards out (`--spread-shards`).
+//! How the servers of a cluster share the shards out (the default on
+//! PostgreSQL; `--one-owner` makes one server own them all instead).
 //! Each shard belongs to the live member that ranks highest for it
 //! (rendezvous hashing: when a member comes or goes, only the shards it
 //! ranks highest for move). Every server looks every third of its lease:
@@ -18,12 +19,12 @@ use crate::store::{Claim, ClusterView, Shards, SharedStore};
 const LOOK_AT_MOST_EVERY: Duration = Duration::from_millis(500);
 
 /// The shards that belong to `server` among the live members of `view`
-/// (none if it is not one of them).
+/// that spread (none if it is not one of them).
 pub fn share_of(view: &ClusterView, server: &str) -> Shards {
     let live: Vec<&str> = view
         .members
         .iter()
-        .filter(|member| member.seen_until_ms > view.now_ms)
+        .filter(|member| member.spreads && member.seen_until_ms > view.now_ms)
         .map(|member| member.server.as_str())
         .collect();
     (0..=u8::MAX)
@@ -32,6 +33,19 @@ pub fn share_of(view: &ClusterView, server: &str) -> Shards {
                 .max_by_key(|member| (rank(member, *shard), **member))
                 .is_some_and(|best| *best == server)
         })
+        .collect()
+}
+
+/// The live members of `view` other than `server` that run the other way
+/// (one owner where `spreads`, or spreading where not). A server must not
+/// join them: one owner's standbys would wait for shards the spreading
+/// servers never give up, and the spreading ones would leave the owner's
+/// shards to a claim that never comes.
+pub fn other_way<'a>(view: &'a ClusterView, server: &str, spreads: bool) -> Vec<&'a str> {
+    view.members
+        .iter()
+        .filter(|m| m.server != server && m.seen_until_ms > view.now_ms && m.spreads != spreads)
+        .map(|m| m.server.as_str())
         .collect()
 }
 
@@ -107,6 +121,7 @@ mod tests {
                     address: String::new(),
                     started_ms: 0,
                     seen_until_ms: 2_000,
+                    spreads: true,
                 })
                 .collect(),
             shards: Vec::new(),
@@ -141,6 +156,25 @@ mod tests {
             assert_eq!(after.minus(&before[i]).minus(&before[2]), Shards::none());
             assert_eq!(before[i].minus(&after), Shards::none(), "kept what it had");
         }
+    }
+
+    #[test]
+    fn only_members_that_spread_get_a_share_and_the_others_are_named() {
+        let mut view = view(&["a:1 pid 1", "b:1 pid 2", "old:1 pid 3"]);
+        view.members[2].spreads = false;
+        assert!(share_of(&view, "old:1 pid 3").is_empty());
+        let shares = share_of(&view, "a:1 pid 1").union(&share_of(&view, "b:1 pid 2"));
+        assert!(shares.is_all(), "the two that spread share every shard");
+        assert_eq!(other_way(&view, "a:1 pid 1", true), ["old:1 pid 3"]);
+        assert_eq!(
+            other_way(&view, "old:1 pid 3", false),
+            ["a:1 pid 1", "b:1 pid 2"]
+        );
+        view.members[2].seen_until_ms = 999;
+        assert!(
+            other_way(&view, "a:1 pid 1", true).is_empty(),
+            "its row lapsed"
+        );
     }
 
     #[test]

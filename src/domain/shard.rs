@@ -140,6 +140,9 @@ pub struct Member {
     pub started_ms: i64,
     /// It counts as alive until then; it renews every third of its lease.
     pub seen_until_ms: i64,
+    /// It shares the shards out with the other members that do (the
+    /// default), rather than taking part in one owner's cluster.
+    pub spreads: bool,
 }
 
 /// Who holds a shard, with which epoch, and until when.
@@ -194,6 +197,7 @@ mod tests {
             address: format!("{server}:1"),
             started_ms: 0,
             seen_until_ms,
+            spreads: false,
         };
         let view = ClusterView {
             now_ms: 1_000,

@@ -238,10 +238,17 @@ pub trait Store: Send + Sync + 'static {
     fn held_shards(&self) -> watch::Receiver<Shards>;
 
     /// Makes this server a member of a shared store: writes its row (name,
-    /// the address others reach it at) and renews it every third of
-    /// `lease` until the store closes, so the others can forward calls to
-    /// it and see that it is alive. The embedded store has no members.
-    async fn join(&self, server: &str, address: &str, lease: std::time::Duration) -> Result<()>;
+    /// the address others reach it at, whether it `spreads` the shards out
+    /// with the others) and renews it every third of `lease` until the
+    /// store closes, so the others can forward calls to it and see that it
+    /// is alive. The embedded store has no members.
+    async fn join(
+        &self,
+        server: &str,
+        address: &str,
+        lease: std::time::Duration,
+        spreads: bool,
+    ) -> Result<()>;
 
     /// The members of a shared store and who holds each shard (empty for
     /// the embedded store).

@@ -406,8 +406,8 @@ async fn chaos(mode: Mode, length: Length) {
                     "--lease-s".into(),
                     LEASE.as_secs().to_string(),
                 ];
-                if mode == Mode::Spread {
-                    args.push("--spread-shards".into());
+                if mode == Mode::OneOwner {
+                    args.push("--one-owner".into());
                 }
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 servers[victim] = Some(ChildServer::start_args(dirs[victim].path(), &args).await);

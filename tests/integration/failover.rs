@@ -377,8 +377,9 @@ async fn rolling_restart(shards: Shards) {
             "1".into(),
         ];
         match shards {
-            Shards::OneOwner => args.extend(standby.then(|| "--standby".to_string())),
-            Shards::Spread => args.push("--spread-shards".into()),
+            Shards::OneOwner if standby => args.push("--standby".into()),
+            Shards::OneOwner => args.push("--one-owner".into()),
+            Shards::Spread => {}
         }
         args
     };
@@ -966,7 +967,14 @@ async fn membership_converges_under_a_random_mix_of_faults() {
     };
     let database = Cluster::start().await;
     let store = format!("--store={}", database.url);
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        &store,
+        "--lease-s",
+        "1",
+        "--one-owner",
+    ];
     let outage = std::time::Duration::from_secs(2);
     let mut dirs = Vec::new();
     let mut servers = Vec::new();

@@ -1776,7 +1776,14 @@ struct OwnerAndStandby {
 async fn owner_and_standby(url: &str) -> OwnerAndStandby {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        &store,
+        "--lease-s",
+        "1",
+        "--one-owner",
+    ];
     let first = ChildServer::start_args(dirs[0].path(), &args).await;
     let mut runs = first.runs().await;
     register(&mut first.workers().await, vec![wire_money()], &[]).await;
@@ -1794,10 +1801,61 @@ async fn owner_and_standby(url: &str) -> OwnerAndStandby {
     }
 }
 
-/// Joining is safe by default: a server started without `--standby` on a
-/// database whose runs another server holds live stands by (the owner
-/// keeps writing), and takes nothing until told to: `--take-over` takes
-/// every shard at once and fences the running owner.
+/// Servers started plainly on one database share the shards out (the
+/// default), and the two ways are never mixed: a server asking for one
+/// owner is refused by a spreading cluster, and a plain one by one
+/// owner's, each naming what to do, before it serves anything.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_servers_share_the_shards_out_and_never_mix_with_one_owner() {
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let store = format!("--store={url}");
+    let plain = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let first = ChildServer::start_args(dirs[0].path(), &plain).await;
+    let second = ChildServer::start_args(dirs[1].path(), &plain).await;
+    let names = [member_of(&first).await, member_of(&second).await];
+    wait_until_spread(&first, &[&names[0], &names[1]]).await;
+    for flag in ["--one-owner", "--standby", "--take-over"] {
+        let output = serve_refused(dirs[2].path(), &[&plain[..], &[flag]].concat());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{flag}: {stderr}");
+        assert!(
+            stderr.contains("share the shards out")
+                && stderr.contains("without --one-owner, --standby or --take-over"),
+            "{flag}: {stderr}"
+        );
+    }
+    wait_until_spread(&first, &[&names[0], &names[1]]).await;
+    drop((first, second));
+
+    let Some(url) = fresh_postgres_store() else {
+        return;
+    };
+    let store = format!("--store={url}");
+    let plain = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let one =
+        ChildServer::start_args(dirs[3].path(), &[&plain[..], &["--one-owner"]].concat()).await;
+    let output = serve_refused(dirs[2].path(), &plain);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("run with one owner") && stderr.contains("start this one with --one-owner"),
+        "{stderr}"
+    );
+    assert_eq!(
+        owner(&one).await,
+        Some(member_of(&one).await),
+        "the owner went on"
+    );
+}
+
+/// Joining one owner's cluster is safe: a server started with
+/// `--one-owner` (not `--standby`) on a database whose runs another server
+/// holds live stands by (the owner keeps writing), and takes nothing until
+/// told to: `--take-over` takes every shard at once and fences the running
+/// owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_joining_a_live_owner_stands_by_unless_told_to_take_over() {
     let Some(url) = fresh_postgres_store() else {
@@ -1805,7 +1863,14 @@ async fn a_server_joining_a_live_owner_stands_by_unless_told_to_take_over() {
     };
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let store = format!("--store={url}");
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "1"];
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        &store,
+        "--lease-s",
+        "1",
+        "--one-owner",
+    ];
     let first = ChildServer::start_args(dirs[0].path(), &args).await;
     let first_name = member_of(&first).await;
     let mut runs = first.runs().await;
@@ -1883,7 +1948,14 @@ async fn a_server_that_lost_its_shards_unnoticed_never_calls_the_current_attempt
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let store = format!("--store={url}");
     // Renewals every 20 s: the first server notices nothing in this test.
-    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", "60"];
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        &store,
+        "--lease-s",
+        "60",
+        "--one-owner",
+    ];
     let first = ChildServer::start_args(dirs[0].path(), &args).await;
     let mut runs = first.runs().await;
     register(&mut first.workers().await, vec![lookup()], &[]).await;
@@ -1933,7 +2005,7 @@ async fn a_server_that_lost_its_shards_unnoticed_never_calls_the_current_attempt
 /// to one server: each is refused by name rather than ignored.
 #[test]
 fn cluster_flags_without_a_database_are_refused() {
-    for flag in ["--standby", "--take-over", "--spread-shards"] {
+    for flag in ["--one-owner", "--standby", "--take-over", "--spread-shards"] {
         let dir = tempfile::tempdir().unwrap();
         let output = serve_refused(dir.path(), &["--listen", "127.0.0.1:0", flag]);
         assert_eq!(output.status.code(), Some(64), "{flag}");

@@ -868,9 +868,9 @@ pub async fn wait_for_health(server: &impl Server, status: ServingStatus) {
 // ----------------------------------------------------------------- cluster
 
 /// `count` child servers on the PostgreSQL at `url` with `--lease-s
-/// LEASE_S`: the first owns the runs (checked), the others start as
-/// standbys. Their
-/// data and logs are in the temp dirs returned beside them.
+/// LEASE_S` and one owner: the first owns the runs (`--one-owner`,
+/// checked), the others start as standbys. Their data and logs are in the
+/// temp dirs returned beside them.
 pub async fn cluster_members(
     url: &str,
     count: usize,
@@ -881,9 +881,7 @@ pub async fn cluster_members(
     let mut servers = Vec::with_capacity(count);
     for (i, dir) in dirs.iter().enumerate() {
         let mut args = vec!["--listen", "127.0.0.1:0", &store, "--lease-s", lease_s];
-        if i > 0 {
-            args.push("--standby");
-        }
+        args.push(if i == 0 { "--one-owner" } else { "--standby" });
         servers.push(ChildServer::start_args(dir.path(), &args).await);
     }
     let (first, last) = (&servers[0], &servers[count - 1]);
@@ -931,8 +929,8 @@ where
     }
 }
 
-/// `count` servers on `url` that share the shards out (`--spread-shards`,
-/// lease `lease_s`), once every shard is held and each has its share.
+/// `count` servers on `url` that share the shards out (the default, lease
+/// `lease_s`), once every shard is held and each has its share.
 pub async fn spread_members(
     url: &str,
     count: usize,
@@ -940,14 +938,7 @@ pub async fn spread_members(
 ) -> (Vec<tempfile::TempDir>, Vec<ChildServer>) {
     let dirs: Vec<_> = (0..count).map(|_| tempfile::tempdir().unwrap()).collect();
     let store = format!("--store={url}");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        &store,
-        "--lease-s",
-        lease_s,
-        "--spread-shards",
-    ];
+    let args = ["--listen", "127.0.0.1:0", &store, "--lease-s", lease_s];
     let mut servers = Vec::with_capacity(count);
     for dir in &dirs {
         servers.push(ChildServer::start_args(dir.path(), &args).await);

@@ -94,8 +94,8 @@ def requests_answered(
 
 
 def owner_and_standby(tmp_path, *args: str):
-    """An owner and a standby on one PostgreSQL schema, each started with ``args``."""
-    owner = start_server(tmp_path / "owner", tmp_path / "owner.log", extra_args=args)
+    """An owner (``--one-owner``) and a standby on one PostgreSQL schema, each started with ``args``."""
+    owner = start_server(tmp_path / "owner", tmp_path / "owner.log", extra_args=("--one-owner", *args))
     # The standby on the owner's schema: store_args keeps a data dir's store URL beside it.
     (tmp_path / "standby.store-url").write_text((tmp_path / "owner.store-url").read_text())
     try:

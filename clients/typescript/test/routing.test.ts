@@ -50,7 +50,7 @@ interface ParkedOnACluster {
  * all after.
  */
 async function withARunParkedOnACluster(body: (cluster: ParkedOnACluster) => Promise<void>): Promise<void> {
-  const owner = await startServer({ args: ["--lease-s", "1"] });
+  const owner = await startServer({ args: ["--one-owner", "--lease-s", "1"] });
   let standby: Server | undefined;
   let client: Client | undefined;
   try {

@@ -142,22 +142,31 @@ struct ServeArgs {
     /// each tool with its gate (a TOML file; see docs/mcp.md).
     #[arg(long, env = "AAA_MCP")]
     mcp: Option<PathBuf>,
-    /// With --store postgres://...: serve at once, forwarding every call to
-    /// the server that holds the runs, and take them over once its claim
-    /// lapses (see docs/postgres.md). A server started without it stands
-    /// by all the same when it finds a live owner.
+    /// With --store postgres://...: one server owns every run and the
+    /// others stand by to take them over if it dies, instead of the
+    /// servers sharing the runs' shards out (the default; see
+    /// docs/cluster.md). Every server of the cluster needs it (or
+    /// --standby, or --take-over). A server started with it stands by
+    /// when it finds a live owner, and claims the runs when it finds none.
+    #[arg(long, env = "AAA_ONE_OWNER", value_parser = clap::builder::BoolishValueParser::new())]
+    one_owner: bool,
+    /// With --store postgres://...: one owner's standby (implies
+    /// --one-owner): serve at once, forwarding every call to the server
+    /// that holds the runs, and take them over once its claim lapses (see
+    /// docs/postgres.md).
     #[arg(long, env = "AAA_STANDBY", value_parser = clap::builder::BoolishValueParser::new())]
     standby: bool,
-    /// With --store postgres://...: take every run over at once, fencing
-    /// out the server that holds them (its clients must reconnect),
-    /// instead of standing by until its claim lapses.
+    /// With --store postgres://... (implies --one-owner): take every run
+    /// over at once, fencing out the server that holds them (its clients
+    /// must reconnect), instead of standing by until its claim lapses.
     #[arg(long, env = "AAA_TAKE_OVER", conflicts_with = "standby",
           value_parser = clap::builder::BoolishValueParser::new())]
     take_over: bool,
-    /// With --store postgres://... (preview): share the runs' shards out
-    /// among the live servers, each serving its share's writes, instead of
-    /// one owning them all (see docs/cluster.md).
+    /// With --store postgres://...: share the runs' shards out among the
+    /// live servers. The default; the flag is kept so that command lines
+    /// from when it was a preview still work.
     #[arg(long, env = "AAA_SPREAD_SHARDS",
+          conflicts_with_all = ["one_owner", "standby", "take_over"],
           value_parser = clap::builder::BoolishValueParser::new())]
     spread_shards: bool,
     /// With --store postgres://...: how long this server's claim on the
@@ -500,6 +509,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         webhooks,
         models,
         mcp,
+        one_owner,
         standby,
         take_over,
         spread_shards,
@@ -537,11 +547,13 @@ async fn serve(args: ServeArgs) -> ExitCode {
     config.lease = aaa::seconds::duration(lease_s);
     config.standby = standby;
     config.take_over = take_over;
-    config.spread_shards = spread_shards;
+    // Spreading is the default on a database; one owner is asked for.
+    config.spread_shards = config.store_url.is_some() && !(one_owner || standby || take_over);
     config.advertise = advertise;
     config.public_url = public_url.clone();
     config.allowed_hosts = allow_host;
     let cluster_flag = [
+        (one_owner, "--one-owner"),
         (standby, "--standby"),
         (take_over, "--take-over"),
         (spread_shards, "--spread-shards"),

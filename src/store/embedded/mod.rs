@@ -470,7 +470,13 @@ impl super::Store for EmbeddedStore {
         tokio::sync::watch::Sender::new(Shards::all()).subscribe()
     }
 
-    async fn join(&self, _server: &str, _address: &str, _lease: std::time::Duration) -> Result<()> {
+    async fn join(
+        &self,
+        _server: &str,
+        _address: &str,
+        _lease: std::time::Duration,
+        _spreads: bool,
+    ) -> Result<()> {
         Ok(())
     }
 

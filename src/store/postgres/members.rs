@@ -16,22 +16,25 @@ use crate::store::{ClusterView, Member, Result, ShardLease, StoreError};
 /// How long a dead member's row stays for `aaa cluster status` to show.
 const PRUNE_AFTER_MS: i64 = 10 * 60 * 1000;
 
+/// What a member writes of itself.
+pub(super) struct Row {
+    pub server: String,
+    pub address: String,
+    /// How long the row counts as alive after each renewal.
+    pub lease_ms: i64,
+    /// It shares the shards out (see `Member::spreads`).
+    pub spreads: bool,
+}
+
 /// Renews the member's row every third of `lease` until `stop`. A renewal
 /// the database does not take is logged: the row lapses meanwhile.
-pub(super) async fn keep(
-    pool: Pool,
-    server: String,
-    address: String,
-    lease: Duration,
-    stop: CancellationToken,
-) {
-    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+pub(super) async fn keep(pool: Pool, row: Row, lease: Duration, stop: CancellationToken) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(lease / 3) => {}
             () = stop.cancelled() => return,
         }
-        if let Err(e) = renew(&pool, &server, &address, lease_ms).await {
+        if let Err(e) = renew(&pool, &row).await {
             tracing::warn!("could not renew this server's membership: {e}");
         }
     }
@@ -48,15 +51,19 @@ pub(super) async fn leave(pool: &Pool, server: &str) -> Result<()> {
 }
 
 /// Writes or renews the row, and prunes rows long dead.
-pub(super) async fn renew(pool: &Pool, server: &str, address: &str, lease_ms: i64) -> Result<()> {
+pub(super) async fn renew(pool: &Pool, row: &Row) -> Result<()> {
     let client = pool.get().await.map_err(pool_error)?;
     let upsert = format!(
-        "INSERT INTO aaa_members (server, address, started_ms, seen_until_ms) \
-         VALUES ($1, $2, {NOW_MS}, {NOW_MS} + $3) \
-         ON CONFLICT (server) DO UPDATE SET address = $2, seen_until_ms = {NOW_MS} + $3"
+        "INSERT INTO aaa_members (server, address, started_ms, seen_until_ms, spreads) \
+         VALUES ($1, $2, {NOW_MS}, {NOW_MS} + $3, $4) \
+         ON CONFLICT (server) DO UPDATE SET address = $2, seen_until_ms = {NOW_MS} + $3, \
+         spreads = $4"
     );
     client
-        .execute(&upsert, &[&server, &address, &lease_ms])
+        .execute(
+            &upsert,
+            &[&row.server, &row.address, &row.lease_ms, &row.spreads],
+        )
         .await
         .map_err(database_error)?;
     let prune = format!("DELETE FROM aaa_members WHERE seen_until_ms < {NOW_MS} - $1");
@@ -76,7 +83,8 @@ pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
     let (now, members, shards) = tokio::try_join!(
         client.query_one(&now_sql, &[]),
         client.query(
-            "SELECT server, address, started_ms, seen_until_ms FROM aaa_members ORDER BY server",
+            "SELECT server, address, started_ms, seen_until_ms, spreads FROM aaa_members \
+             ORDER BY server",
             &[],
         ),
         client.query(
@@ -94,6 +102,7 @@ pub(super) async fn view(pool: &Pool) -> Result<ClusterView> {
                 address: row.try_get(1)?,
                 started_ms: row.try_get(2)?,
                 seen_until_ms: row.try_get(3)?,
+                spreads: row.try_get(4)?,
             })
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()

@@ -381,15 +381,25 @@ impl super::Store for PostgresStore {
         self.inner.stop.cancel();
     }
 
-    async fn join(&self, server: &str, address: &str, lease: Duration) -> Result<()> {
+    async fn join(
+        &self,
+        server: &str,
+        address: &str,
+        lease: Duration,
+        spreads: bool,
+    ) -> Result<()> {
         // The first row is written before answering, so a server that
         // joined is visible (and a database that refuses it is an error).
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        members::renew(&self.inner.pool, server, address, lease_ms).await?;
+        let row = members::Row {
+            server: server.to_string(),
+            address: address.to_string(),
+            lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
+            spreads,
+        };
+        members::renew(&self.inner.pool, &row).await?;
         tokio::spawn(members::keep(
             self.inner.pool.clone(),
-            server.to_string(),
-            address.to_string(),
+            row,
             lease,
             self.inner.stop.clone(),
         ));

@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (7, include_str!("migrations/0007_grants.sql")),
     (8, include_str!("migrations/0008_retention.sql")),
     (9, include_str!("migrations/0009_shard_positions.sql")),
+    (10, include_str!("migrations/0010_member_modes.sql")),
 ];
 
 /// The newest schema version this binary knows.

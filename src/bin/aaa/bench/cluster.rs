@@ -1,6 +1,9 @@
 //! The cluster scenario (`--cluster N`, PostgreSQL only). For 1, 2, ... N
-//! servers on one database (a fresh schema for each size; the first server
-//! owns the runs, the others are standbys that forward the writes they get):
+//! servers on one database (a fresh schema for each size; with
+//! `--one-owner` the first server owns the runs and the others are standbys
+//! that forward the writes they get, by default they share the shards out
+//! as `aaa serve` does, and a run's writes reach the other servers the same
+//! way):
 //! - the approval cycle at 64 in flight, with the bench's connections spread
 //!   evenly over the servers, so (n-1)/n of the calls reach a standby, which
 //!   answers the reads itself; a run's writes (the grant, the task's
@@ -17,7 +20,7 @@
 //! granted and served through the standbys from the moment of the kill (the
 //! calls retried while nobody owns the runs, as the SDKs do), complete.
 //!
-//! With `--spread-shards` every server owns a share of the shards: "the
+//! With the shards shared out, "the
 //! owner" is the first server (the runs parked for the failover are
 //! started through it, so they live in its shards), "the standbys" the
 //! others, and the runs are owned again once every shard has a live owner.
@@ -156,9 +159,9 @@ pub async fn run(
     cluster
 }
 
-/// Starts `servers` servers on a fresh schema: the owner first, then the
-/// standbys (or, with `spread`, servers that share the shards out, once
-/// every shard has an owner).
+/// Starts `servers` servers on a fresh schema: with `spread`, servers that
+/// share the shards out (once every shard has an owner); otherwise the
+/// owner first, then the standbys.
 async fn start(
     database: &Database,
     servers: usize,
@@ -168,10 +171,10 @@ async fn start(
     let mut members = Vec::with_capacity(servers);
     for i in 0..servers {
         let mut args = vec!["--lease-s".to_string(), LEASE_S.to_string()];
-        if spread {
-            args.push("--spread-shards".into());
-        } else if i > 0 {
-            args.push("--standby".into());
+        match (spread, i) {
+            (true, _) => {}
+            (false, 0) => args.push("--one-owner".into()),
+            (false, _) => args.push("--standby".into()),
         }
         let tag = format!("cluster{servers}-{i}");
         let member = ChildServer::start_with(&tag, Some(url.clone()), args).await?;

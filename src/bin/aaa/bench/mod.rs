@@ -78,9 +78,14 @@ pub struct BenchArgs {
     /// cluster scenario; the only one run unless `--only` names others).
     #[arg(long, requires = "store", value_parser = clap::value_parser!(u16).range(1..=16))]
     pub cluster: Option<u16>,
-    /// With --cluster: start the servers with --spread-shards (the shards
-    /// shared out among them) instead of one owner and standbys.
+    /// With --cluster: one owner and standbys (`aaa serve --one-owner`,
+    /// `--standby`) instead of servers that share the shards out (the
+    /// default, as `aaa serve`'s).
     #[arg(long, requires = "cluster")]
+    pub one_owner: bool,
+    /// With --cluster: servers that share the shards out. The default; the
+    /// flag is kept so that older command lines still work.
+    #[arg(long, requires = "cluster", conflicts_with = "one_owner")]
     pub spread_shards: bool,
     /// With --cluster: send every call to the servers in turn, as a client
     /// that does not route (grpcurl, the CLI) does, instead of a run's
@@ -522,7 +527,7 @@ async fn measure_on(
             session,
             cluster::Shape {
                 most,
-                spread: args.spread_shards,
+                spread: !args.one_owner,
                 routed: !args.unrouted,
             },
             plan.cluster_cycles,
