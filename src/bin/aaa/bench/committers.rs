@@ -7,7 +7,10 @@
 //! transaction each), acked events/s, and the share of the database's
 //! active sessions that were waiting on another commit's lock (a row, a
 //! shard's, a transaction's; not a table's extension), sampled from
-//! `pg_stat_activity` every 20 ms while they ran.
+//! `pg_stat_activity` every 20 ms while they ran. And what the machine
+//! spent: its busy share of every CPU, and busy CPU time per round (the
+//! bench's committers and PostgreSQL together, when the database runs on
+//! this machine), which says whether more rounds could fit on its cores.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,6 +42,10 @@ pub struct Level {
     /// Of the samples of active client sessions, the share waiting on
     /// another commit's lock (a row, a shard's, a transaction's end).
     pub lock_wait_share: f64,
+    /// Of every CPU of this machine, the share busy while they ran.
+    pub machine_busy_share: f64,
+    /// The machine's busy CPU time per round, in milliseconds.
+    pub machine_cpu_ms_per_round: f64,
     pub latency: Summary,
 }
 
@@ -95,6 +102,7 @@ async fn measure(
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = tokio::spawn(sample_lock_waits(url.to_string(), sampling.clone()));
     let rounds_before: u64 = metrics.iter().map(rounds).sum();
+    let busy_before = super::proc::machine_busy_seconds();
     let started = Instant::now();
     let writer_stores = stores.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {
@@ -104,6 +112,9 @@ async fn measure(
     })
     .await;
     let elapsed = started.elapsed().as_secs_f64();
+    let busy = busy_before
+        .zip(super::proc::machine_busy_seconds())
+        .map_or(0.0, |(before, after)| after - before);
     sampling.store(false, Ordering::Release);
     let (waiting, active) = sampler.await.unwrap_or((0, 0));
     let rounds_done = metrics.iter().map(rounds).sum::<u64>() - rounds_before;
@@ -112,18 +123,24 @@ async fn measure(
     }
     let per_second = outcome.per_second();
     let mut latencies = outcome.latencies;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     let level = Level {
         committers,
         rounds_per_second: rounds_done as f64 / elapsed.max(1e-9),
         events_per_second: per_second,
         lock_wait_share: waiting as f64 / (active.max(1)) as f64,
+        machine_busy_share: busy / (elapsed * cpus).max(1e-9),
+        machine_cpu_ms_per_round: busy * 1000.0 / (rounds_done.max(1)) as f64,
         latency: Summary::of(&mut latencies),
     };
     eprintln!(
-        "aaa bench:   {:.0} rounds/s, {:.0} events/s, {:.0}% of active sessions waiting on another commit's lock",
+        "aaa bench:   {:.0} rounds/s, {:.0} events/s, {:.0}% of active sessions waiting on another commit's lock; \
+         the machine {:.0}% busy, {:.2} ms of CPU per round",
         level.rounds_per_second,
         level.events_per_second,
-        level.lock_wait_share * 100.0
+        level.lock_wait_share * 100.0,
+        level.machine_busy_share * 100.0,
+        level.machine_cpu_ms_per_round
     );
     Ok((level, outcome.problems))
 }

@@ -661,6 +661,15 @@ fn committers_rows(t: &mut Table, committers: &super::committers::Committers) {
             "active sessions waiting on another commit's lock",
             format!("{:.0}%", 100.0 * level.lock_wait_share),
         );
+        t.add(
+            &scenario,
+            "machine busy (every CPU) / busy CPU per round",
+            format!(
+                "{:.0}% / {:.2} ms",
+                100.0 * level.machine_busy_share,
+                level.machine_cpu_ms_per_round
+            ),
+        );
         t.add(&scenario, "commit p50 / p99", level.latency.text());
     }
     t.judge(
