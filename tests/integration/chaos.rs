@@ -47,7 +47,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::postgres::Cluster;
+use crate::postgres::{synchronous_standby, Cluster};
 use crate::support::*;
 
 /// How the servers hold the shards.
@@ -236,27 +236,6 @@ async fn a_grant_that_landed_unanswered_still_sends_the_call_to_a_worker() {
     let events = wait_for_end(&mut runs, &run_id).await;
     assert_eq!(completed_text(&events), REFERENCE_TEXT);
     assert_eq!(count(&events, "aaa.approval.granted"), 1);
-}
-
-/// Sets PostgreSQL's `synchronous_standby_names` (through its admin URL)
-/// and reloads its configuration.
-async fn synchronous_standby(admin_url: &str, names: &str) {
-    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test database");
-    let connection = tokio::spawn(connection);
-    client
-        .batch_execute(&format!(
-            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
-        ))
-        .await
-        .expect("ALTER SYSTEM");
-    client
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .expect("pg_reload_conf");
-    drop(client);
-    let _ = connection.await;
 }
 
 /// The faults.

@@ -1146,6 +1146,97 @@ impl Cluster {
     }
 }
 
+/// Sets PostgreSQL's `synchronous_standby_names` (through its admin URL)
+/// and reloads its configuration.
+pub(crate) async fn synchronous_standby(admin_url: &str, names: &str) {
+    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+        ))
+        .await
+        .expect("ALTER SYSTEM");
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("pg_reload_conf");
+    drop(client);
+    let _ = connection.await;
+}
+
+/// A commit whose outcome the store cannot know (PostgreSQL held it past
+/// the round's timeout, here for a synchronous standby that never comes)
+/// may land later. Commits notify other servers after their COMMIT, so
+/// such a round's own notification is lost with its connection: once the
+/// held commit has ended, the store notifies its shard itself (the runs
+/// unknown), with no write coming to carry it. Without that, other
+/// servers hear of it only from their next poll of the heads (and that
+/// sends no notification, which is what this listens for).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_whose_outcome_was_unknown_is_notified_once_it_has_ended() {
+    if postgres().is_none() {
+        return;
+    }
+    let database = Cluster::start().await;
+    let store = PostgresStore::open(&database.url).await.expect("open");
+    let (client, mut connection) = tokio_postgres::connect(&database.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let (heard, mut notifications) = tokio::sync::mpsc::unbounded_channel();
+    let _listening = AbortOnDrop(tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notification(n)) = message {
+                let _ = heard.send(n.payload().to_string());
+            }
+        }
+    }));
+    let channel = aaa::store::postgres::NOTIFY_CHANNEL;
+    client
+        .batch_execute(&format!("LISTEN {channel}"))
+        .await
+        .expect("LISTEN");
+    let run = RunId::new();
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(run, 1, "aaa.run.started"));
+    store.commit(batch).await.expect("commit");
+    let first = tokio::time::timeout(WAIT, notifications.recv()).await;
+    let first = first.expect("the commit was notified").expect("listening");
+    assert!(first.contains(&format!(":{}=", run.shard())), "{first}");
+
+    synchronous_standby(&database.url, "nobody").await;
+    let mut batch = WriteBatch::default();
+    batch.push_event(event(run, 2, "app.note"));
+    let held = store.commit(batch).await;
+    assert!(matches!(held, Err(StoreError::Unavailable(_))), "{held:?}");
+    synchronous_standby(&database.url, "").await;
+    let settled = format!("{}=", run.shard());
+    let give_up = tokio::time::Instant::now() + WAIT;
+    loop {
+        let next = tokio::time::timeout_at(give_up, notifications.recv()).await;
+        let payload = next
+            .expect("the held commit's shard was never notified")
+            .expect("listening");
+        if payload.contains(&settled) && payload.ends_with(";*") {
+            break;
+        }
+    }
+    let events = store.run_events(run, 0, 10).await.expect("read");
+    assert_eq!(events.len(), 2, "the held commit landed: {events:?}");
+    store.close().await;
+}
+
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let path = self.dir.path().to_string_lossy().to_string();

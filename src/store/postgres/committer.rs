@@ -21,7 +21,8 @@
 //!    (see [`super::answered`]) and its
 //!    expected seqs, and giving its events the
 //!    positions taken, in memory: one multi-row statement per table for all
-//!    batches, `pg_notify` with the shards' new heads, `COMMIT`.
+//!    batches, `COMMIT`, then `pg_notify` with the shards' new heads (see
+//!    below).
 //!
 //! Positions come from a sequence, so rounds of disjoint shards never wait
 //! for each other; within a shard they increase in commit order, because
@@ -31,6 +32,27 @@
 //! moved by each round, did the same, but wrote and locked a row per shard
 //! per round: one committer made 40% of the rounds it makes with one head
 //! row, measured with `aaa bench --only committers`.)
+//!
+//! The notification goes after the COMMIT, in a transaction of its own:
+//! PostgreSQL serialises the commits of every transaction that notifies,
+//! holding one lock of the whole database from before their commit record
+//! until they end (so that notifications queue in commit order). Inside
+//! the round's transaction that lock was held through its WAL flush, and
+//! rounds of disjoint shards waited for each other there (28-30% of the
+//! sessions at 4 committers, `aaa bench --only committers`); a transaction
+//! that only notifies writes no WAL and holds it for a moment. The price:
+//! a round whose COMMIT is answered but whose notification is not, or
+//! whose outcome is unknown (the database did not answer, the round timed
+//! out), may have landed with nobody told. So its shards are *unsettled*:
+//! the tail forgets everything at once (reads go to the database), and the
+//! next round, a probe if no write comes, takes their locks too (which
+//! waits for the unknown transaction to end, committed or not), reads
+//! their heads and notifies them with "runs unknown", so other servers and
+//! this one's engine read them again. The listener's poll of the heads
+//! (every second) bounds the rest. A round whose data the database
+//! refused (rolled back, then done one by one) has notified heads it did
+//! not commit: positions are never reused and rise within a shard, so a
+//! durable position in such a gap hides nothing.
 //!
 //! When a statement of step 2 fails for a batch's data (a constraint, a
 //! value PostgreSQL refuses), the whole transaction has rolled back; the
@@ -45,7 +67,7 @@
 //! writable until a round succeeds; an empty round is tried every
 //! [`PROBE_EVERY`] so that health recovers with no client writes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -88,6 +110,10 @@ pub(super) struct Committer {
     pub metrics: crate::metrics::Metrics,
     /// The newest events committed, for readers (see [`super::tail`]).
     pub tail: Arc<Tail>,
+    /// Shards a round may have committed to without telling anyone (its
+    /// outcome unknown, or its notification failed): the next round locks
+    /// them, reads their heads and notifies them.
+    pub unsettled: BTreeSet<u8>,
 }
 
 /// What a round's first round trip read: the heads of the shards it
@@ -224,11 +250,12 @@ impl Committer {
             .iter()
             .map(|r| writes::check(&r.batch).err().map(Err))
             .collect();
+        let settling: Vec<i16> = self.unsettled.iter().copied().map(i16::from).collect();
         let outcome = match self.connection().await {
             Err(down) => Err(down),
             Ok(client) => {
                 let started = std::time::Instant::now();
-                let attempt = commit(&client, &self.ownership, round, &mut answers);
+                let attempt = commit(&client, &self.ownership, round, &mut answers, &settling);
                 let outcome = tokio::time::timeout(ROUND_TIMEOUT, attempt)
                     .await
                     .unwrap_or_else(|_| {
@@ -254,6 +281,12 @@ impl Committer {
                 // Before the durable positions move, so that a reader told
                 // of them finds the tail that far.
                 self.keep_in_tail(round, &answers, &heads.before);
+                match heads.notified {
+                    true => self.unsettled.clear(),
+                    false => self
+                        .unsettled
+                        .extend(heads.after.iter().map(|&(shard, _)| shard)),
+                }
                 self.durable.advance(heads.after);
                 // Fenced out, the store stays unwritable: health says so
                 // and writes are refused until the server restarts.
@@ -271,6 +304,11 @@ impl Committer {
                 }
             }
             Err(Down(cause)) => {
+                // It may have landed: nobody was told, and the tail does
+                // not have it.
+                self.unsettled
+                    .extend(round.iter().flat_map(|request| request.batch.shards()));
+                self.tail.clear();
                 if self.writable.send_replace(false) {
                     tracing::error!("{cause}; writes are refused until one succeeds");
                 }
@@ -328,8 +366,10 @@ impl Committer {
 /// The heads of the shards a round touched, before it and after it.
 pub(super) struct Heads {
     pub before: BTreeMap<u8, u64>,
-    /// Only the shards whose heads moved.
+    /// The shards whose heads moved, and those it settled.
     pub after: Vec<(u8, u64)>,
+    /// Whether the notification of `after` went out (or none was due).
+    pub notified: bool,
 }
 
 /// Commits the round on `client`: all at once, or batch by batch when one
@@ -339,8 +379,10 @@ async fn commit(
     ownership: &Ownership,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
+    settling: &[i16],
 ) -> std::result::Result<Heads, Down> {
-    if let Some(heads) = attempt(client, ownership, round, answers, Mode::Together).await? {
+    let together = attempt(client, ownership, round, answers, settling, Mode::Together);
+    if let Some(heads) = together.await? {
         return Ok(heads);
     }
     // A batch's data was refused and the COMMIT rolled everything back.
@@ -348,7 +390,7 @@ async fn commit(
         *answer = writes::check(&request.batch).err().map(Err);
     }
     // One by one, a refused batch fails alone: the round commits or is down.
-    attempt(client, ownership, round, answers, Mode::OneByOne)
+    attempt(client, ownership, round, answers, settling, Mode::OneByOne)
         .await?
         .ok_or_else(|| Down("a round one by one was refused whole".into()))
 }
@@ -367,14 +409,16 @@ enum Mode {
 /// One transaction over the round: checks each unanswered batch (its
 /// shards, the grants it uses, the answers it records, its expected seqs),
 /// gives its events the positions taken and writes it as `mode` says, then
-/// moves the heads and commits. Returns the heads; `None` when, together,
-/// the database refused a batch's data (nothing was committed: the round
-/// is for one by one).
+/// commits, and notifies the heads that moved and those of the `settling`
+/// shards (locked and read with the round's). Returns the heads; `None`
+/// when, together, the database refused a batch's data (nothing was
+/// committed: the round is for one by one).
 async fn attempt(
     client: &ClientWrapper,
     ownership: &Ownership,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
+    settling: &[i16],
     mode: Mode,
 ) -> std::result::Result<Option<Heads>, Down> {
     let Begun {
@@ -384,7 +428,7 @@ async fn attempt(
         epochs,
         mut grants,
         mut answered,
-    } = begin(client, ownership, round, answers).await?;
+    } = begin(client, ownership, round, answers, settling).await?;
     let mut next = 0;
     let mut staged = Vec::new();
     let mut moved_heads = Vec::new();
@@ -440,22 +484,30 @@ async fn attempt(
             *head = (*head).max(event.position);
         }
     }
+    let settles = |shard: &u8| settling.contains(&i16::from(*shard));
     let after: Vec<(u8, u64)> = after
         .into_iter()
-        .filter(|(shard, head)| shard_heads.get(shard) != Some(head))
+        .filter(|(shard, head)| shard_heads.get(shard) != Some(head) || settles(shard))
         .collect();
-    match first_error(finish(client, &statements, &after, &moved_heads).await) {
-        None => {
+    // Which runs a settled shard's unknown round moved, nobody knows.
+    let runs = match settling.is_empty() {
+        true => Some(&moved_heads[..]),
+        false => None,
+    };
+    let finished = finish(client, &statements, &after, runs).await;
+    match finished.committed {
+        Ok(()) => {
             for &i in &staged {
                 answers[i] = Some(Ok(positions(&round[i].batch)));
             }
             Ok(Some(Heads {
                 before: shard_heads,
                 after,
+                notified: finished.notified,
             }))
         }
-        Some(e) if mode == Mode::Together && !is_down(&e) => Ok(None),
-        Some(e) => Err(down(e)),
+        Err(e) if mode == Mode::Together && !is_down(&e) => Ok(None),
+        Err(e) => Err(down(e)),
     }
 }
 
@@ -530,6 +582,7 @@ async fn begin(
     ownership: &Ownership,
     round: &[Request],
     answers: &[Option<Result<Vec<u64>>>],
+    settling: &[i16],
 ) -> std::result::Result<Begun, Down> {
     let unanswered = || {
         round
@@ -547,6 +600,7 @@ async fn begin(
     let mut touched: Vec<i16> = unanswered()
         .flat_map(|batch| batch.shards())
         .map(i16::from)
+        .chain(settling.iter().copied())
         .collect();
     touched.sort_unstable();
     touched.dedup();
@@ -693,22 +747,48 @@ fn positions(batch: &WriteBatch) -> Vec<u64> {
     batch.events().iter().map(|e| e.position).collect()
 }
 
-/// The round's writes, a notification naming the shards' new heads
-/// (`after`, those that moved) and the runs whose heads moved, and COMMIT,
-/// in one pipeline.
+/// What [`finish`] saw.
+struct Finished {
+    /// The first error of the writes or the COMMIT, if any.
+    committed: std::result::Result<(), tokio_postgres::Error>,
+    /// The notification went out (or none was due).
+    notified: bool,
+}
+
+/// The round's writes and COMMIT, then, outside the transaction, a
+/// notification naming the shards' new heads (`after`) and the runs whose
+/// heads moved (`None`: not known), in one pipeline.
 async fn finish(
     client: &ClientWrapper,
     statements: &[writes::Statement],
     after: &[(u8, u64)],
-    moved: &[(RunId, u64)],
-) -> Vec<Rows> {
-    let text = notification(after, moved);
+    runs: Option<&[(RunId, u64)]>,
+) -> Finished {
+    let text = notification(after, runs);
     let mut steps = queries(statements);
-    if !after.is_empty() {
+    steps.push(Step::Simple("COMMIT"));
+    let notifies = !after.is_empty();
+    if notifies {
         steps.push(Step::Query(NOTIFY, vec![&NOTIFY_CHANNEL, &text]));
     }
-    steps.push(Step::Simple("COMMIT"));
-    pipeline(client, steps).await
+    let sent = steps.len();
+    let mut results = pipeline(client, steps).await;
+    // Fewer answers than steps: nothing was sent (a statement could not be
+    // prepared), and the error says why.
+    let notified = match (notifies, results.len() == sent) {
+        (true, true) => results.pop().is_some_and(|notify| notify.is_ok()),
+        (false, _) | (true, false) => true,
+    };
+    match first_error(results) {
+        Some(e) => Finished {
+            committed: Err(e),
+            notified: false,
+        },
+        None => Finished {
+            committed: Ok(()),
+            notified,
+        },
+    }
 }
 
 /// The longest run list a notification carries (PostgreSQL takes 8000
@@ -718,12 +798,12 @@ const MOST_NOTIFIED: usize = 7800;
 /// A commit's notification text (after the schema's name): the shards'
 /// new heads, then the runs whose heads moved, as
 /// "SHARD=HEAD,...;RUN=SEQ,RUN=SEQ", or "SHARD=HEAD,...;*" when they would
-/// not fit (see [`super::listener`]).
-fn notification(after: &[(u8, u64)], moved: &[(RunId, u64)]) -> String {
+/// not fit or are not known (`None`; see [`super::listener`]).
+fn notification(after: &[(u8, u64)], moved: Option<&[(RunId, u64)]>) -> String {
     use std::fmt::Write;
     // A batch's events of one run come together: keep each run's last.
     let mut heads: Vec<(RunId, u64)> = Vec::new();
-    for &(run, seq) in moved {
+    for &(run, seq) in moved.unwrap_or_default() {
         match heads.last_mut() {
             Some((last_run, last_seq)) if *last_run == run => *last_seq = seq,
             _ => heads.push((run, seq)),
@@ -735,6 +815,10 @@ fn notification(after: &[(u8, u64)], moved: &[(RunId, u64)]) -> String {
         let _ = write!(text, "{comma}{shard}={head}");
     }
     text.push(';');
+    if moved.is_none() {
+        text.push('*');
+        return text;
+    }
     let shards = text.len();
     for (i, (run, seq)) in heads.iter().enumerate() {
         if text.len() > MOST_NOTIFIED {
@@ -825,4 +909,22 @@ fn first_error(results: Vec<Rows>) -> Option<tokio_postgres::Error> {
 
 fn down(e: tokio_postgres::Error) -> Down {
     Down(format!("the database cannot commit: {}", describe(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notification_names_the_runs_it_knows_and_a_star_for_those_it_does_not() {
+        let run = RunId::parse("01a23a1a-205d-72d5-bdf8-595f9c171f82").unwrap();
+        let moved = [(run, 6), (run, 7)];
+        assert_eq!(
+            notification(&[(130, 42), (7, 40)], Some(&moved)),
+            format!("130=42,7=40;{run}=7")
+        );
+        assert_eq!(notification(&[(3, 9)], Some(&[])), "3=9;");
+        // A settled shard: whichever runs its unknown round moved.
+        assert_eq!(notification(&[(3, 9)], None), "3=9;*");
+    }
 }

@@ -70,7 +70,7 @@ use super::{
 };
 
 /// The channel commits NOTIFY with their shards' new heads.
-const NOTIFY_CHANNEL: &str = "aaa_head";
+pub const NOTIFY_CHANNEL: &str = "aaa_head";
 /// Longest a read waits for the database.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a standby tries to claim the runs.
@@ -222,6 +222,7 @@ impl PostgresStore {
             ownership: ownership.clone(),
             metrics: metrics.clone(),
             tail: tail.clone(),
+            unsettled: Default::default(),
         };
         tokio::spawn(committer::run(committer, messages));
         let stop = CancellationToken::new();
