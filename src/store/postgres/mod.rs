@@ -299,7 +299,7 @@ impl PostgresStore {
     fn tail(&self) -> Option<&tail::Tail> {
         self.inner
             .ownership
-            .holds_all_for_sure()
+            .holds_for_sure()
             .then_some(&*self.inner.tail)
     }
 

@@ -167,7 +167,9 @@ impl Ownership {
             self.lost.store(false, Ordering::Release);
         }
         let holding = set_of(held);
-        if holding.is_all() {
+        // The oldest lease held counts: shards held before this claim keep
+        // the time of their last renewal.
+        if self.holding.borrow().is_empty() {
             *self.renewed.lock().expect("poisoned") = Some(sent);
         }
         self.holding.send_replace(holding);
@@ -199,7 +201,7 @@ impl Ownership {
             .zip(epochs)
             .filter(|(shard, _)| !renewed.contains(shard))
             .collect();
-        let kept_all = gone.is_empty() && renewed.len() == crate::domain::SHARDS;
+        let kept_all = gone.is_empty();
         for (shard, epoch) in gone {
             self.lose(shard, epoch, "its lease was renewed by another server");
         }
@@ -209,12 +211,12 @@ impl Ownership {
         Ok(())
     }
 
-    /// Whether this store holds every shard and no other server can have
-    /// claimed one since: its last claim or renewal of them all was sent
-    /// less than a lease ago. (A server that claims them all regardless,
-    /// started without `--standby`, fences this one at its next commit or
-    /// renewal.)
-    pub fn holds_all_for_sure(&self) -> bool {
+    /// Whether this store holds shards and no other server can have
+    /// claimed one of them since: the last claim or renewal of each was
+    /// sent less than a lease ago. (A server started with `--take-over`
+    /// claims them all regardless and fences this one at its next commit
+    /// or renewal.)
+    pub fn holds_for_sure(&self) -> bool {
         let lease_ms = self.lease_ms.load(Ordering::Acquire);
         let renewed = *self.renewed.lock().expect("poisoned");
         lease_ms > 0
@@ -222,7 +224,7 @@ impl Ownership {
             && renewed.is_some_and(|sent| {
                 sent.elapsed() < std::time::Duration::from_millis(lease_ms as u64)
             })
-            && self.holding.borrow().is_all()
+            && !self.holding.borrow().is_empty()
     }
 
     /// Gives up held shards at once (`None`: all of them; a server

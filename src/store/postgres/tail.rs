@@ -5,16 +5,18 @@
 //! on PostgreSQL each read was a round trip and a statement, more database
 //! time than committing the cycle's approval.
 //!
-//! Only a store that holds every shard uses it (a single server, or the
-//! owner of a one-owner cluster), and only while its leases cannot have
-//! lapsed (see `Ownership::holds_all_for_sure`: a paused owner that wakes
-//! reads the database until it renewed them): then every commit on the
-//! database is its own. Per shard, the tail knows from which position on
-//! it holds every event of the shard (the head its first commit there
-//! found); a read it cannot answer whole from there goes to the database.
-//! A store holding a share, or none, never answers from it, and any change
-//! of the shards held empties it, so events another server committed
-//! meanwhile are never missed.
+//! A store answers from it only the shards it holds, and only while their
+//! leases cannot have lapsed (see `Ownership::holds_for_sure`: a paused
+//! owner that wakes reads the database until it renewed them): then every
+//! commit to those shards is its own. Per shard, the tail knows from which
+//! position on it holds every event of the shard (the head its first
+//! commit there found); a read it cannot answer whole from there (a run of
+//! a shard held by another server, a log read past another's commits) goes
+//! to the database. A store holding none never answers from it, and any
+//! change of the shards held empties it, so events another server
+//! committed meanwhile are never missed. (Until spread shards became the
+//! default only a store holding every shard used it; a spread server then
+//! read every run from the database.)
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -194,14 +196,15 @@ impl Tail {
 }
 
 impl State {
-    /// Whether this store holds every shard; empties the tail first when
-    /// the shards held changed since it last looked.
+    /// Whether this store holds shards; empties the tail first when the
+    /// shards held changed since it last looked. (What it keeps is of
+    /// shards it held since: those of its own commits.)
     fn serves(&mut self) -> bool {
         if self.holding.has_changed().unwrap_or(true) {
             self.holding.borrow_and_update();
             self.clear();
         }
-        self.holding.borrow().is_all()
+        !self.holding.borrow().is_empty()
     }
 
     fn push(&mut self, event: EventRecord) {
@@ -417,6 +420,31 @@ mod tests {
         assert_eq!(seqs(tail.run_events(a, 0, 100, 2)), None);
         tail.committed([event(a, 3, 3)], &heads(&[(1, 2)]));
         assert_eq!(seqs(tail.run_events(a, 2, 100, 3)), Some(vec![3]));
+    }
+
+    /// A spread server holds a share: it answers its own runs from memory
+    /// and leaves everything else (another server's run, a log read that
+    /// another server's commits moved) to the database.
+    #[test]
+    fn a_share_is_answered_for_its_own_shards_only() {
+        let share: Shards = [1, 2].into_iter().collect();
+        let (_holding, receiver) = watch::channel(share);
+        let tail = Tail::new(receiver);
+        let (mine, theirs) = (run(1, 1), run(2, 3));
+        tail.committed([event(mine, 1, 10)], &heads(&[(1, 9)]));
+        assert_eq!(seqs(tail.run_events(mine, 0, 100, 10)), Some(vec![1]));
+        assert_eq!(seqs(tail.run_events(theirs, 0, 100, 0)), None);
+        assert_eq!(tail.event(mine, 1).map(|e| e.position), Some(10));
+        let only_mine = durable(9, &[(1, 10)]);
+        assert_eq!(
+            seqs(tail.log_after(&Cursor::at(9), 100, &only_mine)),
+            Some(vec![1])
+        );
+        let theirs_moved = durable(9, &[(1, 10), (3, 11)]);
+        assert_eq!(
+            seqs(tail.log_after(&Cursor::at(9), 100, &theirs_moved)),
+            None
+        );
     }
 
     #[test]
