@@ -967,14 +967,7 @@ async fn membership_converges_under_a_random_mix_of_faults() {
     };
     let database = Cluster::start().await;
     let store = format!("--store={}", database.url);
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        &store,
-        "--lease-s",
-        "1",
-        "--one-owner",
-    ];
+    let args = one_owner_args(&store, "1");
     let outage = std::time::Duration::from_secs(2);
     let mut dirs = Vec::new();
     let mut servers = Vec::new();

@@ -1867,14 +1867,7 @@ struct OwnerAndStandby {
 async fn owner_and_standby(url: &str) -> OwnerAndStandby {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let store = format!("--store={url}");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        &store,
-        "--lease-s",
-        "1",
-        "--one-owner",
-    ];
+    let args = one_owner_args(&store, "1");
     let first = ChildServer::start_args(dirs[0].path(), &args).await;
     let mut runs = first.runs().await;
     register(&mut first.workers().await, vec![wire_money()], &[]).await;
@@ -1954,14 +1947,7 @@ async fn a_server_joining_a_live_owner_stands_by_unless_told_to_take_over() {
     };
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let store = format!("--store={url}");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        &store,
-        "--lease-s",
-        "1",
-        "--one-owner",
-    ];
+    let args = one_owner_args(&store, "1");
     let first = ChildServer::start_args(dirs[0].path(), &args).await;
     let first_name = member_of(&first).await;
     let mut runs = first.runs().await;
@@ -2039,14 +2025,7 @@ async fn a_server_that_lost_its_shards_unnoticed_never_calls_the_current_attempt
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let store = format!("--store={url}");
     // Renewals every 20 s: the first server notices nothing in this test.
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        &store,
-        "--lease-s",
-        "60",
-        "--one-owner",
-    ];
+    let args = one_owner_args(&store, "60");
     let first = ChildServer::start_args(dirs[0].path(), &args).await;
     let mut runs = first.runs().await;
     register(&mut first.workers().await, vec![lookup()], &[]).await;

@@ -867,6 +867,19 @@ pub async fn wait_for_health(server: &impl Server, status: ServingStatus) {
 
 // ----------------------------------------------------------------- cluster
 
+/// `aaa serve`'s arguments for a server of one owner's cluster on `store`
+/// (`--store=URL`), with `--lease-s LEASE_S`, listening on any free port.
+pub fn one_owner_args<'a>(store: &'a str, lease_s: &'a str) -> [&'a str; 6] {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        store,
+        "--lease-s",
+        lease_s,
+        "--one-owner",
+    ]
+}
+
 /// `count` child servers on the PostgreSQL at `url` with `--lease-s
 /// LEASE_S` and one owner: the first owns the runs (`--one-owner`,
 /// checked), the others start as standbys. Their data and logs are in the
