@@ -664,12 +664,13 @@ async fn refuse_mixing(
         true => format!(
             "the servers on this database run with one owner ({others}): start this one with \
              --one-owner (or --standby) to join them, or stop them first to share the shards \
-             out (see docs/cluster.md)"
+             out (a server that died counts until its lease lapses; see docs/cluster.md)"
         ),
         false => format!(
             "the servers on this database share the shards out ({others}): start this one \
              without --one-owner, --standby or --take-over to join them, or stop them first to \
-             run with one owner (see docs/cluster.md)"
+             run with one owner (a server that died counts until its lease lapses; see \
+             docs/cluster.md)"
         ),
     }))
 }
