@@ -114,6 +114,7 @@ fn answer(cluster: &Cluster, store: &str, view: &ClusterView) -> GetClusterRespo
                     .unwrap_or(0),
                 gone_for_ms: (now - member.seen_until_ms).max(0),
                 up_ms: (now - member.started_ms).max(0),
+                spreads: member.spreads,
             }
         })
         .collect();

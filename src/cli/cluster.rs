@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::render::Output;
 use super::{Connection, Error, Format, EXIT_CODES};
-use crate::proto::{ClusterMember, GetClusterRequest};
+use crate::proto::{ClusterMember, GetClusterRequest, GetClusterResponse};
 
 #[derive(clap::Args)]
 pub struct ClusterArgs {
@@ -51,8 +51,12 @@ pub(super) async fn run(args: &ClusterArgs) -> Result<(), Error> {
         }));
     }
     out.line(&format!(
-        "store {}, {} shards, {} without a live owner; answered by {}",
-        cluster.store, cluster.shards, cluster.unowned_shards, cluster.this_server
+        "store {}{}, {} shards, {} without a live owner; answered by {}",
+        cluster.store,
+        way(&cluster),
+        cluster.shards,
+        cluster.unowned_shards,
+        cluster.this_server
     ))?;
     let rows = cluster.members.iter().map(|member| {
         vec![
@@ -88,6 +92,17 @@ pub(super) async fn run(args: &ClusterArgs) -> Result<(), Error> {
     )
 }
 
+/// How the servers of a database share the shards: spread (the default)
+/// or one owner's cluster; nothing for the embedded store.
+fn way(cluster: &GetClusterResponse) -> &'static str {
+    let spreads = cluster.members.iter().any(|m| m.alive && m.spreads);
+    match (cluster.store.as_str(), spreads) {
+        ("embedded", _) => "",
+        (_, true) => " (shards spread)",
+        (_, false) => " (one owner)",
+    }
+}
+
 /// What a member does now.
 fn role(member: &ClusterMember) -> &'static str {
     match (member.alive, member.shards) {
@@ -108,10 +123,35 @@ fn member_json(member: &ClusterMember) -> serde_json::Value {
         "lease_left_ms": member.lease_left_ms,
         "gone_for_ms": member.gone_for_ms,
         "up_ms": member.up_ms,
+        "spreads": member.spreads,
     })
 }
 
 /// Milliseconds as seconds with one decimal.
 fn seconds(ms: i64) -> String {
     format!("{:.1}s", ms as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_says_how_a_database_shares_its_shards() {
+        let member = |alive, spreads| ClusterMember {
+            alive,
+            spreads,
+            ..Default::default()
+        };
+        let cluster = |store: &str, members| GetClusterResponse {
+            store: store.into(),
+            members,
+            ..Default::default()
+        };
+        let spread = cluster("postgres", vec![member(true, true), member(true, true)]);
+        assert_eq!(way(&spread), " (shards spread)");
+        let one = cluster("postgres", vec![member(true, false), member(false, true)]);
+        assert_eq!(way(&one), " (one owner)", "a gone member does not count");
+        assert_eq!(way(&cluster("embedded", vec![member(true, false)])), "");
+    }
 }

@@ -699,7 +699,16 @@ async fn cluster_status_shows_the_lone_server_as_the_owner() {
     assert_eq!(members[0]["server"], status["this_server"]);
     assert_eq!(members[0]["role"], "owner");
     assert_eq!(members[0]["shards"], 256);
+    assert_eq!(
+        members[0]["spreads"], false,
+        "an in-process test server: one owner"
+    );
     let table = aaa(&server, &["cluster", "status"]).await.ok().stdout;
+    let header = match on_postgres() {
+        true => "store postgres (one owner), 256 shards, 0 without a live owner",
+        false => "store embedded, 256 shards, 0 without a live owner",
+    };
+    assert!(table.starts_with(header), "{table}");
     let name = status["this_server"].as_str().unwrap();
     assert!(
         table

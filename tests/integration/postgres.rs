@@ -1901,6 +1901,8 @@ async fn plain_servers_share_the_shards_out_and_never_mix_with_one_owner() {
     let second = ChildServer::start_args(dirs[1].path(), &plain).await;
     let names = [member_of(&first).await, member_of(&second).await];
     wait_until_spread(&first, &[&names[0], &names[1]]).await;
+    let status = cluster_of(&second).await;
+    assert!(status.members.iter().all(|m| m.spreads), "{status:?}");
     for flag in ["--one-owner", "--standby", "--take-over"] {
         let output = serve_refused(dirs[2].path(), &[&plain[..], &[flag]].concat());
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -1933,6 +1935,8 @@ async fn plain_servers_share_the_shards_out_and_never_mix_with_one_owner() {
         Some(member_of(&one).await),
         "the owner went on"
     );
+    let status = cluster_of(&one).await;
+    assert!(status.members.iter().all(|m| !m.spreads), "{status:?}");
 }
 
 /// Joining one owner's cluster is safe: a server started with

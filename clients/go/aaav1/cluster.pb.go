@@ -404,7 +404,12 @@ type ClusterMember struct {
 	// Milliseconds since its membership lapsed (0 while alive).
 	GoneForMs int64 `protobuf:"varint,7,opt,name=gone_for_ms,json=goneForMs,proto3" json:"gone_for_ms,omitempty"`
 	// Milliseconds since it joined.
-	UpMs          int64 `protobuf:"varint,8,opt,name=up_ms,json=upMs,proto3" json:"up_ms,omitempty"`
+	UpMs int64 `protobuf:"varint,8,opt,name=up_ms,json=upMs,proto3" json:"up_ms,omitempty"`
+	// Whether it shares the shards out with the other members that do (the
+	// default on PostgreSQL), rather than taking part in one owner's cluster
+	// (`aaa serve --one-owner`, `--standby`, `--take-over`). The two are never
+	// mixed on one database. False on the embedded store.
+	Spreads       bool `protobuf:"varint,9,opt,name=spreads,proto3" json:"spreads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -495,6 +500,13 @@ func (x *ClusterMember) GetUpMs() int64 {
 	return 0
 }
 
+func (x *ClusterMember) GetSpreads() bool {
+	if x != nil {
+		return x.Spreads
+	}
+	return false
+}
+
 var File_aaa_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_aaa_v1_cluster_proto_rawDesc = "" +
@@ -519,7 +531,7 @@ const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\amembers\x18\x03 \x03(\v2\x15.aaa.v1.ClusterMemberR\amembers\x12\x16\n" +
 	"\x06shards\x18\x04 \x01(\rR\x06shards\x12%\n" +
 	"\x0eunowned_shards\x18\x05 \x01(\rR\runownedShards\x12!\n" +
-	"\fshard_owners\x18\x06 \x03(\tR\vshardOwners\"\xde\x01\n" +
+	"\fshard_owners\x18\x06 \x03(\tR\vshardOwners\"\xf8\x01\n" +
 	"\rClusterMember\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
@@ -528,7 +540,8 @@ const file_aaa_v1_cluster_proto_rawDesc = "" +
 	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\"\n" +
 	"\rlease_left_ms\x18\x06 \x01(\x03R\vleaseLeftMs\x12\x1e\n" +
 	"\vgone_for_ms\x18\a \x01(\x03R\tgoneForMs\x12\x13\n" +
-	"\x05up_ms\x18\b \x01(\x03R\x04upMs2\xa8\x01\n" +
+	"\x05up_ms\x18\b \x01(\x03R\x04upMs\x12\x18\n" +
+	"\aspreads\x18\t \x01(\bR\aspreads2\xa8\x01\n" +
 	"\x0eClusterService\x12K\n" +
 	"\n" +
 	"GetCluster\x12\x19.aaa.v1.GetClusterRequest\x1a\x1a.aaa.v1.GetClusterResponse\"\x06ҷ\x18\x02\b\a\x12I\n" +

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file aaa/v1/cluster.proto.
  */
 export const file_aaa_v1_cluster: GenFile = /*@__PURE__*/
-  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxInwKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISAASEgoId2l0aGRyYXcYBCABKAhIAEIGCgRzdGVwIlwKEFBlZXJQb2xsUmVzcG9uc2USEQoHb2ZmZXJlZBgBIAEoCEgAEhwKBHRhc2sYAiABKAsyDC5hYWEudjEuVGFza0gAEg8KBWVuZGVkGAMgASgISABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKeAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0SFAoMc2hhcmRfb3duZXJzGAYgAygJIpkBCg1DbHVzdGVyTWVtYmVyEg4KBnNlcnZlchgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEg0KBWFsaXZlGAMgASgIEg4KBnNoYXJkcxgEIAEoDRINCgVlcG9jaBgFIAEoAxIVCg1sZWFzZV9sZWZ0X21zGAYgASgDEhMKC2dvbmVfZm9yX21zGAcgASgDEg0KBXVwX21zGAggASgDMqgBCg5DbHVzdGVyU2VydmljZRJLCgpHZXRDbHVzdGVyEhkuYWFhLnYxLkdldENsdXN0ZXJSZXF1ZXN0GhouYWFhLnYxLkdldENsdXN0ZXJSZXNwb25zZSIG0rcYAggHEkkKCFBlZXJQb2xsEhcuYWFhLnYxLlBlZXJQb2xsUmVxdWVzdBoYLmFhYS52MS5QZWVyUG9sbFJlc3BvbnNlIgbStxgCCAcoATABYgZwcm90bzM", [file_aaa_v1_routing, file_aaa_v1_worker]);
+  fileDesc("ChRhYWEvdjEvY2x1c3Rlci5wcm90bxIGYWFhLnYxInwKD1BlZXJQb2xsUmVxdWVzdBInCgRwb2xsGAEgASgLMhcuYWFhLnYxLlBvbGxUYXNrUmVxdWVzdEgAEhAKBmFjY2VwdBgCIAEoCEgAEhIKCHJldHVybmVkGAMgASgISAASEgoId2l0aGRyYXcYBCABKAhIAEIGCgRzdGVwIlwKEFBlZXJQb2xsUmVzcG9uc2USEQoHb2ZmZXJlZBgBIAEoCEgAEhwKBHRhc2sYAiABKAsyDC5hYWEudjEuVGFza0gAEg8KBWVuZGVkGAMgASgISABCBgoEc3RlcCITChFHZXRDbHVzdGVyUmVxdWVzdCKeAQoSR2V0Q2x1c3RlclJlc3BvbnNlEhMKC3RoaXNfc2VydmVyGAEgASgJEg0KBXN0b3JlGAIgASgJEiYKB21lbWJlcnMYAyADKAsyFS5hYWEudjEuQ2x1c3Rlck1lbWJlchIOCgZzaGFyZHMYBCABKA0SFgoOdW5vd25lZF9zaGFyZHMYBSABKA0SFAoMc2hhcmRfb3duZXJzGAYgAygJIqoBCg1DbHVzdGVyTWVtYmVyEg4KBnNlcnZlchgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEg0KBWFsaXZlGAMgASgIEg4KBnNoYXJkcxgEIAEoDRINCgVlcG9jaBgFIAEoAxIVCg1sZWFzZV9sZWZ0X21zGAYgASgDEhMKC2dvbmVfZm9yX21zGAcgASgDEg0KBXVwX21zGAggASgDEg8KB3NwcmVhZHMYCSABKAgyqAEKDkNsdXN0ZXJTZXJ2aWNlEksKCkdldENsdXN0ZXISGS5hYWEudjEuR2V0Q2x1c3RlclJlcXVlc3QaGi5hYWEudjEuR2V0Q2x1c3RlclJlc3BvbnNlIgbStxgCCAcSSQoIUGVlclBvbGwSFy5hYWEudjEuUGVlclBvbGxSZXF1ZXN0GhguYWFhLnYxLlBlZXJQb2xsUmVzcG9uc2UiBtK3GAIIBygBMAFiBnByb3RvMw", [file_aaa_v1_routing, file_aaa_v1_worker]);
 
 /**
  * PeerPoll's requests, in rounds: a poll; then, after an offer, the accept
@@ -252,6 +252,16 @@ export type ClusterMember = Message<"aaa.v1.ClusterMember"> & {
    * @generated from field: int64 up_ms = 8;
    */
   upMs: bigint;
+
+  /**
+   * Whether it shares the shards out with the other members that do (the
+   * default on PostgreSQL), rather than taking part in one owner's cluster
+   * (`aaa serve --one-owner`, `--standby`, `--take-over`). The two are never
+   * mixed on one database. False on the embedded store.
+   *
+   * @generated from field: bool spreads = 9;
+   */
+  spreads: boolean;
 };
 
 /**

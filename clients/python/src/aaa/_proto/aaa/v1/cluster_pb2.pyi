@@ -51,7 +51,7 @@ class GetClusterResponse(_message.Message):
     def __init__(self, this_server: _Optional[str] = ..., store: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., shards: _Optional[int] = ..., unowned_shards: _Optional[int] = ..., shard_owners: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterMember(_message.Message):
-    __slots__ = ("server", "address", "alive", "shards", "epoch", "lease_left_ms", "gone_for_ms", "up_ms")
+    __slots__ = ("server", "address", "alive", "shards", "epoch", "lease_left_ms", "gone_for_ms", "up_ms", "spreads")
     SERVER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class ClusterMember(_message.Message):
     LEASE_LEFT_MS_FIELD_NUMBER: _ClassVar[int]
     GONE_FOR_MS_FIELD_NUMBER: _ClassVar[int]
     UP_MS_FIELD_NUMBER: _ClassVar[int]
+    SPREADS_FIELD_NUMBER: _ClassVar[int]
     server: str
     address: str
     alive: bool
@@ -68,4 +69,5 @@ class ClusterMember(_message.Message):
     lease_left_ms: int
     gone_for_ms: int
     up_ms: int
-    def __init__(self, server: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_left_ms: _Optional[int] = ..., gone_for_ms: _Optional[int] = ..., up_ms: _Optional[int] = ...) -> None: ...
+    spreads: bool
+    def __init__(self, server: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., shards: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_left_ms: _Optional[int] = ..., gone_for_ms: _Optional[int] = ..., up_ms: _Optional[int] = ..., spreads: _Optional[bool] = ...) -> None: ...
