@@ -27,7 +27,7 @@ use crate::proto::policy_service_server::PolicyServiceServer;
 use crate::proto::run_service_server::RunServiceServer;
 use crate::proto::subscription_service_server::SubscriptionServiceServer;
 use crate::proto::worker_service_server::WorkerServiceServer;
-use crate::store::{Shards, SharedStore};
+use crate::store::{ClusterView, Shards, SharedStore};
 use crate::subscriptions::Subscriptions;
 use tonic::server::NamedService;
 use tonic_health::server::HealthReporter;
@@ -147,9 +147,10 @@ async fn serve_store(
         let cluster = join(&listener, &config, &store)
             .await
             .map_err(store_error)?;
-        refuse_mixing(&config, &store, &cluster.server).await?;
-        let standby = stands_by(&config, &store).await.map_err(store_error)?;
-        Ok((cluster, standby))
+        // One read of who is on the database serves both decisions.
+        let view = store.cluster().await.map_err(store_error)?;
+        refuse_mixing(&config, &view, &cluster.server)?;
+        Ok((cluster, stands_by(&config, &view)))
     };
     let (cluster, config) = match joined.await {
         Ok((cluster, standby)) => (cluster, Config { standby, ..config }),
@@ -646,16 +647,8 @@ async fn join(
 /// Refuses to start a server that would mix the two ways of sharing on
 /// one database (see [`crate::cluster::balance::other_way`]). A server
 /// that died counts until its membership lapses (one lease).
-async fn refuse_mixing(
-    config: &Config,
-    store: &SharedStore,
-    server: &str,
-) -> Result<(), ServeError> {
-    let view = store.cluster().await.map_err(|source| ServeError::Store {
-        place: store_place(config),
-        source,
-    })?;
-    let others = crate::cluster::balance::other_way(&view, server, config.spread_shards);
+fn refuse_mixing(config: &Config, view: &ClusterView, server: &str) -> Result<(), ServeError> {
+    let others = crate::cluster::balance::other_way(view, server, config.spread_shards);
     if others.is_empty() {
         return Ok(());
     }
@@ -680,15 +673,14 @@ async fn refuse_mixing(
 /// cluster the plain way never takes the writes from a healthy owner; a
 /// lone server restarting after a crash waits out its dead predecessor's
 /// lease (at most one) and takes the runs.
-async fn stands_by(config: &Config, store: &SharedStore) -> Result<bool, crate::store::StoreError> {
+fn stands_by(config: &Config, view: &ClusterView) -> bool {
     if config.standby {
-        return Ok(true);
+        return true;
     }
-    // With --spread-shards each claims only lapsed shards of its share.
+    // Spreading, each claims only lapsed shards of its share.
     if config.take_over || config.spread_shards || config.store_url.is_none() {
-        return Ok(false);
+        return false;
     }
-    let view = store.cluster().await?;
     let live = view
         .shards
         .iter()
@@ -700,7 +692,7 @@ async fn stands_by(config: &Config, store: &SharedStore) -> Result<bool, crate::
             shard.owner
         );
     }
-    Ok(live.is_some())
+    live.is_some()
 }
 
 /// The first wait before an engine that failed to start is started again,

@@ -22,9 +22,8 @@ const LOOK_AT_MOST_EVERY: Duration = Duration::from_millis(500);
 /// that spread (none if it is not one of them).
 pub fn share_of(view: &ClusterView, server: &str) -> Shards {
     let live: Vec<&str> = view
-        .members
-        .iter()
-        .filter(|member| member.spreads && member.seen_until_ms > view.now_ms)
+        .live()
+        .filter(|member| member.spreads)
         .map(|member| member.server.as_str())
         .collect();
     (0..=u8::MAX)
@@ -42,9 +41,8 @@ pub fn share_of(view: &ClusterView, server: &str) -> Shards {
 /// servers never give up, and the spreading ones would leave the owner's
 /// shards to a claim that never comes.
 pub fn other_way<'a>(view: &'a ClusterView, server: &str, spreads: bool) -> Vec<&'a str> {
-    view.members
-        .iter()
-        .filter(|m| m.server != server && m.seen_until_ms > view.now_ms && m.spreads != spreads)
+    view.live()
+        .filter(|m| m.server != server && m.spreads != spreads)
         .map(|m| m.server.as_str())
         .collect()
 }

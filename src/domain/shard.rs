@@ -178,9 +178,14 @@ impl ClusterView {
         if lease.lease_until_ms <= self.now_ms {
             return None;
         }
+        self.live().find(|member| member.server == lease.owner)
+    }
+
+    /// The members alive at the view's time (renewed within their lease).
+    pub fn live(&self) -> impl Iterator<Item = &Member> {
         self.members
             .iter()
-            .find(|member| member.server == lease.owner && member.seen_until_ms > self.now_ms)
+            .filter(|member| member.seen_until_ms > self.now_ms)
     }
 }
 

@@ -140,14 +140,17 @@ impl Engine {
             // A run may tighten its tools' gates, never loosen them (the
             // same rule as a registration's, see `gate`): StartRun is open
             // to every runner.
+            let requires = spec.requires_approval || tool.requires_approval;
+            let required = spec.approvals_required.max(tool.approvals_required);
+            let timeout = match tool.approval_timeout_s {
+                t if t > 0.0 => t,
+                _ => spec.approval_timeout_s,
+            };
             let stored = spec.gate();
             let asked = super::gate::Gate {
-                requires_approval: stored.requires_approval || tool.requires_approval,
-                approvals_required: stored.approvals_required.max(tool.approvals_required),
-                approval_timeout_s: match tool.approval_timeout_s {
-                    t if t > 0.0 => t,
-                    _ => stored.approval_timeout_s,
-                },
+                requires_approval: requires,
+                approvals_required: required,
+                approval_timeout_s: timeout,
                 ..stored
             };
             if let Some(loosening) = asked.loosening_from(&stored) {
@@ -161,11 +164,6 @@ impl Engine {
                     ),
                 ));
             }
-            let (requires, required, timeout) = (
-                asked.requires_approval,
-                asked.approvals_required,
-                asked.approval_timeout_s,
-            );
             spec.requires_approval = requires;
             spec.approvals_required = required;
             spec.approval_timeout_s = timeout;

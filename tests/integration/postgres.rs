@@ -1186,7 +1186,7 @@ async fn a_commit_whose_outcome_was_unknown_is_notified_once_it_has_ended() {
         .await
         .expect("connect");
     let (heard, mut notifications) = tokio::sync::mpsc::unbounded_channel();
-    let _listening = AbortOnDrop(tokio::spawn(async move {
+    let _listening = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
         while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             if let Ok(tokio_postgres::AsyncMessage::Notification(n)) = message {
                 let _ = heard.send(n.payload().to_string());
@@ -1226,15 +1226,6 @@ async fn a_commit_whose_outcome_was_unknown_is_notified_once_it_has_ended() {
     let events = store.run_events(run, 0, 10).await.expect("read");
     assert_eq!(events.len(), 2, "the held commit landed: {events:?}");
     store.close().await;
-}
-
-/// Stops a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl Drop for Cluster {

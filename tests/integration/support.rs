@@ -580,7 +580,6 @@ pub fn scripted_run(tool: &str, arguments_json: &str) -> StartRunRequest {
     }
 }
 
-/// The reference run with the scripted model.
 /// How many runs ListRuns shows (its first page).
 pub async fn list_runs_count(runs: &mut RunClient) -> usize {
     runs.list_runs(aaa::proto::ListRunsRequest::default())
@@ -591,6 +590,7 @@ pub async fn list_runs_count(runs: &mut RunClient) -> usize {
         .len()
 }
 
+/// The reference run with the scripted model.
 pub fn scripted_reference_run() -> StartRunRequest {
     scripted_run("wire_money", REFERENCE_ARGS)
 }

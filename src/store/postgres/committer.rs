@@ -490,10 +490,7 @@ async fn attempt(
         .filter(|(shard, head)| shard_heads.get(shard) != Some(head) || settles(shard))
         .collect();
     // Which runs a settled shard's unknown round moved, nobody knows.
-    let runs = match settling.is_empty() {
-        true => Some(&moved_heads[..]),
-        false => None,
-    };
+    let runs = settling.is_empty().then_some(&moved_heads[..]);
     let finished = finish(client, &statements, &after, runs).await;
     match finished.committed {
         Ok(()) => {
@@ -774,10 +771,10 @@ async fn finish(
     let sent = steps.len();
     let mut results = pipeline(client, steps).await;
     // Fewer answers than steps: nothing was sent (a statement could not be
-    // prepared), and the error says why.
-    let notified = match (notifies, results.len() == sent) {
-        (true, true) => results.pop().is_some_and(|notify| notify.is_ok()),
-        (false, _) | (true, false) => true,
+    // prepared), and the error among them says why.
+    let notify = match notifies && results.len() == sent {
+        true => results.pop(),
+        false => None,
     };
     match first_error(results) {
         Some(e) => Finished {
@@ -786,7 +783,7 @@ async fn finish(
         },
         None => Finished {
             committed: Ok(()),
-            notified,
+            notified: notify.is_none_or(|notify| notify.is_ok()),
         },
     }
 }

@@ -201,11 +201,11 @@ impl Ownership {
             .zip(epochs)
             .filter(|(shard, _)| !renewed.contains(shard))
             .collect();
-        let kept_all = gone.is_empty();
+        let kept_every_one = gone.is_empty();
         for (shard, epoch) in gone {
             self.lose(shard, epoch, "its lease was renewed by another server");
         }
-        if kept_all {
+        if kept_every_one {
             *self.renewed.lock().expect("poisoned") = Some(sent);
         }
         Ok(())

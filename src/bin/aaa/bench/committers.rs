@@ -102,7 +102,7 @@ async fn measure(
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = tokio::spawn(sample_lock_waits(url.to_string(), sampling.clone()));
     let rounds_before: u64 = metrics.iter().map(rounds).sum();
-    let busy_before = super::proc::machine_busy_seconds();
+    let cpu = super::proc::CpuMeter::start(None);
     let started = Instant::now();
     let writer_stores = stores.clone();
     let outcome = closed_loop(writers, total, limit, move |writer, round| {
@@ -112,25 +112,24 @@ async fn measure(
     })
     .await;
     let elapsed = started.elapsed().as_secs_f64();
-    let busy = busy_before
-        .zip(super::proc::machine_busy_seconds())
-        .map_or(0.0, |(before, after)| after - before);
+    let rounds_done = metrics.iter().map(rounds).sum::<u64>() - rounds_before;
+    let cpu_ms_per_round = cpu.per_call(rounds_done as usize).machine_us.unwrap_or(0.0) / 1000.0;
     sampling.store(false, Ordering::Release);
     let (waiting, active) = sampler.await.unwrap_or((0, 0));
-    let rounds_done = metrics.iter().map(rounds).sum::<u64>() - rounds_before;
     for store in stores {
         aaa::store::Store::close(&*store).await;
     }
     let per_second = outcome.per_second();
     let mut latencies = outcome.latencies;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let rounds_per_second = rounds_done as f64 / elapsed.max(1e-9);
     let level = Level {
         committers,
-        rounds_per_second: rounds_done as f64 / elapsed.max(1e-9),
+        rounds_per_second,
         events_per_second: per_second,
         lock_wait_share: waiting as f64 / (active.max(1)) as f64,
-        machine_busy_share: busy / (elapsed * cpus).max(1e-9),
-        machine_cpu_ms_per_round: busy * 1000.0 / (rounds_done.max(1)) as f64,
+        machine_busy_share: cpu_ms_per_round * rounds_per_second / 1000.0 / cpus,
+        machine_cpu_ms_per_round: cpu_ms_per_round,
         latency: Summary::of(&mut latencies),
     };
     eprintln!(
