@@ -1146,8 +1146,14 @@ impl Cluster {
     }
 }
 
-/// Sets PostgreSQL's `synchronous_standby_names` (through its admin URL)
-/// and reloads its configuration.
+/// Sets PostgreSQL's `synchronous_standby_names` (through its admin URL),
+/// reloads its configuration and returns once commits do (or no longer)
+/// wait for a standby.
+///
+/// `pg_reload_conf()` only signals: commits start (or stop) waiting when
+/// the checkpointer has reread the file, which may be after a commit that
+/// follows at once. So probe commits are made until one is held (or one
+/// is not).
 pub(crate) async fn synchronous_standby(admin_url: &str, names: &str) {
     let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
         .await
@@ -1163,8 +1169,65 @@ pub(crate) async fn synchronous_standby(admin_url: &str, names: &str) {
         .batch_execute("SELECT pg_reload_conf()")
         .await
         .expect("pg_reload_conf");
+    let wanted = !names.is_empty();
+    let give_up = tokio::time::Instant::now() + WAIT;
+    while a_commit_waits_for_a_standby(admin_url, &client).await != wanted {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "synchronous_standby_names = '{names}' never took effect"
+        );
+    }
     drop(client);
     let _ = connection.await;
+}
+
+/// Makes a probe commit on a connection of its own and watches it from
+/// `watcher`: true if PostgreSQL holds it for a synchronous standby (it
+/// is then cancelled, which commits it locally), false if it ends.
+async fn a_commit_waits_for_a_standby(admin_url: &str, watcher: &tokio_postgres::Client) -> bool {
+    let (probe, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    let connection = tokio::spawn(connection);
+    let pid: i32 = probe
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid")
+        .get(0);
+    // A commit waits only if it wrote something: a temporary table
+    // writes to the catalog.
+    let held = {
+        let commit = probe.batch_execute("BEGIN; CREATE TEMP TABLE probe (x int); COMMIT");
+        tokio::pin!(commit);
+        let waiting = "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'";
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&pid];
+        let held = loop {
+            tokio::select! {
+                ended = &mut commit => {
+                    ended.expect("probe commit");
+                    break false;
+                }
+                row = watcher.query_opt(waiting, &params) => {
+                    if row.expect("pg_stat_activity").is_some() {
+                        break true;
+                    }
+                }
+            }
+        };
+        if held {
+            watcher
+                .execute("SELECT pg_cancel_backend($1)", &[&pid])
+                .await
+                .expect("pg_cancel_backend");
+            commit
+                .await
+                .expect("a cancelled wait still commits locally");
+        }
+        held
+    };
+    drop(probe);
+    let _ = connection.await;
+    held
 }
 
 /// A commit whose outcome the store cannot know (PostgreSQL held it past
