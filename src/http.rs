@@ -85,6 +85,25 @@ fn is_grpc<B>(request: &http::Request<B>) -> bool {
 }
 
 /// What a router handler answers when it refuses: a status and one line.
+/// The answer of a plain HTTP door (`/metrics`, MCP) to a caller the auth
+/// check refused: 403 for a missing role, 429 with `Retry-After` for an
+/// address the throttle holds back, 401 otherwise; the reason as text.
+pub fn refused(refusal: &crate::auth::Refusal) -> axum::response::Response {
+    use crate::auth::Refusal;
+    let status = match refusal {
+        Refusal::MissingRole { .. } => http::StatusCode::FORBIDDEN,
+        Refusal::Throttled { .. } => http::StatusCode::TOO_MANY_REQUESTS,
+        _ => http::StatusCode::UNAUTHORIZED,
+    };
+    let mut response = plain(status, format!("{refusal}\n"));
+    if let Refusal::Throttled { retry_after_s } = refusal {
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, (*retry_after_s).into());
+    }
+    response
+}
+
 pub fn plain(status: http::StatusCode, text: impl Into<String>) -> axum::response::Response {
     let mut response = axum::response::Response::new(axum::body::Body::from(text.into()));
     *response.status_mut() = status;

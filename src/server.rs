@@ -14,7 +14,7 @@ use crate::api::{
     malformed, ApprovalApi, ClusterApi, GrantApi, PolicyApi, RunApi, SubscriptionApi, WorkerApi,
 };
 use crate::auth::forwarded::Verifier;
-use crate::auth::AuthLayer;
+use crate::auth::{AuthLayer, Throttle};
 use crate::cluster::forward::{Routed, Slot};
 use crate::cluster::Cluster;
 use crate::config::Config;
@@ -167,7 +167,15 @@ async fn serve_store(
     // accepted beside HTTP/2, and the requests that are not gRPC leave
     // before the gRPC auth layer for a router that checks its callers.
     let stopping = CancellationToken::new();
-    let web = match web_settings(&config, &cluster, &stopping, listener.local_addr().ok()) {
+    // Wrong credentials are counted per address across every door.
+    let throttle = Arc::new(Throttle::new(config.clock.clone()));
+    let web = match web_settings(
+        &config,
+        &cluster,
+        &stopping,
+        &throttle,
+        listener.local_addr().ok(),
+    ) {
         Ok(web) => web,
         Err(e) => {
             store.close().await;
@@ -190,12 +198,17 @@ async fn serve_store(
         None => None,
     };
     let hosts = web.hosts.clone();
-    let mut http = crate::metrics::scrape::router(config.metrics.clone(), config.auth.clone())
-        .merge(crate::web::router(web));
+    let mut http = crate::metrics::scrape::router(
+        config.metrics.clone(),
+        config.auth.clone(),
+        throttle.clone(),
+    )
+    .merge(crate::web::router(web));
     if let Some(gateway) = &gateway {
         http = http.merge(crate::mcp::server::router(crate::mcp::server::Settings {
             gateway: gateway.clone(),
             auth: config.auth.clone(),
+            throttle: throttle.clone(),
             hosts,
             stopping: stopping.clone(),
         }));
@@ -207,6 +220,7 @@ async fn serve_store(
         .layer(crate::metrics::ApiMetricsLayer::new(config.metrics.clone()))
         .layer(AuthLayer::new(
             config.auth.clone(),
+            throttle,
             Verifier::new(
                 store.token_key(),
                 cluster.address.clone(),
@@ -369,6 +383,7 @@ fn web_settings(
     config: &Config,
     cluster: &Cluster,
     stopping: &CancellationToken,
+    throttle: &Arc<Throttle>,
     listening: Option<std::net::SocketAddr>,
 ) -> Result<crate::web::Settings, ServeError> {
     let channel = cluster
@@ -394,6 +409,7 @@ fn web_settings(
         stopping: stopping.clone(),
         store: cluster.store().clone(),
         clock: config.clock.clone(),
+        throttle: throttle.clone(),
         hosts,
     })
 }

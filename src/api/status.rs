@@ -159,6 +159,10 @@ pub fn refused(refusal: &Refusal) -> Status {
         | Refusal::UnknownCredentials
         | Refusal::MalformedCredentials(_)
         | Refusal::ForwardRefused(_) => (Code::Unauthenticated, ErrorReason::Unauthenticated),
+        Refusal::Throttled { retry_after_s } => {
+            metadata.insert("retry_after_s".to_string(), retry_after_s.to_string());
+            (Code::Unauthenticated, ErrorReason::Unauthenticated)
+        }
         Refusal::ForwardNotNow(_) => (Code::Unavailable, ErrorReason::OwnerUnavailable),
         Refusal::MissingRole { needed, method, .. } => {
             metadata.insert("roles".to_string(), needed.join(","));

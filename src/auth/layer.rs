@@ -16,7 +16,8 @@ use tonic::codegen::http;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::forwarded::{self, FromServer, Verifier};
-use super::{authorize, is_open, AuthConfig, ForwardedPeer, Principal, Refusal};
+use super::{authenticate_from, authorize, is_open, AuthConfig, ForwardedPeer, Principal};
+use super::{Refusal, Throttle};
 
 /// Checks every call against the auth config. Without one (local
 /// development) it checks only what a forwarding server says about the
@@ -24,6 +25,8 @@ use super::{authorize, is_open, AuthConfig, ForwardedPeer, Principal, Refusal};
 #[derive(Clone)]
 pub struct AuthLayer {
     auth: Option<Arc<AuthConfig>>,
+    /// Wrong credentials per address, shared with the server's other doors.
+    throttle: Arc<Throttle>,
     /// Verifies the calls other servers forward (and this server's web
     /// inbox makes), signed with the store's secret key.
     verifier: Arc<Verifier>,
@@ -38,12 +41,14 @@ pub struct AuthLayer {
 impl AuthLayer {
     pub fn new(
         auth: Option<Arc<AuthConfig>>,
+        throttle: Arc<Throttle>,
         verifier: Verifier,
         max_request: usize,
         answer: fn(&Refusal) -> tonic::Status,
     ) -> Self {
         AuthLayer {
             auth,
+            throttle,
             verifier: Arc::new(verifier),
             max_request,
             answer,
@@ -94,7 +99,7 @@ where
         if open || !forwarded::carried(request.headers()) {
             // A direct call: its own credentials; its body is not read.
             let checked = match &layer.auth {
-                Some(auth) => direct(auth, &request),
+                Some(auth) => direct(auth, &layer.throttle, &request),
                 None => Ok(None),
             };
             return match checked {
@@ -160,17 +165,23 @@ enum Caller {
     Peer(ForwardedPeer),
 }
 
-/// Answers a refused call, and logs why.
+/// Answers a refused call, and logs why (wrong credentials and the calls
+/// the throttle refuses are logged by it, once a minute per address).
 fn refuse<B, E: Send + 'static>(
     layer: &AuthLayer,
     refusal: &Refusal,
     request: &http::Request<B>,
 ) -> BoxFuture<http::Response<Body>, E> {
-    tracing::warn!(
-        method = request.uri().path(),
-        peer = peer(request),
-        "refused: {refusal}"
-    );
+    if !matches!(
+        refusal,
+        Refusal::UnknownCredentials | Refusal::Throttled { .. }
+    ) {
+        tracing::warn!(
+            method = request.uri().path(),
+            peer = peer(request),
+            "refused: {refusal}"
+        );
+    }
     let status = (layer.answer)(refusal);
     Box::pin(async move { Ok(status.into_http()) })
 }
@@ -193,30 +204,35 @@ fn forwarded_caller(
     let Some(auth) = &layer.auth else {
         return Ok(Caller::Peer(ForwardedPeer(name.to_string())));
     };
-    let principal = auth
-        .principal_named(name)
-        .ok_or(Refusal::UnknownCredentials)?;
+    let principal = auth.principal_named(name).ok_or(Refusal::ForwardRefused(
+        "it names a principal this server's auth config does not have",
+    ))?;
     authorize(method, &principal)?;
     Ok(Caller::Principal(principal))
 }
 
 /// The principal of a call that was not forwarded, `None` for open
 /// methods, or why it is refused.
-fn direct<B>(auth: &AuthConfig, request: &http::Request<B>) -> Result<Option<Principal>, Refusal> {
+fn direct<B>(
+    auth: &AuthConfig,
+    throttle: &Throttle,
+    request: &http::Request<B>,
+) -> Result<Option<Principal>, Refusal> {
     let method = request.uri().path();
     if is_open(method) {
         return Ok(None);
     }
-    let principal = credentials(auth, request.headers(), request.extensions())?;
+    let principal = credentials(auth, throttle, request.headers(), request.extensions())?;
     authorize(method, &principal)?;
     Ok(Some(principal))
 }
 
 /// The principal a request's own credentials name: its bearer token, or
-/// else its client certificate. gRPC calls and plain HTTP (`/metrics`)
-/// authenticate the same way.
+/// else its client certificate, through the throttle. gRPC calls and plain
+/// HTTP (`/metrics`, MCP) authenticate the same way.
 pub fn credentials(
     auth: &AuthConfig,
+    throttle: &Throttle,
     headers: &http::HeaderMap,
     extensions: &http::Extensions,
 ) -> Result<Principal, Refusal> {
@@ -228,7 +244,7 @@ pub fn credentials(
     if let (None, Some(der)) = (bearer, cert) {
         require_client_auth(der)?;
     }
-    auth.authenticate(bearer, cert)
+    authenticate_from(auth, throttle, remote_addr(extensions), bearer, cert)
 }
 
 /// The token of the one `authorization: Bearer TOKEN` header, if any. A

@@ -8,6 +8,8 @@
 pub mod forwarded;
 pub use forwarded::ForwardedPeer;
 mod layer;
+pub mod throttle;
+pub use throttle::Throttle;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -182,6 +184,10 @@ pub enum Refusal {
     #[error("malformed credentials: {0}")]
     MalformedCredentials(&'static str),
     #[error(
+        "too many wrong credentials from this address: its calls are refused for {retry_after_s} s more, right ones included"
+    )]
+    Throttled { retry_after_s: u64 },
+    #[error(
         "{principal} may not call {method}: it needs the role {}",
         or_list(needed)
     )]
@@ -225,6 +231,40 @@ pub enum Refusal {
         /// The groups that would do.
         groups: Vec<String>,
     },
+}
+
+/// The principal behind a caller's credentials, through the throttle, at
+/// every door (gRPC calls, `/metrics`, the MCP endpoint, the web sign-in).
+/// An address that sent [`throttle::FAILURES`] wrong ones within a minute
+/// is refused before they are looked at. A wrong one is counted, and the
+/// first of its address's minute logged (with the minute before's counts),
+/// so a flood of guesses writes one line a minute.
+pub fn authenticate_from(
+    auth: &AuthConfig,
+    throttle: &Throttle,
+    peer: Option<std::net::SocketAddr>,
+    bearer: Option<&str>,
+    cert_der: Option<&[u8]>,
+) -> Result<Principal, Refusal> {
+    if let throttle::Verdict::Closed { retry_after_s } = throttle.check(peer) {
+        return Err(Refusal::Throttled { retry_after_s });
+    }
+    let found = auth.authenticate(bearer, cert_der);
+    if let Err(Refusal::UnknownCredentials) = found {
+        if let Some(first) = throttle.failed(peer) {
+            let (wrong, refused) = first.before.unwrap_or_default();
+            tracing::warn!(
+                peer = peer.map(|p| p.to_string()),
+                previous_minute_wrong = wrong,
+                previous_minute_refused = refused,
+                "wrong credentials refused: the token or client certificate matches no \
+                 principal; more from this address within a minute are counted, not logged, \
+                 and after {} its calls are refused until the minute ends",
+                throttle::FAILURES,
+            );
+        }
+    }
+    found
 }
 
 /// Is `method` (a gRPC path, `/package.Service/Method`) open to anyone?

@@ -26,7 +26,7 @@ use tonic::codegen::http::StatusCode;
 
 use super::session::{self, Answer, Caller, Progress, Session, TaskId, TaskState};
 use super::Gateway;
-use crate::auth::{AuthConfig, Principal, Refusal};
+use crate::auth::{AuthConfig, Principal, Refusal, Throttle};
 use crate::web::hosts::AllowedHosts;
 
 /// The path MCP clients connect to.
@@ -43,6 +43,8 @@ pub struct Settings {
     pub gateway: Arc<Gateway>,
     /// `None`: auth is off, and only loopback host names are answered.
     pub auth: Option<Arc<AuthConfig>>,
+    /// Wrong credentials per address, shared with the server's other doors.
+    pub throttle: Arc<Throttle>,
     /// The host names the server answers to (against DNS rebinding).
     pub hosts: AllowedHosts,
     /// Cancelled when the server stops: open sessions end.
@@ -65,6 +67,7 @@ pub fn router(settings: Settings) -> Router {
     );
     let guard = Arc::new(Guard {
         auth: settings.auth,
+        throttle: settings.throttle,
         hosts: settings.hosts,
     });
     Router::new()
@@ -78,6 +81,7 @@ pub fn router(settings: Settings) -> Router {
 /// Who may reach the MCP server.
 struct Guard {
     auth: Option<Arc<AuthConfig>>,
+    throttle: Arc<Throttle>,
     hosts: AllowedHosts,
 }
 
@@ -101,11 +105,16 @@ impl Guard {
             );
         }
         if let Some(auth) = &self.auth {
-            let checked = crate::auth::credentials(auth, request.headers(), request.extensions())
-                .and_then(|principal| {
-                    crate::auth::authorize("/aaa.v1.RunService/StartRun", &principal)
-                        .map(|()| principal)
-                });
+            let checked = crate::auth::credentials(
+                auth,
+                &self.throttle,
+                request.headers(),
+                request.extensions(),
+            )
+            .and_then(|principal| {
+                crate::auth::authorize("/aaa.v1.RunService/StartRun", &principal)
+                    .map(|()| principal)
+            });
             match checked {
                 Ok(principal) => {
                     request.extensions_mut().insert(principal);
@@ -116,9 +125,7 @@ impl Guard {
                         format!("{principal} may not call tools through aaa: it needs the role runner (or admin)\n"),
                     )
                 }
-                Err(refusal) => {
-                    return crate::http::plain(StatusCode::UNAUTHORIZED, format!("{refusal}\n"))
-                }
+                Err(refusal) => return crate::http::refused(&refusal),
             }
         }
         next.run(request).await

@@ -9,10 +9,10 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tonic::codegen::http::{header, HeaderValue, StatusCode};
+use tonic::codegen::http::{header, HeaderValue};
 
 use super::Metrics;
-use crate::auth::AuthConfig;
+use crate::auth::{AuthConfig, Throttle};
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -20,25 +20,31 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 struct Scrape {
     metrics: Metrics,
     auth: Option<Arc<AuthConfig>>,
+    throttle: Arc<Throttle>,
 }
 
 /// The `/metrics` route.
-pub fn router(metrics: Metrics, auth: Option<Arc<AuthConfig>>) -> Router {
+pub fn router(metrics: Metrics, auth: Option<Arc<AuthConfig>>, throttle: Arc<Throttle>) -> Router {
     Router::new()
         .route("/metrics", get(scrape))
-        .with_state(Scrape { metrics, auth })
+        .with_state(Scrape {
+            metrics,
+            auth,
+            throttle,
+        })
 }
 
 async fn scrape(State(scrape): State<Scrape>, request: Request) -> Response {
     if let Some(auth) = &scrape.auth {
-        let checked = crate::auth::credentials(auth, request.headers(), request.extensions())
-            .and_then(|principal| crate::auth::authorize_scrape(&principal));
+        let checked = crate::auth::credentials(
+            auth,
+            &scrape.throttle,
+            request.headers(),
+            request.extensions(),
+        )
+        .and_then(|principal| crate::auth::authorize_scrape(&principal));
         if let Err(refusal) = checked {
-            let status = match refusal {
-                crate::auth::Refusal::MissingRole { .. } => StatusCode::FORBIDDEN,
-                _ => StatusCode::UNAUTHORIZED,
-            };
-            return crate::http::plain(status, format!("{refusal}\n"));
+            return crate::http::refused(&refusal);
         }
     }
     let mut response = scrape.metrics.render().await.into_response();

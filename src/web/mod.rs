@@ -5,11 +5,10 @@
 //! gRPC API as the signed-in principal (client). Pages: the inbox (inbox),
 //! a call's page and its decisions (call), runs and their timelines
 //! (runs), events in words (events); live updates as Server-Sent Events
-//! (live); sign-in and out (signin), wrong sign-ins counted per address
-//! (throttle), which sessions still stand (sessions); the host names the
-//! pages answer to (hosts); the headers that keep the page from being
-//! framed or injected, and the embedded assets (security). See
-//! docs/web.md.
+//! (live); sign-in and out (signin), which sessions still stand
+//! (sessions); the host names the pages answer to (hosts); the headers
+//! that keep the page from being framed or injected, and the embedded
+//! assets (security). See docs/web.md.
 
 mod call;
 mod client;
@@ -23,7 +22,6 @@ mod security;
 pub mod session;
 mod sessions;
 mod signin;
-mod throttle;
 
 use std::sync::Arc;
 
@@ -45,7 +43,6 @@ use hosts::AllowedHosts;
 use html::Html;
 use session::Session;
 use sessions::Sessions;
-use throttle::Throttle;
 
 /// What the pages need from the server.
 pub struct Settings {
@@ -64,8 +61,10 @@ pub struct Settings {
     pub stopping: CancellationToken,
     /// Where sign-outs are kept, for every server of the deployment.
     pub store: SharedStore,
-    /// The server's clock: sessions' times and the sign-in throttle.
+    /// The server's clock: sessions' times.
     pub clock: Clock,
+    /// Wrong credentials per address, shared with the server's other doors.
+    pub throttle: Arc<crate::auth::Throttle>,
     /// The host names the pages answer to.
     pub hosts: AllowedHosts,
 }
@@ -77,7 +76,6 @@ pub struct Web(Arc<Shared>);
 pub struct Shared {
     settings: Settings,
     sessions: Sessions,
-    throttle: Throttle,
 }
 
 /// The web inbox's routes, to merge into the server's HTTP router.
@@ -87,12 +85,7 @@ pub fn router(settings: Settings) -> Router {
         settings.auth.as_deref(),
         settings.store.clone(),
     );
-    let throttle = Throttle::new(settings.clock.clone());
-    let web = Web(Arc::new(Shared {
-        settings,
-        sessions,
-        throttle,
-    }));
+    let web = Web(Arc::new(Shared { settings, sessions }));
     Router::new()
         .route("/", get(inbox::page_handler))
         .route("/signin", get(signin::page).post(signin::submit))

@@ -2,7 +2,8 @@
 //! bearer token (posted in a form, checked once, never kept or logged) or,
 //! under mTLS, with the client certificate the browser presented; either
 //! way the session names the principal and keeps a fingerprint of that
-//! credential. Wrong ones are counted per address (see `throttle`). With
+//! credential. Wrong ones are counted per address, with the server's other
+//! doors (see `auth::throttle`). With
 //! auth off there is nobody to be: a page starts a session by itself (see
 //! `open_session`), whose CSRF token guards the forms, and this form only
 //! keeps the name a person gives for their decisions (unverified). Signing
@@ -17,9 +18,8 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::html::Html;
 use super::session;
-use super::throttle::{self, Verdict};
 use super::{refusal, Visitor, Web};
-use crate::auth::{sha256_hex, CredentialKind};
+use crate::auth::{authenticate_from, sha256_hex, CredentialKind, Refusal};
 
 #[derive(Deserialize)]
 pub struct Next {
@@ -154,39 +154,23 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
             (String::new(), String::new())
         }
         Some(auth) => {
-            if let Verdict::Closed { retry_after_s } = web.0.throttle.check(peer) {
-                let message = format!(
-                    "Too many wrong sign-ins from your address: try again in {retry_after_s} s."
-                );
-                let mut response = form(
-                    &web,
-                    &next,
-                    Some(&message),
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "",
-                );
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, retry_after_s.into());
-                return response;
-            }
             let cert = parts
                 .extensions
                 .get::<TlsConnectInfo<TcpConnectInfo>>()
                 .and_then(|info| info.peer_certs())
                 .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
             let token = input.token.trim();
-            let (found, kind, hash) = match (token.is_empty(), cert) {
+            let (bearer, cert, kind, hash) = match (token.is_empty(), cert) {
                 (false, _) => (
-                    auth.authenticate(Some(token), None),
+                    Some(token),
+                    None,
                     CredentialKind::Token,
                     sha256_hex(token.as_bytes()),
                 ),
-                (true, Some(der)) => (
-                    auth.authenticate(None, Some(&der)),
-                    CredentialKind::Cert,
-                    sha256_hex(&der),
-                ),
+                (true, Some(der)) => {
+                    let hash = sha256_hex(&der);
+                    (None, Some(der), CredentialKind::Cert, hash)
+                }
                 (true, None) => {
                     return form(
                         &web,
@@ -197,27 +181,29 @@ pub async fn submit(State(web): State<Web>, parts: Parts, Form(input): Form<Sign
                     )
                 }
             };
-            match found {
+            let throttle = &web.0.settings.throttle;
+            match authenticate_from(auth, throttle, peer, bearer, cert.as_deref()) {
                 Ok(principal) => (
                     principal.name,
                     session::fingerprint(&web.0.settings.key, kind, &hash),
                 ),
+                Err(Refusal::Throttled { retry_after_s }) => {
+                    let message = format!(
+                        "Too many wrong sign-ins from your address: try again in {retry_after_s} s."
+                    );
+                    let mut response = form(
+                        &web,
+                        &next,
+                        Some(&message),
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "",
+                    );
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, retry_after_s.into());
+                    return response;
+                }
                 Err(_) => {
-                    if let Some(first) = web.0.throttle.failed(peer) {
-                        // One line a window: a flood of guesses writes one
-                        // a minute, with the last window's counts.
-                        let peer = peer.map(|p| p.to_string());
-                        let (wrong, refused) = first.before.unwrap_or_default();
-                        tracing::warn!(
-                            peer,
-                            previous_minute_wrong = wrong,
-                            previous_minute_refused = refused,
-                            "web sign-in refused: unknown credentials; more from this address \
-                             within a minute are counted, not logged, and after {} its \
-                             sign-ins wait for the minute to end (429)",
-                            throttle::FAILURES,
-                        );
-                    }
                     return form(
                         &web,
                         &next,

@@ -1523,11 +1523,11 @@ async fn wrong_tokens_are_throttled_per_address_with_one_log_line_per_burst() {
     let (parts, page) = get(&alice, &format!("{base}/"), &cookie).await;
     assert_eq!(parts.status, 200, "{page}");
     // One line for the burst, not one per attempt.
-    server.wait_for_log_line("web sign-in refused").await;
+    server.wait_for_log_line("wrong credentials refused").await;
     let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
     let lines: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("web sign-in refused"))
+        .filter(|l| l.contains("wrong credentials refused"))
         .collect();
     assert_eq!(lines.len(), 1, "{lines:#?}");
     server.stop();
@@ -1546,6 +1546,68 @@ async fn a_throttled_address_signs_in_again_once_its_minute_is_over() {
     assert_eq!(parts.status, 429, "{page}");
     server.clock().advance(std::time::Duration::from_secs(60));
     signed_in(&client, &base, "token-alice").await;
+    server.shutdown().await;
+}
+
+/// Wrong credentials are counted per address across the server's doors:
+/// five wrong tokens over gRPC hold the address back at gRPC (the right
+/// token included: UNAUTHENTICATED with `retry_after_s`), at `/metrics`
+/// and at the web sign-in (429 with `Retry-After`) alike; another address
+/// is not held back, and a minute on this one passes again.
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_tokens_over_grpc_hold_their_address_back_at_every_door() {
+    let server = start_with_auth().await;
+    let base = base(&server);
+    let channel = server.channel().await;
+    let list = |channel: tonic::transport::Channel, token: &'static str| async move {
+        let mut clients = Clients::new(channel, Some(token));
+        let request = aaa::proto::ListRunsRequest::default();
+        clients.runs.list_runs(request).await.map(drop)
+    };
+    for attempt in 1..=5 {
+        let status = list(channel.clone(), "token-guess")
+            .await
+            .expect_err("guessed");
+        let info = assert_error(&status, tonic::Code::Unauthenticated, "UNAUTHENTICATED");
+        assert!(
+            !info.metadata.contains_key("retry_after_s"),
+            "{attempt}: {status:?}"
+        );
+    }
+    let status = list(channel.clone(), "token-alice")
+        .await
+        .expect_err("held back");
+    let info = assert_error(&status, tonic::Code::Unauthenticated, "UNAUTHENTICATED");
+    assert!(
+        status.message().contains("too many wrong credentials"),
+        "{status:?}"
+    );
+    let retry: u64 = info.metadata["retry_after_s"].parse().unwrap();
+    assert_eq!(retry, 60, "{status:?}");
+
+    let client = http_client();
+    let metrics = http::Request::get(format!("{base}/metrics"))
+        .header("authorization", "Bearer token-alice")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, text) = send(&client, metrics).await;
+    assert_eq!(parts.status, 429, "{text}");
+    assert_eq!(parts.headers["retry-after"], "60");
+    let (parts, page, _) = sign_in_with(&client, &base, "token-alice").await;
+    assert_eq!(parts.status, 429, "{page}");
+
+    let elsewhere = tonic::transport::Endpoint::from_shared(base.clone())
+        .unwrap()
+        .local_address(Some(std::net::IpAddr::from([127, 0, 0, 2])))
+        .connect()
+        .await
+        .expect("connect from 127.0.0.2");
+    list(elsewhere, "token-alice")
+        .await
+        .expect("another address");
+
+    server.clock().advance(std::time::Duration::from_secs(60));
+    list(channel, "token-alice").await.expect("a minute on");
     server.shutdown().await;
 }
 

@@ -1,13 +1,15 @@
-//! Wrong sign-ins, counted per client address. A wrong token names no
-//! principal, so the address is the only thing to count them by (an IPv6
-//! client by its /64, which one machine usually holds whole). After
+//! Wrong credentials, counted per client address, at every door: gRPC
+//! calls, `/metrics`, the MCP endpoint and the web sign-in share one
+//! count per server (see `super::authenticate_from`). A wrong token names
+//! no principal, so the address is the only thing to count them by (an
+//! IPv6 client by its /64, which one machine usually holds whole). After
 //! [`FAILURES`] wrong tokens or certificates from an address within
-//! [`WINDOW_MS`] (counted from the first), its sign-ins are refused (429,
-//! `Retry-After`) until that window is over, the right token included:
-//! otherwise a guess that hit would still be told so. Other addresses are
-//! not affected. A sign-in that succeeds does not reset the count (a
-//! caller holding one principal's token could otherwise guess another's
-//! between its own sign-ins).
+//! [`WINDOW_MS`] (counted from the first), its calls are refused until
+//! that window is over, the right token included: otherwise a guess that
+//! hit would still be told so. Other addresses are not affected. A call
+//! that succeeds does not reset the count (a caller holding one
+//! principal's token could otherwise guess another's between its own
+//! calls).
 //!
 //! The first failure of a window is logged, with the previous window's
 //! counts; the rest are counted, not logged, so a flood writes one line a
@@ -20,14 +22,14 @@ use std::sync::Mutex;
 
 use crate::clock::Clock;
 
-/// Wrong sign-ins an address may make in a window.
+/// Wrong credentials an address may send in a window.
 pub const FAILURES: u32 = 5;
-/// A window's length, from an address's first wrong sign-in.
+/// A window's length, from an address's first wrong credential.
 pub const WINDOW_MS: i64 = 60_000;
 /// Addresses remembered at once (about 60 bytes each).
 pub const MAX_ADDRESSES: usize = 10_000;
 
-/// Counts wrong sign-ins per client address.
+/// Counts wrong credentials per client address.
 pub struct Throttle {
     clock: Clock,
     windows: Mutex<HashMap<IpAddr, Window>>,
@@ -37,7 +39,7 @@ pub struct Throttle {
 struct Window {
     start_ms: i64,
     failures: u32,
-    /// Sign-ins refused (429) in this window.
+    /// Calls refused (throttled) in this window.
     refused: u32,
 }
 
@@ -47,7 +49,7 @@ impl Window {
     }
 }
 
-/// Whether an address may try to sign in.
+/// Whether an address may present credentials.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     Open,
@@ -57,11 +59,11 @@ pub enum Verdict {
     },
 }
 
-/// What to log about a wrong sign-in: `None` while its window's first
+/// What to log about a wrong credential: `None` while its window's first
 /// failure has been logged already.
 #[derive(Debug, PartialEq, Eq)]
 pub struct FirstFailure {
-    /// The previous window's wrong and refused sign-ins, when it had more
+    /// The previous window's wrong credentials and refused calls, when it had more
     /// than its first (logged) one.
     pub before: Option<(u32, u32)>,
 }
@@ -90,7 +92,7 @@ impl Throttle {
         }
     }
 
-    /// Whether `peer` may try to sign in now; a refusal is counted.
+    /// Whether `peer` may present credentials now; a refusal is counted.
     pub fn check(&self, peer: Option<SocketAddr>) -> Verdict {
         let now = self.clock.now_ms();
         let mut windows = self.windows.lock().expect("throttle");
@@ -107,7 +109,7 @@ impl Throttle {
         }
     }
 
-    /// Counts a wrong sign-in from `peer`; `Some` when it is the first of
+    /// Counts a wrong credential from `peer`; `Some` when it is the first of
     /// its window (the one to log).
     pub fn failed(&self, peer: Option<SocketAddr>) -> Option<FirstFailure> {
         let now = self.clock.now_ms();
