@@ -69,6 +69,10 @@ struct CreateArgs {
     /// Why, for the audit trail.
     #[arg(long, value_name = "TEXT")]
     reason: String,
+    /// Idempotency key: a retry with the same id answers the grant the
+    /// first call created instead of creating another.
+    #[arg(long, value_name = "ID")]
+    request_id: Option<String>,
     #[command(flatten)]
     format: Format,
 }
@@ -117,8 +121,7 @@ pub(super) async fn run(args: &GrantsArgs) -> Result<(), Error> {
                 expires_at: expires_ms.and_then(crate::api::convert::timestamp),
                 max_uses: create.max_uses,
                 reason: create.reason.clone(),
-                // One try: the command does not retry, so there is nothing to match.
-                request_id: String::new(),
+                request_id: create.request_id.clone().unwrap_or_default(),
             };
             let grant = grants.create_grant(request).await?.into_inner().grant;
             let grant = grant.unwrap_or_default();

@@ -977,29 +977,32 @@ async fn the_documented_policy_works_end_to_end_from_the_terminal() {
 async fn standing_grants_are_created_listed_and_revoked_from_the_terminal() {
     let server = TestServer::start().await;
     register(&mut server.workers().await, vec![wire_money()], &[]).await;
-    let created = aaa(
-        &server,
-        &[
-            "grants",
-            "create",
-            "--tool",
-            "wire_money",
-            "--label",
-            "team=payroll",
-            "--condition",
-            "args.amount < 1000",
-            "--expires-in",
-            "2h",
-            "--max-uses",
-            "2",
-            "--reason",
-            "payroll day",
-        ],
-    )
-    .await
-    .ok();
+    let create = [
+        "grants",
+        "create",
+        "--tool",
+        "wire_money",
+        "--label",
+        "team=payroll",
+        "--condition",
+        "args.amount < 1000",
+        "--expires-in",
+        "2h",
+        "--max-uses",
+        "2",
+        "--reason",
+        "payroll day",
+        "--request-id",
+        "payroll-day-1",
+    ];
+    let created = aaa(&server, &create).await.ok();
     let id = created.stdout.trim().to_string();
     assert_eq!(id.len(), 36, "the grant's id: {}", created.stdout);
+    // The same command again (a script's retry) creates nothing more.
+    let again = aaa(&server, &create).await.ok();
+    assert_eq!(again.stdout.trim(), id);
+    let listed = aaa(&server, &["grants", "ls", "--json"]).await.ok().json();
+    assert_eq!(listed["grants"].as_array().unwrap().len(), 1, "{listed}");
 
     // A payroll run's call is granted by it, nobody asked.
     let run_id = start_with_cli(&server, REFERENCE_STEPS, &["--label", "team=payroll"]).await;
