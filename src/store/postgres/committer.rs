@@ -9,9 +9,11 @@
 //!    the shards the round touches locked (a transaction-scoped advisory
 //!    lock each, in shard order: it serialises the writers of those shards,
 //!    of every server on the database, and nobody else, and writes no row),
-//!    their heads (the last position committed in each, one backward index
-//!    probe each), positions for its events taken from the `aaa_positions`
-//!    sequence while the locks are held, the
+//!    positions for its events taken from the `aaa_positions` sequence
+//!    while the locks are held, their heads (the last position committed
+//!    in each, one backward index probe each, skipped when nobody else
+//!    took a position since this committer's last round: see
+//!    [`SHARD_HEADS`]), the
 //!    last seq of each run the round appends to, (once the store claimed
 //!    runs) the epochs of those shards, the grants its batches use (locked)
 //!    and a lock on each request id it records, with a limit on how long
@@ -114,11 +116,14 @@ pub(super) struct Committer {
     /// outcome unknown, or its notification failed): the next round locks
     /// them, reads their heads and notifies them.
     pub unsettled: BTreeSet<u8>,
+    /// The last position this committer's rounds took, while every round
+    /// since it went well: see [`SHARD_HEADS`].
+    pub last_taken: Option<u64>,
 }
 
 /// What a round's first round trip read: the heads of the shards it
-/// touches, the positions it took, the last seq of each run it appends
-/// to, and the epochs of those shards.
+/// touches (or knew them), the positions it took, the last seq of each
+/// run it appends to, and the epochs of those shards.
 struct Begun {
     shard_heads: BTreeMap<u8, u64>,
     positions: Vec<u64>,
@@ -158,13 +163,23 @@ const BEGIN: &str = "BEGIN; SET LOCAL enable_seqscan = off; \
 /// a circle (claims take them in the same order, see [`super::ownership`]).
 pub(super) const LOCK_SHARDS: &str = "SELECT pg_advisory_xact_lock(1633771891, s) \
     FROM (SELECT DISTINCT unnest($1::int2[])::int4 AS s ORDER BY 1) AS shards";
-/// Each locked shard's head: the last position committed in it. Read every
-/// round, although a holder of the shard could know it from its own rounds:
-/// a head that moved under the owner is how its tail learns that a writer
-/// without a claim committed there (see `Tail::committed`).
+/// Each locked shard's head: the last position committed in it, one
+/// backward index probe each (a fifth of a round's database time when it
+/// appends to many shards). A holder's tail knows the heads of the shards
+/// it committed to, and they are still the heads unless somebody else
+/// committed there since: a writer without a claim, or another server
+/// after a takeover, which the moved head tells the tail about (see
+/// `Tail::committed`). Every event's position comes from the one
+/// sequence, so when the positions this round took ($3 of them, after
+/// [`TAKE_POSITIONS`] in the same transaction) end at the last one the
+/// committer took before ($2) plus $3, nobody took a position in between,
+/// nobody else committed an event anywhere, and the probes are skipped
+/// (no rows). $2 is -1 to read them whatever happened.
 const SHARD_HEADS: &str = "SELECT s.shard, coalesce((SELECT e.position FROM aaa_events e \
     WHERE e.shard = s.shard ORDER BY e.position DESC LIMIT 1), 0) \
-    FROM unnest($1::int2[]) AS s(shard)";
+    FROM unnest($1::int2[]) AS s(shard) \
+    WHERE CASE WHEN $2::int8 < 0 THEN true \
+    ELSE currval('aaa_positions') <> $2::int8 + $3::int8 END";
 /// The round's positions, taken once its shards' heads are locked.
 const TAKE_POSITIONS: &str = "SELECT nextval('aaa_positions') FROM generate_series(1, $1)";
 /// Rounds of two servers may record the same request (a retry sent to
@@ -255,7 +270,18 @@ impl Committer {
             Err(down) => Err(down),
             Ok(client) => {
                 let started = std::time::Instant::now();
-                let attempt = commit(&client, &self.ownership, round, &mut answers, &settling);
+                let known = Known {
+                    tail: &self.tail,
+                    last_taken: self.last_taken,
+                };
+                let attempt = commit(
+                    &client,
+                    &self.ownership,
+                    round,
+                    &mut answers,
+                    &settling,
+                    known,
+                );
                 let outcome = tokio::time::timeout(ROUND_TIMEOUT, attempt)
                     .await
                     .unwrap_or_else(|_| {
@@ -278,6 +304,7 @@ impl Committer {
         };
         match outcome {
             Ok(heads) => {
+                self.last_taken = heads.last_taken.or(self.last_taken);
                 // Before the durable positions move, so that a reader told
                 // of them finds the tail that far.
                 self.keep_in_tail(round, &answers, &heads.before);
@@ -309,6 +336,7 @@ impl Committer {
                 self.unsettled
                     .extend(round.iter().flat_map(|request| request.batch.shards()));
                 self.tail.clear();
+                self.last_taken = None;
                 if self.writable.send_replace(false) {
                     tracing::error!("{cause}; writes are refused until one succeeds");
                 }
@@ -366,6 +394,8 @@ impl Committer {
 /// The heads of the shards a round touched, before it and after it.
 pub(super) struct Heads {
     pub before: BTreeMap<u8, u64>,
+    /// The last position the round took, if it took any.
+    pub last_taken: Option<u64>,
     /// The shards whose heads moved, and those it settled.
     pub after: Vec<(u8, u64)>,
     /// Whether the notification of `after` went out (or none was due).
@@ -380,8 +410,17 @@ async fn commit(
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
     settling: &[i16],
+    known: Known<'_>,
 ) -> std::result::Result<Heads, Down> {
-    let together = attempt(client, ownership, round, answers, settling, Mode::Together);
+    let together = attempt(
+        client,
+        ownership,
+        round,
+        answers,
+        settling,
+        known,
+        Mode::Together,
+    );
     if let Some(heads) = together.await? {
         return Ok(heads);
     }
@@ -390,9 +429,26 @@ async fn commit(
         *answer = writes::check(&request.batch).err().map(Err);
     }
     // One by one, a refused batch fails alone: the round commits or is down.
-    attempt(client, ownership, round, answers, settling, Mode::OneByOne)
-        .await?
-        .ok_or_else(|| Down("a round one by one was refused whole".into()))
+    attempt(
+        client,
+        ownership,
+        round,
+        answers,
+        settling,
+        known,
+        Mode::OneByOne,
+    )
+    .await?
+    .ok_or_else(|| Down("a round one by one was refused whole".into()))
+}
+
+/// What the committer knows of the heads without reading them: the tail's
+/// heads of the shards it committed to, and the last position its rounds
+/// took (see [`SHARD_HEADS`]).
+#[derive(Clone, Copy)]
+struct Known<'a> {
+    tail: &'a Tail,
+    last_taken: Option<u64>,
 }
 
 /// How [`attempt`] writes the batches that pass its checks.
@@ -419,6 +475,7 @@ async fn attempt(
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
     settling: &[i16],
+    known: Known<'_>,
     mode: Mode,
 ) -> std::result::Result<Option<Heads>, Down> {
     let Begun {
@@ -428,7 +485,7 @@ async fn attempt(
         epochs,
         mut grants,
         mut answered,
-    } = begin(client, ownership, round, answers, settling).await?;
+    } = begin(client, ownership, round, answers, settling, known).await?;
     let mut next = 0;
     let mut staged = Vec::new();
     let mut moved_heads = Vec::new();
@@ -499,6 +556,7 @@ async fn attempt(
             }
             Ok(Some(Heads {
                 before: shard_heads,
+                last_taken: taken.last().copied(),
                 after,
                 notified: finished.notified,
             }))
@@ -580,6 +638,7 @@ async fn begin(
     round: &[Request],
     answers: &[Option<Result<Vec<u64>>>],
     settling: &[i16],
+    known: Known<'_>,
 ) -> std::result::Result<Begun, Down> {
     let unanswered = || {
         round
@@ -603,6 +662,12 @@ async fn begin(
     touched.dedup();
     let events: usize = unanswered().map(|batch| batch.events().len()).sum();
     let events = i32::try_from(events).unwrap_or(i32::MAX);
+    let taking = i64::from(events);
+    // Settling reads the heads; so does a round that takes no position.
+    let known_heads = (settling.is_empty() && events > 0)
+        .then(|| known.last_taken.zip(known.tail.heads(&touched)))
+        .flatten();
+    let since = known_heads.as_ref().map_or(-1, |(last, _)| *last as i64);
     let shards = ownership.shards_of(unanswered());
     let stall_limit = ownership.stall_limit();
     let mut steps = vec![Step::Simple(BEGIN)];
@@ -610,8 +675,8 @@ async fn begin(
         steps.push(Step::Query(ownership::STALL_LIMIT, vec![limit]));
     }
     steps.push(Step::Query(LOCK_SHARDS, vec![&touched]));
-    steps.push(Step::Query(SHARD_HEADS, vec![&touched]));
     steps.push(Step::Query(TAKE_POSITIONS, vec![&events]));
+    steps.push(Step::Query(SHARD_HEADS, vec![&touched, &since, &taking]));
     steps.push(Step::Query(RUN_HEADS, vec![&runs]));
     if let Some(shards) = &shards {
         steps.push(Step::Query(ownership::EPOCHS, vec![shards]));
@@ -645,7 +710,7 @@ async fn begin(
     if stall_limit.is_some() {
         results.next().expect("counted").map_err(down)?;
     }
-    let (Some(locked), Some(shard_rows), Some(taken), Some(heads)) = (
+    let (Some(locked), Some(taken), Some(shard_rows), Some(heads)) = (
         results.next(),
         results.next(),
         results.next(),
@@ -654,8 +719,13 @@ async fn begin(
         return Err(Down("the database gave too few answers".into()));
     };
     locked.map_err(down)?;
-    let mut shard_heads = BTreeMap::new();
-    for row in shard_rows.map_err(down)? {
+    let shard_rows = shard_rows.map_err(down)?;
+    let mut shard_heads = match known_heads {
+        // Skipped: nobody else committed since, the tail's are the heads.
+        Some((_, heads)) if shard_rows.is_empty() => heads,
+        _ => BTreeMap::new(),
+    };
+    for row in shard_rows {
         let shard: i16 = row.try_get(0).map_err(down)?;
         let position: i64 = row.try_get(1).map_err(down)?;
         let shard =

@@ -223,6 +223,7 @@ impl PostgresStore {
             metrics: metrics.clone(),
             tail: tail.clone(),
             unsettled: Default::default(),
+            last_taken: None,
         };
         tokio::spawn(committer::run(committer, messages));
         let stop = CancellationToken::new();

@@ -193,6 +193,23 @@ impl Tail {
     pub fn clear(&self) {
         self.state.lock().expect("poisoned").clear();
     }
+
+    /// The heads of `shards` as this store's own commits left them, if it
+    /// holds each of them still and committed to each since the tail
+    /// started (their heads then are what its commits found and made).
+    pub fn heads(&self, shards: &[i16]) -> Option<BTreeMap<u8, u64>> {
+        let mut state = self.state.lock().expect("poisoned");
+        if !state.serves() {
+            return None;
+        }
+        shards
+            .iter()
+            .map(|&shard| {
+                let shard = u8::try_from(shard).ok()?;
+                Some((shard, state.shards.get(&shard)?.last))
+            })
+            .collect()
+    }
 }
 
 impl State {
@@ -420,6 +437,27 @@ mod tests {
         assert_eq!(seqs(tail.run_events(a, 0, 100, 2)), None);
         tail.committed([event(a, 3, 3)], &heads(&[(1, 2)]));
         assert_eq!(seqs(tail.run_events(a, 2, 100, 3)), Some(vec![3]));
+    }
+
+    /// The heads a committer may use instead of reading them: those of
+    /// shards it committed to since the tail started, and none once the
+    /// shards held change.
+    #[test]
+    fn it_knows_the_heads_of_the_shards_it_committed_to() {
+        let (holding, tail) = owning_all();
+        let (a, b) = (run(1, 1), run(2, 2));
+        assert_eq!(tail.heads(&[]), Some(heads(&[])));
+        assert_eq!(tail.heads(&[1]), None, "never committed to");
+        tail.committed([event(a, 1, 4), event(a, 2, 6)], &heads(&[(1, 3)]));
+        // A round whose batch for shard 2 was refused: its head as found.
+        tail.committed(Vec::new(), &heads(&[(2, 5)]));
+        assert_eq!(tail.heads(&[1, 2]), Some(heads(&[(1, 6), (2, 5)])));
+        assert_eq!(tail.heads(&[1, 3]), None);
+        tail.committed([event(b, 1, 9)], &heads(&[(2, 5)]));
+        assert_eq!(tail.heads(&[2]), Some(heads(&[(2, 9)])));
+        holding.send_replace(Shards::none());
+        holding.send_replace(Shards::all());
+        assert_eq!(tail.heads(&[1]), None, "the shards held changed");
     }
 
     /// A spread server holds a share: it answers its own runs from memory
