@@ -270,18 +270,13 @@ impl Committer {
             Err(down) => Err(down),
             Ok(client) => {
                 let started = std::time::Instant::now();
-                let known = Known {
+                let given = Given {
+                    ownership: &self.ownership,
+                    settling: &settling,
                     tail: &self.tail,
                     last_taken: self.last_taken,
                 };
-                let attempt = commit(
-                    &client,
-                    &self.ownership,
-                    round,
-                    &mut answers,
-                    &settling,
-                    known,
-                );
+                let attempt = commit(&client, given, round, &mut answers);
                 let outcome = tokio::time::timeout(ROUND_TIMEOUT, attempt)
                     .await
                     .unwrap_or_else(|_| {
@@ -406,21 +401,11 @@ pub(super) struct Heads {
 /// of them is refused. Fills in the answers; returns the heads it moved.
 async fn commit(
     client: &ClientWrapper,
-    ownership: &Ownership,
+    given: Given<'_>,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
-    settling: &[i16],
-    known: Known<'_>,
 ) -> std::result::Result<Heads, Down> {
-    let together = attempt(
-        client,
-        ownership,
-        round,
-        answers,
-        settling,
-        known,
-        Mode::Together,
-    );
+    let together = attempt(client, given, round, answers, Mode::Together);
     if let Some(heads) = together.await? {
         return Ok(heads);
     }
@@ -429,24 +414,19 @@ async fn commit(
         *answer = writes::check(&request.batch).err().map(Err);
     }
     // One by one, a refused batch fails alone: the round commits or is down.
-    attempt(
-        client,
-        ownership,
-        round,
-        answers,
-        settling,
-        known,
-        Mode::OneByOne,
-    )
-    .await?
-    .ok_or_else(|| Down("a round one by one was refused whole".into()))
+    attempt(client, given, round, answers, Mode::OneByOne)
+        .await?
+        .ok_or_else(|| Down("a round one by one was refused whole".into()))
 }
 
-/// What the committer knows of the heads without reading them: the tail's
-/// heads of the shards it committed to, and the last position its rounds
-/// took (see [`SHARD_HEADS`]).
+/// What a round is given beside its batches: the store's claims, the
+/// shards it settles, and what the committer knows of the heads without
+/// reading them (the tail's heads of the shards it committed to, and the
+/// last position its rounds took: see [`SHARD_HEADS`]).
 #[derive(Clone, Copy)]
-struct Known<'a> {
+struct Given<'a> {
+    ownership: &'a Ownership,
+    settling: &'a [i16],
     tail: &'a Tail,
     last_taken: Option<u64>,
 }
@@ -471,13 +451,16 @@ enum Mode {
 /// committed: the round is for one by one).
 async fn attempt(
     client: &ClientWrapper,
-    ownership: &Ownership,
+    given: Given<'_>,
     round: &mut [Request],
     answers: &mut [Option<Result<Vec<u64>>>],
-    settling: &[i16],
-    known: Known<'_>,
     mode: Mode,
 ) -> std::result::Result<Option<Heads>, Down> {
+    let Given {
+        ownership,
+        settling,
+        ..
+    } = given;
     let Begun {
         shard_heads,
         positions: taken,
@@ -485,7 +468,7 @@ async fn attempt(
         epochs,
         mut grants,
         mut answered,
-    } = begin(client, ownership, round, answers, settling, known).await?;
+    } = begin(client, given, round, answers).await?;
     let mut next = 0;
     let mut staged = Vec::new();
     let mut moved_heads = Vec::new();
@@ -627,19 +610,23 @@ async fn last_seq(client: &ClientWrapper, run: RunId) -> Option<u64> {
     row.try_get::<_, i64>(0).ok().map(|seq| seq as u64)
 }
 
-/// Opens the round's transaction: locks the head rows of the shards the
-/// unanswered batches touch, takes positions for their events, reads the
-/// last seq of each run they append to and, when the store is fenced, the
-/// epochs of their shards; then locks the grants they use and the request
-/// ids they record.
+/// Opens the round's transaction: locks the shards the unanswered batches
+/// touch, takes positions for their events, reads the shards' heads
+/// (unless the committer knows them), the last seq of each run they append
+/// to and, when the store is fenced, the epochs of their shards; then
+/// locks the grants they use and the request ids they record.
 async fn begin(
     client: &ClientWrapper,
-    ownership: &Ownership,
+    given: Given<'_>,
     round: &[Request],
     answers: &[Option<Result<Vec<u64>>>],
-    settling: &[i16],
-    known: Known<'_>,
 ) -> std::result::Result<Begun, Down> {
+    let Given {
+        ownership,
+        settling,
+        tail,
+        last_taken,
+    } = given;
     let unanswered = || {
         round
             .iter()
@@ -665,7 +652,7 @@ async fn begin(
     let taking = i64::from(events);
     // Settling reads the heads; so does a round that takes no position.
     let known_heads = (settling.is_empty() && events > 0)
-        .then(|| known.last_taken.zip(known.tail.heads(&touched)))
+        .then(|| last_taken.zip(tail.heads(&touched)))
         .flatten();
     let since = known_heads.as_ref().map_or(-1, |(last, _)| *last as i64);
     let shards = ownership.shards_of(unanswered());
