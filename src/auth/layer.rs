@@ -165,22 +165,34 @@ enum Caller {
     Peer(ForwardedPeer),
 }
 
-/// Answers a refused call, and logs why (wrong credentials and the calls
-/// the throttle refuses are logged by it, once a minute per address).
+/// Answers a refused call, and logs why. Whoever names no principal is
+/// logged once a minute per address (anyone can send such calls, as fast
+/// as they like): wrong credentials and the calls the throttle refuses by
+/// `authenticate_from`, the others here; a principal's refusals each time.
 fn refuse<B, E: Send + 'static>(
     layer: &AuthLayer,
     refusal: &Refusal,
     request: &http::Request<B>,
 ) -> BoxFuture<http::Response<Body>, E> {
-    if !matches!(
-        refusal,
-        Refusal::UnknownCredentials | Refusal::Throttled { .. }
-    ) {
-        tracing::warn!(
-            method = request.uri().path(),
-            peer = peer(request),
-            "refused: {refusal}"
-        );
+    let method = request.uri().path();
+    match refusal {
+        Refusal::UnknownCredentials | Refusal::Throttled { .. } => {}
+        Refusal::MissingCredentials
+        | Refusal::MalformedCredentials(_)
+        | Refusal::ForwardRefused(_) => {
+            let address = remote_addr(request.extensions());
+            if let Some(first) = layer.throttle.unnamed(address) {
+                let (refused, _) = first.before.unwrap_or_default();
+                tracing::warn!(
+                    method,
+                    peer = peer(request),
+                    previous_minute_refused = refused,
+                    "refused: {refusal}; more refusals of callers naming no principal from \
+                     this address within a minute are counted, not logged"
+                );
+            }
+        }
+        _ => tracing::warn!(method, peer = peer(request), "refused: {refusal}"),
     }
     let status = (layer.answer)(refusal);
     Box::pin(async move { Ok(status.into_http()) })

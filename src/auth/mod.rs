@@ -541,8 +541,9 @@ impl AuthConfig {
 
     /// The principal behind a bearer token or a client certificate (DER).
     /// A token, when sent, decides: a wrong one is refused even if the
-    /// connection has a known certificate.
-    pub fn authenticate(
+    /// connection has a known certificate. Private: callers go through
+    /// [`authenticate_from`], which counts wrong ones.
+    fn authenticate(
         &self,
         bearer: Option<&str>,
         cert_der: Option<&[u8]>,

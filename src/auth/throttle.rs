@@ -13,7 +13,9 @@
 //!
 //! The first failure of a window is logged, with the previous window's
 //! counts; the rest are counted, not logged, so a flood writes one line a
-//! minute. At most [`MAX_ADDRESSES`] addresses are remembered: when full,
+//! minute. The other refusals of callers that name no principal (no
+//! credentials, a malformed header, a forged forwarded call) are logged
+//! the same way, counted apart: they are not guesses, and lock nobody out. At most [`MAX_ADDRESSES`] addresses are remembered: when full,
 //! the windows that are over go, then the oldest.
 
 use std::collections::HashMap;
@@ -33,6 +35,10 @@ pub const MAX_ADDRESSES: usize = 10_000;
 pub struct Throttle {
     clock: Clock,
     windows: Mutex<HashMap<IpAddr, Window>>,
+    /// Other refusals of callers that named no principal (no credentials,
+    /// a malformed header, a forged forwarded call): counted apart, for
+    /// the log only, so that they lock nobody out.
+    unnamed: Mutex<HashMap<IpAddr, Window>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +95,7 @@ impl Throttle {
         Throttle {
             clock,
             windows: Mutex::new(HashMap::new()),
+            unnamed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -112,39 +119,55 @@ impl Throttle {
     /// Counts a wrong credential from `peer`; `Some` when it is the first of
     /// its window (the one to log).
     pub fn failed(&self, peer: Option<SocketAddr>) -> Option<FirstFailure> {
-        let now = self.clock.now_ms();
-        let key = client(peer);
-        let mut windows = self.windows.lock().expect("throttle");
-        if let Some(window) = windows.get_mut(&key) {
-            if !window.over(now) {
-                window.failures = window.failures.saturating_add(1);
-                return None;
-            }
-            let before = (window.failures > 1 || window.refused > 0)
-                .then_some((window.failures, window.refused));
-            *window = Window::first(now);
-            return Some(FirstFailure { before });
-        }
-        if windows.len() >= MAX_ADDRESSES {
-            windows.retain(|_, w| !w.over(now));
-        }
-        if windows.len() >= MAX_ADDRESSES {
-            let oldest = windows
-                .iter()
-                .min_by_key(|(_, w)| w.start_ms)
-                .map(|(k, _)| *k);
-            if let Some(oldest) = oldest {
-                windows.remove(&oldest);
-            }
-        }
-        windows.insert(key, Window::first(now));
-        Some(FirstFailure { before: None })
+        count(&self.windows, self.clock.now_ms(), peer)
+    }
+
+    /// Counts another refusal of a caller at `peer` that named no
+    /// principal, for the log only (it never closes the address); `Some`
+    /// when it is the first of its window (the one to log).
+    pub fn unnamed(&self, peer: Option<SocketAddr>) -> Option<FirstFailure> {
+        count(&self.unnamed, self.clock.now_ms(), peer)
     }
 
     #[cfg(test)]
     fn remembered(&self) -> usize {
         self.windows.lock().unwrap().len()
     }
+}
+
+/// Counts one more failure of `peer` in `windows` at `now`; `Some` when
+/// it is the first of its window.
+fn count(
+    windows: &Mutex<HashMap<IpAddr, Window>>,
+    now: i64,
+    peer: Option<SocketAddr>,
+) -> Option<FirstFailure> {
+    let key = client(peer);
+    let mut windows = windows.lock().expect("throttle");
+    if let Some(window) = windows.get_mut(&key) {
+        if !window.over(now) {
+            window.failures = window.failures.saturating_add(1);
+            return None;
+        }
+        let before = (window.failures > 1 || window.refused > 0)
+            .then_some((window.failures, window.refused));
+        *window = Window::first(now);
+        return Some(FirstFailure { before });
+    }
+    if windows.len() >= MAX_ADDRESSES {
+        windows.retain(|_, w| !w.over(now));
+    }
+    if windows.len() >= MAX_ADDRESSES {
+        let oldest = windows
+            .iter()
+            .min_by_key(|(_, w)| w.start_ms)
+            .map(|(k, _)| *k);
+        if let Some(oldest) = oldest {
+            windows.remove(&oldest);
+        }
+    }
+    windows.insert(key, Window::first(now));
+    Some(FirstFailure { before: None })
 }
 
 impl Window {
@@ -201,6 +224,33 @@ mod tests {
             throttle.failed(mallory),
             Some(FirstFailure {
                 before: Some((FAILURES, 3))
+            })
+        );
+    }
+
+    #[test]
+    fn refusals_naming_no_principal_are_logged_once_a_window_and_close_nothing() {
+        let clock = Clock::manual();
+        let throttle = Throttle::new(clock.clone());
+        let anonymous = at("192.0.2.3");
+        assert_eq!(
+            throttle.unnamed(anonymous),
+            Some(FirstFailure { before: None })
+        );
+        for _ in 0..20 {
+            assert_eq!(throttle.unnamed(anonymous), None, "logged once a window");
+        }
+        assert_eq!(throttle.check(anonymous), Verdict::Open);
+        // A wrong token from there is still the first of its own window.
+        assert_eq!(
+            throttle.failed(anonymous),
+            Some(FirstFailure { before: None })
+        );
+        clock.advance(Duration::from_millis(WINDOW_MS as u64));
+        assert_eq!(
+            throttle.unnamed(anonymous),
+            Some(FirstFailure {
+                before: Some((21, 0))
             })
         );
     }

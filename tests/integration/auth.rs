@@ -759,13 +759,34 @@ async fn the_binary_serves_with_an_auth_config_file() {
         &["--listen", "0.0.0.0:0", "--auth-config", file],
     )
     .await;
+    // Calls naming no principal (none, a malformed header) can come as
+    // fast as anyone sends them: one log line a minute per address, and
+    // nobody is locked out by them.
     let mut anonymous = server.runs().await;
-    let status = expect_err(anonymous.list_runs(ListRunsRequest::default()).await);
-    assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    for _ in 0..30 {
+        let status = expect_err(anonymous.list_runs(ListRunsRequest::default()).await);
+        assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    }
+    for _ in 0..10 {
+        let mut request = tonic::Request::new(ListRunsRequest::default());
+        let basic = tonic::metadata::MetadataValue::from_static("Basic dXNlcjpwYXNz");
+        request.metadata_mut().insert("authorization", basic);
+        let status = expect_err(anonymous.list_runs(request).await);
+        assert_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    }
     let mut runner = Clients::with_token(&server, &token("runner")).await;
     runner.runs.start_run(echo_run()).await.expect("StartRun");
+    // A principal's refusal is logged each time; it comes after the others.
+    let status = expect_err(call(&mut runner, "PollTask", "").await);
+    assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
+    server.wait_for_log_line("runner may not call").await;
     let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
-    assert!(log.contains("refused"), "the refusal is logged: {log}");
+    let unnamed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("naming no principal"))
+        .collect();
+    assert_eq!(unnamed.len(), 1, "{unnamed:#?}");
+    assert!(unnamed[0].contains("missing credentials"), "{unnamed:#?}");
     assert!(!log.contains("token-"), "no token in the log: {log}");
 }
 
