@@ -88,6 +88,17 @@ pub struct Log {
     end: u64,
 }
 
+/// A dropped log waits for the segment it is zero-filling, so that nothing
+/// of it writes in the directory afterwards (a log opened there again
+/// would race it over the same file name).
+impl Drop for Log {
+    fn drop(&mut self) {
+        if let Some(Next::Preparing(thread)) = self.next.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// What [`Log::open`] found.
 pub struct Opened {
     pub log: Log,
@@ -703,6 +714,32 @@ mod tests {
             .iter()
             .map(|e| e.seq)
             .collect()
+    }
+
+    /// Dropping the log waits for the segment it was zero-filling. Left to
+    /// run, that thread raced a log opened again in the directory (as this
+    /// file's tests and a restart in one process do) over one file name:
+    /// the new open failed (NotFound) removing the `.tmp` the thread had
+    /// just renamed, or both filled the same file.
+    #[test]
+    fn a_dropped_log_leaves_no_segment_half_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = scratch();
+        let opened = Log::open(
+            dir.path(),
+            &tree,
+            32 << 20,
+            &Pending::default(),
+            &space(&dir),
+        )
+        .unwrap();
+        drop(opened);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
+        assert!(names.contains(&format!("{:020}.seg", 1 << 20)), "{names:?}");
     }
 
     #[test]
