@@ -42,16 +42,26 @@ fn admin_url(test: &str) -> Option<String> {
 }
 
 async fn admin(url: &str, sql: &str) {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to the test PostgreSQL: {e}"));
-    let driver = tokio::spawn(connection);
+    let (client, driver) = connect(url).await;
     client
         .batch_execute(sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
     drop(client);
     let _ = driver.await;
+}
+
+/// A connection to the database at `url`, and the task that drives it.
+pub(crate) async fn connect(
+    url: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test PostgreSQL: {e}"));
+    (client, tokio::spawn(connection))
 }
 
 /// A database of its own for one test.
@@ -1155,10 +1165,7 @@ impl Cluster {
 /// follows at once. So probe commits are made until one is held (or one
 /// is not).
 pub(crate) async fn synchronous_standby(admin_url: &str, names: &str) {
-    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test database");
-    let connection = tokio::spawn(connection);
+    let (client, connection) = connect(admin_url).await;
     client
         .batch_execute(&format!(
             "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
@@ -1185,10 +1192,7 @@ pub(crate) async fn synchronous_standby(admin_url: &str, names: &str) {
 /// `watcher`: true if PostgreSQL holds it for a synchronous standby (it
 /// is then cancelled, which commits it locally), false if it ends.
 async fn a_commit_waits_for_a_standby(admin_url: &str, watcher: &tokio_postgres::Client) -> bool {
-    let (probe, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test database");
-    let connection = tokio::spawn(connection);
+    let (probe, connection) = connect(admin_url).await;
     let pid: i32 = probe
         .query_one("SELECT pg_backend_pid()", &[])
         .await

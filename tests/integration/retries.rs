@@ -21,6 +21,7 @@ use aaa::store::CommitHold;
 use tokio::task::JoinHandle;
 use tonic::{Code, Status};
 
+use crate::postgres::connect;
 use crate::support::*;
 
 /// The first try's deadline: it passes while the try's commit is held.
@@ -141,19 +142,6 @@ impl Held {
             }
         }
     }
-}
-
-/// A connection to the database at `url`, and its task.
-async fn connect(
-    url: &str,
-) -> (
-    tokio_postgres::Client,
-    JoinHandle<Result<(), tokio_postgres::Error>>,
-) {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the server's database");
-    (client, tokio::spawn(connection))
 }
 
 /// Sends `call` with [`DEADLINE`] while the server's commits are held, so

@@ -695,8 +695,10 @@ mod tests {
         at
     }
 
-    fn space(dir: &tempfile::TempDir) -> Space {
-        Space::new(dir.path())
+    /// The log in `dir`, opened over `tree` with 32 MiB segments at most.
+    fn open(dir: &tempfile::TempDir, tree: &sled::Db) -> Opened {
+        let space = Space::new(dir.path());
+        Log::open(dir.path(), tree, 32 << 20, &Pending::default(), &space).unwrap()
     }
 
     fn scratch() -> sled::Db {
@@ -725,14 +727,7 @@ mod tests {
     fn a_dropped_log_leaves_no_segment_half_made() {
         let dir = tempfile::tempdir().unwrap();
         let tree = scratch();
-        let opened = Log::open(
-            dir.path(),
-            &tree,
-            32 << 20,
-            &Pending::default(),
-            &space(&dir),
-        )
-        .unwrap();
+        let opened = open(&dir, &tree);
         drop(opened);
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -747,14 +742,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let first_tree = scratch();
-        let mut opened = Log::open(
-            dir.path(),
-            &first_tree,
-            32 << 20,
-            &Pending::default(),
-            &space(&dir),
-        )
-        .unwrap();
+        let mut opened = open(&dir, &first_tree);
         assert_eq!((opened.next_position, opened.replayed), (1, 0));
         let log = &mut opened.log;
         append(
@@ -782,14 +770,7 @@ mod tests {
 
         // Everything again into an empty sled.
         let tree = scratch();
-        let opened = Log::open(
-            dir.path(),
-            &tree,
-            32 << 20,
-            &Pending::default(),
-            &space(&dir),
-        )
-        .unwrap();
+        let opened = open(&dir, &tree);
         assert_eq!((opened.next_position, opened.replayed), (4, 2));
         assert_eq!(span_events(&opened, run, 1), [1, 2]);
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -803,14 +784,7 @@ mod tests {
         // From the mark: only the record after it.
         let tree = scratch();
         mark.save(&tree).unwrap();
-        let opened = Log::open(
-            dir.path(),
-            &tree,
-            32 << 20,
-            &Pending::default(),
-            &space(&dir),
-        )
-        .unwrap();
+        let opened = open(&dir, &tree);
         assert_eq!((opened.next_position, opened.replayed), (4, 1));
         assert!(tree.get("k1").unwrap().is_none());
         assert_eq!(span_events(&opened, run, 3), [3]);
@@ -821,14 +795,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new();
         let tree = scratch();
-        let mut opened = Log::open(
-            dir.path(),
-            &tree,
-            32 << 20,
-            &Pending::default(),
-            &space(&dir),
-        )
-        .unwrap();
+        let mut opened = open(&dir, &tree);
         let filler = "x".repeat(300 * 1024);
         let mut offsets = Vec::new();
         for seq in 1..=12 {
@@ -848,14 +815,7 @@ mod tests {
         drop(opened);
 
         let tree = scratch();
-        let opened = Log::open(
-            dir.path(),
-            &tree,
-            32 << 20,
-            &Pending::default(),
-            &space(&dir),
-        )
-        .unwrap();
+        let opened = open(&dir, &tree);
         assert_eq!((opened.next_position, opened.replayed), (13, 12));
         for (seq, at) in (1..=12).zip(offsets) {
             let stored = u64::from_le_bytes(
